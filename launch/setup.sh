@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# ptrain setup: installs what the build needs when it is missing, then configures and builds.
+# Idempotent: every step checks first and does nothing when already done.
+#
+#   launch/setup.sh              deps + tiny corpus + build (Release, build/)
+#   launch/setup.sh --deps-only  deps + tiny corpus, no build
+#
+# Environment:
+#   PTRAIN_VENV     venv holding torch (default: ${XDG_CACHE_HOME:-~/.cache}/ptrain/venv-torch-2.11.0),
+#                   shared by every clone so LibTorch (several GB) is installed once per machine.
+#   PTRAIN_BUILD    build directory (default: build)
+#   PTRAIN_BUILD_TYPE  CMake build type (default: Release)
+set -euo pipefail
+
+TORCH_VERSION=2.11.0
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"
+VENV="${PTRAIN_VENV:-$CACHE_HOME/ptrain/venv-torch-$TORCH_VERSION}"
+BUILD_DIR="${PTRAIN_BUILD:-$ROOT/build}"
+BUILD_TYPE="${PTRAIN_BUILD_TYPE:-Release}"
+DEPS_ONLY=0
+for arg in "$@"; do
+  case "$arg" in
+    --deps-only) DEPS_ONLY=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# --- 1. Debian packages --------------------------------------------------------------
+APT_PACKAGES=(build-essential cmake ninja-build ccache pkg-config python3 python3-venv
+              libtomlplusplus-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev
+              openmpi-bin libopenmpi-dev fortunes gnuplot-nox)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  say "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  say "Debian packages present"
+fi
+
+# --- 2. torch venv (outside the checkout, shared by every clone) ------------------------
+mkdir -p "$(dirname "$VENV")"
+torch_ok() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - <<PY 2>/dev/null
+import torch, sys
+sys.exit(0 if torch.__version__.split('+')[0] == "$TORCH_VERSION" else 1)
+PY
+}
+(
+  # One installer at a time per venv: two clones set up concurrently must not race.
+  flock 9
+  if torch_ok; then
+    say "torch $TORCH_VERSION present in $VENV"
+  else
+    say "installing torch==$TORCH_VERSION into $VENV (several GB, once per machine)"
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy
+    torch_ok || { echo "setup.sh: torch $TORCH_VERSION did not import from $VENV" >&2; exit 1; }
+  fi
+) 9>"$VENV.lock"
+
+# --- 3. tiny corpus: English text from Debian's fortunes package, nothing downloaded -----
+CORPUS="$ROOT/data/fortunes.txt"
+if [ ! -s "$CORPUS" ]; then
+  mkdir -p "$ROOT/data"
+  # Every plain fortune file in a fixed order (strfile indexes *.dat and UTF-8 copies *.u8 skipped).
+  find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 \
+    | LC_ALL=C sort -z | xargs -0 cat > "$CORPUS.tmp"
+  mv "$CORPUS.tmp" "$CORPUS"
+  say "built $CORPUS ($(wc -c < "$CORPUS") bytes)"
+fi
+
+[ "$DEPS_ONLY" = 1 ] && exit 0
+
+# --- 4. configure + build (incremental; ccache across clones) ---------------------------
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  say "configuring $BUILD_DIR ($BUILD_TYPE)"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DPTRAIN_VENV="$VENV" >/dev/null
+fi
+say "building (ninja, $(nproc) jobs)"
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+say "done: $BUILD_DIR/ptrain"

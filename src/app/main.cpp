@@ -1,0 +1,247 @@
+// ptrain entry point: parses the command line and dispatches to train | check | eval |
+// export | tokenize. Exit codes: 0 success, 2 usage/config error, 1 runtime failure.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <torch/version.h>
+
+#include <cstring>
+#include <fstream>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "common/error.h"
+#include "common/fs_util.h"
+#include "common/log.h"
+#include "config/config.h"
+#include "data/dataset.h"
+#include "data/token_file.h"
+#include "parallel/fsdp.h"
+#include "parallel/precision.h"
+#include "train/memory.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace ptrain;
+
+namespace {
+
+constexpr const char* kUsage = R"(ptrain — sharded Llama training on LibTorch
+
+usage:
+  ptrain [train] --config FILE [--set section.key=value]...
+  ptrain check   --config FILE [--set ...] [--world-size N] [--gpu-memory GIB] [--json]
+  ptrain eval    --config FILE [--set ...] [--checkpoint DIR] [--data PATH] [--json]
+  ptrain export  --checkpoint DIR --out DIR
+  ptrain tokenize --in TEXT --out FILE.bin [--token-bytes 2|4]
+  ptrain --help | --version
+
+  train     trains as configured; writes config.resolved.toml, metrics.jsonl, memory.json and
+            checkpoints/step_N/ under run.output_dir (default runs/<run.name>)
+  check     validates the config, prints the resolved config, the precision table and the
+            predicted per-rank memory, and exits
+  eval      mean loss / perplexity over every consecutive non-overlapping seq_len+1 window of
+            a text or token file (default: data.path), in order
+  export    writes a Hugging Face Llama directory (config.json + model.safetensors)
+  tokenize  converts text to a byte-level token file (see docs/data.md)
+
+exit codes: 0 success · 2 bad usage or invalid config (every problem listed) · 1 runtime failure
+)";
+
+struct Args {
+  std::string command = "train";
+  std::string config;
+  std::vector<std::string> sets;
+  std::map<std::string, std::string> options;  // --flag value
+  bool json = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  int i = 1;
+  static const std::vector<std::string> commands{"train", "check", "eval", "export", "tokenize", "compare"};
+  if (i < argc && argv[i][0] != '-') {
+    a.command = argv[i++];
+    if (std::find(commands.begin(), commands.end(), a.command) == commands.end())
+      throw UsageError("unknown command '" + a.command + "' (see ptrain --help)");
+  }
+  static const std::vector<std::string> valued{"--config", "--set", "--world-size", "--gpu-memory", "--checkpoint",
+                                                 "--data", "--out", "--in", "--token-bytes", "--modes", "--steps"};
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    const auto eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos && arg.substr(0, eq) != "--set") {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    } else if (arg.rfind("--set=", 0) == 0) {
+      value = arg.substr(6);
+      arg = "--set";
+    }
+    if (arg == "--json") {
+      a.json = true;
+    } else if (std::find(valued.begin(), valued.end(), arg) != valued.end()) {
+      if (value.empty()) {
+        if (i + 1 >= argc) throw UsageError(arg + " needs a value");
+        value = argv[++i];
+      }
+      if (arg == "--config")
+        a.config = value;
+      else if (arg == "--set")
+        a.sets.push_back(value);
+      else
+        a.options[arg] = value;
+    } else {
+      throw UsageError("unknown argument '" + arg + "' (see ptrain --help)");
+    }
+  }
+  return a;
+}
+
+int64_t int_option(const Args& a, const std::string& name, int64_t fallback, int64_t min) {
+  auto it = a.options.find(name);
+  if (it == a.options.end()) return fallback;
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(it->second, &used);
+    if (used == it->second.size() && v >= min) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(name + " must be an integer >= " + std::to_string(min) + " (got '" + it->second + "')");
+}
+
+std::string required(const Args& a, const std::string& name) {
+  auto it = a.options.find(name);
+  if (it == a.options.end()) throw UsageError("ptrain " + a.command + " needs " + name);
+  return it->second;
+}
+
+Config config_of(const Args& a) {
+  if (a.config.empty()) throw UsageError("ptrain " + a.command + " needs --config FILE");
+  return load_config(a.config, a.sets);
+}
+
+int cmd_check(const Args& a) {
+  Config c = config_of(a);
+  const int ws = static_cast<int>(int_option(a, "--world-size", 1, 1));
+  MemoryReport m = predict_memory(c, ws);
+  if (a.json) {
+    std::cout << m.to_json() << "\n";
+    return 0;
+  }
+  const PrecisionPolicy policy = PrecisionPolicy::from_config(c);
+  const auto& s = c.model.shape;
+  std::cout << "# resolved config (" << c.source_file << ")\n" << to_toml(c) << "\n"
+            << "# plan\nmodel: " << log::grouped(static_cast<double>(s.total_params())) << " parameters ("
+            << s.n_layers << " blocks of " << log::grouped(static_cast<double>(s.block_params())) << ", embedding "
+            << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
+            << log::grouped(static_cast<double>(s.head_params())) << ")\n"
+            << policy.table() << "predicted persistent state per rank at world size " << ws << ":\n"
+            << "  params            " << log::bytes(m.param_bytes) << "\n"
+            << "  grads             " << log::bytes(m.grad_bytes) << "\n"
+            << "  optimizer state   " << log::bytes(m.optimizer_state_bytes) << "\n"
+            << "  master weights    " << log::bytes(m.master_weight_bytes) << "\n"
+            << "  total             " << log::bytes(m.total_state_bytes()) << " (activations not included)\n";
+  if (a.options.count("--gpu-memory")) {
+    const double gib = std::stod(a.options.at("--gpu-memory"));
+    const double need = static_cast<double>(m.total_state_bytes()) / (1024.0 * 1024 * 1024);
+    std::cout << "  state uses " << log::fixed(100.0 * need / gib, 1) << "% of " << gib << " GiB per GPU"
+              << (need > gib ? " — does NOT fit: raise --world-size or use another precision mode" : "") << "\n";
+  }
+  return 0;
+}
+
+int cmd_eval(const Args& a) {
+  Config c = config_of(a);
+  const std::string path = a.options.count("--data") ? a.options.at("--data") : c.data.path;
+  if (!fs::is_regular_file(path)) throw UsageError("no such data file '" + path + "'");
+  std::string format = c.data.format;
+  if (a.options.count("--data")) {
+    // Explicit files are identified by content: token files carry a magic header.
+    char magic[8] = {};
+    std::ifstream(path, std::ios::binary).read(magic, 8);
+    format = std::memcmp(magic, kTokenMagic, 8) == 0 ? "tokens" : "text";
+  }
+  if (c.training.threads > 0) at::set_num_threads(static_cast<int>(c.training.threads));
+  const c10::Device device = resolve_device(c);
+  auto model = build_model(c, device);
+  std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
+  if (a.options.count("--checkpoint")) {
+    TrainProgress progress;
+    load_checkpoint(a.options.at("--checkpoint"), *model, nullptr, progress);
+    source = a.options.at("--checkpoint");
+  }
+  TokenData data(path, format);
+  if (format == "tokens" && data.vocab_size() > c.model.shape.vocab_size)
+    throw RuntimeError("'" + path + "' has vocabulary " + std::to_string(data.vocab_size()) + " > model.vocab_size");
+  EvalResult r = evaluate(*model, data, 0, data.size(), c.data.seq_len, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
+  if (r.windows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");
+  if (a.json) {
+    nlohmann::ordered_json j = {{"data", path}, {"model", source}, {"seq_len", c.data.seq_len}, {"windows", r.windows},
+                                {"tokens", r.tokens}, {"mean_loss", r.mean_loss}, {"perplexity", r.perplexity}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << "eval " << path << " with " << source << ": mean_loss " << log::fixed(r.mean_loss, 6)
+              << " nats/token | perplexity " << log::fixed(r.perplexity, 4) << " | " << r.tokens << " tokens in "
+              << r.windows << " windows of " << c.data.seq_len + 1 << "\n";
+  }
+  return 0;
+}
+
+int cmd_export(const Args& a) {
+  const std::string ckpt = required(a, "--checkpoint"), out = required(a, "--out");
+  export_hf(ckpt, out);
+  log::info("exported ", ckpt, " to ", out, " (config.json + model.safetensors)");
+  return 0;
+}
+
+int cmd_tokenize(const Args& a) {
+  const std::string in = required(a, "--in"), out = required(a, "--out");
+  const int64_t width = int_option(a, "--token-bytes", 2, 2);
+  if (width != 2 && width != 4) throw UsageError("--token-bytes must be 2 or 4");
+  if (!fs::is_regular_file(in)) throw UsageError("no such text file '" + in + "'");
+  auto ids = byte_tokenize(read_text_file(in));
+  write_token_file(out, ids, 256, static_cast<uint32_t>(width));
+  log::info("wrote ", ids.size(), " byte-level tokens (vocab 256, ", width, " bytes each) to ", out);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help"))) {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (argc >= 2 && !std::strcmp(argv[1], "--version")) {
+      std::cout << "ptrain " << PTRAIN_VERSION << " (LibTorch " << TORCH_VERSION << ")\n";
+      return 0;
+    }
+    if (argc < 2) {
+      std::cerr << kUsage;
+      return 2;
+    }
+    Args a = parse_args(argc, argv);
+    if (a.command == "train") return train(config_of(a));
+    if (a.command == "check") return cmd_check(a);
+    if (a.command == "eval") return cmd_eval(a);
+    if (a.command == "export") return cmd_export(a);
+    if (a.command == "tokenize") return cmd_tokenize(a);
+    throw UsageError("'ptrain " + a.command + "' is not implemented in ptrain " PTRAIN_VERSION);
+  } catch (const UsageError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "invalid config: " << e.problems.size() << " problem(s); nothing was started\n";
+    return 2;
+  } catch (const std::exception& e) {
+    // RuntimeError, c10::Error and I/O errors: say what failed; checkpoints already written stay intact.
+    std::string what = e.what();
+    if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();
+    std::cerr << "error: " << what << "\n";
+    return 1;
+  }
+}

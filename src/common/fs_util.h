@@ -1,0 +1,15 @@
+// Durable file writes: data reaches the disk (fsync) before a rename makes it visible, so a
+// crash leaves either the old file or the new one, never a torn one.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace ptrain {
+
+void fsync_path(const std::string& path);  // file or directory
+// Writes to PATH.tmp.<pid>, fsyncs, renames over PATH, fsyncs the directory.
+void write_file_atomic(const std::string& path, const void* data, size_t size);
+void write_file_atomic(const std::string& path, const std::string& text);
+std::string read_text_file(const std::string& path);  // throws RuntimeError
+
+}  // namespace ptrain

@@ -1,0 +1,129 @@
+// Typed configuration: TOML++ file + `--set section.key=value` overrides -> Config.
+// Every key, its type, default and meaning is listed once in config.cpp (kKeys); every
+// validation rule once in validate.cpp (kRules). Unknown keys, wrong types and rule
+// violations are all collected and thrown together as ConfigError (exit code 2).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "model/shape.h"
+
+namespace ptrain {
+
+struct Config {
+  struct Run {
+    std::string name = "ptrain";  // run name; also the default output directory's last part
+    std::string output_dir;       // default: runs/<name>
+    int64_t seed = 1234;          // init, data order and every RNG derive from it
+  } run;
+  struct Model {
+    std::string preset = "tiny";  // tiny | llama3_8b | llama3_70b (ignored with hf_path)
+    std::string hf_path;          // HF Llama directory (config.json + *.safetensors)
+    LlamaShape shape;             // resolved from preset / hf_path, then per-key overrides
+    double init_std = 0.02;       // N(0, init_std) init of matrices; output projections / sqrt(2L)
+  } model;
+  struct Data {
+    std::string path;             // text file (byte-level tokens) or .bin token file
+    std::string format = "text";  // text | tokens
+    int64_t seq_len = 128;        // tokens per training sequence
+    int64_t micro_batch_size = 8; // sequences per forward/backward per rank
+    double val_fraction = 0.05;   // tail of the data held out for validation
+  } data;
+  struct Training {
+    int64_t steps = 200;           // optimizer steps
+    int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
+    double max_grad_norm = 1.0;    // global-norm clipping; 0 disables
+    int64_t log_every = 10;        // console + metrics.jsonl cadence (steps)
+    int64_t eval_every = 100;      // validation cadence (steps); 0 disables
+    int64_t eval_batches = 4;      // micro-batches per validation
+    std::string device = "auto";   // auto | cpu | cuda
+    int64_t threads = 0;           // CPU intra-op threads; 0 = LibTorch default
+  } training;
+  struct Optimizer {
+    std::string name = "adamw";            // adamw | adamw8bit
+    double lr = 3e-4;                      // peak learning rate
+    std::vector<double> betas{0.9, 0.95};  // Adam beta1, beta2
+    double eps = 1e-8;
+    double weight_decay = 0.1;             // decoupled; matrices only (not norm weights)
+    bool in_backward = false;              // step each unit during backward
+  } optimizer;
+  struct LrSchedule {
+    int64_t warmup_steps = 20;     // linear warmup from lr/warmup to lr
+    std::string decay = "cosine";  // cosine | linear | constant (after warmup)
+    double min_lr_ratio = 0.1;     // final lr = lr * min_lr_ratio (cosine, linear)
+  } lr_schedule;
+  struct Precision {
+    std::string mode = "fp32";      // fp32 | mixed | bf16
+    std::string param_dtype;        // compute/all-gather dtype; "" = from mode
+    std::string reduce_dtype;       // gradient reduction dtype; "" = from mode
+    std::string logits_dtype = "float32";
+    std::string rope_dtype = "float32";
+    bool stochastic_rounding = false;
+  } precision;
+  struct Parallel {
+    std::string backend = "auto";       // auto | nccl | mpi | gloo
+    bool reshard_after_forward = true;  // ZeRO-3 (true) or keep gathered for backward
+    bool prefetch = true;               // gather the next unit ahead of time
+    double timeout_s = 600.0;           // collective timeout before a rank is declared dead
+  } parallel;
+  struct Memory {
+    std::string activation_checkpointing = "none";  // none | full
+    int64_t loss_chunk_tokens = 0;  // tokens per cross-entropy chunk; 0 = auto
+  } memory;
+  struct Checkpoint {
+    std::string dir;          // default: <output_dir>/checkpoints
+    int64_t every_steps = 0;  // 0 = only the final checkpoint
+    int64_t keep = 3;         // newest complete checkpoints kept
+    std::string resume;       // "" (fresh start) | "auto" (newest in dir) | a step_N directory
+    bool save_final = true;   // write a checkpoint after the last step
+  } checkpoint;
+  struct Lora {
+    bool enabled = false;
+    int64_t rank = 8;
+    double alpha = 16.0;
+    double dropout = 0.0;
+    std::vector<std::string> targets{"q", "v"};
+  } lora;
+  struct Quant {
+    std::string base = "none";  // none | nf4
+    bool double_quant = true;
+  } quant;
+
+  // Where each explicitly set key came from, for error messages.
+  struct Origin {
+    std::string file;
+    int line = 0;
+  };
+  std::string source_file;                 // the --config path
+  std::map<std::string, Origin> origins;   // "section.key" -> origin
+
+  std::string output_dir() const;      // run.output_dir or runs/<name>
+  std::string checkpoint_dir() const;  // checkpoint.dir or <output_dir>/checkpoints
+  bool is_set(const std::string& key) const { return origins.count(key) > 0; }
+  Origin origin(const std::string& key) const;
+};
+
+// Facts about the machine that validation needs (injected so tests can vary them).
+struct Environment {
+  bool cuda_available = false;
+  static Environment detect();
+};
+
+// Parses, applies overrides, resolves the model shape and validates. Throws ConfigError
+// listing every problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   const Environment& env = Environment::detect());
+
+// Collects rule violations (validate.cpp).
+void validate(const Config& config, const Environment& env, std::vector<ConfigProblem>& out);
+
+// The fully resolved config as TOML (written to config.resolved.toml, printed by check).
+std::string to_toml(const Config& config);
+
+// Every known key as "section.key" (for tests and suggestions).
+std::vector<std::string> known_keys();
+
+}  // namespace ptrain

@@ -1,0 +1,257 @@
+// Every config validation rule, in one table (kRules). A rule names the key it reports on
+// and returns "" when satisfied, else the reason including the fix.
+#include <torch/cuda.h>
+
+#include <filesystem>
+#include <functional>
+#include <set>
+
+#include "config/config.h"
+#include "data/token_file.h"
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+
+Environment Environment::detect() {
+  Environment env;
+  env.cuda_available = torch::cuda::is_available();
+  return env;
+}
+
+namespace {
+
+struct Rule {
+  const char* key;
+  std::function<std::string(const Config&, const Environment&)> check;
+};
+
+std::string one_of(const std::string& value, std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return "";
+    list += std::string(list.empty() ? "" : ", ") + "\"" + a + "\"";
+  }
+  return "'" + value + "' is not valid; use one of " + list;
+}
+
+std::string positive(double v, const char* what = "must be > 0") {
+  return v > 0 ? "" : std::string(what) + " (got " + std::to_string(v) + ")";
+}
+
+std::string at_least(int64_t v, int64_t min) {
+  return v >= min ? "" : "must be >= " + std::to_string(min) + " (got " + std::to_string(v) + ")";
+}
+
+bool is_dtype(const std::string& d) { return d.empty() || d == "float32" || d == "bfloat16"; }
+
+std::string not_yet(bool requested, const std::string& what, const std::string& instead) {
+  return requested ? what + " is not implemented in ptrain " PTRAIN_VERSION "; " + instead : "";
+}
+
+// Data file problems: existence, size, and (for token files) the header.
+std::string check_data(const Config& c) {
+  if (c.data.path.empty()) return "no data file; set data.path to a text file or a .bin token file";
+  if (!fs::is_regular_file(c.data.path))
+    return "no such file '" + c.data.path + "' (run launch/setup.sh to build the tiny corpus, or fix the path)";
+  const int64_t window = c.data.seq_len + 1;
+  if (c.data.format == "tokens") {
+    try {
+      TokenFileHeader h = read_token_header(c.data.path);
+      if (h.vocab_size > static_cast<uint64_t>(c.model.shape.vocab_size))
+        return "token file vocabulary (" + std::to_string(h.vocab_size) + ") exceeds model.vocab_size (" +
+               std::to_string(c.model.shape.vocab_size) + ")";
+      if (static_cast<int64_t>(h.count) < 2 * window)
+        return "token file holds " + std::to_string(h.count) + " tokens, fewer than two windows of seq_len+1";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  } else if (static_cast<int64_t>(fs::file_size(c.data.path)) < 2 * window) {
+    return "text file is shorter than two windows of seq_len+1 bytes";
+  }
+  return "";
+}
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> kRules = {
+      {"run.name", [](const Config& c, const Environment&) -> std::string {
+         return c.run.name.empty() || c.run.name.find('/') != std::string::npos
+                    ? "must be a non-empty name without '/' (use run.output_dir for paths)" : "";
+       }},
+      {"run.seed", [](const Config& c, const Environment&) -> std::string { return at_least(c.run.seed, 0); }},
+      {"model.init_std", [](const Config& c, const Environment&) -> std::string { return positive(c.model.init_std); }},
+      {"model.dim", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.dim, 1); }},
+      {"model.n_layers", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_layers, 1); }},
+      {"model.n_heads", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_heads, 1); }},
+      {"model.n_kv_heads", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_kv_heads, 1); }},
+      {"model.ffn_dim", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.ffn_dim, 1); }},
+      {"model.vocab_size", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.vocab_size, 2); }},
+      {"model.max_seq_len", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.max_seq_len, 1); }},
+      {"model.dim", [](const Config& c, const Environment&) -> std::string {
+         const auto& s = c.model.shape;
+         if (s.n_heads < 1 || c.is_set("model.head_dim") || !c.model.hf_path.empty()) return std::string();
+         return s.dim % s.n_heads == 0 ? "" : "dim (" + std::to_string(s.dim) + ") must be divisible by n_heads (" +
+                                                  std::to_string(s.n_heads) + "), or set model.head_dim";
+       }},
+      {"model.n_kv_heads", [](const Config& c, const Environment&) -> std::string {
+         const auto& s = c.model.shape;
+         if (s.n_kv_heads < 1) return std::string();
+         return s.n_heads % s.n_kv_heads == 0 ? "" : "n_heads (" + std::to_string(s.n_heads) +
+                                                         ") must be a multiple of n_kv_heads (" + std::to_string(s.n_kv_heads) + ")";
+       }},
+      {"model.head_dim", [](const Config& c, const Environment&) -> std::string {
+         return c.model.shape.head_dim >= 2 && c.model.shape.head_dim % 2 == 0 ? "" : "head_dim must be even and >= 2 (RoPE rotates pairs)";
+       }},
+      {"model.rope_theta", [](const Config& c, const Environment&) -> std::string { return positive(c.model.shape.rope_theta); }},
+      {"model.norm_eps", [](const Config& c, const Environment&) -> std::string { return positive(c.model.shape.norm_eps); }},
+      {"model.rope_scaling_factor", [](const Config& c, const Environment&) -> std::string {
+         const auto& r = c.model.shape.rope_scaling;
+         if (r.factor == 0) return std::string();
+         if (r.factor < 1) return std::string("must be 0 (off) or >= 1");
+         return r.high_freq_factor > r.low_freq_factor && r.original_max_seq_len > 0
+                    ? "" : "needs rope_high_freq_factor > rope_low_freq_factor and rope_original_max_seq_len > 0";
+       }},
+      {"data.path", [](const Config& c, const Environment&) -> std::string { return check_data(c); }},
+      {"data.format", [](const Config& c, const Environment&) -> std::string { return one_of(c.data.format, {"text", "tokens"}); }},
+      {"data.format", [](const Config& c, const Environment&) -> std::string {
+         return c.data.format == "text" && c.model.shape.vocab_size < 256
+                    ? "text is tokenized to bytes (256 symbols) but model.vocab_size is " + std::to_string(c.model.shape.vocab_size)
+                    : "";
+       }},
+      {"data.seq_len", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.seq_len, 1); }},
+      {"data.seq_len", [](const Config& c, const Environment&) -> std::string {
+         return c.data.seq_len <= c.model.shape.max_seq_len ? "" : "seq_len (" + std::to_string(c.data.seq_len) +
+                                                                      ") exceeds model.max_seq_len (" + std::to_string(c.model.shape.max_seq_len) + ")";
+       }},
+      {"data.micro_batch_size", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.micro_batch_size, 1); }},
+      {"data.val_fraction", [](const Config& c, const Environment&) -> std::string {
+         return c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5 ? "" : "must be in [0, 0.5]";
+       }},
+      {"training.steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.steps, 1); }},
+      {"training.grad_accum_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.grad_accum_steps, 1); }},
+      {"training.max_grad_norm", [](const Config& c, const Environment&) -> std::string {
+         return c.training.max_grad_norm >= 0 ? "" : "must be >= 0 (0 disables clipping)";
+       }},
+      {"training.log_every", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.log_every, 1); }},
+      {"training.eval_every", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_every, 0); }},
+      {"training.eval_batches", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_batches, 1); }},
+      {"training.threads", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.threads, 0); }},
+      {"training.device", [](const Config& c, const Environment&) -> std::string { return one_of(c.training.device, {"auto", "cpu", "cuda"}); }},
+      {"training.device", [](const Config& c, const Environment& env) -> std::string {
+         return c.training.device == "cuda" && !env.cuda_available
+                    ? "\"cuda\" requested but no CUDA GPU is visible; use \"cpu\" or \"auto\"" : "";
+       }},
+      {"optimizer.name", [](const Config& c, const Environment&) -> std::string { return one_of(c.optimizer.name, {"adamw", "adamw8bit"}); }},
+      {"optimizer.name", [](const Config& c, const Environment&) -> std::string {
+         return not_yet(c.optimizer.name == "adamw8bit", "adamw8bit", "use \"adamw\"");
+       }},
+      {"optimizer.lr", [](const Config& c, const Environment&) -> std::string { return positive(c.optimizer.lr); }},
+      {"optimizer.betas", [](const Config& c, const Environment&) -> std::string {
+         const auto& b = c.optimizer.betas;
+         return b.size() == 2 && b[0] >= 0 && b[0] < 1 && b[1] >= 0 && b[1] < 1
+                    ? "" : std::string("must be two numbers in [0, 1), e.g. [0.9, 0.95]");
+       }},
+      {"optimizer.eps", [](const Config& c, const Environment&) -> std::string { return positive(c.optimizer.eps); }},
+      {"optimizer.weight_decay", [](const Config& c, const Environment&) -> std::string {
+         return c.optimizer.weight_decay >= 0 ? "" : "must be >= 0";
+       }},
+      {"optimizer.in_backward", [](const Config& c, const Environment&) -> std::string {
+         return not_yet(c.optimizer.in_backward, "optimizer-in-backward", "set it to false");
+       }},
+      {"lr_schedule.decay", [](const Config& c, const Environment&) -> std::string {
+         return one_of(c.lr_schedule.decay, {"cosine", "linear", "constant"});
+       }},
+      {"lr_schedule.warmup_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.lr_schedule.warmup_steps, 0); }},
+      {"lr_schedule.min_lr_ratio", [](const Config& c, const Environment&) -> std::string {
+         return c.lr_schedule.min_lr_ratio >= 0 && c.lr_schedule.min_lr_ratio <= 1 ? "" : "must be in [0, 1]";
+       }},
+      {"precision.mode", [](const Config& c, const Environment&) -> std::string { return one_of(c.precision.mode, {"fp32", "mixed", "bf16"}); }},
+      {"precision.mode", [](const Config& c, const Environment&) -> std::string {
+         return not_yet(c.precision.mode == "bf16", "pure bf16 training", "use \"fp32\" or \"mixed\"");
+       }},
+      {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
+         return is_dtype(c.precision.param_dtype) ? "" : "'" + c.precision.param_dtype + "' is not a dtype; use \"float32\" or \"bfloat16\"";
+       }},
+      {"precision.reduce_dtype", [](const Config& c, const Environment&) -> std::string {
+         return is_dtype(c.precision.reduce_dtype) ? "" : "'" + c.precision.reduce_dtype + "' is not a dtype; use \"float32\" or \"bfloat16\"";
+       }},
+      {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.mode == "fp32" && c.precision.param_dtype == "bfloat16"
+                    ? "mode \"fp32\" computes in float32; remove param_dtype or use mode = \"mixed\"" : "";
+       }},
+      {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.mode == "mixed" && c.precision.param_dtype == "float32"
+                    ? "mode \"mixed\" computes in bfloat16 over float32 master weights; float32 compute is mode = \"fp32\"" : "";
+       }},
+      {"precision.reduce_dtype", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.mode == "fp32" && c.precision.reduce_dtype == "bfloat16"
+                    ? "mode \"fp32\" reduces gradients in float32; remove reduce_dtype or use mode = \"mixed\"" : "";
+       }},
+      {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.logits_dtype == "float32" ? "" : "logits and loss are computed in float32; set logits_dtype = \"float32\"";
+       }},
+      {"precision.rope_dtype", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.rope_dtype == "float32" ? "" : "RoPE is computed in float32 in every mode; set rope_dtype = \"float32\"";
+       }},
+      {"precision.stochastic_rounding", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.stochastic_rounding ? "stochastic rounding applies to bf16 parameters only (mode = \"bf16\"); set it to false" : "";
+       }},
+      {"parallel.backend", [](const Config& c, const Environment&) -> std::string { return one_of(c.parallel.backend, {"auto", "nccl", "mpi", "gloo"}); }},
+      {"parallel.backend", [](const Config& c, const Environment&) -> std::string {
+         return c.parallel.backend == "gloo" ? "the torch 2.11.0 wheel ships no gloo headers; use \"mpi\" for CPU collectives" : "";
+       }},
+      {"parallel.backend", [](const Config& c, const Environment& env) -> std::string {
+         const bool cpu = c.training.device == "cpu" || (c.training.device == "auto" && !env.cuda_available);
+         return c.parallel.backend == "nccl" && cpu ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\"" : "";
+       }},
+      {"parallel.timeout_s", [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
+      {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
+         return one_of(c.memory.activation_checkpointing, {"none", "full"});
+       }},
+      {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
+         return not_yet(c.memory.activation_checkpointing == "full", "activation checkpointing", "use \"none\"");
+       }},
+      {"memory.loss_chunk_tokens", [](const Config& c, const Environment&) -> std::string { return at_least(c.memory.loss_chunk_tokens, 0); }},
+      {"checkpoint.every_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.every_steps, 0); }},
+      {"checkpoint.keep", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.keep, 1); }},
+      {"checkpoint.resume", [](const Config& c, const Environment&) -> std::string {
+         const auto& r = c.checkpoint.resume;
+         if (r.empty() || r == "auto") return std::string();
+         return fs::is_regular_file(fs::path(r) / "meta.json")
+                    ? "" : "'" + r + "' is not a complete checkpoint directory (no meta.json); use \"auto\" or a step_N directory";
+       }},
+      {"lora.rank", [](const Config& c, const Environment&) -> std::string { return at_least(c.lora.rank, 1); }},
+      {"lora.alpha", [](const Config& c, const Environment&) -> std::string { return positive(c.lora.alpha); }},
+      {"lora.dropout", [](const Config& c, const Environment&) -> std::string {
+         return c.lora.dropout >= 0 && c.lora.dropout < 1 ? "" : "must be in [0, 1)";
+       }},
+      {"lora.targets", [](const Config& c, const Environment&) -> std::string {
+         static const std::set<std::string> ok{"q", "k", "v", "o", "gate", "up", "down", "output"};
+         for (const auto& t : c.lora.targets)
+           if (!ok.count(t)) return "unknown target '" + t + "'; use q, k, v, o, gate, up, down, output";
+         return std::string();
+       }},
+      {"lora.enabled", [](const Config& c, const Environment&) -> std::string {
+         return not_yet(c.lora.enabled, "LoRA", "set lora.enabled = false");
+       }},
+      {"quant.base", [](const Config& c, const Environment&) -> std::string { return one_of(c.quant.base, {"none", "nf4"}); }},
+      {"quant.base", [](const Config& c, const Environment&) -> std::string {
+         return c.quant.base == "nf4" && !c.lora.enabled
+                    ? "an NF4 base is frozen, so nothing would train; set lora.enabled = true or quant.base = \"none\"" : "";
+       }},
+  };
+  return kRules;
+}
+
+}  // namespace
+
+void validate(const Config& config, const Environment& env, std::vector<ConfigProblem>& out) {
+  for (const auto& rule : rules()) {
+    std::string reason = rule.check(config, env);
+    if (reason.empty()) continue;
+    auto o = config.origin(rule.key);
+    out.push_back({o.file, o.line, rule.key, reason});
+  }
+}
+
+}  // namespace ptrain

@@ -1,0 +1,128 @@
+#include "data/dataset.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/error.h"
+#include "data/token_file.h"
+
+namespace ptrain {
+
+struct TokenData::Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (addr && addr != MAP_FAILED) ::munmap(addr, size);
+  }
+};
+
+TokenData::TokenData(const std::string& path, const std::string& format) : map_(std::make_shared<Mapping>()) {
+  size_t header = 0;
+  if (format == "tokens") {
+    TokenFileHeader h = read_token_header(path);
+    header = kTokenHeaderBytes;
+    token_bytes_ = static_cast<int>(h.token_bytes);
+    count_ = static_cast<int64_t>(h.count);
+    vocab_ = h.vocab_size;
+  } else if (format != "text") {
+    throw RuntimeError("unknown data format '" + format + "' (use text or tokens)");
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw RuntimeError("cannot open data file '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  map_->size = static_cast<size_t>(st.st_size);
+  if (map_->size == 0) {
+    ::close(fd);
+    throw RuntimeError("data file '" + path + "' is empty");
+  }
+  map_->addr = ::mmap(nullptr, map_->size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_->addr == MAP_FAILED) throw RuntimeError("cannot map data file '" + path + "': " + std::strerror(errno));
+  base_ = static_cast<const unsigned char*>(map_->addr) + header;
+  if (format == "text") count_ = static_cast<int64_t>(map_->size);
+}
+
+void TokenData::read(int64_t start, int64_t n, int64_t* out) const {
+  TORCH_CHECK(start >= 0 && n >= 0 && start + n <= count_, "token range [", start, ", ", start + n,
+              ") outside the data (", count_, " tokens)");
+  const unsigned char* p = base_ + start * token_bytes_;
+  for (int64_t i = 0; i < n; ++i, p += token_bytes_) {
+    if (token_bytes_ == 1) {
+      out[i] = *p;
+    } else if (token_bytes_ == 2) {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      out[i] = v;
+    } else {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      out[i] = v;
+    }
+  }
+}
+
+static int64_t val_tokens(const TokenData& data, double val_fraction, int64_t seq_len) {
+  if (val_fraction <= 0) return 0;
+  return std::max<int64_t>(seq_len + 1, static_cast<int64_t>(static_cast<double>(data.size()) * val_fraction));
+}
+
+Split train_split(const TokenData& data, double val_fraction, int64_t seq_len) {
+  return {0, data.size() - val_tokens(data, val_fraction, seq_len)};
+}
+
+Split val_split(const TokenData& data, double val_fraction, int64_t seq_len) {
+  return {data.size() - val_tokens(data, val_fraction, seq_len), data.size()};
+}
+
+namespace {
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+WindowSampler::WindowSampler(Split split, int64_t seq_len, uint64_t seed)
+    : split_(split), seq_len_(seq_len), seed_(seed), n_windows_((split.size() - 1) / seq_len) {
+  if (n_windows_ < 1)
+    throw RuntimeError("training split has " + std::to_string(split.size()) + " tokens, fewer than one window of seq_len+1 = " +
+                       std::to_string(seq_len + 1));
+}
+
+int64_t WindowSampler::window_start(uint64_t k) {
+  const int64_t epoch = static_cast<int64_t>(k / static_cast<uint64_t>(n_windows_));
+  if (epoch != epoch_) {
+    // Fisher-Yates with a splitmix64 stream seeded by (seed, epoch): same order on every platform.
+    order_.resize(n_windows_);
+    for (int64_t i = 0; i < n_windows_; ++i) order_[i] = i;
+    uint64_t state = seed_ ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(epoch + 1));
+    for (int64_t i = n_windows_ - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(i + 1));
+      std::swap(order_[i], order_[j]);
+    }
+    epoch_ = epoch;
+  }
+  return split_.begin + order_[k % static_cast<uint64_t>(n_windows_)] * seq_len_;
+}
+
+at::Tensor windows_at(const TokenData& data, const std::vector<int64_t>& starts, int64_t len) {
+  at::Tensor out = at::empty({static_cast<int64_t>(starts.size()), len}, at::kLong);
+  int64_t* p = out.data_ptr<int64_t>();
+  for (size_t i = 0; i < starts.size(); ++i) data.read(starts[i], len, p + i * len);
+  return out;
+}
+
+at::Tensor sample_batch(const TokenData& data, WindowSampler& sampler, uint64_t first, int64_t count, int64_t seq_len) {
+  std::vector<int64_t> starts(count);
+  for (int64_t i = 0; i < count; ++i) starts[i] = sampler.window_start(first + i);
+  return windows_at(data, starts, seq_len + 1);
+}
+
+}  // namespace ptrain

@@ -1,0 +1,51 @@
+// Llama forward math, one function per piece, over weights given as views of a unit's flat
+// buffer (in the compute dtype). Pure model code: no parameters are owned here; sharding
+// and gathering happen outside (src/parallel).
+#pragma once
+#include <ATen/Tensor.h>
+
+#include "model/shape.h"
+
+namespace ptrain {
+
+// RoPE tables in float32 for positions [0, seq_len): cos/sin of shape [seq_len, head_dim/2],
+// with Llama-3.1 frequency scaling when shape.rope_scaling.factor > 0 (same math as HF).
+struct RopeTables {
+  at::Tensor cos;
+  at::Tensor sin;
+};
+at::Tensor rope_inv_freq(const LlamaShape& shape);
+RopeTables rope_tables(const LlamaShape& shape, int64_t seq_len, const at::Device& device);
+
+// x: [..., dim]. Normalises in float32, returns weight * x_normed in x's dtype (HF order).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// x: [B, T, heads, head_dim]; rotates (first half, second half) pairs in float32.
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
+
+// Views of one block's flat buffer.
+struct BlockWeights {
+  at::Tensor wqkv;       // [q_dim + 2*kv_dim, dim]  (q, k, v rows stacked)
+  at::Tensor wo;         // [dim, q_dim]
+  at::Tensor w_gate_up;  // [2*ffn_dim, dim]         (gate rows, then up rows)
+  at::Tensor w_down;     // [dim, ffn_dim]
+  at::Tensor attn_norm;  // [dim]
+  at::Tensor ffn_norm;   // [dim]
+  static BlockWeights from_flat(const at::Tensor& flat, const LlamaShape& shape);
+};
+
+// Views of the head unit's flat buffer; `output` is the embedding when tied.
+struct HeadWeights {
+  at::Tensor norm;    // [dim]
+  at::Tensor output;  // [vocab, dim]
+  static HeadWeights from_flat(const at::Tensor& flat, const at::Tensor& embed_flat,
+                               const LlamaShape& shape);
+};
+
+at::Tensor embedding_weight(const at::Tensor& embed_flat, const LlamaShape& shape);
+
+// One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x: [B, T, dim].
+at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope,
+                         const LlamaShape& shape);
+
+}  // namespace ptrain

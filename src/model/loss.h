@@ -1,0 +1,30 @@
+// Cross-entropy over the output projection, computed in float32 one chunk of tokens at a
+// time so no [tokens x vocab] float32 tensor ever exists (only [chunk x vocab]). Gradients
+// for hidden and weight are produced chunk by chunk in the forward pass and scaled by the
+// incoming gradient in backward, so backward needs no recompute.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+
+namespace ptrain {
+
+constexpr int64_t kIgnoreIndex = -100;
+
+// hidden [N, dim] and weight [vocab, dim] in the compute dtype; targets [N] int64 with
+// kIgnoreIndex for masked positions. Returns the mean loss over unmasked tokens (float32
+// scalar; 0 when every token is masked). chunk_tokens <= 0 picks a chunk of ~64 MiB of logits.
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                const at::Tensor& targets, int64_t chunk_tokens = 0);
+
+// Summed loss and number of unmasked tokens, without autograd (evaluation).
+struct LossSum {
+  double sum = 0.0;
+  int64_t tokens = 0;
+};
+LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
+                                 const at::Tensor& targets, int64_t chunk_tokens = 0);
+
+int64_t default_loss_chunk(int64_t vocab_size);
+
+}  // namespace ptrain

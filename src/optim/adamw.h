@@ -1,0 +1,47 @@
+// AdamW with decoupled weight decay, the same update as torch.optim.AdamW:
+//   p *= 1 - lr*wd (decayed region only); m = lerp(m, g, 1-b1); v = b2*v + (1-b2)*g^2
+//   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+// Works on flat shards: each target is one unit's 1-D master shard whose prefix
+// [0, decay_numel) receives weight decay.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ptrain {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+struct OptimTarget {
+  std::string name;         // unit name, used for checkpoint keys
+  at::Tensor param;         // 1-D leaf; its .grad() is read
+  int64_t decay_numel = 0;  // decayed prefix
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<OptimTarget> targets, AdamWOptions options);
+
+  void step(double lr);                  // skips targets without a gradient
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
+  // exp_avg / exp_avg_sq per target, keyed "<name>.exp_avg" / "<name>.exp_avg_sq".
+  std::vector<std::pair<std::string, at::Tensor>> state() const;
+  int64_t state_bytes() const;
+
+ private:
+  std::vector<OptimTarget> targets_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  AdamWOptions opt_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace ptrain

@@ -1,0 +1,42 @@
+#include "parallel/precision.h"
+
+#include <sstream>
+
+#include "config/config.h"
+
+namespace ptrain {
+
+PrecisionPolicy PrecisionPolicy::from_config(const Config& c) {
+  PrecisionPolicy p;
+  p.mode = c.precision.mode;
+  auto dtype = [](const std::string& name, c10::ScalarType fallback) {
+    if (name == "float32") return c10::kFloat;
+    if (name == "bfloat16") return c10::kBFloat16;
+    return fallback;
+  };
+  if (p.mode == "mixed") {
+    p.compute_dtype = dtype(c.precision.param_dtype, c10::kBFloat16);
+    p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kFloat);
+  }
+  return p;
+}
+
+double PrecisionPolicy::state_bytes_per_param() const {
+  // grads are kept in the master dtype after reduction
+  return c10::elementSize(master_dtype) * 2.0 + 2.0 * c10::elementSize(optim_dtype);
+}
+
+std::string PrecisionPolicy::table() const {
+  std::ostringstream o;
+  o << "precision mode " << mode << ":\n"
+    << "  sharded params (master)  " << c10::toString(master_dtype) << "\n"
+    << "  compute / all-gather     " << c10::toString(compute_dtype) << "\n"
+    << "  gradient reduce          " << c10::toString(reduce_dtype) << "\n"
+    << "  optimizer moments        " << c10::toString(optim_dtype) << "\n"
+    << "  logits + loss            " << c10::toString(logits_dtype) << "\n"
+    << "  RoPE                     " << c10::toString(rope_dtype) << "\n"
+    << "  persistent state         " << state_bytes_per_param() << " bytes/param\n";
+  return o.str();
+}
+
+}  // namespace ptrain

@@ -1,0 +1,27 @@
+// PrecisionPolicy: which dtype each class of tensor lives in (DESIGN.md precision table),
+// resolved once from [precision].
+#pragma once
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+namespace ptrain {
+
+struct Config;
+
+struct PrecisionPolicy {
+  std::string mode = "fp32";
+  c10::ScalarType master_dtype = c10::kFloat;   // sharded parameters (the master copy)
+  c10::ScalarType compute_dtype = c10::kFloat;  // gathered unit weights and activations
+  c10::ScalarType reduce_dtype = c10::kFloat;   // gradient reduction
+  c10::ScalarType optim_dtype = c10::kFloat;    // optimizer moments
+  c10::ScalarType logits_dtype = c10::kFloat;   // logits and loss
+  c10::ScalarType rope_dtype = c10::kFloat;     // RoPE tables and rotation
+
+  static PrecisionPolicy from_config(const Config& config);
+  // Bytes of persistent state per parameter: master + grad + optimizer moments.
+  double state_bytes_per_param() const;
+  std::string table() const;  // human-readable "what lives in which dtype"
+};
+
+}  // namespace ptrain

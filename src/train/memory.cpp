@@ -1,0 +1,67 @@
+#include "train/memory.h"
+
+#include <sys/resource.h>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "model/layout.h"
+#include "optim/adamw.h"
+#include "parallel/fsdp.h"
+#include "parallel/precision.h"
+
+#ifdef PTRAIN_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace ptrain {
+
+std::string MemoryReport::to_json() const {
+  nlohmann::ordered_json j = {{"rank", rank},
+                              {"world_size", world_size},
+                              {"num_params", num_params},
+                              {"param_bytes", param_bytes},
+                              {"grad_bytes", grad_bytes},
+                              {"optimizer_state_bytes", optimizer_state_bytes},
+                              {"master_weight_bytes", master_weight_bytes},
+                              {"total_state_bytes", total_state_bytes()},
+                              {"state_bytes_per_param", num_params ? static_cast<double>(total_state_bytes()) / num_params : 0.0}};
+  return j.dump(2);
+}
+
+MemoryReport measure_memory(const FsdpModel& model, const AdamW& optim) {
+  MemoryReport r;
+  for (const auto& u : model.units()) {
+    r.num_params += u.shard.numel();
+    r.param_bytes += u.shard.nbytes();
+    if (u.shard.grad().defined()) r.grad_bytes += u.shard.grad().nbytes();
+  }
+  r.optimizer_state_bytes = optim.state_bytes();
+  return r;
+}
+
+MemoryReport predict_memory(const Config& config, int world_size) {
+  const PrecisionPolicy policy = PrecisionPolicy::from_config(config);
+  MemoryReport r;
+  r.world_size = world_size;
+  for (const auto& u : llama_units(config.model.shape, config.model.init_std)) r.num_params += u.numel;
+  const int64_t master = c10::elementSize(policy.master_dtype), optim = c10::elementSize(policy.optim_dtype);
+  r.param_bytes = r.num_params * master;
+  r.grad_bytes = r.num_params * master;
+  r.optimizer_state_bytes = 2 * r.num_params * optim;
+  return r;
+}
+
+PeakMemory peak_memory(const c10::Device& device) {
+#ifdef PTRAIN_CUDA
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    return {stats.allocated_bytes[0].peak, "cuda_allocator_peak_allocated"};
+  }
+#endif
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return {static_cast<int64_t>(ru.ru_maxrss) * 1024, "process_peak_rss"};
+}
+
+}  // namespace ptrain

@@ -1,0 +1,207 @@
+#include "train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
+#include "common/error.h"
+#include "common/fs_util.h"
+#include "common/log.h"
+#include "config/config.h"
+#include "data/dataset.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/lr_schedule.h"
+#include "parallel/fsdp.h"
+#include "train/memory.h"
+#include "train/metrics.h"
+
+#ifdef PTRAIN_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Wall-clock step times need the GPU's queued work finished.
+void sync(const c10::Device& device) {
+#ifdef PTRAIN_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+}
+}  // namespace
+
+c10::Device resolve_device(const Config& c) {
+  if (c.training.device == "cuda" || (c.training.device == "auto" && torch::cuda::is_available()))
+    return c10::Device(c10::kCUDA, 0);
+  return c10::Device(c10::kCPU);
+}
+
+std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device) {
+  auto model = std::make_unique<FsdpModel>(c.model.shape, PrecisionPolicy::from_config(c), device, c.model.init_std);
+  if (!c.model.hf_path.empty())
+    model->load_hf(HfCheckpoint(c.model.hf_path));
+  else
+    model->init_weights(static_cast<uint64_t>(c.run.seed));
+  return model;
+}
+
+EvalResult evaluate(FsdpModel& model, const TokenData& data, int64_t begin, int64_t end, int64_t seq_len, int64_t batch,
+                    int64_t loss_chunk, int64_t max_windows) {
+  const int64_t stride = seq_len + 1;
+  int64_t n = (end - begin) / stride;
+  if (max_windows >= 0) n = std::min(n, max_windows);
+  EvalResult r;
+  double sum = 0.0;
+  for (int64_t first = 0; first < n; first += batch) {
+    std::vector<int64_t> starts;
+    for (int64_t w = first; w < std::min(n, first + batch); ++w) starts.push_back(begin + w * stride);
+    at::Tensor win = windows_at(data, starts, stride).to(model.device());
+    LossSum s = model.eval_loss(win.narrow(1, 0, seq_len), win.narrow(1, 1, seq_len), loss_chunk);
+    sum += s.sum;
+    r.tokens += s.tokens;
+  }
+  r.windows = n;
+  r.mean_loss = r.tokens ? sum / static_cast<double>(r.tokens) : 0.0;
+  r.perplexity = std::exp(r.mean_loss);
+  return r;
+}
+
+int train(const Config& c) {
+  const c10::Device device = resolve_device(c);
+  if (c.training.threads > 0) at::set_num_threads(static_cast<int>(c.training.threads));
+  const std::string out_dir = c.output_dir();
+  fs::create_directories(out_dir);
+  write_file_atomic(out_dir + "/config.resolved.toml", to_toml(c));
+
+  auto model = build_model(c, device);
+  std::vector<OptimTarget> targets;
+  for (auto& u : model->units()) targets.push_back({u.layout.name, u.shard, u.layout.decay_numel});
+  AdamW optim(targets, {c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps, c.optimizer.weight_decay});
+  const LrSchedule schedule{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay,
+                            c.lr_schedule.min_lr_ratio};
+
+  TrainProgress progress;
+  std::string resume = c.checkpoint.resume == "auto" ? latest_checkpoint(c.checkpoint_dir()) : c.checkpoint.resume;
+  if (!resume.empty()) {
+    load_checkpoint(resume, *model, &optim, progress);
+    log::info("resumed from ", resume, " at step ", progress.step, " (", progress.samples, " samples consumed)");
+  } else if (c.checkpoint.resume == "auto") {
+    log::info("no checkpoint in ", c.checkpoint_dir(), "; starting fresh");
+  }
+
+  TokenData data(c.data.path, c.data.format);
+  const int64_t T = c.data.seq_len, B = c.data.micro_batch_size, accum = c.training.grad_accum_steps;
+  const Split train_part = train_split(data, c.data.val_fraction, T);
+  const Split val_part = val_split(data, c.data.val_fraction, T);
+  WindowSampler sampler(train_part, T, static_cast<uint64_t>(c.run.seed));
+  MetricsWriter metrics(out_dir + "/metrics.jsonl", progress.step > 0);
+  const int64_t chunk = c.memory.loss_chunk_tokens;
+  const int64_t tokens_per_step = B * T * accum;
+  const double flops_per_token = 6.0 * model->shape().flops_params() +
+                                 12.0 * model->shape().n_layers * model->shape().q_dim() * T;
+
+  log::info("ptrain ", PTRAIN_VERSION, " | model ", log::grouped(model->num_params()), " params | ", c.precision.mode,
+            " on ", device.str(), " | ", at::get_num_threads(), " threads | batch ", B, "x", T, " x", accum,
+            " accum = ", tokens_per_step, " tokens/step | ", sampler.windows_per_epoch(), " windows/epoch");
+
+  auto run_eval = [&](int64_t step) {
+    if (val_part.size() <= T) return;
+    EvalResult e = evaluate(*model, data, val_part.begin, val_part.end, T, B, chunk, c.training.eval_batches * B);
+    metrics.write({{"step", step}, {"val_loss", e.mean_loss}, {"val_ppl", e.perplexity}, {"val_tokens", e.tokens}});
+    log::info("eval  step ", step, " | val_loss ", log::fixed(e.mean_loss, 4), " | val_ppl ", log::fixed(e.perplexity, 2),
+              " | ", e.tokens, " tokens");
+  };
+  auto checkpoint = [&] {
+    const std::string dir = save_checkpoint(c.checkpoint_dir(), *model, optim, progress, c.checkpoint.keep, to_toml(c));
+    log::info("checkpoint written: ", dir);
+    return dir;
+  };
+
+  g_stop_signal = 0;
+  auto old_int = std::signal(SIGINT, on_stop_signal);
+  auto old_term = std::signal(SIGTERM, on_stop_signal);
+  std::string last_checkpoint;
+  while (progress.step < c.training.steps) {
+    const double t0 = now_s();
+    // ---- one optimizer step: batches -> forward -> loss -> backward -> clip -> step ----
+    model->zero_grad();
+    double loss_sum = 0.0;
+    for (int64_t a = 0; a < accum; ++a) {
+      at::Tensor batch = sample_batch(data, sampler, progress.samples + a * B, B, T).to(device);
+      at::Tensor loss = model->forward_loss(batch.narrow(1, 0, T), batch.narrow(1, 1, T), chunk);
+      (loss / static_cast<double>(accum)).backward();
+      loss_sum += loss.item<double>();
+    }
+    std::vector<at::Tensor> grads;
+    for (auto& u : model->units()) grads.push_back(u.shard.grad());
+    const double grad_norm = clip_grad_norm(grads, c.training.max_grad_norm);
+    const double lr = schedule.lr(progress.step);
+    optim.step(lr);
+    progress.samples += static_cast<uint64_t>(B * accum);
+    ++progress.step;
+    sync(device);
+    const double dt = now_s() - t0;
+    // ------------------------------------------------------------------------------------
+    const double loss = loss_sum / static_cast<double>(accum);
+    if (!std::isfinite(loss))
+      throw RuntimeError("loss became " + std::to_string(loss) + " at step " + std::to_string(progress.step) +
+                         "; lower optimizer.lr or check the data");
+    if (progress.step == 1) write_file_atomic(out_dir + "/memory.json", measure_memory(*model, optim).to_json() + "\n");
+    const bool last = progress.step == c.training.steps;
+    if (progress.step % c.training.log_every == 0 || progress.step == 1 || last) {
+      const PeakMemory peak = peak_memory(device);
+      const double tps = static_cast<double>(tokens_per_step) / dt;
+      metrics.write({{"step", progress.step},
+                     {"loss", loss},
+                     {"lr", lr},
+                     {"grad_norm", grad_norm},
+                     {"tokens_per_s", tps},
+                     {"step_time_s", dt},
+                     {"tflops", tps * flops_per_token / 1e12},
+                     {"peak_mem_bytes", peak.bytes},
+                     {"peak_mem_source", peak.source},
+                     {"world_size", int64_t{1}},
+                     {"tokens_seen", static_cast<int64_t>(progress.samples) * T}});
+      log::info("step ", progress.step, "/", c.training.steps, " | loss ", log::fixed(loss, 4), " | lr ", log::sci(lr, 2),
+                " | grad_norm ", log::fixed(grad_norm, 3), " | ", log::grouped(tps), " tok/s | ", log::fixed(dt, 3),
+                " s/step | peak ", peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes));
+    }
+    if (c.training.eval_every > 0 && (progress.step % c.training.eval_every == 0 || last)) run_eval(progress.step);
+    if (c.checkpoint.every_steps > 0 && progress.step % c.checkpoint.every_steps == 0) last_checkpoint = checkpoint();
+    if (g_stop_signal != 0 && !last) {
+      log::warn("signal ", g_stop_signal.load(), " received: stopping after step ", progress.step);
+      if (last_checkpoint.find("step_" + std::to_string(progress.step)) == std::string::npos) checkpoint();
+      log::info("resume with --set checkpoint.resume=auto");
+      std::signal(SIGINT, old_int);
+      std::signal(SIGTERM, old_term);
+      return 130;
+    }
+  }
+  std::signal(SIGINT, old_int);
+  std::signal(SIGTERM, old_term);
+  if (c.checkpoint.save_final && (last_checkpoint.empty() || fs::path(last_checkpoint).filename() != "step_" + std::to_string(progress.step)))
+    last_checkpoint = checkpoint();
+  log::info("done. outputs in ", out_dir, "/: metrics.jsonl, memory.json, config.resolved.toml",
+            last_checkpoint.empty() ? "" : ", " + fs::relative(last_checkpoint, out_dir).string());
+  return 0;
+}
+
+}  // namespace ptrain
