@@ -91,7 +91,7 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
   fs::create_directories(root);
   const fs::path final_dir = fs::path(root) / ("step_" + std::to_string(progress.step));
   const fs::path tmp = fs::path(root) / (".step_" + std::to_string(progress.step) + ".tmp." + std::to_string(::getpid()));
-  fs::remove_all(tmp);
+  remove_tree(tmp.string());
   fs::create_directories(tmp);
 
   std::vector<std::pair<std::string, at::Tensor>> params;
@@ -125,11 +125,11 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
   }
   fs::rename(tmp, final_dir);
   fsync_path(root);
-  if (!old.empty()) fs::remove_all(old);
+  if (!old.empty()) remove_tree(old.string());
 
   auto all = complete_checkpoints(root);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i)
-    if (all[i] != final_dir) fs::remove_all(all[i]);
+    if (all[i] != final_dir) remove_tree(all[i].string());
   return final_dir.string();
 }
 

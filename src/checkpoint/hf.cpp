@@ -43,8 +43,17 @@ LlamaShape read_hf_config(const std::string& dir) {
     s.rope_theta = c.value("rope_theta", 10000.0);
     s.norm_eps = c.value("rms_norm_eps", 1e-6);
     s.tie_embeddings = c.value("tie_word_embeddings", false);
-    if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) {
-      const auto& r = c["rope_scaling"];
+    // transformers < 5 writes "rope_theta" + "rope_scaling"; 5.x writes "rope_parameters"
+    // holding both.
+    const json* rope = nullptr;
+    if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+      rope = &c["rope_parameters"];
+      s.rope_theta = rope->value("rope_theta", s.rope_theta);
+    } else if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) {
+      rope = &c["rope_scaling"];
+    }
+    if (rope) {
+      const auto& r = *rope;
       const std::string type = r.value("rope_type", r.value("type", std::string("default")));
       if (type == "llama3") {
         s.rope_scaling.factor = r.at("factor").get<double>();
@@ -52,7 +61,7 @@ LlamaShape read_hf_config(const std::string& dir) {
         s.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
         s.rope_scaling.original_max_seq_len = r.at("original_max_position_embeddings").get<int64_t>();
       } else if (type != "default") {
-        throw RuntimeError(path + ": rope_scaling type \"" + type + "\" is not supported (only \"llama3\")");
+        throw RuntimeError(path + ": rope type \"" + type + "\" is not supported (only \"default\" and \"llama3\")");
       }
     }
     if (c.value("hidden_act", std::string("silu")) != "silu")

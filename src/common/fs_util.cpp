@@ -1,6 +1,8 @@
 #include "common/fs_util.h"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -66,6 +68,14 @@ std::string read_text_file(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  auto rm = [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); };
+  if (::nftw(path.c_str(), rm, 16, FTW_DEPTH | FTW_PHYS) != 0)
+    throw RuntimeError(sys_error("cannot remove", path));
 }
 
 }  // namespace ptrain

@@ -11,5 +11,8 @@ void fsync_path(const std::string& path);  // file or directory
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 void write_file_atomic(const std::string& path, const std::string& text);
 std::string read_text_file(const std::string& path);  // throws RuntimeError
+// Recursive delete (no error if absent). Not std::filesystem::remove_all: libtorch.so exports
+// its own statically linked copy of that symbol, which interposes libstdc++'s and crashes.
+void remove_tree(const std::string& path);
 
 }  // namespace ptrain

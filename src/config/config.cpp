@@ -382,6 +382,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   } catch (const toml::parse_error& e) {
     problems.push_back({path, static_cast<int>(e.source().begin.line), "toml",
                         std::string(e.description()) + " (fix the TOML syntax)"});
+    throw ConfigError(std::move(problems));  // nothing else can be checked reliably
   }
   for (size_t i = 0; i < overrides.size(); ++i)
     collect_override(overrides[i], static_cast<int>(i + 1), assignments, problems);

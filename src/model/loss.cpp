@@ -57,11 +57,10 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
 class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropyFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& targets, int64_t chunk) {
+                            const at::Tensor& targets, int64_t chunk, bool need) {
     const int64_t valid = targets.ne(kIgnoreIndex).sum().item<int64_t>();
     const double scale = valid > 0 ? 1.0 / static_cast<double>(valid) : 0.0;
     at::Tensor gh, gw;
-    const bool need = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
     at::Tensor sum = chunked_loss_sum(hidden, weight, targets, chunk, scale, need ? &gh : nullptr,
                                       need ? &gw : nullptr);
     ctx->save_for_backward({gh, gw});
@@ -73,7 +72,7 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     const at::Tensor& g = grad_out[0];
     at::Tensor gh = saved[0].defined() ? saved[0] * g.to(saved[0].scalar_type()) : at::Tensor();
     at::Tensor gw = saved[1].defined() ? saved[1] * g.to(saved[1].scalar_type()) : at::Tensor();
-    return {gh, gw, at::Tensor(), at::Tensor()};
+    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -81,7 +80,9 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 int64_t chunk_tokens) {
-  return LinearCrossEntropyFn::apply(hidden, weight, targets, chunk_tokens);
+  // Gradients are produced in forward only when autograd will ask for them.
+  const bool need = at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  return LinearCrossEntropyFn::apply(hidden, weight, targets, chunk_tokens, need);
 }
 
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,

@@ -1,0 +1,118 @@
+// Config loading and validation: every file in tests/configs/bad/ must be rejected with its
+// problems naming the expected key at the expected line; valid configs, overrides and the
+// resolved TOML round trip.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "config/config.h"
+#include "test_util.h"
+
+using namespace ptrain;
+namespace fs = std::filesystem;
+
+namespace {
+// Loads `path` from inside a temp dir holding corpus.txt (the bad configs' relative data
+// path); data.path is supplied by override when the file does not set it.
+std::vector<ConfigProblem> problems_of(const std::string& path, const Environment& env) {
+  test::TempDir dir;
+  test::write_text(dir / "corpus.txt", test::synthetic_corpus(20000));
+  const auto cwd = fs::current_path();
+  fs::current_path(dir.path);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::vector<std::string> sets;
+  if (!std::regex_search(text, std::regex("(^|\n)path *="))) sets.push_back("data.path=corpus.txt");
+  std::vector<ConfigProblem> out;
+  try {
+    load_config(path, sets, env);
+  } catch (const ConfigError& e) {
+    out = e.problems;
+  }
+  fs::current_path(cwd);
+  return out;
+}
+}  // namespace
+
+TEST(ConfigBad, EveryBadConfigIsRejectedNamingItsKey) {
+  const fs::path bad = test::source_dir() + "/tests/configs/bad";
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(bad)) {
+    if (entry.path().extension() != ".toml") continue;
+    ++files;
+    std::ifstream in(entry.path());
+    std::string first;
+    std::getline(in, first);
+    std::smatch m;
+    const std::string header = first;
+    ASSERT_TRUE(std::regex_match(header, m, std::regex("# expect: (\\S+) (\\d+)"))) << entry.path();
+    const std::string key = m[1];
+    const int line = std::stoi(m[2]);
+    auto problems = problems_of(entry.path().string(), Environment{/*cuda_available=*/false});
+    ASSERT_FALSE(problems.empty()) << entry.path() << " was accepted";
+    for (const auto& p : problems) EXPECT_EQ(p.key, key) << entry.path() << ": " << p.str();
+    EXPECT_EQ(problems.front().line, line) << entry.path() << ": " << problems.front().str();
+    EXPECT_NE(problems.front().str().find("error: " + entry.path().string() + ":"), std::string::npos);
+  }
+  EXPECT_GE(files, 25);
+}
+
+TEST(ConfigBad, UnknownKeySuggestsTheClosestName) {
+  auto problems = problems_of(test::source_dir() + "/tests/configs/bad/unknown_key.toml", Environment{});
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].reason.find("did you mean training.steps?"), std::string::npos) << problems[0].str();
+  problems = problems_of(test::source_dir() + "/tests/configs/bad/misplaced_key.toml", Environment{});
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].reason.find("did you mean optimizer.lr?"), std::string::npos) << problems[0].str();
+}
+
+TEST(ConfigBad, CollectsEveryProblemAtOnce) {
+  test::TempDir dir;
+  test::write_text(dir / "c.toml", "[training]\nsteps = 0\n[optimizer]\nlr = -1.0\n[data]\npath = \"nope\"\n");
+  try {
+    load_config(dir / "c.toml", {}, Environment{});
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    std::set<std::string> keys;
+    for (const auto& p : e.problems) keys.insert(p.key);
+    EXPECT_EQ(keys, (std::set<std::string>{"training.steps", "optimizer.lr", "data.path"}));
+  }
+}
+
+TEST(ConfigBad, OverridesAreCheckedToo) {
+  test::TempDir dir;
+  const std::string cfg = test::small_config(dir);
+  try {
+    load_config(cfg, {"training.steps=abc", "optimizer.lrr=1"}, Environment{});
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    ASSERT_EQ(e.problems.size(), 2u);
+    EXPECT_EQ(e.problems[0].file, "--set");
+    EXPECT_EQ(e.problems[0].line, 1);
+    EXPECT_EQ(e.problems[0].key, "training.steps");
+    EXPECT_EQ(e.problems[1].key, "optimizer.lrr");
+  }
+}
+
+TEST(Config, OverridesPresetAndResolvedTomlRoundTrips) {
+  test::TempDir dir;
+  const std::string cfg = test::small_config(dir);
+  Config c = load_config(cfg, {"training.steps=7", "run.name=other", "optimizer.betas=[0.8, 0.9]"}, Environment{});
+  EXPECT_EQ(c.training.steps, 7);
+  EXPECT_EQ(c.run.name, "other");
+  EXPECT_EQ(c.model.shape.dim, 64);       // from the file
+  EXPECT_EQ(c.model.shape.head_dim, 16);  // derived: 64 / 4 heads
+  EXPECT_EQ(c.model.shape.vocab_size, 256);  // from the tiny preset
+  EXPECT_DOUBLE_EQ(c.optimizer.betas[0], 0.8);
+  test::write_text(dir / "resolved.toml", to_toml(c));
+  Config again = load_config(dir / "resolved.toml", {}, Environment{});
+  EXPECT_EQ(to_toml(again), to_toml(c));
+}
+
+TEST(Config, EveryKeyIsDocumentedInTheReadme) {
+  std::ifstream in(test::source_dir() + "/docs/config.md");
+  std::string doc((std::istreambuf_iterator<char>(in)), {});
+  for (const auto& key : known_keys()) EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key << " undocumented";
+}

@@ -1,0 +1,70 @@
+// Chunked fused linear cross-entropy equals the unchunked computation (ATen's own
+// cross_entropy over full fp32 logits), in value and in both gradients.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "model/loss.h"
+
+using namespace ptrain;
+
+namespace {
+struct Result {
+  at::Tensor loss, grad_h, grad_w;
+};
+
+Result reference(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& t) {
+  at::Tensor h = h0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  at::Tensor loss = at::cross_entropy_loss(at::linear(h, w).to(at::kFloat), t, {}, at::Reduction::Mean, kIgnoreIndex);
+  loss.backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+Result chunked(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& t, int64_t chunk) {
+  at::Tensor h = h0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  at::Tensor loss = linear_cross_entropy(h, w, t, chunk);
+  (loss * 3.0).backward();  // a non-unit upstream gradient must scale both grads
+  return {loss.detach(), h.grad() / 3.0, w.grad() / 3.0};
+}
+}  // namespace
+
+TEST(ChunkedLoss, EqualsUnchunkedForEveryChunkSize) {
+  at::manual_seed(3);
+  const int64_t N = 37, D = 16, V = 50;
+  at::Tensor h = at::randn({N, D}), w = at::randn({V, D}) * 0.3;
+  at::Tensor t = at::randint(0, V, {N}, at::kLong);
+  t.index_put_({at::tensor(std::vector<int64_t>{0, 5, 6, 36})}, kIgnoreIndex);  // masked positions
+  Result ref = reference(h, w, t);
+  for (int64_t chunk : {1, 4, 7, 36, 37, 100, 0}) {
+    Result got = chunked(h, w, t, chunk);
+    EXPECT_NEAR(got.loss.item<double>(), ref.loss.item<double>(), 1e-5) << "chunk " << chunk;
+    EXPECT_TRUE(at::allclose(got.grad_h, ref.grad_h, 1e-5, 1e-6)) << "chunk " << chunk;
+    EXPECT_TRUE(at::allclose(got.grad_w, ref.grad_w, 1e-5, 1e-6)) << "chunk " << chunk;
+  }
+}
+
+TEST(ChunkedLoss, MaskedRowsGetNoGradient) {
+  at::manual_seed(4);
+  at::Tensor h = at::randn({6, 8}), w = at::randn({11, 8});
+  at::Tensor t = at::tensor(std::vector<int64_t>{1, kIgnoreIndex, 3, kIgnoreIndex, 5, 7});
+  Result got = chunked(h, w, t, 2);
+  EXPECT_EQ(got.grad_h[1].abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(got.grad_h[3].abs().sum().item<double>(), 0.0);
+  EXPECT_GT(got.grad_h[0].abs().sum().item<double>(), 0.0);
+}
+
+TEST(ChunkedLoss, SumMatchesMeanTimesCount) {
+  at::manual_seed(5);
+  at::Tensor h = at::randn({20, 8}), w = at::randn({13, 8});
+  at::Tensor t = at::randint(0, 13, {20}, at::kLong);
+  t[3] = kIgnoreIndex;
+  LossSum s = linear_cross_entropy_sum(h, w, t, 6);
+  EXPECT_EQ(s.tokens, 19);
+  EXPECT_NEAR(s.sum / 19.0, reference(h, w, t).loss.item<double>(), 1e-5);
+}
+
+TEST(ChunkedLoss, UniformLogitsGiveLogVocab) {
+  // Zero weights -> uniform distribution -> loss = ln(V) exactly, whatever the targets.
+  at::Tensor h = at::randn({9, 4}), w = at::zeros({32, 4});
+  at::Tensor t = at::randint(0, 32, {9}, at::kLong);
+  EXPECT_NEAR(linear_cross_entropy(h, w, t, 4).item<double>(), std::log(32.0), 1e-6);
+}

@@ -1,0 +1,59 @@
+// AdamW against torch.optim.AdamW's saved trajectory (fixture), clipping and the LR
+// schedule against closed forms.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "checkpoint/safetensors.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/lr_schedule.h"
+#include "test_util.h"
+
+using namespace ptrain;
+
+TEST(AdamW, MatchesTorchAdamWOverTenSteps) {
+  SafetensorsFile f(test::fixture("adamw_expected.safetensors"));
+  at::Tensor param = f.tensor("initial").clone().requires_grad_();
+  at::Tensor grads = f.tensor("grads"), lrs = f.tensor("lrs"), expected = f.tensor("params");
+  const int64_t decay = f.tensor("decay_numel").item<int64_t>();
+  AdamW opt({{"p", param, decay}}, {0.9, 0.95, 1e-8, 0.1});
+  for (int64_t step = 0; step < 10; ++step) {
+    param.mutable_grad() = grads[step].clone();
+    opt.step(lrs[step].item<double>());
+    at::Tensor exp = expected[step];
+    const double rel = ((param.detach() - exp).abs() / exp.abs().clamp_min(1e-12)).max().item<double>();
+    EXPECT_LE(rel, 1e-6) << "step " << step + 1;
+  }
+  EXPECT_EQ(opt.steps(), 10);
+}
+
+TEST(AdamW, NoGradientMeansNoUpdate) {
+  at::Tensor p = at::ones({5}).requires_grad_();
+  AdamW opt({{"p", p, 5}}, {0.9, 0.95, 1e-8, 0.1});
+  opt.step(1e-2);
+  EXPECT_TRUE(at::equal(p.detach(), at::ones({5})));
+}
+
+TEST(Clip, GlobalNormAndScaling) {
+  at::Tensor a = at::tensor({3.0f, 0.0f}), b = at::tensor({0.0f, 4.0f});
+  EXPECT_NEAR(clip_grad_norm({a, b}, 0.0), 5.0, 1e-6);  // disabled: norm only
+  EXPECT_NEAR(a[0].item<double>(), 3.0, 1e-7);
+  EXPECT_NEAR(clip_grad_norm({a, b}, 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(at::cat({a, b}).norm().item<double>(), 1.0, 1e-5);  // scaled to max_norm
+}
+
+TEST(LrSchedule, WarmupCosineLinearConstant) {
+  LrSchedule s{1.0, 10, 110, "cosine", 0.1};
+  EXPECT_DOUBLE_EQ(s.lr(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.lr(9), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr(10), 1.0);
+  EXPECT_NEAR(s.lr(109), 0.1, 1e-12);
+  const double mid = 10 + 99 / 2.0;  // halfway through decay: (peak + min) / 2
+  EXPECT_NEAR(s.lr(static_cast<int64_t>(mid)), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * (49.0 / 99.0))), 1e-12);
+  LrSchedule lin{1.0, 0, 11, "linear", 0.0};
+  EXPECT_NEAR(lin.lr(5), 0.5, 1e-12);
+  LrSchedule c{2.0, 0, 50, "constant", 0.0};
+  EXPECT_DOUBLE_EQ(c.lr(49), 2.0);
+}

@@ -1,0 +1,66 @@
+// Helpers shared by the unit tests: fixture paths, temporary directories, a synthetic
+// corpus and small model configs.
+#pragma once
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/fs_util.h"
+#include "config/config.h"
+
+namespace ptrain::test {
+
+inline std::string source_dir() {
+  const char* s = std::getenv("PTRAIN_SOURCE_DIR");
+  return s ? s : PTRAIN_TEST_SOURCE_DIR_FALLBACK;
+}
+inline std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ptrain_test_XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { remove_tree(path.string()); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// Seeded pseudo-English: sentences over a small vocabulary with fixed word order patterns,
+// so a small model has structure to learn.
+inline std::string synthetic_corpus(size_t bytes, uint32_t seed = 7) {
+  static const std::vector<std::string> subjects{"the cat", "a dog", "my friend", "the old man", "our team", "she"};
+  static const std::vector<std::string> verbs{"sees", "likes", "builds", "finds", "eats", "paints"};
+  static const std::vector<std::string> objects{"a red apple", "the small house", "two green birds", "the river",
+                                                "a long story", "bread"};
+  std::mt19937 rng(seed);
+  std::string out;
+  while (out.size() < bytes) {
+    out += subjects[rng() % subjects.size()] + " " + verbs[rng() % verbs.size()] + " " +
+           objects[rng() % objects.size()] + ".\n";
+  }
+  out.resize(bytes);
+  return out;
+}
+
+// A small model config (dim 64, 2 layers) writing into dir; extra TOML lines appended.
+inline std::string small_config(const TempDir& dir, const std::string& extra = "", size_t corpus_bytes = 60000) {
+  const std::string corpus = dir / "corpus.txt";
+  if (!std::filesystem::exists(corpus)) write_text(corpus, synthetic_corpus(corpus_bytes));
+  const std::string path = dir / "config.toml";
+  write_text(path, "[run]\nname = \"t\"\noutput_dir = \"" + (dir / "run") + "\"\nseed = 5\n"
+                   "[model]\npreset = \"tiny\"\ndim = 64\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 160\n"
+                   "[data]\npath = \"" + corpus + "\"\nseq_len = 32\nmicro_batch_size = 4\n"
+                   "[training]\nsteps = 20\nlog_every = 1\neval_every = 0\ndevice = \"cpu\"\n"
+                   "[optimizer]\nlr = 3e-3\n[lr_schedule]\nwarmup_steps = 5\n" + extra);
+  return path;
+}
+
+}  // namespace ptrain::test
