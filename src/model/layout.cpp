@@ -22,13 +22,18 @@ void add(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool decay
 
 std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
   std::vector<UnitLayout> units;
-  UnitLayout embed{"embed", UnitKind::embedding};
+  UnitLayout embed;
+  embed.name = "embed";
+  embed.kind = UnitKind::embedding;
   add(embed, "model.embed_tokens.weight", {s.vocab_size, s.dim}, true, init_std);
   units.push_back(embed);
 
   const double out_std = init_std / std::sqrt(2.0 * static_cast<double>(s.n_layers));
   for (int64_t i = 0; i < s.n_layers; ++i) {
-    UnitLayout b{"block." + std::to_string(i), UnitKind::block, i};
+    UnitLayout b;
+    b.name = "block." + std::to_string(i);
+    b.kind = UnitKind::block;
+    b.layer = i;
     const std::string p = "model.layers." + std::to_string(i) + ".";
     add(b, p + "self_attn.q_proj.weight", {s.q_dim(), s.dim}, true, init_std);
     add(b, p + "self_attn.k_proj.weight", {s.kv_dim(), s.dim}, true, init_std);
@@ -42,7 +47,9 @@ std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
     units.push_back(b);
   }
 
-  UnitLayout head{"head", UnitKind::head};
+  UnitLayout head;
+  head.name = "head";
+  head.kind = UnitKind::head;
   if (!s.tie_embeddings) add(head, "lm_head.weight", {s.vocab_size, s.dim}, true, init_std);
   add(head, "model.norm.weight", {s.dim}, false, 0.0);
   units.push_back(head);

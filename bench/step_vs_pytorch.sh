@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Benchmark: ptrain training step vs a PyTorch eager reference step (transformers
+# LlamaForCausalLM + torch.optim.AdamW) of the same model and batch on the CPU.
+# Runs each side several times (interleaved) and prints the median step times and the ratio
+# ptrain / reference (goal: <= 0.9).
+#
+#   bench/step_vs_pytorch.sh [CONFIG] [REPEATS] [STEPS]     (defaults: configs/tiny.toml 3 20)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CONFIG="${1:-$ROOT/configs/tiny.toml}"; REPEATS="${2:-3}"; STEPS="${3:-20}"
+VENV="${PTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ptrain/venv-torch-2.11.0}"
+BIN="$ROOT/build/ptrain"; PY="$VENV/bin/python"
+[ -x "$BIN" ] || { echo "build first: launch/setup.sh" >&2; exit 1; }
+"$PY" -c "import transformers" 2>/dev/null || "$VENV/bin/pip" install -q transformers==5.23.0
+THREADS=$(nproc)
+WARMUP=3
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+# Model shape and batch come from ptrain's own resolved config, so both sides match.
+"$BIN" check --config "$CONFIG" > "$tmp/check.txt"
+val() { awk -v s="[$1]" -v k="$2" '$0==s{f=1;next} /^\[/{f=0} f && $1==k {print $3}' "$tmp/check.txt" | tr -d '"'; }
+DIM=$(val model dim); LAYERS=$(val model n_layers); HEADS=$(val model n_heads); KV=$(val model n_kv_heads)
+FFN=$(val model ffn_dim); VOCAB=$(val model vocab_size); THETA=$(val model rope_theta)
+BATCH=$(val data micro_batch_size); SEQ=$(val data seq_len)
+echo "model dim=$DIM layers=$LAYERS heads=$HEADS/$KV ffn=$FFN vocab=$VOCAB | batch ${BATCH}x${SEQ} fp32 | $THREADS threads | $REPEATS repeats x $STEPS steps (+$WARMUP warmup)"
+
+ptrain_run() {
+  rm -rf "$tmp/run"
+  "$BIN" --config "$CONFIG" --set training.steps=$((STEPS + WARMUP)) --set training.log_every=1 \
+    --set training.eval_every=0 --set checkpoint.save_final=false --set run.output_dir="$tmp/run" \
+    --set training.threads=$THREADS --set precision.mode=fp32 >/dev/null 2>&1
+  "$PY" - "$tmp/run/metrics.jsonl" "$WARMUP" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+print(statistics.median(r["step_time_s"] for r in rows if r["step"] > int(sys.argv[2])))
+PY
+}
+ref_run() {
+  "$PY" "$ROOT/bench/reference_step.py" --dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --kv-heads "$KV" \
+    --ffn "$FFN" --vocab "$VOCAB" --rope-theta "$THETA" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" \
+    --warmup "$WARMUP" --threads "$THREADS" 2>/dev/null | "$PY" -c "import json,sys; print(json.load(sys.stdin)['median_step_s'])"
+}
+p=(); r=()
+for i in $(seq "$REPEATS"); do
+  p+=("$(ptrain_run)"); r+=("$(ref_run)")
+  printf 'repeat %d: ptrain %.4f s/step | pytorch %.4f s/step\n' "$i" "${p[-1]}" "${r[-1]}"
+done
+"$PY" - "${p[*]}" "${r[*]}" <<'PY'
+import statistics, sys
+p = statistics.median(map(float, sys.argv[1].split())); r = statistics.median(map(float, sys.argv[2].split()))
+print(f"median step time: ptrain {p:.4f} s | pytorch eager {r:.4f} s | ratio ptrain/pytorch = {p / r:.3f} (goal <= 0.9)")
+PY
