@@ -145,7 +145,12 @@ int cmd_check(const Args& a) {
             << "  master weights    " << log::bytes(m.master_weight_bytes) << "\n"
             << "  total             " << log::bytes(m.total_state_bytes()) << " (activations not included)\n";
   if (a.options.count("--gpu-memory")) {
-    const double gib = std::stod(a.options.at("--gpu-memory"));
+    double gib = 0;
+    try {
+      gib = std::stod(a.options.at("--gpu-memory"));
+    } catch (const std::exception&) {
+    }
+    if (!(gib > 0)) throw UsageError("--gpu-memory must be a positive number of GiB (got '" + a.options.at("--gpu-memory") + "')");
     const double need = static_cast<double>(m.total_state_bytes()) / (1024.0 * 1024 * 1024);
     std::cout << "  state uses " << log::fixed(100.0 * need / gib, 1) << "% of " << gib << " GiB per GPU"
               << (need > gib ? " — does NOT fit: raise --world-size or use another precision mode" : "") << "\n";

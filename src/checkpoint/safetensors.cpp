@@ -181,17 +181,12 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // keep the data buffer 8-byte aligned
-  std::vector<unsigned char> out(8 + json.size() + offset);
   const uint64_t header_len = json.size();
-  std::memcpy(out.data(), &header_len, 8);
-  std::memcpy(out.data() + 8, json.data(), json.size());
-  unsigned char* p = out.data() + 8 + json.size();
-  for (const auto& c : cpu) {
-    const size_t n = c.numel() * c.element_size();
-    if (n) std::memcpy(p, c.data_ptr(), n);
-    p += n;
-  }
-  write_file_atomic(path, out.data(), out.size());
+  AtomicFile out(path);  // streamed: a multi-GB shard is never copied into one buffer
+  out.write(&header_len, 8);
+  out.write(json.data(), json.size());
+  for (const auto& c : cpu) out.write(c.data_ptr(), c.numel() * c.element_size());
+  out.commit();
 }
 
 }  // namespace ptrain

@@ -29,33 +29,50 @@ void fsync_path(const std::string& path) {
   if (rc != 0) throw RuntimeError(sys_error("fsync failed for", path));
 }
 
-void write_file_atomic(const std::string& path, const void* data, size_t size) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw RuntimeError(sys_error("cannot create", tmp));
+AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw RuntimeError(sys_error("cannot create", tmp_));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write(const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
-  size_t left = size;
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
+  while (size > 0) {
+    ssize_t n = ::write(fd_, p, size);
     if (n < 0) {
       if (errno == EINTR) continue;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw RuntimeError(sys_error("write failed for", tmp));
+      throw RuntimeError(sys_error("write failed for", tmp_));
     }
     p += n;
-    left -= static_cast<size_t>(n);
+    size -= static_cast<size_t>(n);
   }
+}
+
+void AtomicFile::commit() {
+  const int fd = fd_;
+  fd_ = -1;
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw RuntimeError(sys_error("fsync/close failed for", tmp));
+    ::unlink(tmp_.c_str());
+    throw RuntimeError(sys_error("fsync/close failed for", tmp_));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw RuntimeError(sys_error("rename failed to", path));
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    ::unlink(tmp_.c_str());
+    throw RuntimeError(sys_error("rename failed to", path_));
   }
-  fs::path parent = fs::path(path).parent_path();
+  fs::path parent = fs::path(path_).parent_path();
   fsync_path(parent.empty() ? "." : parent.string());
+}
+
+void write_file_atomic(const std::string& path, const void* data, size_t size) {
+  AtomicFile f(path);
+  f.write(data, size);
+  f.commit();
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -264,15 +264,15 @@ void collect(const toml::table& root, const std::string& file, std::vector<Assig
     const std::string section(sec_key.str());
     const int sec_line = static_cast<int>(sec_key.source().begin.line);
     const auto* table = sec_node.as_table();
+    if (!table) {
+      problems.push_back({file, sec_line, section, "key outside any [section]" + suggest("", section)});
+      continue;
+    }
     bool known_section = false;
     for (const auto& k : keys()) known_section |= k.section == section;
     if (!known_section) {
       problems.push_back({file, sec_line, section,
                           "unknown section [" + section + "]" + suggest_section(section)});
-      continue;
-    }
-    if (!table) {
-      problems.push_back({file, sec_line, section, "expected a [" + section + "] table"});
       continue;
     }
     for (auto&& [key, node] : *table) {

@@ -1,10 +1,59 @@
 #include "model/llama.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 
 namespace ptrain {
+
+namespace {
+
+// Splits a flat buffer into shaped views. Its backward writes each piece's gradient into one
+// flat gradient once; autograd's own view backward would allocate, zero and add a whole
+// flat-sized gradient per piece.
+class SplitFlat : public torch::autograd::Function<SplitFlat> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& flat,
+                                                const std::vector<int64_t>& offsets,
+                                                const std::vector<std::vector<int64_t>>& shapes) {
+    ctx->saved_data["numel"] = flat.numel();
+    ctx->saved_data["offsets"] = offsets;
+    torch::autograd::variable_list out;
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      int64_t n = 1;
+      for (int64_t d : shapes[i]) n *= d;
+      out.push_back(flat.narrow(0, offsets[i], n).view(shapes[i]));
+    }
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto offsets = ctx->saved_data["offsets"].toIntVector();
+    at::Tensor flat;
+    for (const auto& g : grads)
+      if (g.defined()) {
+        flat = at::empty({ctx->saved_data["numel"].toInt()}, g.options());
+        break;
+      }
+    if (!flat.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    int64_t covered = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const int64_t n = i + 1 < offsets.size() ? offsets[i + 1] - offsets[i] : flat.numel() - offsets[i];
+      at::Tensor dst = flat.narrow(0, offsets[i], n);
+      if (grads[i].defined())
+        dst.copy_(grads[i].reshape({-1}));
+      else
+        dst.zero_();
+      covered += n;
+    }
+    TORCH_CHECK(covered == flat.numel(), "SplitFlat pieces must tile the flat buffer");
+    return {flat, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 at::Tensor rope_inv_freq(const LlamaShape& s) {
   // Same float32 ops as transformers' LlamaRotaryEmbedding, so the tables match bit for bit.
@@ -37,8 +86,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   const int64_t T = x.size(1), half = x.size(3) / 2;
-  at::Tensor xf = x.to(at::kFloat);
-  at::Tensor x1 = xf.narrow(-1, 0, half), x2 = xf.narrow(-1, half, half);
+  auto halves = x.to(at::kFloat).chunk(2, -1);  // split's backward writes once, narrow's zero-fills
+  const at::Tensor &x1 = halves[0], &x2 = halves[1];
   at::Tensor c = rope.cos.narrow(0, 0, T).view({1, T, 1, half});
   at::Tensor s = rope.sin.narrow(0, 0, T).view({1, T, 1, half});
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1).to(x.scalar_type());
@@ -46,20 +95,17 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
 
 BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const LlamaShape& s) {
   const int64_t D = s.dim, Q = s.q_dim(), KV = s.kv_dim(), F = s.ffn_dim;
+  // Same order as the block layout (model/layout.cpp): q,k,v | o | gate,up | down | norms.
+  const std::vector<std::vector<int64_t>> shapes{{Q + 2 * KV, D}, {D, Q}, {2 * F, D}, {D, F}, {D}, {D}};
+  std::vector<int64_t> offsets;
   int64_t off = 0;
-  auto take = [&](int64_t rows, int64_t cols) {
-    at::Tensor v = flat.narrow(0, off, rows * cols).view({rows, cols});
-    off += rows * cols;
-    return v;
-  };
-  BlockWeights w;
-  w.wqkv = take(Q + 2 * KV, D);
-  w.wo = take(D, Q);
-  w.w_gate_up = take(2 * F, D);
-  w.w_down = take(D, F);
-  w.attn_norm = flat.narrow(0, off, D);
-  w.ffn_norm = flat.narrow(0, off + D, D);
-  return w;
+  for (const auto& shape : shapes) {
+    offsets.push_back(off);
+    off += shape.size() == 2 ? shape[0] * shape[1] : shape[0];
+  }
+  TORCH_CHECK(off == flat.numel(), "block flat buffer has ", flat.numel(), " elements, layout needs ", off);
+  auto v = SplitFlat::apply(flat, offsets, shapes);
+  return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
 HeadWeights HeadWeights::from_flat(const at::Tensor& flat, const at::Tensor& embed_flat, const LlamaShape& s) {
@@ -76,19 +122,19 @@ at::Tensor embedding_weight(const at::Tensor& embed_flat, const LlamaShape& s) {
 
 at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope, const LlamaShape& s) {
   const int64_t B = x.size(0), T = x.size(1), hd = s.head_dim;
-  const int64_t Q = s.q_dim(), KV = s.kv_dim(), F = s.ffn_dim;
+  const int64_t Q = s.q_dim(), KV = s.kv_dim();
 
-  at::Tensor qkv = at::linear(rms_norm(x, w.attn_norm, s.norm_eps), w.wqkv);
-  at::Tensor q = apply_rope(qkv.narrow(-1, 0, Q).view({B, T, s.n_heads, hd}), rope).transpose(1, 2);
-  at::Tensor k = apply_rope(qkv.narrow(-1, Q, KV).view({B, T, s.n_kv_heads, hd}), rope).transpose(1, 2);
-  at::Tensor v = qkv.narrow(-1, Q + KV, KV).view({B, T, s.n_kv_heads, hd}).transpose(1, 2);
+  auto qkv = at::linear(rms_norm(x, w.attn_norm, s.norm_eps), w.wqkv).split_with_sizes({Q, KV, KV}, -1);
+  at::Tensor q = apply_rope(qkv[0].view({B, T, s.n_heads, hd}), rope).transpose(1, 2);
+  at::Tensor k = apply_rope(qkv[1].view({B, T, s.n_kv_heads, hd}), rope).transpose(1, 2);
+  at::Tensor v = qkv[2].view({B, T, s.n_kv_heads, hd}).transpose(1, 2);
   at::Tensor attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
                                                      /*enable_gqa=*/s.n_kv_heads != s.n_heads);
   at::Tensor h = x + at::linear(attn.transpose(1, 2).reshape({B, T, Q}), w.wo);
 
-  at::Tensor gate_up = at::linear(rms_norm(h, w.ffn_norm, s.norm_eps), w.w_gate_up);
-  at::Tensor act = at::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F);
+  auto gate_up = at::linear(rms_norm(h, w.ffn_norm, s.norm_eps), w.w_gate_up).chunk(2, -1);
+  at::Tensor act = at::silu(gate_up[0]) * gate_up[1];
   return h + at::linear(act, w.w_down);
 }
 

@@ -129,16 +129,18 @@ int train(const Config& c) {
     log::info("eval  step ", step, " | val_loss ", log::fixed(e.mean_loss, 4), " | val_ppl ", log::fixed(e.perplexity, 2),
               " | ", e.tokens, " tokens");
   };
+  std::string last_checkpoint;
+  int64_t last_checkpoint_step = -1;
   auto checkpoint = [&] {
-    const std::string dir = save_checkpoint(c.checkpoint_dir(), *model, optim, progress, c.checkpoint.keep, to_toml(c));
-    log::info("checkpoint written: ", dir);
-    return dir;
+    last_checkpoint = save_checkpoint(c.checkpoint_dir(), *model, optim, progress, c.checkpoint.keep, to_toml(c));
+    last_checkpoint_step = progress.step;
+    log::info("checkpoint written: ", last_checkpoint);
   };
 
   g_stop_signal = 0;
   auto old_int = std::signal(SIGINT, on_stop_signal);
   auto old_term = std::signal(SIGTERM, on_stop_signal);
-  std::string last_checkpoint;
+  bool memory_written = false;
   while (progress.step < c.training.steps) {
     const double t0 = now_s();
     // ---- one optimizer step: batches -> forward -> loss -> backward -> clip -> step ----
@@ -164,7 +166,10 @@ int train(const Config& c) {
     if (!std::isfinite(loss))
       throw RuntimeError("loss became " + std::to_string(loss) + " at step " + std::to_string(progress.step) +
                          "; lower optimizer.lr or check the data");
-    if (progress.step == 1) write_file_atomic(out_dir + "/memory.json", measure_memory(*model, optim).to_json() + "\n");
+    if (!memory_written) {  // after this process's first step: grads and optimizer state exist
+      write_file_atomic(out_dir + "/memory.json", measure_memory(*model, optim).to_json() + "\n");
+      memory_written = true;
+    }
     const bool last = progress.step == c.training.steps;
     if (progress.step % c.training.log_every == 0 || progress.step == 1 || last) {
       const PeakMemory peak = peak_memory(device);
@@ -185,10 +190,10 @@ int train(const Config& c) {
                 " s/step | peak ", peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes));
     }
     if (c.training.eval_every > 0 && (progress.step % c.training.eval_every == 0 || last)) run_eval(progress.step);
-    if (c.checkpoint.every_steps > 0 && progress.step % c.checkpoint.every_steps == 0) last_checkpoint = checkpoint();
+    if (c.checkpoint.every_steps > 0 && progress.step % c.checkpoint.every_steps == 0) checkpoint();
     if (g_stop_signal != 0 && !last) {
       log::warn("signal ", g_stop_signal.load(), " received: stopping after step ", progress.step);
-      if (last_checkpoint.find("step_" + std::to_string(progress.step)) == std::string::npos) checkpoint();
+      if (last_checkpoint_step != progress.step) checkpoint();
       log::info("resume with --set checkpoint.resume=auto");
       std::signal(SIGINT, old_int);
       std::signal(SIGTERM, old_term);
@@ -197,8 +202,7 @@ int train(const Config& c) {
   }
   std::signal(SIGINT, old_int);
   std::signal(SIGTERM, old_term);
-  if (c.checkpoint.save_final && (last_checkpoint.empty() || fs::path(last_checkpoint).filename() != "step_" + std::to_string(progress.step)))
-    last_checkpoint = checkpoint();
+  if (c.checkpoint.save_final && last_checkpoint_step != progress.step) checkpoint();
   log::info("done. outputs in ", out_dir, "/: metrics.jsonl, memory.json, config.resolved.toml",
             last_checkpoint.empty() ? "" : ", " + fs::relative(last_checkpoint, out_dir).string());
   return 0;

@@ -18,6 +18,7 @@
 #include "optim/adamw.h"
 #include "parallel/fsdp.h"
 #include "test_util.h"
+#include "train/memory.h"
 #include "train/trainer.h"
 
 using namespace ptrain;
@@ -47,6 +48,11 @@ TEST(Train, LossFallsOver200Steps) {
   EXPECT_NEAR(l[1], std::log(256.0), 0.3);  // a fresh model is close to uniform over bytes
   EXPECT_LT(l[200], 0.5 * l[1]) << "start " << l[1] << " end " << l[200];
   for (const char* f : {"metrics.jsonl", "memory.json", "config.resolved.toml"}) EXPECT_TRUE(fs::exists(dir / ("run/" + std::string(f))));
+  // Measured state bytes (summed from the tensors) equal the `ptrain check` prediction.
+  auto measured = nlohmann::json::parse(read_text_file(dir / "run/memory.json"));
+  auto predicted = nlohmann::json::parse(predict_memory(c, 1).to_json());
+  EXPECT_EQ(measured, predicted);
+  EXPECT_EQ(measured["state_bytes_per_param"].get<double>(), 16.0);
 }
 
 TEST(Train, ResumeIsBitExact) {
