@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--fused-adamw", action="store_true", help="torch.optim.AdamW(fused=True) instead of the default")
     a = ap.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -40,7 +41,7 @@ def main():
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     plain = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": plain, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=a.fused_adamw or None)
     times = []
     for step in range(a.warmup + a.steps):
         tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1))

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <cmath>
 
 namespace ptrain {
 
@@ -16,19 +15,31 @@ AdamW::AdamW(std::vector<OptimTarget> targets, AdamWOptions options) : targets_(
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++steps_;
-  const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, static_cast<double>(steps_)));
-  const double step_size = lr / bc1;
+  // One fused pass per weight-decay class (LibTorch's _fused_adamw_, the kernel behind
+  // torch.optim.AdamW(fused=True), on CPU and CUDA): the decayed prefix of every shard, then
+  // the rest with weight_decay 0.
+  std::vector<at::Tensor> p[2], g[2], m[2], v[2], t[2];
   for (size_t i = 0; i < targets_.size(); ++i) {
-    const auto& t = targets_[i];
-    const at::Tensor& g = t.param.grad();
-    if (!g.defined()) continue;
-    at::Tensor p = t.param.detach();
-    if (opt_.weight_decay != 0 && t.decay_numel > 0) p.narrow(0, 0, t.decay_numel).mul_(1.0 - lr * opt_.weight_decay);
-    exp_avg_[i].lerp_(g, 1.0 - opt_.beta1);
-    exp_avg_sq_[i].mul_(opt_.beta2).addcmul_(g, g, 1.0 - opt_.beta2);
-    at::Tensor denom = (exp_avg_sq_[i].sqrt() / bc2_sqrt).add_(opt_.eps);
-    p.addcdiv_(exp_avg_[i], denom, -step_size);
+    const auto& tg = targets_[i];
+    const at::Tensor& grad = tg.param.grad();
+    if (!grad.defined()) continue;
+    const int64_t n = tg.param.numel(), split[2] = {0, tg.decay_numel};
+    for (int cls = 0; cls < 2; ++cls) {
+      const int64_t begin = cls == 0 ? 0 : split[1], len = cls == 0 ? split[1] : n - split[1];
+      if (len == 0) continue;
+      p[cls].push_back(tg.param.detach().narrow(0, begin, len));
+      g[cls].push_back(grad.narrow(0, begin, len));
+      m[cls].push_back(exp_avg_[i].narrow(0, begin, len));
+      v[cls].push_back(exp_avg_sq_[i].narrow(0, begin, len));
+    }
+  }
+  for (int cls = 0; cls < 2; ++cls) {
+    if (p[cls].empty()) continue;
+    // The kernel reads the (already incremented) step count from one float tensor per param.
+    at::Tensor step = at::full({}, static_cast<double>(steps_), p[cls][0].options().dtype(at::kFloat));
+    t[cls].assign(p[cls].size(), step);
+    at::_fused_adamw_(p[cls], g[cls], m[cls], v[cls], /*max_exp_avg_sqs=*/{}, t[cls], lr, opt_.beta1, opt_.beta2,
+                      cls == 0 ? opt_.weight_decay : 0.0, opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
 }
 

@@ -2,7 +2,8 @@
 //   p *= 1 - lr*wd (decayed region only); m = lerp(m, g, 1-b1); v = b2*v + (1-b2)*g^2
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 // Works on flat shards: each target is one unit's 1-D master shard whose prefix
-// [0, decay_numel) receives weight decay.
+// [0, decay_numel) receives weight decay. The update runs as LibTorch's fused AdamW kernel;
+// tests/unit/test_optim.cpp holds it to torch.optim.AdamW's trajectory.
 #pragma once
 #include <ATen/Tensor.h>
 
