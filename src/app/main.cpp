@@ -18,6 +18,8 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/token_file.h"
+#include "parallel/collectives.h"
+#include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
 #include "train/memory.h"
@@ -169,9 +171,10 @@ int cmd_eval(const Args& a) {
     std::ifstream(path, std::ios::binary).read(magic, 8);
     format = std::memcmp(magic, kTokenMagic, 8) == 0 ? "tokens" : "text";
   }
-  if (c.training.threads > 0) at::set_num_threads(static_cast<int>(c.training.threads));
-  const c10::Device device = resolve_device(c);
-  auto model = build_model(c, device);
+  const DistEnv env = DistEnv::detect();
+  const c10::Device device = resolve_device(c, env);
+  auto model = build_model(c, device, connect(c, env, device));
+  const bool print = model->comm().rank() == 0;
   std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
   if (a.options.count("--checkpoint")) {
     TrainProgress progress;
@@ -183,6 +186,7 @@ int cmd_eval(const Args& a) {
     throw RuntimeError("'" + path + "' has vocabulary " + std::to_string(data.vocab_size()) + " > model.vocab_size");
   EvalResult r = evaluate(*model, data, 0, data.size(), c.data.seq_len, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
   if (r.windows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");
+  if (!print) return 0;
   if (a.json) {
     nlohmann::ordered_json j = {{"data", path}, {"model", source}, {"seq_len", c.data.seq_len}, {"windows", r.windows},
                                 {"tokens", r.tokens}, {"mean_loss", r.mean_loss}, {"perplexity", r.perplexity}};
@@ -246,6 +250,16 @@ int main(int argc, char** argv) {
     // RuntimeError, c10::Error and I/O errors: say what failed; checkpoints already written stay intact.
     std::string what = e.what();
     if (auto* ce = dynamic_cast<const c10::Error*>(&e)) what = ce->what_without_backtrace();
+    DistEnv env;
+    try {
+      env = DistEnv::detect();
+    } catch (const std::exception&) {
+    }
+    if (env.world_size > 1) {
+      // The other ranks would wait in their next collective: take the whole job down.
+      std::cerr << "error: rank " << env.rank << " of " << env.world_size << ": " << what << "\n" << std::flush;
+      mpi_abort(1);
+    }
     std::cerr << "error: " << what << "\n";
     return 1;
   }

@@ -14,6 +14,7 @@
 #include "common/fs_util.h"
 #include "common/log.h"
 #include "optim/adamw.h"
+#include "parallel/collectives.h"
 #include "parallel/fsdp.h"
 
 namespace ptrain {
@@ -84,52 +85,101 @@ json read_meta(const std::string& dir) {
   }
 }
 
+// The unit an optimizer state key ("<unit>.exp_avg") belongs to.
+const FlatUnit& unit_of(const FsdpModel& model, const std::string& key) {
+  const std::string name = key.substr(0, key.rfind('.'));
+  for (const auto& u : model.units())
+    if (u.layout.name == name) return u;
+  throw RuntimeError("optimizer state '" + key + "' belongs to no model unit");
+}
+
+std::string shard_file(const std::string& kind, int rank) { return kind + ".rank" + std::to_string(rank) + ".safetensors"; }
+
+// Reads [begin, begin + n) of a unit's flat vector out of the rank files that hold it.
+class ShardReader {
+ public:
+  ShardReader(std::string dir, std::string kind, int world_size)
+      : dir_(std::move(dir)), kind_(std::move(kind)), files_(world_size) {}
+  void copy(const std::string& key, int64_t numel, int64_t begin, const at::Tensor& dst) {
+    const int64_t ws = static_cast<int64_t>(files_.size()), S = (numel + ws - 1) / ws, end = begin + dst.numel();
+    for (int64_t k = begin / S; k < ws && k * S < end; ++k) {
+      const int64_t a = std::max(begin, k * S), b = std::min({end, (k + 1) * S, numel});
+      if (a >= b) continue;
+      at::Tensor src = file(static_cast<int>(k)).tensor(key);
+      if (src.numel() != std::min(S, numel - k * S))
+        throw RuntimeError("checkpoint '" + dir_ + "': '" + key + "' in " + shard_file(kind_, static_cast<int>(k)) +
+                           " has " + std::to_string(src.numel()) + " elements, expected " + std::to_string(std::min(S, numel - k * S)));
+      dst.narrow(0, a - begin, b - a).copy_(src.narrow(0, a - k * S, b - a));
+    }
+  }
+
+ private:
+  SafetensorsFile& file(int rank) {
+    if (!files_[rank]) files_[rank] = std::make_unique<SafetensorsFile>((fs::path(dir_) / shard_file(kind_, rank)).string());
+    return *files_[rank];
+  }
+  std::string dir_, kind_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+};
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& root, const FsdpModel& model, const AdamW& optim,
                             const TrainProgress& progress, int64_t keep, const std::string& config_toml) {
-  fs::create_directories(root);
-  const fs::path final_dir = fs::path(root) / ("step_" + std::to_string(progress.step));
-  const fs::path tmp = fs::path(root) / (".step_" + std::to_string(progress.step) + ".tmp." + std::to_string(::getpid()));
-  remove_tree(tmp.string());
-  fs::create_directories(tmp);
+  Collectives& comm = model.comm();
+  const int rank = comm.rank();
+  const std::string step = "step_" + std::to_string(progress.step);
+  const fs::path final_dir = fs::path(root) / step;
+  const fs::path tmp = fs::path(root) / ("." + step + ".tmp");
+  if (rank == 0) {
+    fs::create_directories(root);
+    remove_tree(tmp.string());  // leftovers of a crashed attempt
+    fs::create_directories(tmp);
+  }
+  comm.barrier();
 
-  std::vector<std::pair<std::string, at::Tensor>> params;
+  // This rank's owned slices (shard padding is not stored).
+  std::vector<std::pair<std::string, at::Tensor>> params, state;
   json units = json::array();
   for (const auto& u : model.units()) {
-    params.emplace_back(u.layout.name, u.shard.detach());
+    params.emplace_back(u.layout.name, u.shard.detach().narrow(0, 0, u.owned()));
     units.push_back({{"name", u.layout.name}, {"numel", u.layout.numel}});
   }
-  write_safetensors((tmp / "model.safetensors").string(), params);
-  write_safetensors((tmp / "optimizer.safetensors").string(), optim.state());
-  write_safetensors((tmp / "rng.safetensors").string(), {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
-  write_file_atomic((tmp / "config.toml").string(), config_toml);
-  json meta = {{"format_version", kFormatVersion},
-               {"step", progress.step},
-               {"samples", progress.samples},
-               {"optimizer_steps", optim.steps()},
-               {"world_size", 1},
-               {"precision", model.policy().mode},
-               {"master_dtype", c10::toString(model.policy().master_dtype)},
-               {"shape", shape_json(model.shape())},
-               {"units", units}};
-  write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");  // last: marks completeness
-  fsync_path(tmp.string());
+  for (const auto& [key, t] : optim.state()) state.emplace_back(key, t.narrow(0, 0, unit_of(model, key).owned()));
+  write_safetensors((tmp / shard_file("model", rank)).string(), params);
+  write_safetensors((tmp / shard_file("optimizer", rank)).string(), state);
+  write_safetensors((tmp / shard_file("rng", rank)).string(), {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
+  comm.barrier();
 
-  // Replacing an existing step_N (a rerun of the same step): move it aside first, so there is
-  // always one complete step_N on disk except between two renames.
-  fs::path old;
-  if (fs::exists(final_dir)) {
-    old = fs::path(root) / (".step_" + std::to_string(progress.step) + ".old." + std::to_string(::getpid()));
-    fs::rename(final_dir, old);
+  if (rank == 0) {
+    write_file_atomic((tmp / "config.toml").string(), config_toml);
+    json meta = {{"format_version", kFormatVersion},
+                 {"step", progress.step},
+                 {"samples", progress.samples},
+                 {"optimizer_steps", optim.steps()},
+                 {"world_size", comm.world_size()},
+                 {"precision", model.policy().mode},
+                 {"master_dtype", c10::toString(model.policy().master_dtype)},
+                 {"shape", shape_json(model.shape())},
+                 {"units", units}};
+    write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");  // last: marks completeness
+    fsync_path(tmp.string());
+    // Replacing an existing step_N (a rerun of the same step): move it aside first, so a
+    // complete step_N is on disk at every moment except between two renames.
+    fs::path old;
+    if (fs::exists(final_dir)) {
+      old = fs::path(root) / ("." + step + ".old");
+      remove_tree(old.string());
+      fs::rename(final_dir, old);
+    }
+    fs::rename(tmp, final_dir);
+    fsync_path(root);
+    if (!old.empty()) remove_tree(old.string());
+    auto all = complete_checkpoints(root);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i)
+      if (all[i] != final_dir) remove_tree(all[i].string());
   }
-  fs::rename(tmp, final_dir);
-  fsync_path(root);
-  if (!old.empty()) remove_tree(old.string());
-
-  auto all = complete_checkpoints(root);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i)
-    if (all[i] != final_dir) remove_tree(all[i].string());
+  comm.barrier();
   return final_dir.string();
 }
 
@@ -149,25 +199,24 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, AdamW* optim, Tra
       throw RuntimeError("checkpoint '" + dir + "' holds " + meta.at("master_dtype").get<std::string>() +
                          " master weights but precision mode '" + model.policy().mode + "' keeps " +
                          c10::toString(model.policy().master_dtype));
-    SafetensorsFile params((fs::path(dir) / "model.safetensors").string());
+    const int saved_ws = meta.at("world_size").get<int>();
+    ShardReader params(dir, "model", saved_ws), state(dir, "optimizer", saved_ws);
     at::NoGradGuard no_grad;
     for (auto& u : model.units()) {
-      at::Tensor t = params.tensor(u.layout.name);
-      if (t.numel() != u.layout.numel || t.scalar_type() != u.shard.scalar_type())
-        throw RuntimeError("checkpoint '" + dir + "': unit '" + u.layout.name + "' has " + std::to_string(t.numel()) +
-                           " elements of " + c10::toString(t.scalar_type()) + ", expected " + std::to_string(u.layout.numel));
-      u.shard.copy_(t);
+      u.shard.detach().zero_();
+      params.copy(u.layout.name, u.layout.numel, u.shard_offset, u.shard.detach().narrow(0, 0, u.owned()));
     }
     if (optim) {
-      SafetensorsFile state((fs::path(dir) / "optimizer.safetensors").string());
-      for (auto& [name, t] : optim->state()) {
-        at::Tensor src = state.tensor(name);
-        if (src.sizes() != t.sizes()) throw RuntimeError("checkpoint '" + dir + "': optimizer state '" + name + "' has the wrong size");
-        t.copy_(src);
+      for (const auto& [key, t] : optim->state()) {
+        const FlatUnit& u = unit_of(model, key);
+        t.zero_();
+        state.copy(key, u.layout.numel, u.shard_offset, t.narrow(0, 0, u.owned()));
       }
       optim->set_steps(meta.at("optimizer_steps").get<int64_t>());
     }
-    SafetensorsFile rng((fs::path(dir) / "rng.safetensors").string());
+    // Same world size: each rank gets its own generator back; otherwise rank 0's.
+    const int rng_rank = saved_ws == model.comm().world_size() ? model.comm().rank() : 0;
+    SafetensorsFile rng((fs::path(dir) / shard_file("rng", rng_rank)).string());
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(rng.tensor("cpu").clone());
@@ -181,11 +230,11 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, AdamW* optim, Tra
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
   json meta = read_meta(checkpoint_dir);
   const LlamaShape shape = shape_from_json(meta.at("shape"));
-  SafetensorsFile params((fs::path(checkpoint_dir) / "model.safetensors").string());
+  ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& layout : llama_units(shape, 0.02)) {
-    at::Tensor flat = params.tensor(layout.name).to(at::kFloat);
-    if (flat.numel() != layout.numel) throw RuntimeError("checkpoint '" + checkpoint_dir + "': unit '" + layout.name + "' has the wrong size");
+    at::Tensor flat = at::empty({layout.numel}, at::kFloat);
+    params.copy(layout.name, layout.numel, 0, flat);
     for (const auto& slot : layout.slots) named.emplace_back(slot.name, flat.narrow(0, slot.offset, slot.numel).view(slot.shape));
   }
   fs::create_directories(out_dir);

@@ -1,12 +1,16 @@
-// Training checkpoints: <root>/step_N/ holding
-//   model.safetensors      each unit's master shard, keyed by unit name ("embed", "block.0", ...)
-//   optimizer.safetensors  "<unit>.exp_avg", "<unit>.exp_avg_sq"
-//   rng.safetensors        LibTorch generator states
-//   meta.json              step, data position, optimizer step count, model shape, units
-//   config.toml            the resolved config that wrote it
-// A checkpoint is written into a hidden temp directory, every file fsynced, then renamed to
-// step_N in one atomic step; only directories with meta.json are ever picked up, so a crash
-// mid-write never damages or replaces an earlier checkpoint.
+// Sharded training checkpoints: <root>/step_N/ holding, for every rank r,
+//   model.rank<r>.safetensors      rank r's slice of each unit's flat master weights, keyed by
+//                                  unit name ("embed", "block.0", ..., "head"); padding omitted
+//   optimizer.rank<r>.safetensors  "<unit>.exp_avg", "<unit>.exp_avg_sq" slices
+//   rng.rank<r>.safetensors        LibTorch generator state
+// and, written last by rank 0,
+//   meta.json    step, data position, optimizer steps, world size, model shape, unit sizes
+//   config.toml  the resolved config that wrote it
+// Rank r's slice of a unit is elements [r*S, r*S + S) of the flat buffer, S = ceil(numel/ws).
+// Every rank writes into one hidden temp directory; after a barrier rank 0 writes meta.json,
+// fsyncs and renames the directory to step_N in one atomic step. Only directories with
+// meta.json are ever picked up, so a crash mid-write never damages an earlier checkpoint.
+// Loading reshards: any world size reads the slices that overlap its own.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,8 +25,8 @@ struct TrainProgress {
   uint64_t samples = 0;  // global samples consumed (data position)
 };
 
-// Writes <root>/step_<progress.step>; keeps the newest `keep` complete checkpoints. Returns
-// the directory written.
+// Writes <root>/step_<progress.step> (collective: every rank calls it); keeps the newest
+// `keep` complete checkpoints. Returns the directory written.
 std::string save_checkpoint(const std::string& root, const FsdpModel& model, const AdamW& optim,
                             const TrainProgress& progress, int64_t keep, const std::string& config_toml);
 

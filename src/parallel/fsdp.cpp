@@ -2,27 +2,59 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "checkpoint/hf.h"
 #include "common/error.h"
 
 namespace ptrain {
 
-at::Tensor FlatUnit::gather(c10::ScalarType compute_dtype) const { return shard.to(compute_dtype); }
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 
-FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device,
-                     double init_std)
-    : shape_(shape), policy_(policy), device_(device) {
-  for (auto& layout : llama_units(shape, init_std)) {
-    FlatUnit u;
-    u.shard = at::zeros({layout.numel}, at::TensorOptions().dtype(policy.master_dtype).device(device));
-    u.shard.set_requires_grad(true);
-    u.layout = std::move(layout);
-    units_.push_back(std::move(u));
-  }
+namespace {
+
+FsdpModel* model_of(AutogradContext* ctx) {
+  return reinterpret_cast<FsdpModel*>(ctx->saved_data["model"].toInt());
 }
 
-static uint64_t mix_seed(uint64_t seed, uint64_t stream) {
+// Shard -> gathered unit in the compute dtype; backward reduce-scatters the unit's gradient.
+class GatherUnit : public torch::autograd::Function<GatherUnit> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit);
+  static variable_list backward(AutogradContext* ctx, variable_list grads);
+};
+
+// Identity on a block's output whose backward re-gathers the block's freed weights, so they
+// are back in place before any of the block's own backward ops run.
+class RegatherBeforeBackward : public torch::autograd::Function<RegatherBeforeBackward> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit) {
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["unit"] = unit;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    model_of(ctx)->regather(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+void free_storage(const at::Tensor& t) {
+  if (t.defined()) t.storage().unsafeGetStorageImpl()->reset();
+}
+
+bool storage_freed(const at::Tensor& t) { return t.storage().nbytes() == 0; }
+
+void alloc_storage(const at::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = t.numel() * t.element_size();
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+  impl->set_nbytes(nbytes);
+}
+
+uint64_t mix_seed(uint64_t seed, uint64_t stream) {
   // splitmix64 of (seed, stream): decorrelated generator seeds per unit.
   uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -30,10 +62,59 @@ static uint64_t mix_seed(uint64_t seed, uint64_t stream) {
   return z ^ (z >> 31);
 }
 
+}  // namespace
+
+at::Tensor GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit) {
+  ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+  ctx->saved_data["unit"] = unit;
+  FlatUnit& u = model->units()[unit];
+  if (storage_freed(u.gathered)) alloc_storage(u.gathered);
+  model->comm().all_gather(u.gathered, shard.to(u.gathered.scalar_type()));
+  return u.gathered.narrow(0, 0, u.layout.numel);
+}
+
+variable_list GatherUnit::backward(AutogradContext* ctx, variable_list grads) {
+  FsdpModel* model = model_of(ctx);
+  const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+  FlatUnit& u = model->units()[unit];
+  const auto reduce = model->policy().reduce_dtype;
+  const int64_t total = u.shard_numel * model->comm().world_size();
+  at::Tensor padded;
+  if (total == u.layout.numel && grads[0].scalar_type() == reduce) {
+    padded = grads[0].contiguous();
+  } else {
+    padded = at::empty({total}, grads[0].options().dtype(reduce));
+    padded.narrow(0, 0, u.layout.numel).copy_(grads[0]);
+    padded.narrow(0, u.layout.numel, total - u.layout.numel).zero_();
+  }
+  at::Tensor shard_grad = at::empty({u.shard_numel}, padded.options());
+  model->comm().reduce_scatter_mean(shard_grad, padded);
+  model->release(unit);  // this unit's backward is done: its gathered weights are not needed
+  return {shard_grad.to(model->policy().master_dtype), at::Tensor(), at::Tensor()};
+}
+
+FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
+                     std::shared_ptr<Collectives> comm, FsdpOptions options)
+    : shape_(shape), policy_(policy), device_(device), comm_(std::move(comm)), options_(options) {
+  const int64_t ws = comm_->world_size(), rank = comm_->rank();
+  for (auto& layout : llama_units(shape, init_std)) {
+    FlatUnit u;
+    u.shard_numel = (layout.numel + ws - 1) / ws;
+    u.shard_offset = rank * u.shard_numel;
+    u.shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(policy.master_dtype).device(device));
+    u.shard.set_requires_grad(true);
+    u.gathered = at::empty({u.shard_numel * ws}, at::TensorOptions().dtype(policy.compute_dtype).device(device));
+    free_storage(u.gathered);
+    u.layout = std::move(layout);
+    units_.push_back(std::move(u));
+  }
+}
+
 void FsdpModel::init_weights(uint64_t seed) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < units_.size(); ++i) {
     auto& u = units_[i];
+    // The whole unit is drawn (one unit at a time) so every world size gets the same numbers.
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, i));
     at::Tensor flat = at::empty({u.layout.numel}, at::kFloat);
     for (const auto& slot : u.layout.slots) {
@@ -43,20 +124,41 @@ void FsdpModel::init_weights(uint64_t seed) {
       else
         part.fill_(1.0);
     }
-    u.shard.copy_(flat);
+    u.shard.zero_();
+    if (u.owned() > 0) u.shard.narrow(0, 0, u.owned()).copy_(flat.narrow(0, u.shard_offset, u.owned()));
   }
 }
 
 void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
   at::NoGradGuard no_grad;
-  for (auto& u : units_)
+  for (auto& u : units_) {
+    u.shard.zero_();
+    const int64_t lo = u.shard_offset, hi = u.shard_offset + u.owned();
     for (const auto& slot : u.layout.slots) {
       at::Tensor src = ckpt.tensor(slot.name);
       if (src.sizes().vec() != slot.shape)
         throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
                            c10::str(c10::IntArrayRef(slot.shape)));
-      u.shard.narrow(0, slot.offset, slot.numel).copy_(src.reshape({-1}));
+      const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
+      if (a >= b) continue;  // not in this rank's slice: its bytes are never read
+      u.shard.narrow(0, a - lo, b - a).copy_(src.reshape({-1}).narrow(0, a - slot.offset, b - a));
     }
+  }
+}
+
+at::Tensor FsdpModel::gather(size_t unit) { return GatherUnit::apply(units_[unit].shard, this, static_cast<int64_t>(unit)); }
+
+void FsdpModel::release(size_t unit) { free_storage(units_[unit].gathered); }
+
+void FsdpModel::regather(size_t unit) {
+  FlatUnit& u = units_[unit];
+  if (!storage_freed(u.gathered)) return;
+  alloc_storage(u.gathered);
+  // Refill without bumping the version counter: autograd saved views of this buffer in
+  // forward and checks that nobody modified them in between; the values are identical.
+  at::AutoDispatchBelowADInplaceOrView guard;
+  at::NoGradGuard no_grad;
+  comm_->all_gather(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
 }
 
 const RopeTables& FsdpModel::rope(int64_t seq_len) {
@@ -67,35 +169,47 @@ const RopeTables& FsdpModel::rope(int64_t seq_len) {
   return rope_;
 }
 
-std::pair<at::Tensor, at::Tensor> FsdpModel::hidden_and_output(const at::Tensor& inputs) {
-  const auto dt = policy_.compute_dtype;
+template <class Head>
+auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
+  const bool training = at::GradMode::is_enabled();
+  const size_t head_unit = units_.size() - 1;
   const auto& rp = rope(inputs.size(1));
-  at::Tensor embed = units_.front().gather(dt);
+  at::Tensor embed = gather(0);
   at::Tensor x = at::embedding(embedding_weight(embed, shape_), inputs);
-  for (size_t i = 1; i + 1 < units_.size(); ++i)
-    x = block_forward(BlockWeights::from_flat(units_[i].gather(dt), shape_), x, rp, shape_);
-  HeadWeights head = HeadWeights::from_flat(units_.back().gather(dt), embed, shape_);
+  if (!shape_.tie_embeddings) release(0);  // embedding backward needs no weights
+  for (size_t i = 1; i < head_unit; ++i) {
+    x = block_forward(BlockWeights::from_flat(gather(i), shape_), x, rp, shape_);
+    if (!training || options_.reshard_after_forward) {
+      release(i);
+      if (training) x = RegatherBeforeBackward::apply(x, this, static_cast<int64_t>(i));
+    }
+  }
+  HeadWeights head = HeadWeights::from_flat(gather(head_unit), embed, shape_);
   at::Tensor h = rms_norm(x, head.norm, shape_.norm_eps);
-  return {h.reshape({-1, shape_.dim}), head.output};
+  auto result = run_head(h.reshape({-1, shape_.dim}), head.output);
+  if (shape_.tie_embeddings) release(0);
+  // The head stays gathered for its backward (the final norm needs its weight), unless no
+  // backward will come.
+  if (!training) release(head_unit);
+  return result;
 }
 
 at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
-  auto [h, out] = hidden_and_output(inputs);
-  return linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk);
+  return forward(inputs, [&](const at::Tensor& h, const at::Tensor& out) {
+    return linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk);
+  });
 }
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
   at::NoGradGuard no_grad;
-  auto [h, out] = hidden_and_output(inputs);
-  return linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk);
+  return forward(inputs, [&](const at::Tensor& h, const at::Tensor& out) {
+    return linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk);
+  });
 }
 
-std::vector<std::pair<std::string, at::Tensor>> FsdpModel::named_parameters() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& u : units_)
-    for (const auto& slot : u.layout.slots)
-      out.emplace_back(slot.name, u.shard.detach().narrow(0, slot.offset, slot.numel).view(slot.shape));
-  return out;
+at::Tensor FsdpModel::logits(const at::Tensor& inputs) {
+  at::NoGradGuard no_grad;
+  return forward(inputs, [](const at::Tensor& h, const at::Tensor& out) { return at::linear(h, out).to(at::kFloat); });
 }
 
 void FsdpModel::zero_grad() {

@@ -1,12 +1,19 @@
-// FSDP units: each unit (embedding, each block, head) owns one flat parameter buffer; the
-// rank holds its shard of it as the master copy. Forward "gathers" each unit into the
-// compute dtype, runs the model piece, and drops the gathered copy.
-// This version runs at world size 1 (the shard is the whole unit); multi-rank gathering
-// and reduce-scatter slot in at FlatUnit::gather.
+// FSDP units (ZeRO-3): each unit — the embedding, each transformer block, and the final
+// norm + output — is one flat parameter buffer of which every rank holds a contiguous shard
+// of ceil(numel / world_size) elements (zero-padded at the end), as the master copy.
+//
+// Forward, per unit: all-gather the shards in the compute dtype (GatherUnit), run the model
+// piece on views of the gathered buffer, and — with parallel.reshard_after_forward — free the
+// gathered storage right away. Backward, per block: a hook on the block's output re-gathers
+// the storage just before the block's backward runs; GatherUnit's backward then
+// reduce-scatters (mean over ranks) the flat gradient into the shard's .grad() in the reduce
+// dtype and frees the gathered storage again. The embedding's and the head's backward need no
+// weights (the loss produces its gradients in forward), so they are never re-gathered.
 #pragma once
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +21,7 @@
 #include "model/layout.h"
 #include "model/llama.h"
 #include "model/loss.h"
+#include "parallel/collectives.h"
 #include "parallel/precision.h"
 
 namespace ptrain {
@@ -22,44 +30,64 @@ class HfCheckpoint;
 
 struct FlatUnit {
   UnitLayout layout;
-  at::Tensor shard;  // master parameters, 1-D, leaf with requires_grad; .grad() after backward
-  // The unit's full flat weights in the compute dtype, connected to `shard` by autograd.
-  at::Tensor gather(c10::ScalarType compute_dtype) const;
+  int64_t shard_numel = 0;   // ceil(layout.numel / world_size): every rank's shard length
+  int64_t shard_offset = 0;  // first element of this rank's shard in the unit
+  at::Tensor shard;          // master parameters [shard_numel], leaf with requires_grad
+  at::Tensor gathered;       // [shard_numel * world_size] compute-dtype buffer; storage freed when resharded
+  // Elements of the unit this rank owns (excluding padding): [shard_offset, shard_offset + owned()).
+  int64_t owned() const { return std::max<int64_t>(0, std::min(shard_numel, layout.numel - shard_offset)); }
+};
+
+struct FsdpOptions {
+  bool reshard_after_forward = true;
 };
 
 class FsdpModel {
  public:
-  FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device,
-            double init_std);
+  FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
+            std::shared_ptr<Collectives> comm, FsdpOptions options = {});
 
-  // Seeded per unit (unit i draws from a generator seeded by (seed, i)), on the CPU, so the
-  // weights are the same for every device and world size.
+  // Seeded per unit (unit i draws from a generator seeded by (seed, i)) on the CPU, one unit
+  // at a time, each rank keeping its slice: the same weights for every device and world size.
   void init_weights(uint64_t seed);
-  // Copies every parameter from an HF checkpoint; shapes must match.
+  // Copies this rank's slice of every parameter from an HF checkpoint (only those bytes of
+  // the memory-mapped files are read).
   void load_hf(const HfCheckpoint& ckpt);
 
-  // Mean cross-entropy over unmasked targets. inputs/targets: [B, T] int64.
+  // Mean cross-entropy over unmasked targets of this rank's batch. inputs/targets: [B, T].
   at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk);
-  // Summed loss, no autograd.
+  // Summed loss over this rank's batch, no autograd.
   LossSum eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk);
-  // Final hidden states [B*T, dim] and the output projection, in the compute dtype.
-  std::pair<at::Tensor, at::Tensor> hidden_and_output(const at::Tensor& inputs);
+  // Logits [B*T, vocab] in float32, no autograd (tests, inspection: materialises them all).
+  at::Tensor logits(const at::Tensor& inputs);
 
   std::vector<FlatUnit>& units() { return units_; }
   const std::vector<FlatUnit>& units() const { return units_; }
-  // Every parameter by HF name as a view of its unit's master shard.
-  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+  Collectives& comm() const { return *comm_; }
   void zero_grad();
   const LlamaShape& shape() const { return shape_; }
   const PrecisionPolicy& policy() const { return policy_; }
+  const FsdpOptions& options() const { return options_; }
   const at::Device& device() const { return device_; }
-  int64_t num_params() const;
+  int64_t num_params() const;  // of the whole model
+
+  // Gathers one unit's full flat weights (compute dtype), connected to its shard by autograd.
+  at::Tensor gather(size_t unit);
+  void release(size_t unit);   // frees the gathered storage (reshard)
+  void regather(size_t unit);  // refills freed storage before the unit's backward
 
  private:
+  // Final hidden states [B*T, dim] and the output weight, in the compute dtype. `run_head`
+  // receives them while the head's weights are gathered.
+  template <class Head>
+  auto forward(const at::Tensor& inputs, Head&& run_head);
   const RopeTables& rope(int64_t seq_len);
+
   LlamaShape shape_;
   PrecisionPolicy policy_;
   at::Device device_;
+  std::shared_ptr<Collectives> comm_;
+  FsdpOptions options_;
   std::vector<FlatUnit> units_;
   RopeTables rope_;
   int64_t rope_len_ = 0;

@@ -31,6 +31,8 @@ std::string MemoryReport::to_json() const {
 
 MemoryReport measure_memory(const FsdpModel& model, const AdamW& optim) {
   MemoryReport r;
+  r.rank = model.comm().rank();
+  r.world_size = model.comm().world_size();
   for (const auto& u : model.units()) {
     r.num_params += u.shard.numel();
     r.param_bytes += u.shard.nbytes();
@@ -44,7 +46,8 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   const PrecisionPolicy policy = PrecisionPolicy::from_config(config);
   MemoryReport r;
   r.world_size = world_size;
-  for (const auto& u : llama_units(config.model.shape, config.model.init_std)) r.num_params += u.numel;
+  // Every rank holds ceil(numel / world_size) elements of each unit (the last one zero-padded).
+  for (const auto& u : llama_units(config.model.shape, config.model.init_std)) r.num_params += (u.numel + world_size - 1) / world_size;
   const int64_t master = c10::elementSize(policy.master_dtype), optim = c10::elementSize(policy.optim_dtype);
   r.param_bytes = r.num_params * master;
   r.grad_bytes = r.num_params * master;

@@ -16,7 +16,7 @@ class AdamW;
 struct MemoryReport {
   int rank = 0;
   int world_size = 1;
-  int64_t num_params = 0;             // parameters held by this rank (its shards)
+  int64_t num_params = 0;             // parameter elements held by this rank (its padded shards)
   int64_t param_bytes = 0;            // sharded parameters (in fp32/mixed they are the master copy)
   int64_t grad_bytes = 0;             // gradient shards
   int64_t optimizer_state_bytes = 0;  // optimizer moments

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <thread>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
@@ -20,6 +21,8 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
+#include "parallel/collectives.h"
+#include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "train/memory.h"
 #include "train/metrics.h"
@@ -48,14 +51,30 @@ void sync(const c10::Device& device) {
 }
 }  // namespace
 
-c10::Device resolve_device(const Config& c) {
+c10::Device resolve_device(const Config& c, const DistEnv& env) {
   if (c.training.device == "cuda" || (c.training.device == "auto" && torch::cuda::is_available()))
-    return c10::Device(c10::kCUDA, 0);
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   return c10::Device(c10::kCPU);
 }
 
-std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device) {
-  auto model = std::make_unique<FsdpModel>(c.model.shape, PrecisionPolicy::from_config(c), device, c.model.init_std);
+std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const c10::Device& device) {
+  log::set_rank(env.rank, env.world_size);
+  if (device.is_cpu()) {
+    if (c.training.threads > 0) {
+      at::set_num_threads(static_cast<int>(c.training.threads));
+    } else if (env.world_size > 1) {
+      // Ranks on one node share its cores.
+      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+      const int per_node = local ? std::max(1, std::atoi(local)) : env.world_size;
+      at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / per_node));
+    }
+  }
+  return make_collectives(env, c.parallel.backend, device, c.parallel.timeout_s);
+}
+
+std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
+  auto model = std::make_unique<FsdpModel>(c.model.shape, PrecisionPolicy::from_config(c), device, c.model.init_std,
+                                           std::move(comm), FsdpOptions{c.parallel.reshard_after_forward});
   if (!c.model.hf_path.empty())
     model->load_hf(HfCheckpoint(c.model.hf_path));
   else
@@ -85,15 +104,20 @@ EvalResult evaluate(FsdpModel& model, const TokenData& data, int64_t begin, int6
 }
 
 int train(const Config& c) {
-  const c10::Device device = resolve_device(c);
-  if (c.training.threads > 0) at::set_num_threads(static_cast<int>(c.training.threads));
+  const DistEnv env = DistEnv::detect();
+  const c10::Device device = resolve_device(c, env);
+  std::shared_ptr<Collectives> comm = connect(c, env, device);
+  const int rank = comm->rank(), ws = comm->world_size();
   const std::string out_dir = c.output_dir();
-  fs::create_directories(out_dir);
-  write_file_atomic(out_dir + "/config.resolved.toml", to_toml(c));
+  if (rank == 0) {
+    fs::create_directories(out_dir);
+    write_file_atomic(out_dir + "/config.resolved.toml", to_toml(c));
+  }
 
-  auto model = build_model(c, device);
+  auto model = build_model(c, device, comm);
   std::vector<OptimTarget> targets;
-  for (auto& u : model->units()) targets.push_back({u.layout.name, u.shard, u.layout.decay_numel});
+  for (auto& u : model->units())
+    targets.push_back({u.layout.name, u.shard, std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel)});
   AdamW optim(targets, {c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps, c.optimizer.weight_decay});
   const LrSchedule schedule{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay,
                             c.lr_schedule.min_lr_ratio};
@@ -112,20 +136,22 @@ int train(const Config& c) {
   const Split train_part = train_split(data, c.data.val_fraction, T);
   const Split val_part = val_split(data, c.data.val_fraction, T);
   WindowSampler sampler(train_part, T, static_cast<uint64_t>(c.run.seed));
-  MetricsWriter metrics(out_dir + "/metrics.jsonl", progress.step > 0);
+  std::unique_ptr<MetricsWriter> metrics;
+  if (rank == 0) metrics = std::make_unique<MetricsWriter>(out_dir + "/metrics.jsonl", progress.step > 0);
   const int64_t chunk = c.memory.loss_chunk_tokens;
-  const int64_t tokens_per_step = B * T * accum;
+  const int64_t tokens_per_step = B * T * accum * ws;  // global
   const double flops_per_token = 6.0 * model->shape().flops_params() +
                                  12.0 * model->shape().n_layers * model->shape().q_dim() * T;
 
   log::info("ptrain ", PTRAIN_VERSION, " | model ", log::grouped(model->num_params()), " params | ", c.precision.mode,
-            " on ", device.str(), " | ", at::get_num_threads(), " threads | batch ", B, "x", T, " x", accum,
-            " accum = ", tokens_per_step, " tokens/step | ", sampler.windows_per_epoch(), " windows/epoch");
+            " on ", device.str(), " x ", ws, " rank(s) (", comm->name(), ") | ", at::get_num_threads(),
+            " threads/rank | global batch ", B, "x", T, " x", accum, " accum x", ws, " ranks = ", tokens_per_step,
+            " tokens/step | ", sampler.windows_per_epoch(), " windows/epoch");
 
   auto run_eval = [&](int64_t step) {
     if (val_part.size() <= T) return;
     EvalResult e = evaluate(*model, data, val_part.begin, val_part.end, T, B, chunk, c.training.eval_batches * B);
-    metrics.write({{"step", step}, {"val_loss", e.mean_loss}, {"val_ppl", e.perplexity}, {"val_tokens", e.tokens}});
+    if (metrics) metrics->write({{"step", step}, {"val_loss", e.mean_loss}, {"val_ppl", e.perplexity}, {"val_tokens", e.tokens}});
     log::info("eval  step ", step, " | val_loss ", log::fixed(e.mean_loss, 4), " | val_ppl ", log::fixed(e.perplexity, 2),
               " | ", e.tokens, " tokens");
   };
@@ -143,56 +169,69 @@ int train(const Config& c) {
   bool memory_written = false;
   while (progress.step < c.training.steps) {
     const double t0 = now_s();
+    comm->stats.reset();
     // ---- one optimizer step: batches -> forward -> loss -> backward -> clip -> step ----
     model->zero_grad();
-    double loss_sum = 0.0;
+    at::Tensor loss_sum = at::zeros({1}, at::kDouble);
     for (int64_t a = 0; a < accum; ++a) {
-      at::Tensor batch = sample_batch(data, sampler, progress.samples + a * B, B, T).to(device);
+      // Global sample order: micro-batch a of rank r takes samples (a*ws + r)*B ... of this step.
+      const uint64_t first = progress.samples + static_cast<uint64_t>((a * ws + rank) * B);
+      at::Tensor batch = sample_batch(data, sampler, first, B, T).to(device);
       at::Tensor loss = model->forward_loss(batch.narrow(1, 0, T), batch.narrow(1, 1, T), chunk);
       (loss / static_cast<double>(accum)).backward();
       loss_sum += loss.item<double>();
     }
     std::vector<at::Tensor> grads;
     for (auto& u : model->units()) grads.push_back(u.shard.grad());
-    const double grad_norm = clip_grad_norm(grads, c.training.max_grad_norm);
+    const double grad_norm = clip_grad_norm(grads, c.training.max_grad_norm, comm.get());
     const double lr = schedule.lr(progress.step);
     optim.step(lr);
-    progress.samples += static_cast<uint64_t>(B * accum);
+    progress.samples += static_cast<uint64_t>(B * accum * ws);
     ++progress.step;
+    // Mean loss over ranks, and whether any rank was asked to stop (all stop together).
+    at::Tensor agree = at::cat({loss_sum / static_cast<double>(accum), at::full({1}, g_stop_signal.load() ? 1.0 : 0.0, at::kDouble)});
+    comm->all_reduce_sum(agree);
     sync(device);
     const double dt = now_s() - t0;
+    const CommStats step_comm = comm->stats;
     // ------------------------------------------------------------------------------------
-    const double loss = loss_sum / static_cast<double>(accum);
+    const double loss = agree[0].item<double>() / ws;
+    const bool stop = agree[1].item<double>() > 0;
     if (!std::isfinite(loss))
       throw RuntimeError("loss became " + std::to_string(loss) + " at step " + std::to_string(progress.step) +
                          "; lower optimizer.lr or check the data");
     if (!memory_written) {  // after this process's first step: grads and optimizer state exist
-      write_file_atomic(out_dir + "/memory.json", measure_memory(*model, optim).to_json() + "\n");
+      if (rank == 0) write_file_atomic(out_dir + "/memory.json", measure_memory(*model, optim).to_json() + "\n");
       memory_written = true;
     }
     const bool last = progress.step == c.training.steps;
     if (progress.step % c.training.log_every == 0 || progress.step == 1 || last) {
       const PeakMemory peak = peak_memory(device);
       const double tps = static_cast<double>(tokens_per_step) / dt;
-      metrics.write({{"step", progress.step},
-                     {"loss", loss},
-                     {"lr", lr},
-                     {"grad_norm", grad_norm},
-                     {"tokens_per_s", tps},
-                     {"step_time_s", dt},
-                     {"tflops", tps * flops_per_token / 1e12},
-                     {"peak_mem_bytes", peak.bytes},
-                     {"peak_mem_source", peak.source},
-                     {"world_size", int64_t{1}},
-                     {"tokens_seen", static_cast<int64_t>(progress.samples) * T}});
+      if (metrics)
+        metrics->write({{"step", progress.step},
+                        {"loss", loss},
+                        {"lr", lr},
+                        {"grad_norm", grad_norm},
+                        {"tokens_per_s", tps},
+                        {"step_time_s", dt},
+                        {"tflops", tps * flops_per_token / 1e12},
+                        {"peak_mem_bytes", peak.bytes},
+                        {"peak_mem_source", peak.source},
+                        {"world_size", static_cast<int64_t>(ws)},
+                        {"tokens_seen", static_cast<int64_t>(progress.samples) * T},
+                        {"comm_all_gather_bytes", step_comm.all_gather_bytes},
+                        {"comm_reduce_scatter_bytes", step_comm.reduce_scatter_bytes},
+                        {"comm_all_reduce_bytes", step_comm.all_reduce_bytes}});
       log::info("step ", progress.step, "/", c.training.steps, " | loss ", log::fixed(loss, 4), " | lr ", log::sci(lr, 2),
                 " | grad_norm ", log::fixed(grad_norm, 3), " | ", log::grouped(tps), " tok/s | ", log::fixed(dt, 3),
-                " s/step | peak ", peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes));
+                " s/step | peak ", peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes),
+                ws > 1 ? " (rank 0)" : "");
     }
     if (c.training.eval_every > 0 && (progress.step % c.training.eval_every == 0 || last)) run_eval(progress.step);
     if (c.checkpoint.every_steps > 0 && progress.step % c.checkpoint.every_steps == 0) checkpoint();
-    if (g_stop_signal != 0 && !last) {
-      log::warn("signal ", g_stop_signal.load(), " received: stopping after step ", progress.step);
+    if (stop && !last) {
+      log::warn("stop signal received: stopping after step ", progress.step);
       if (last_checkpoint_step != progress.step) checkpoint();
       log::info("resume with --set checkpoint.resume=auto");
       std::signal(SIGINT, old_int);

@@ -8,16 +8,24 @@
 namespace ptrain {
 
 struct Config;
+struct DistEnv;
+class Collectives;
 class FsdpModel;
 class TokenData;
 
-c10::Device resolve_device(const Config& config);
+// cuda:<local_rank> when training.device resolves to CUDA, else cpu.
+c10::Device resolve_device(const Config& config, const DistEnv& env);
 
-// Builds the model for `config` on `device`: HF weights when model.hf_path is set, else the
-// seeded init. (A checkpoint, when resuming, is loaded on top by the caller.)
-std::unique_ptr<FsdpModel> build_model(const Config& config, const c10::Device& device);
+// The collectives for this process (MPI / NCCL / single process) per parallel.backend.
+std::shared_ptr<Collectives> connect(const Config& config, const DistEnv& env, const c10::Device& device);
 
-// Runs training as configured; returns the process exit code (0, or 130 when interrupted).
+// Builds the sharded model for `config` on `device`: this rank's slice of the HF weights when
+// model.hf_path is set, else the seeded init. (A checkpoint is loaded on top by the caller.)
+std::unique_ptr<FsdpModel> build_model(const Config& config, const c10::Device& device,
+                                       std::shared_ptr<Collectives> comm);
+
+// Runs training as configured on every rank; returns the process exit code (0, or 130 when
+// stopped by SIGINT/SIGTERM after writing a checkpoint).
 int train(const Config& config);
 
 struct EvalResult {
@@ -27,7 +35,8 @@ struct EvalResult {
   int64_t windows = 0;
 };
 // Scores every consecutive non-overlapping window of seq_len+1 tokens in [begin, end), in
-// order, `batch` windows at a time. max_windows < 0 means all.
+// order, `batch` windows at a time (collective: every rank scores the same windows).
+// max_windows < 0 means all.
 EvalResult evaluate(FsdpModel& model, const TokenData& data, int64_t begin, int64_t end, int64_t seq_len,
                     int64_t batch, int64_t loss_chunk, int64_t max_windows = -1);
 

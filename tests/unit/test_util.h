@@ -10,6 +10,8 @@
 
 #include "common/fs_util.h"
 #include "config/config.h"
+#include "parallel/collectives.h"
+#include "parallel/dist.h"
 
 namespace ptrain::test {
 
@@ -28,6 +30,11 @@ struct TempDir {
   ~TempDir() { remove_tree(path.string()); }
   std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
+
+// Collectives of a single process (world size 1, no launcher).
+inline std::shared_ptr<Collectives> local_comm() {
+  return make_collectives(DistEnv{}, "auto", c10::Device(c10::kCPU), 60.0);
+}
 
 inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

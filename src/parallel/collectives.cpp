@@ -1,0 +1,192 @@
+#include "parallel/collectives.h"
+
+#include <ATen/ATen.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "parallel/dist.h"
+
+namespace ptrain {
+
+namespace {
+
+#define PTRAIN_MPI_CHECK(call)                                                                  \
+  do {                                                                                          \
+    const int rc_ = (call);                                                                     \
+    if (rc_ != MPI_SUCCESS) {                                                                   \
+      char msg_[MPI_MAX_ERROR_STRING];                                                          \
+      int len_ = 0;                                                                             \
+      MPI_Error_string(rc_, msg_, &len_);                                                       \
+      throw RuntimeError(std::string(#call) + " failed at " __FILE__ ":" + std::to_string(__LINE__) + \
+                         ": " + std::string(msg_, len_));                                       \
+    }                                                                                           \
+  } while (0)
+
+void ensure_mpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return;
+  int provided = 0;
+  PTRAIN_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
+}
+
+MPI_Datatype mpi_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kLong: return MPI_INT64_T;
+    case at::kInt: return MPI_INT32_T;
+    default: throw RuntimeError(std::string("MPI reduction of ") + c10::toString(t) + " is not supported");
+  }
+}
+
+// Identity collectives for a single process: the same FSDP code path at world size 1.
+class SelfCollectives final : public Collectives {
+ public:
+  std::string name() const override { return "self"; }
+  void all_gather(const at::Tensor& out, const at::Tensor& in) override {
+    stats.all_gather_bytes += out.nbytes();
+    ++stats.calls;
+    out.copy_(in);
+  }
+  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override {
+    stats.reduce_scatter_bytes += in.nbytes();
+    ++stats.calls;
+    out.copy_(in);
+  }
+  void all_reduce_sum(const at::Tensor& t) override {
+    stats.all_reduce_bytes += t.nbytes();
+    ++stats.calls;
+  }
+  void broadcast(const at::Tensor&, int) override {}
+  void barrier() override {}
+};
+
+// CPU collectives over MPI. Calls are non-blocking and polled against a deadline, so a peer
+// that hangs makes this rank abort the job after timeout_s instead of waiting forever (a peer
+// that dies is reported by mpirun, which then stops every rank).
+class MpiCollectives final : public Collectives {
+ public:
+  MpiCollectives(const DistEnv& env, double timeout_s) : timeout_s_(timeout_s) {
+    ensure_mpi();
+    PTRAIN_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    PTRAIN_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
+    if (rank_ != env.rank || world_size_ != env.world_size)
+      throw RuntimeError("MPI reports rank " + std::to_string(rank_) + "/" + std::to_string(world_size_) +
+                         " but the launcher environment says " + std::to_string(env.rank) + "/" +
+                         std::to_string(env.world_size));
+  }
+  std::string name() const override { return "mpi"; }
+
+  void all_gather(const at::Tensor& out, const at::Tensor& in) override {
+    check_cpu(out, in, "all_gather");
+    TORCH_CHECK(out.numel() == in.numel() * world_size_ && out.scalar_type() == in.scalar_type(), "all_gather sizes");
+    at::Tensor src = in.contiguous();
+    MPI_Request req;
+    PTRAIN_MPI_CHECK(MPI_Iallgather(src.data_ptr(), static_cast<int>(src.nbytes()), MPI_BYTE, out.data_ptr(),
+                                    static_cast<int>(src.nbytes()), MPI_BYTE, MPI_COMM_WORLD, &req));
+    wait(req, "all_gather");
+    stats.all_gather_bytes += out.nbytes();
+    ++stats.calls;
+  }
+
+  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override {
+    check_cpu(out, in, "reduce_scatter");
+    TORCH_CHECK(in.numel() == out.numel() * world_size_ && out.scalar_type() == in.scalar_type(), "reduce_scatter sizes");
+    at::Tensor src = in.contiguous();
+    MPI_Request req;
+    PTRAIN_MPI_CHECK(MPI_Ireduce_scatter_block(src.data_ptr(), out.data_ptr(), static_cast<int>(out.numel()),
+                                               mpi_type(out.scalar_type()), MPI_SUM, MPI_COMM_WORLD, &req));
+    wait(req, "reduce_scatter");
+    out.div_(world_size_);
+    stats.reduce_scatter_bytes += in.nbytes();
+    ++stats.calls;
+  }
+
+  void all_reduce_sum(const at::Tensor& t) override {
+    check_cpu(t, t, "all_reduce");
+    TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
+    MPI_Request req;
+    PTRAIN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t.scalar_type()),
+                                    MPI_SUM, MPI_COMM_WORLD, &req));
+    wait(req, "all_reduce");
+    stats.all_reduce_bytes += t.nbytes();
+    ++stats.calls;
+  }
+
+  void broadcast(const at::Tensor& t, int root) override {
+    check_cpu(t, t, "broadcast");
+    TORCH_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
+    MPI_Request req;
+    PTRAIN_MPI_CHECK(MPI_Ibcast(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, root, MPI_COMM_WORLD, &req));
+    wait(req, "broadcast");
+  }
+
+  void barrier() override {
+    MPI_Request req;
+    PTRAIN_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
+    wait(req, "barrier");
+  }
+
+ private:
+  static void check_cpu(const at::Tensor& a, const at::Tensor& b, const char* op) {
+    TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "MPI ", op, " needs CPU tensors (use the nccl backend on GPUs)");
+  }
+
+  void wait(MPI_Request& req, const char* op) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    int done = 0;
+    for (int spins = 0;; ++spins) {
+      PTRAIN_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (std::chrono::steady_clock::now() > deadline) {
+        log::error("rank ", rank_, ": ", op, " did not complete within parallel.timeout_s = ", timeout_s_,
+                   " s: another rank is stuck or dead. Aborting the job.");
+        mpi_abort(1);
+      }
+      // Yield the core: ranks are often oversubscribed on CPU.
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  double timeout_s_;
+};
+
+}  // namespace
+
+void mpi_abort(int code) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+std::unique_ptr<Collectives> make_nccl_collectives(const DistEnv& env, const c10::Device& device, double timeout_s);
+
+std::unique_ptr<Collectives> make_collectives(const DistEnv& env, const std::string& backend, const c10::Device& device,
+                                              double timeout_s) {
+  const bool cuda = device.is_cuda();
+  if (backend == "nccl" || (backend == "auto" && cuda && env.world_size > 1)) {
+    if (!cuda) throw UsageError("parallel.backend = \"nccl\" needs training on CUDA");
+    return make_nccl_collectives(env, device, timeout_s);
+  }
+  if (env.world_size == 1 && !env.uses_mpi() && backend != "mpi") return std::make_unique<SelfCollectives>();
+  if (cuda) throw UsageError("CUDA tensors need the nccl backend at world size > 1; set parallel.backend = \"auto\"");
+  if (!env.uses_mpi())
+    throw UsageError("CPU training with " + std::to_string(env.world_size) + " ranks needs MPI: launch with mpirun (" +
+                     env.launcher + " variables found)");
+  return std::make_unique<MpiCollectives>(env, timeout_s);
+}
+
+}  // namespace ptrain

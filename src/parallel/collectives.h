@@ -1,0 +1,55 @@
+// The collectives FSDP needs, behind one small interface (as c10d's Backend): CPU tensors go
+// through MPI (OpenMPI), CUDA tensors through c10d's ProcessGroupNCCL; world size 1 without a
+// launcher uses the identity implementation. Every call counts its payload bytes.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ptrain {
+
+struct DistEnv;
+
+// Payload bytes per collective kind since the last reset: the size of the full (gathered /
+// pre-reduction) buffer, the usual "collective size" (a ring moves (ws-1)/ws of it per rank).
+struct CommStats {
+  int64_t all_gather_bytes = 0;
+  int64_t reduce_scatter_bytes = 0;
+  int64_t all_reduce_bytes = 0;
+  int64_t calls = 0;
+  void reset() { *this = CommStats{}; }
+};
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual std::string name() const = 0;
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // out has world_size * in.numel() elements of in's dtype; rank r's `in` lands at
+  // out[r*n, (r+1)*n).
+  virtual void all_gather(const at::Tensor& out, const at::Tensor& in) = 0;
+  // in has world_size * out.numel() elements; out = mean over ranks of their in[rank*n, ...).
+  virtual void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) = 0;
+  virtual void all_reduce_sum(const at::Tensor& t) = 0;
+  virtual void broadcast(const at::Tensor& t, int root) = 0;
+  virtual void barrier() = 0;
+
+  CommStats stats;
+
+ protected:
+  int rank_ = 0;
+  int world_size_ = 1;
+};
+
+// Picks the implementation for `device` and parallel.backend (auto | nccl | mpi).
+std::unique_ptr<Collectives> make_collectives(const DistEnv& env, const std::string& backend,
+                                              const c10::Device& device, double timeout_s);
+
+// MPI lifetime: initialised on first use, finalised at exit. Aborting takes every rank down.
+void mpi_abort(int code);
+
+}  // namespace ptrain

@@ -1,0 +1,129 @@
+// CUDA collectives: c10d's ProcessGroupNCCL over a TCPStore. Under mpirun nothing needs to be
+// set: rank 0 opens the store on a free port and shares host:port with the others through
+// MPI. Without MPI (torchrun style, Slurm) MASTER_ADDR / MASTER_PORT name the store.
+#include <ATen/ATen.h>
+
+#include "common/error.h"
+#include "parallel/collectives.h"
+#include "parallel/dist.h"
+
+#if defined(PTRAIN_CUDA) && defined(USE_C10D_NCCL)
+#include <c10/cuda/CUDAFunctions.h>
+#include <mpi.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#endif
+
+namespace ptrain {
+
+#if defined(PTRAIN_CUDA) && defined(USE_C10D_NCCL)
+namespace {
+
+struct StoreAddress {
+  std::string host;
+  uint16_t port = 0;
+};
+
+// Rank 0's address, agreed on by every rank.
+c10::intrusive_ptr<c10d::Store> make_store(const DistEnv& env, double timeout_s) {
+  c10d::TCPStoreOptions opts;
+  opts.isServer = env.rank == 0;
+  opts.numWorkers = env.world_size;
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  if (env.uses_mpi() && !(addr && port)) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    }
+    char host[256] = {};
+    uint16_t chosen = 0;
+    c10::intrusive_ptr<c10d::TCPStore> server;
+    if (env.rank == 0) {
+      ::gethostname(host, sizeof host - 1);
+      opts.port = 0;  // the server picks a free port
+      opts.waitWorkers = false;
+      server = c10::make_intrusive<c10d::TCPStore>(host, opts);
+      chosen = server->getPort();
+    }
+    MPI_Bcast(host, sizeof host, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&chosen, 1, MPI_UINT16_T, 0, MPI_COMM_WORLD);
+    if (server) return server;
+    opts.port = chosen;
+    return c10::make_intrusive<c10d::TCPStore>(host, opts);
+  }
+  if (!addr || !port)
+    throw UsageError("NCCL at world size " + std::to_string(env.world_size) + " needs MASTER_ADDR and MASTER_PORT (or mpirun)");
+  opts.port = static_cast<uint16_t>(std::stoi(port));
+  return c10::make_intrusive<c10d::TCPStore>(addr, opts);
+}
+
+class NcclCollectives final : public Collectives {
+ public:
+  NcclCollectives(const DistEnv& env, const c10::Device& device, double timeout_s) {
+    rank_ = env.rank;
+    world_size_ = env.world_size;
+    c10::cuda::set_device(device.index());
+    auto store = c10::make_intrusive<c10d::PrefixStore>("ptrain", make_store(env, timeout_s));
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, world_size_, opts);
+    pg_->setBoundDeviceId(device);
+  }
+  ~NcclCollectives() override {
+    if (pg_) pg_->shutdown();
+  }
+  std::string name() const override { return "nccl"; }
+
+  void all_gather(const at::Tensor& out, const at::Tensor& in) override {
+    at::Tensor o = out, i = in.contiguous();
+    pg_->_allgather_base(o, i)->wait();
+    stats.all_gather_bytes += out.nbytes();
+    ++stats.calls;
+  }
+  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override {
+    at::Tensor o = out, i = in.contiguous();
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::AVG;
+    pg_->_reduce_scatter_base(o, i, opts)->wait();
+    stats.reduce_scatter_bytes += in.nbytes();
+    ++stats.calls;
+  }
+  void all_reduce_sum(const at::Tensor& t) override {
+    std::vector<at::Tensor> ts{t};
+    pg_->allreduce(ts)->wait();
+    stats.all_reduce_bytes += t.nbytes();
+    ++stats.calls;
+  }
+  void broadcast(const at::Tensor& t, int root) override {
+    std::vector<at::Tensor> ts{t};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    pg_->broadcast(ts, opts)->wait();
+  }
+  void barrier() override { pg_->barrier()->wait(); }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+};
+
+}  // namespace
+
+std::unique_ptr<Collectives> make_nccl_collectives(const DistEnv& env, const c10::Device& device, double timeout_s) {
+  return std::make_unique<NcclCollectives>(env, device, timeout_s);
+}
+#else
+std::unique_ptr<Collectives> make_nccl_collectives(const DistEnv&, const c10::Device&, double) {
+  throw UsageError("this ptrain was built without CUDA/NCCL (no nvcc at build time); use parallel.backend = \"mpi\" on CPU");
+}
+#endif
+
+}  // namespace ptrain
