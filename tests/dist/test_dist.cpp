@@ -1,0 +1,228 @@
+// Multi-rank properties through the real binary under `mpirun --oversubscribe` (CPU, MPI
+// collectives): world-size invariance of the loss curve and parameters, per-rank memory and
+// communication against their formulas, resharding checkpoints, failure handling and the
+// sharded export.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/hf.h"
+#include "checkpoint/safetensors.h"
+#include "common/fs_util.h"
+#include "model/layout.h"
+#include "parallel/fsdp.h"
+#include "../unit/test_util.h"
+
+using namespace ptrain;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string bin() { return PTRAIN_BIN_PATH; }
+
+struct Proc {
+  int rc = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+Proc sh(const std::string& cmd) {
+  Proc r;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// Root containers need the two OMPI_ALLOW variables; vader's CMA needs ptrace, often barred.
+const char* kMpiEnv =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none ";
+
+std::string mpirun(int np, bool time_limit = true) {
+  return std::string(kMpiEnv) + (time_limit ? "timeout 300 " : "") + "mpirun --oversubscribe --bind-to none -np " +
+         std::to_string(np) + " ";
+}
+
+// Starts a long run of 3 ranks in the background, waits for its first logged step, sends
+// `signal` to one rank (mpirun's children are the ranks), and waits for mpirun: the script
+// prints "rc=<mpirun's exit code>" then the job's output. The whole script is time-limited,
+// so a hang shows up as rc=124.
+Proc fault(const test::TempDir& dir, const std::string& extra, const std::string& signal, int victim) {
+  const std::string out = dir / "run", cfg = test::small_config(dir), log = dir / "log";
+  return sh("timeout 200 bash -c '" + mpirun(3, false) + bin() + " --config " + cfg + " --set run.output_dir=" + out +
+            " --set training.steps=100000 --set checkpoint.save_final=false " + extra + " > " + log + " 2>&1 & mp=$!; "
+            "for i in $(seq 600); do [ -s " + out + "/metrics.jsonl ] && break; sleep 0.1; done; "
+            "v=$(pgrep -P $mp | sort -n | sed -n " + std::to_string(victim + 1) + "p); kill -" + signal + " $v; "
+            "wait $mp; echo rc=$?; kill -9 $v 2>/dev/null; cat " + log + "'");
+}
+
+// Trains the small test model at world size np with a global batch of 12 sequences.
+Proc train(const test::TempDir& dir, int np, const std::string& out, const std::string& extra = "") {
+  const std::string cfg = test::small_config(dir);
+  return sh(mpirun(np) + bin() + " --config " + cfg + " --set run.output_dir=" + out +
+            " --set data.micro_batch_size=" + std::to_string(12 / np) + " " + extra);
+}
+
+std::map<int64_t, json> metrics(const std::string& out) {
+  std::map<int64_t, json> m;
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    json j = json::parse(line);
+    if (j.contains("loss")) m[j["step"].get<int64_t>()] = j;
+  }
+  return m;
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+
+// Unit flat vectors of a checkpoint, concatenated from its rank files.
+std::map<std::string, at::Tensor> unit_flats(const std::string& ckpt) {
+  json meta = json::parse(read_text_file(ckpt + "/meta.json"));
+  const int ws = meta["world_size"];
+  std::map<std::string, at::Tensor> out;
+  for (const auto& u : meta["units"]) {
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < ws; ++r)
+      parts.push_back(SafetensorsFile(ckpt + "/model.rank" + std::to_string(r) + ".safetensors").tensor(u["name"]).clone());
+    out[u["name"]] = at::cat(parts);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Dist, LossCurveAndParametersIndependentOfWorldSize) {
+  test::TempDir dir;
+  std::map<int, std::map<int64_t, json>> curves;
+  for (int np : {1, 2, 3, 4}) {
+    const std::string out = dir / ("np" + std::to_string(np));
+    Proc r = train(dir, np, out);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    curves[np] = metrics(out);
+    ASSERT_EQ(curves[np].size(), 20u);
+  }
+  for (int np : {2, 3, 4})
+    for (int64_t step = 1; step <= 20; ++step)
+      EXPECT_LE(rel(curves[np][step]["loss"], curves[1][step]["loss"]), 1e-5) << "np=" << np << " step " << step;
+  auto base = unit_flats(dir / "np1/checkpoints/step_20");
+  for (int np : {2, 3, 4}) {
+    auto flats = unit_flats(dir / ("np" + std::to_string(np)) + "/checkpoints/step_20");
+    for (const auto& [name, t] : base) {
+      const double diff = (flats[name] - t).abs().max().item<double>(), scale = t.abs().max().item<double>();
+      EXPECT_LE(diff, 1e-5 * scale) << "np=" << np << " unit " << name;
+    }
+  }
+}
+
+TEST(Dist, StateBytesPerRankMatchCheckPrediction) {
+  test::TempDir dir;
+  for (int np : {3, 4}) {  // 3 divides none of the unit sizes: padding is exercised
+    const std::string out = dir / ("np" + std::to_string(np));
+    Proc r = train(dir, np, out, "--set training.steps=1");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    json measured = json::parse(read_text_file(out + "/memory.json"));
+    Proc check = sh(bin() + " check --config " + test::small_config(dir) + " --world-size " + std::to_string(np) + " --json");
+    ASSERT_EQ(check.rc, 0) << check.output;
+    json predicted = json::parse(check.output.substr(check.output.find('{')));
+    EXPECT_EQ(measured, predicted) << "np=" << np;
+    // Each rank holds ceil(numel/np) elements of every unit: the total divided by np, plus padding.
+    int64_t total = 0, padded = 0;
+    LlamaShape shape = preset_shape("tiny").value();
+    shape.dim = 64, shape.n_layers = 2, shape.n_heads = 4, shape.n_kv_heads = 2, shape.head_dim = 16, shape.ffn_dim = 160;
+    for (const auto& u : llama_units(shape, 0.02)) total += u.numel, padded += (u.numel + np - 1) / np;
+    EXPECT_EQ(measured["num_params"].get<int64_t>(), padded);
+    EXPECT_GE(padded * np, total);
+    EXPECT_LT(padded * np - total, static_cast<int64_t>(llama_units(shape, 0.02).size()) * np);
+    EXPECT_EQ(measured["total_state_bytes"].get<int64_t>(), padded * 16);
+  }
+}
+
+TEST(Dist, BytesCommunicatedPerStepMatchTheSchedule) {
+  test::TempDir dir;
+  LlamaShape shape = preset_shape("tiny").value();
+  shape.dim = 64, shape.n_layers = 2, shape.n_heads = 4, shape.n_kv_heads = 2, shape.head_dim = 16, shape.ffn_dim = 160;
+  const int np = 2;
+  int64_t all_units = 0, blocks = 0;
+  for (const auto& u : llama_units(shape, 0.02)) {
+    const int64_t padded = (u.numel + np - 1) / np * np * 4;  // fp32 bytes of the gathered buffer
+    all_units += padded;
+    if (u.kind == UnitKind::block) blocks += padded;
+  }
+  for (bool reshard : {true, false}) {
+    const std::string out = dir / (reshard ? "reshard" : "keep");
+    Proc r = train(dir, np, out, std::string("--set training.steps=2 --set parallel.reshard_after_forward=") +
+                                    (reshard ? "true" : "false"));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    json step = metrics(out)[2];
+    // forward all-gather of every unit, + backward re-gather of every block when resharded
+    EXPECT_EQ(step["comm_all_gather_bytes"].get<int64_t>(), all_units + (reshard ? blocks : 0));
+    // one reduce-scatter of every unit's gradient
+    EXPECT_EQ(step["comm_reduce_scatter_bytes"].get<int64_t>(), all_units);
+    // grad-norm (1 double) and loss + stop flag (2 doubles)
+    EXPECT_EQ(step["comm_all_reduce_bytes"].get<int64_t>(), 3 * 8);
+  }
+}
+
+TEST(Dist, CheckpointAtFourRanksResumesAtTwoAndOne) {
+  test::TempDir dir;
+  const std::string full = dir / "np4";
+  Proc r = train(dir, 4, full, "--set checkpoint.every_steps=10 --set checkpoint.keep=5");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  auto straight = metrics(full);
+  for (int np : {2, 1}) {
+    const std::string out = dir / ("resume_np" + std::to_string(np));
+    Proc rr = train(dir, np, out, "--set checkpoint.resume=" + full + "/checkpoints/step_10");
+    ASSERT_EQ(rr.rc, 0) << rr.output;
+    auto resumed = metrics(out);
+    for (int64_t step = 11; step <= 20; ++step) {
+      ASSERT_TRUE(resumed.count(step)) << step;
+      EXPECT_LE(rel(resumed[step]["loss"], straight[step]["loss"]), 1e-6) << "np=" << np << " step " << step;
+    }
+  }
+}
+
+TEST(Dist, KilledRankStopsTheJobNamingIt) {
+  test::TempDir dir;
+  Proc r = fault(dir, "", "9", 1);
+  ASSERT_NE(r.output.find("rc="), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rc=0"), std::string::npos) << r.output;
+  EXPECT_EQ(r.rc, 0) << "the script hit its time limit: the job hung\n" << r.output;
+  EXPECT_NE(r.output.find("process rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 120) << r.output;
+}
+
+TEST(Dist, HungRankMakesTheOthersAbortAfterTheTimeout) {
+  test::TempDir dir;
+  Proc r = fault(dir, "--set parallel.timeout_s=5", "STOP", 2);
+  ASSERT_NE(r.output.find("rc="), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rc=0"), std::string::npos) << r.output;
+  EXPECT_EQ(r.rc, 0) << "the script hit its time limit: the job hung\n" << r.output;
+  EXPECT_NE(r.output.find("did not complete within parallel.timeout_s"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 120) << r.output;
+}
+
+TEST(Dist, ShardedCheckpointExportsToHfExactly) {
+  test::TempDir dir;
+  const std::string out = dir / "np2";
+  Proc r = train(dir, 2, out, "--set training.steps=3");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const std::string ckpt = out + "/checkpoints/step_3";
+  Proc e = sh(bin() + " export --checkpoint " + ckpt + " --out " + (dir / "hf"));
+  ASSERT_EQ(e.rc, 0) << e.output;
+  FsdpModel imported(read_hf_config(dir / "hf"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
+  imported.load_hf(HfCheckpoint(dir / "hf"));
+  auto flats = unit_flats(ckpt);
+  for (const auto& u : imported.units()) EXPECT_TRUE(at::equal(u.shard.detach(), flats[u.layout.name])) << u.layout.name;
+}
