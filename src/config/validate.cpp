@@ -204,6 +204,14 @@ const std::vector<Rule>& rules() {
          const bool cpu = c.training.device == "cpu" || (c.training.device == "auto" && !env.cuda_available);
          return c.parallel.backend == "nccl" && cpu ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\"" : "";
        }},
+      {"parallel.prefetch", [](const Config& c, const Environment&) -> std::string {
+         return not_yet(c.parallel.prefetch, "overlapping the next unit's all-gather with compute", "set it to false");
+       }},
+      {"precision.reduce_dtype", [](const Config& c, const Environment& env) -> std::string {
+         const bool cpu = c.training.device == "cpu" || (c.training.device == "auto" && !env.cuda_available);
+         return cpu && c.precision.reduce_dtype == "bfloat16"
+                    ? "CPU gradients are reduced over MPI, which has no bfloat16 sum; use \"float32\"" : "";
+       }},
       {"parallel.timeout_s", [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
       {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
          return one_of(c.memory.activation_checkpointing, {"none", "full"});

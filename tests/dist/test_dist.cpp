@@ -226,3 +226,23 @@ TEST(Dist, ShardedCheckpointExportsToHfExactly) {
   auto flats = unit_flats(ckpt);
   for (const auto& u : imported.units()) EXPECT_TRUE(at::equal(u.shard.detach(), flats[u.layout.name])) << u.layout.name;
 }
+
+TEST(Dist, SigtermStopsAfterTheStepWithACheckpoint) {
+  test::TempDir dir;
+  const std::string out = dir / "run", cfg = test::small_config(dir);
+  Proc r = sh("timeout 120 bash -c '" + bin() + " --config " + cfg + " --set run.output_dir=" + out +
+              " --set training.steps=100000 > " + (dir / "log") + " 2>&1 & p=$!; "
+              "for i in $(seq 600); do [ -s " + out + "/metrics.jsonl ] && break; sleep 0.1; done; "
+              "kill -TERM $p; wait $p; echo rc=$?; cat " + (dir / "log") + "'");
+  EXPECT_NE(r.output.find("rc=130"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stop signal received"), std::string::npos) << r.output;
+  // The checkpoint it wrote is complete and resumable.
+  std::string latest;
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints")) latest = e.path().string();
+  ASSERT_TRUE(fs::exists(latest + "/meta.json")) << r.output;
+  const int64_t step = json::parse(read_text_file(latest + "/meta.json"))["step"];
+  Proc resume = sh(bin() + " --config " + cfg + " --set run.output_dir=" + out + " --set checkpoint.resume=auto" +
+                   " --set training.steps=" + std::to_string(step + 2));
+  EXPECT_EQ(resume.rc, 0) << resume.output;
+  EXPECT_NE(resume.output.find("resumed from"), std::string::npos) << resume.output;
+}
