@@ -70,7 +70,7 @@ struct Config {
     double timeout_s = 600.0;           // collective timeout before a rank is declared dead
   } parallel;
   struct Memory {
-    std::string activation_checkpointing = "none";  // none | full
+    std::string activation_checkpointing = "none";  // none | full (recompute each block in backward)
     int64_t loss_chunk_tokens = 0;  // tokens per cross-entropy chunk; 0 = auto
   } memory;
   struct Checkpoint {

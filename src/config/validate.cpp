@@ -216,9 +216,6 @@ const std::vector<Rule>& rules() {
       {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
          return one_of(c.memory.activation_checkpointing, {"none", "full"});
        }},
-      {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
-         return not_yet(c.memory.activation_checkpointing == "full", "activation checkpointing", "use \"none\"");
-       }},
       {"memory.loss_chunk_tokens", [](const Config& c, const Environment&) -> std::string { return at_least(c.memory.loss_chunk_tokens, 0); }},
       {"checkpoint.every_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.every_steps, 0); }},
       {"checkpoint.keep", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.keep, 1); }},

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "checkpoint/hf.h"
@@ -67,31 +68,45 @@ uint64_t mix_seed(uint64_t seed, uint64_t stream) {
 at::Tensor GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit) {
   ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
   ctx->saved_data["unit"] = unit;
-  FlatUnit& u = model->units()[unit];
-  if (storage_freed(u.gathered)) alloc_storage(u.gathered);
-  model->comm().all_gather(u.gathered, shard.to(u.gathered.scalar_type()));
-  return u.gathered.narrow(0, 0, u.layout.numel);
+  return model->fill(static_cast<size_t>(unit));
 }
 
 variable_list GatherUnit::backward(AutogradContext* ctx, variable_list grads) {
   FsdpModel* model = model_of(ctx);
-  const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
-  FlatUnit& u = model->units()[unit];
-  const auto reduce = model->policy().reduce_dtype;
-  const int64_t total = u.shard_numel * model->comm().world_size();
-  at::Tensor padded;
-  if (total == u.layout.numel && grads[0].scalar_type() == reduce) {
-    padded = grads[0].contiguous();
-  } else {
-    padded = at::empty({total}, grads[0].options().dtype(reduce));
-    padded.narrow(0, 0, u.layout.numel).copy_(grads[0]);
-    padded.narrow(0, u.layout.numel, total - u.layout.numel).zero_();
-  }
-  at::Tensor shard_grad = at::empty({u.shard_numel}, padded.options());
-  model->comm().reduce_scatter_mean(shard_grad, padded);
-  model->release(unit);  // this unit's backward is done: its gathered weights are not needed
-  return {shard_grad.to(model->policy().master_dtype), at::Tensor(), at::Tensor()};
+  return {model->reduce_grad(static_cast<size_t>(ctx->saved_data["unit"].toInt()), grads[0]), at::Tensor(), at::Tensor()};
 }
+
+// A whole block under full activation checkpointing: forward gathers, computes without a
+// graph and frees the weights, keeping only the block's input; backward re-gathers,
+// recomputes with a graph, differentiates w.r.t. input and weights, and reduce-scatters.
+class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shard, FsdpModel* model,
+                            int64_t unit) {
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["unit"] = unit;
+    ctx->save_for_backward({x});
+    const auto& s = model->shape();
+    at::Tensor y = block_forward(BlockWeights::from_flat(model->fill(unit), s), x, model->rope(x.size(1)), s);
+    model->release(unit);
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    FsdpModel* model = model_of(ctx);
+    const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    const auto& s = model->shape();
+    at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor w = model->fill(unit).detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      at::AutoGradMode grad_on(true);
+      y = block_forward(BlockWeights::from_flat(w, s), x, model->rope(x.size(1)), s);
+    }
+    auto g = torch::autograd::grad({y}, {x, w}, {grads[0]});
+    return {g[0], model->reduce_grad(unit, g[1]), at::Tensor(), at::Tensor()};
+  }
+};
 
 FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
                      std::shared_ptr<Collectives> comm, FsdpOptions options)
@@ -150,15 +165,38 @@ at::Tensor FsdpModel::gather(size_t unit) { return GatherUnit::apply(units_[unit
 
 void FsdpModel::release(size_t unit) { free_storage(units_[unit].gathered); }
 
-void FsdpModel::regather(size_t unit) {
+at::Tensor FsdpModel::fill(size_t unit) {
   FlatUnit& u = units_[unit];
-  if (!storage_freed(u.gathered)) return;
-  alloc_storage(u.gathered);
+  if (storage_freed(u.gathered)) alloc_storage(u.gathered);
+  at::NoGradGuard no_grad;
+  comm_->all_gather(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
+  return u.gathered.narrow(0, 0, u.layout.numel);
+}
+
+at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
+  FlatUnit& u = units_[unit];
+  const auto reduce = policy_.reduce_dtype;
+  const int64_t total = u.shard_numel * comm_->world_size();
+  at::Tensor padded;
+  if (total == u.layout.numel && grad.scalar_type() == reduce) {
+    padded = grad.contiguous();
+  } else {
+    padded = at::empty({total}, grad.options().dtype(reduce));
+    padded.narrow(0, 0, u.layout.numel).copy_(grad);
+    padded.narrow(0, u.layout.numel, total - u.layout.numel).zero_();
+  }
+  at::Tensor shard_grad = at::empty({u.shard_numel}, padded.options());
+  comm_->reduce_scatter_mean(shard_grad, padded);
+  release(unit);  // this unit's backward is done: its gathered weights are not needed
+  return shard_grad.to(policy_.master_dtype);
+}
+
+void FsdpModel::regather(size_t unit) {
+  if (!storage_freed(units_[unit].gathered)) return;
   // Refill without bumping the version counter: autograd saved views of this buffer in
   // forward and checks that nobody modified them in between; the values are identical.
   at::AutoDispatchBelowADInplaceOrView guard;
-  at::NoGradGuard no_grad;
-  comm_->all_gather(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
+  fill(unit);
 }
 
 const RopeTables& FsdpModel::rope(int64_t seq_len) {
@@ -178,6 +216,10 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
   at::Tensor x = at::embedding(embedding_weight(embed, shape_), inputs);
   if (!shape_.tie_embeddings) release(0);  // embedding backward needs no weights
   for (size_t i = 1; i < head_unit; ++i) {
+    if (training && options_.activation_checkpointing) {
+      x = CheckpointedBlock::apply(x, units_[i].shard, this, static_cast<int64_t>(i));
+      continue;
+    }
     x = block_forward(BlockWeights::from_flat(gather(i), shape_), x, rp, shape_);
     if (!training || options_.reshard_after_forward) {
       release(i);

@@ -40,6 +40,9 @@ struct FlatUnit {
 
 struct FsdpOptions {
   bool reshard_after_forward = true;
+  // memory.activation_checkpointing = "full": each block keeps only its input; backward
+  // re-gathers, recomputes the block and differentiates it (implies resharding the block).
+  bool activation_checkpointing = false;
 };
 
 class FsdpModel {
@@ -75,13 +78,18 @@ class FsdpModel {
   at::Tensor gather(size_t unit);
   void release(size_t unit);   // frees the gathered storage (reshard)
   void regather(size_t unit);  // refills freed storage before the unit's backward
+  // All-gathers the unit into its (re)allocated buffer, no autograd; returns [numel] view.
+  at::Tensor fill(size_t unit);
+  // Reduce-scatters (mean) a unit's flat gradient [numel], frees the gathered buffer, and
+  // returns this rank's shard gradient in the master dtype.
+  at::Tensor reduce_grad(size_t unit, const at::Tensor& grad);
+  const RopeTables& rope(int64_t seq_len);
 
  private:
   // Final hidden states [B*T, dim] and the output weight, in the compute dtype. `run_head`
   // receives them while the head's weights are gathered.
   template <class Head>
   auto forward(const at::Tensor& inputs, Head&& run_head);
-  const RopeTables& rope(int64_t seq_len);
 
   LlamaShape shape_;
   PrecisionPolicy policy_;

@@ -159,14 +159,21 @@ TEST(Dist, BytesCommunicatedPerStepMatchTheSchedule) {
     all_units += padded;
     if (u.kind == UnitKind::block) blocks += padded;
   }
-  for (bool reshard : {true, false}) {
-    const std::string out = dir / (reshard ? "reshard" : "keep");
-    Proc r = train(dir, np, out, std::string("--set training.steps=2 --set parallel.reshard_after_forward=") +
-                                    (reshard ? "true" : "false"));
+  struct Case {
+    const char* name;
+    std::string flags;
+    bool regather;  // blocks are gathered again in backward
+  };
+  for (const Case& k : {Case{"reshard", "--set parallel.reshard_after_forward=true", true},
+                        Case{"keep", "--set parallel.reshard_after_forward=false", false},
+                        Case{"recompute", "--set parallel.reshard_after_forward=false --set memory.activation_checkpointing=full", true}}) {
+    const bool reshard = k.regather;
+    const std::string out = dir / k.name;
+    Proc r = train(dir, np, out, "--set training.steps=2 " + k.flags);
     ASSERT_EQ(r.rc, 0) << r.output;
     json step = metrics(out)[2];
     // forward all-gather of every unit, + backward re-gather of every block when resharded
-    EXPECT_EQ(step["comm_all_gather_bytes"].get<int64_t>(), all_units + (reshard ? blocks : 0));
+    EXPECT_EQ(step["comm_all_gather_bytes"].get<int64_t>(), all_units + (reshard ? blocks : 0)) << k.name;
     // one reduce-scatter of every unit's gradient
     EXPECT_EQ(step["comm_reduce_scatter_bytes"].get<int64_t>(), all_units);
     // grad-norm (1 double) and loss + stop flag (2 doubles)
