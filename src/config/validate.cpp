@@ -166,8 +166,10 @@ const std::vector<Rule>& rules() {
          return c.lr_schedule.min_lr_ratio >= 0 && c.lr_schedule.min_lr_ratio <= 1 ? "" : "must be in [0, 1]";
        }},
       {"precision.mode", [](const Config& c, const Environment&) -> std::string { return one_of(c.precision.mode, {"fp32", "mixed", "bf16"}); }},
-      {"precision.mode", [](const Config& c, const Environment&) -> std::string {
-         return not_yet(c.precision.mode == "bf16", "pure bf16 training", "use \"fp32\" or \"mixed\"");
+      {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.mode == "bf16" && c.precision.param_dtype == "float32"
+                    ? "mode \"bf16\" stores bfloat16 parameters; float32 compute over them gains nothing — use mode = \"mixed\" for float32 master weights"
+                    : "";
        }},
       {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
          return is_dtype(c.precision.param_dtype) ? "" : "'" + c.precision.param_dtype + "' is not a dtype; use \"float32\" or \"bfloat16\"";
@@ -194,7 +196,8 @@ const std::vector<Rule>& rules() {
          return c.precision.rope_dtype == "float32" ? "" : "RoPE is computed in float32 in every mode; set rope_dtype = \"float32\"";
        }},
       {"precision.stochastic_rounding", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.stochastic_rounding ? "stochastic rounding applies to bf16 parameters only (mode = \"bf16\"); set it to false" : "";
+         return c.precision.stochastic_rounding && c.precision.mode != "bf16"
+                    ? "stochastic rounding applies to bf16 parameters only (mode = \"bf16\"); set it to false" : "";
        }},
       {"parallel.backend", [](const Config& c, const Environment&) -> std::string { return one_of(c.parallel.backend, {"auto", "nccl", "mpi", "gloo"}); }},
       {"parallel.backend", [](const Config& c, const Environment&) -> std::string {
@@ -206,11 +209,6 @@ const std::vector<Rule>& rules() {
        }},
       {"parallel.prefetch", [](const Config& c, const Environment&) -> std::string {
          return not_yet(c.parallel.prefetch, "overlapping the next unit's all-gather with compute", "set it to false");
-       }},
-      {"precision.reduce_dtype", [](const Config& c, const Environment& env) -> std::string {
-         const bool cpu = c.training.device == "cpu" || (c.training.device == "auto" && !env.cuda_available);
-         return cpu && c.precision.reduce_dtype == "bfloat16"
-                    ? "CPU gradients are reduced over MPI, which has no bfloat16 sum; use \"float32\"" : "";
        }},
       {"parallel.timeout_s", [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
       {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {

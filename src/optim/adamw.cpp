@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
+#include "optim/stochastic_round.h"
+
 
 namespace ptrain {
 
@@ -15,6 +19,7 @@ AdamW::AdamW(std::vector<OptimTarget> targets, AdamWOptions options) : targets_(
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++steps_;
+  if (opt_.stochastic_rounding) return step_stochastic(lr);
   // One fused pass per weight-decay class (LibTorch's _fused_adamw_, the kernel behind
   // torch.optim.AdamW(fused=True), on CPU and CUDA): the decayed prefix of every shard, then
   // the rest with weight_decay 0.
@@ -40,6 +45,26 @@ void AdamW::step(double lr) {
     t[cls].assign(p[cls].size(), step);
     at::_fused_adamw_(p[cls], g[cls], m[cls], v[cls], /*max_exp_avg_sqs=*/{}, t[cls], lr, opt_.beta1, opt_.beta2,
                       cls == 0 ? opt_.weight_decay : 0.0, opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+
+void AdamW::step_stochastic(double lr) {
+  const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, static_cast<double>(steps_)));
+  const uint64_t step_seed = opt_.seed ^ (0xA24BAED4963EE407ull * static_cast<uint64_t>(steps_));
+  for (size_t i = 0; i < targets_.size(); ++i) {
+    const auto& t = targets_[i];
+    if (!t.param.grad().defined()) continue;
+    // The same update as torch AdamW, in float32 (the reference order of operations).
+    at::Tensor g = t.param.grad().to(at::kFloat);
+    at::Tensor m = exp_avg_[i].to(at::kFloat).lerp_(g, 1.0 - opt_.beta1);
+    at::Tensor v = exp_avg_sq_[i].to(at::kFloat).mul_(opt_.beta2).addcmul_(g, g, 1.0 - opt_.beta2);
+    at::Tensor p = t.param.detach().to(at::kFloat);
+    if (opt_.weight_decay != 0 && t.decay_numel > 0) p.narrow(0, 0, t.decay_numel).mul_(1.0 - lr * opt_.weight_decay);
+    p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(opt_.eps), -lr / bc1);
+    t.param.detach().copy_(stochastic_round_bf16(p, step_seed, t.global_offset));
+    exp_avg_[i].copy_(m);
+    exp_avg_sq_[i].copy_(v);
   }
 }
 

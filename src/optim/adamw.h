@@ -19,12 +19,18 @@ struct AdamWOptions {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  // bf16 parameters: compute the update in float32 and round the new parameters
+  // stochastically (moments round to nearest). Random bits depend on (seed, step, element's
+  // global index), so runs are reproducible and resume exactly at any world size.
+  bool stochastic_rounding = false;
+  uint64_t seed = 0;
 };
 
 struct OptimTarget {
   std::string name;         // unit name, used for checkpoint keys
   at::Tensor param;         // 1-D leaf; its .grad() is read
   int64_t decay_numel = 0;  // decayed prefix
+  uint64_t global_offset = 0;  // index of param[0] in a model-wide element numbering (SR bits)
 };
 
 class AdamW {
@@ -39,6 +45,7 @@ class AdamW {
   int64_t state_bytes() const;
 
  private:
+  void step_stochastic(double lr);
   std::vector<OptimTarget> targets_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   AdamWOptions opt_;

@@ -101,16 +101,20 @@ class MpiCollectives final : public Collectives {
     ++stats.calls;
   }
 
+  // MPI has no bfloat16 sum: bf16 gradients travel and are summed as float32.
   void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override {
     check_cpu(out, in, "reduce_scatter");
     TORCH_CHECK(in.numel() == out.numel() * world_size_ && out.scalar_type() == in.scalar_type(), "reduce_scatter sizes");
-    at::Tensor src = in.contiguous();
+    const bool widen = in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf;
+    at::Tensor src = widen ? in.to(at::kFloat).contiguous() : in.contiguous();
+    at::Tensor dst = widen ? at::empty(out.sizes(), out.options().dtype(at::kFloat)) : out;
     MPI_Request req;
-    PTRAIN_MPI_CHECK(MPI_Ireduce_scatter_block(src.data_ptr(), out.data_ptr(), static_cast<int>(out.numel()),
-                                               mpi_type(out.scalar_type()), MPI_SUM, MPI_COMM_WORLD, &req));
+    PTRAIN_MPI_CHECK(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), static_cast<int>(dst.numel()),
+                                               mpi_type(dst.scalar_type()), MPI_SUM, MPI_COMM_WORLD, &req));
     wait(req, "reduce_scatter");
-    out.div_(world_size_);
-    stats.reduce_scatter_bytes += in.nbytes();
+    dst.div_(world_size_);
+    if (widen) out.copy_(dst);
+    stats.reduce_scatter_bytes += src.nbytes();
     ++stats.calls;
   }
 

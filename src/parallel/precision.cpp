@@ -17,6 +17,10 @@ PrecisionPolicy PrecisionPolicy::from_config(const Config& c) {
   if (p.mode == "mixed") {
     p.compute_dtype = dtype(c.precision.param_dtype, c10::kBFloat16);
     p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kFloat);
+  } else if (p.mode == "bf16") {
+    p.master_dtype = p.compute_dtype = p.optim_dtype = c10::kBFloat16;
+    p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kBFloat16);
+    p.stochastic_rounding = c.precision.stochastic_rounding;
   }
   return p;
 }
@@ -35,6 +39,7 @@ std::string PrecisionPolicy::table() const {
     << "  optimizer moments        " << c10::toString(optim_dtype) << "\n"
     << "  logits + loss            " << c10::toString(logits_dtype) << "\n"
     << "  RoPE                     " << c10::toString(rope_dtype) << "\n"
+    << "  param update rounding    " << (stochastic_rounding ? "stochastic" : "nearest") << "\n"
     << "  persistent state         " << state_bytes_per_param() << " bytes/param\n";
   return o.str();
 }

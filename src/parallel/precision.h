@@ -17,6 +17,7 @@ struct PrecisionPolicy {
   c10::ScalarType optim_dtype = c10::kFloat;    // optimizer moments
   c10::ScalarType logits_dtype = c10::kFloat;   // logits and loss
   c10::ScalarType rope_dtype = c10::kFloat;     // RoPE tables and rotation
+  bool stochastic_rounding = false;             // bf16 parameter updates rounded stochastically
 
   static PrecisionPolicy from_config(const Config& config);
   // Bytes of persistent state per parameter: master + grad + optimizer moments.

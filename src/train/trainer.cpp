@@ -116,9 +116,13 @@ int train(const Config& c) {
 
   auto model = build_model(c, device, comm);
   std::vector<OptimTarget> targets;
-  for (auto& u : model->units())
-    targets.push_back({u.layout.name, u.shard, std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel)});
-  AdamW optim(targets, {c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps, c.optimizer.weight_decay});
+  for (size_t i = 0; i < model->units().size(); ++i) {
+    auto& u = model->units()[i];
+    targets.push_back({u.layout.name, u.shard, std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel),
+                       (static_cast<uint64_t>(i) << 40) + static_cast<uint64_t>(u.shard_offset)});
+  }
+  AdamW optim(targets, {c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps, c.optimizer.weight_decay,
+                        model->policy().stochastic_rounding, static_cast<uint64_t>(c.run.seed)});
   const LrSchedule schedule{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay,
                             c.lr_schedule.min_lr_ratio};
 

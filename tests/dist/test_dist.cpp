@@ -253,3 +253,16 @@ TEST(Dist, SigtermStopsAfterTheStepWithACheckpoint) {
   EXPECT_EQ(resume.rc, 0) << resume.output;
   EXPECT_NE(resume.output.find("resumed from"), std::string::npos) << resume.output;
 }
+
+TEST(Dist, Bf16LossesMatchAcrossWorldSizes) {
+  test::TempDir dir;
+  std::map<int, std::map<int64_t, json>> curves;
+  for (int np : {1, 2}) {
+    const std::string out = dir / ("np" + std::to_string(np));
+    Proc r = train(dir, np, out, "--set precision.mode=bf16 --set precision.stochastic_rounding=true --set training.steps=10");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    curves[np] = metrics(out);
+  }
+  for (int64_t step = 1; step <= 10; ++step)
+    EXPECT_LE(rel(curves[2][step]["loss"], curves[1][step]["loss"]), 1e-3) << "step " << step;
+}

@@ -180,3 +180,38 @@ TEST(Train, ActivationCheckpointingTrainsIdentically) {
   // Recomputation runs the same ops on the same values: the same losses, to rounding.
   for (const auto& [step, loss] : a) EXPECT_NEAR(b[step], loss, 1e-6 * std::abs(loss)) << "step " << step;
 }
+
+TEST(Precision, Bf16ModeDtypesAndStateBytes) {
+  test::TempDir dir;
+  Config c = load(test::small_config(dir), {"precision.mode=bf16", "training.steps=2", "checkpoint.save_final=false"});
+  auto m = build_model(c, at::kCPU, test::local_comm());
+  EXPECT_EQ(m->units()[1].shard.scalar_type(), at::kBFloat16);        // sharded params (master)
+  EXPECT_EQ(m->gather(1).scalar_type(), at::kBFloat16);               // gathered unit / compute
+  m->release(1);
+  EXPECT_EQ(m->rope(8).cos.scalar_type(), at::kFloat);                // RoPE tables
+  at::Tensor tokens = at::randint(0, 256, {2, 9}, at::kLong);
+  EXPECT_EQ(m->logits(tokens.narrow(1, 0, 8)).scalar_type(), at::kFloat);  // logits
+  at::Tensor loss = m->forward_loss(tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8), 0);
+  EXPECT_EQ(loss.scalar_type(), at::kFloat);                          // loss
+  loss.backward();
+  EXPECT_EQ(m->units()[1].shard.grad().scalar_type(), at::kBFloat16); // grads
+  ASSERT_EQ(train(c), 0);
+  auto measured = nlohmann::json::parse(read_text_file(dir / "run/memory.json"));
+  EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(c, 1).to_json()));
+  EXPECT_EQ(measured["state_bytes_per_param"].get<double>(), 8.0);    // 2 + 2 + 2 x 2
+}
+
+TEST(Precision, Bf16StochasticRoundingIsReproducibleAndLearns) {
+  test::TempDir dir;
+  auto run = [&](const std::string& out, const std::string& sr) {
+    return train(load(test::small_config(dir), {"precision.mode=bf16", "precision.stochastic_rounding=" + sr,
+                                                "training.steps=60", "checkpoint.save_final=false", "run.output_dir=" + (dir / out)}));
+  };
+  ASSERT_EQ(run("a", "true"), 0);
+  ASSERT_EQ(run("b", "true"), 0);
+  ASSERT_EQ(run("c", "false"), 0);
+  auto a = losses(dir / "a/metrics.jsonl"), b = losses(dir / "b/metrics.jsonl"), c = losses(dir / "c/metrics.jsonl");
+  EXPECT_EQ(a, b);                  // same seed: identical stochastic rounding
+  EXPECT_NE(a[60], c[60]);          // and it is really applied
+  EXPECT_LT(a[60], 0.75 * a[1]);    // learns
+}
