@@ -9,6 +9,7 @@
 #include <fstream>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
@@ -22,6 +23,7 @@
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
+#include "train/compare.h"
 #include "train/memory.h"
 #include "train/trainer.h"
 
@@ -36,6 +38,7 @@ usage:
   ptrain [train] --config FILE [--set section.key=value]...
   ptrain check   --config FILE [--set ...] [--world-size N] [--gpu-memory GIB] [--json]
   ptrain eval    --config FILE [--set ...] [--checkpoint DIR] [--data PATH] [--json]
+  ptrain compare --config FILE --modes LIST [--steps N] [--out DIR] [--set ...]
   ptrain export  --checkpoint DIR --out DIR
   ptrain tokenize --in TEXT --out FILE.bin [--token-bytes 2|4]
   ptrain --help | --version
@@ -46,6 +49,8 @@ usage:
             predicted per-rank memory, and exits
   eval      mean loss / perplexity over every consecutive non-overlapping seq_len+1 window of
             a text or token file (default: data.path), in order
+  compare   trains each precision mode (fp32, mixed, bf16, bf16-sr) from the same init on the
+            same data; writes DIR/<mode>/metrics.jsonl, summary.md, summary.csv, loss.svg
   export    writes a Hugging Face Llama directory (config.json + model.safetensors)
   tokenize  converts text to a byte-level token file (see docs/data.md)
 
@@ -206,6 +211,19 @@ int cmd_export(const Args& a) {
   return 0;
 }
 
+int cmd_compare(const Args& a) {
+  if (a.config.empty()) throw UsageError("ptrain compare needs --config FILE");
+  CompareOptions o;
+  o.config_path = a.config;
+  o.overrides = a.sets;
+  std::stringstream modes(required(a, "--modes"));
+  for (std::string m; std::getline(modes, m, ',');)
+    if (!m.empty()) o.modes.push_back(m);
+  o.steps = int_option(a, "--steps", 0, 1);
+  if (a.options.count("--out")) o.out_dir = a.options.at("--out");
+  return compare(o);
+}
+
 int cmd_tokenize(const Args& a) {
   const std::string in = required(a, "--in"), out = required(a, "--out");
   const int64_t width = int_option(a, "--token-bytes", 2, 2);
@@ -239,6 +257,7 @@ int main(int argc, char** argv) {
     if (a.command == "eval") return cmd_eval(a);
     if (a.command == "export") return cmd_export(a);
     if (a.command == "tokenize") return cmd_tokenize(a);
+    if (a.command == "compare") return cmd_compare(a);
     throw UsageError("'ptrain " + a.command + "' is not implemented in ptrain " PTRAIN_VERSION);
   } catch (const UsageError& e) {
     std::cerr << "error: " << e.what() << "\n";

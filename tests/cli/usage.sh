@@ -53,5 +53,18 @@ expect 0 "byte-level tokens" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$t
 a=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.txt" --json 2>/dev/null | sed 's/"data":"[^"]*",//')
 b=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.bin" --json 2>/dev/null | sed 's/"data":"[^"]*",//')
 if [ -n "$a" ] && [ "$a" = "$b" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: eval text vs tokens: '$a' vs '$b'"; fi
+# compare: every mode trains from the same init; summary, CSV and plot are written.
+expect 2 "unknown mode 'fp8'" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,fp8
+expect 2 "adamw8bit, which is not implemented" -- "$bin" compare --config "$tmp/ok.toml" --modes bf16-adam8bit
+expect 0 "\| bf16-sr \|" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,mixed,bf16,bf16-sr --steps 3 --out "$tmp/cmp"
+for f in summary.md summary.csv loss.svg fp32/metrics.jsonl bf16-sr/metrics.jsonl; do
+  if [ -s "$tmp/cmp/$f" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: compare did not write $f"; fi
+done
+if grep -q "<svg" "$tmp/cmp/loss.svg" && grep -q "^fp32,3,.*,0.00," "$tmp/cmp/summary.csv"; then pass=$((pass+1)); else
+  fail=$((fail+1)); echo "FAIL: loss.svg is no SVG or fp32's delta is not 0.00"; cat "$tmp/cmp/summary.csv"; fi
+# Same init: every mode's step-1 loss agrees with fp32's to bf16 precision.
+l1() { grep -o '"step":1,"loss":[0-9.]*' "$tmp/cmp/$1/metrics.jsonl" | cut -d: -f3; }
+if awk -v a="$(l1 fp32)" -v b="$(l1 bf16)" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.02) }'; then pass=$((pass+1)); else
+  fail=$((fail+1)); echo "FAIL: step-1 losses differ: fp32 $(l1 fp32) vs bf16 $(l1 bf16)"; fi
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]
