@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
@@ -163,7 +164,9 @@ int compare(const CompareOptions& o) {
      << "|---|---|---|---|---|---|---|---|\n";
   csv << "mode,steps,final_loss,best_loss,final_val_loss,delta_vs_fp32_pct,state_bytes_per_rank,tokens_per_s,peak_mem_bytes,peak_mem_source\n";
   for (const auto& r : results) {
-    const std::string delta = ref ? log::fixed(100.0 * (r.final_loss - ref->final_loss) / ref->final_loss, 2) : "";
+    double pct = ref ? 100.0 * (r.final_loss - ref->final_loss) / ref->final_loss : 0.0;
+    if (std::abs(pct) < 0.005) pct = 0.0;  // no "-0.00"
+    const std::string delta = ref ? log::fixed(pct, 2) : "";
     const std::string val = r.final_val >= 0 ? log::fixed(r.final_val, 4) : "-";
     md << "| " << r.mode << " | " << log::fixed(r.final_loss, 4) << " | " << log::fixed(r.best_loss, 4) << " | " << val
        << " | " << (ref ? (delta[0] == '-' ? delta : "+" + delta) + " %" : "-") << " | " << log::bytes(r.state_bytes) << " | "
