@@ -114,7 +114,11 @@ TEST(Dist, LossCurveAndParametersIndependentOfWorldSize) {
   }
   for (int np : {2, 3, 4})
     for (int64_t step = 1; step <= 20; ++step)
+    {
       EXPECT_LE(rel(curves[np][step]["loss"], curves[1][step]["loss"]), 1e-5) << "np=" << np << " step " << step;
+      // The clip factor must not depend on the sharding either (it did with a float32 norm).
+      EXPECT_LE(rel(curves[np][step]["grad_norm"], curves[1][step]["grad_norm"]), 1e-5) << "np=" << np << " step " << step;
+    }
   auto base = unit_flats(dir / "np1/checkpoints/step_20");
   for (int np : {2, 3, 4}) {
     auto flats = unit_flats(dir / ("np" + std::to_string(np)) + "/checkpoints/step_20");

@@ -57,3 +57,15 @@ TEST(LrSchedule, WarmupCosineLinearConstant) {
   LrSchedule c{2.0, 0, 50, "constant", 0.0};
   EXPECT_DOUBLE_EQ(c.lr(49), 2.0);
 }
+
+TEST(Clip, NormIsAccurateOnLargeShards) {
+  // 3M float32 values: the norm must match a float64 reference to 1e-9, independently of how
+  // the values are split into shards (the split must not change the clip factor).
+  at::manual_seed(7);
+  at::Tensor g = at::randn({3'000'000}) * 0.01 + 0.003;
+  const double ref = g.to(at::kDouble).pow(2).sum().sqrt().item<double>();
+  const double whole = clip_grad_norm({g.clone()}, 0.0);
+  const double split = clip_grad_norm({g.narrow(0, 0, 1'234'567).clone(), g.narrow(0, 1'234'567, 1'765'433).clone()}, 0.0);
+  EXPECT_NEAR(whole, ref, 1e-9 * ref);
+  EXPECT_NEAR(split, ref, 1e-9 * ref);
+}
