@@ -108,6 +108,10 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   }
 };
 
+bool FsdpModel::aliases_shard() const {
+  return comm_->world_size() == 1 && policy_.master_dtype == policy_.compute_dtype;
+}
+
 FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
                      std::shared_ptr<Collectives> comm, FsdpOptions options)
     : shape_(shape), policy_(policy), device_(device), comm_(std::move(comm)), options_(options) {
@@ -119,7 +123,7 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
     u.shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(policy.master_dtype).device(device));
     u.shard.set_requires_grad(true);
     u.gathered = at::empty({u.shard_numel * ws}, at::TensorOptions().dtype(policy.compute_dtype).device(device));
-    free_storage(u.gathered);
+    free_storage(u.gathered);  // allocated on demand (never, when the shard is used in place)
     u.layout = std::move(layout);
     units_.push_back(std::move(u));
   }
@@ -167,6 +171,9 @@ void FsdpModel::release(size_t unit) { free_storage(units_[unit].gathered); }
 
 at::Tensor FsdpModel::fill(size_t unit) {
   FlatUnit& u = units_[unit];
+  // One rank, same dtype: the shard is the whole unit already; use it in place (no copy,
+  // nothing to free afterwards).
+  if (aliases_shard()) return u.shard.detach();
   if (storage_freed(u.gathered)) alloc_storage(u.gathered);
   at::NoGradGuard no_grad;
   comm_->all_gather(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
@@ -175,6 +182,10 @@ at::Tensor FsdpModel::fill(size_t unit) {
 
 at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   FlatUnit& u = units_[unit];
+  if (comm_->world_size() == 1) {  // the mean over one rank is the gradient itself
+    release(unit);
+    return grad.to(policy_.master_dtype).reshape({u.shard_numel});
+  }
   const auto reduce = policy_.reduce_dtype;
   const int64_t total = u.shard_numel * comm_->world_size();
   at::Tensor padded;

@@ -84,6 +84,8 @@ class FsdpModel {
   // returns this rank's shard gradient in the master dtype.
   at::Tensor reduce_grad(size_t unit, const at::Tensor& grad);
   const RopeTables& rope(int64_t seq_len);
+  // World size 1 with compute dtype = master dtype: gathered weights are the shard itself.
+  bool aliases_shard() const;
 
  private:
   // Final hidden states [B*T, dim] and the output weight, in the compute dtype. `run_head`
