@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/hash.h"
 #include "data/token_file.h"
 
 namespace ptrain {
@@ -81,12 +82,7 @@ Split val_split(const TokenData& data, double val_fraction, int64_t seq_len) {
 }
 
 namespace {
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+uint64_t splitmix64(uint64_t& state) { return mix64(state += kGolden64); }
 }  // namespace
 
 WindowSampler::WindowSampler(Split split, int64_t seq_len, uint64_t seed)

@@ -3,22 +3,13 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define PTRAIN_HD __host__ __device__ __forceinline__
-#else
-#define PTRAIN_HD inline
-#endif
+#include "common/hash.h"
 
 namespace ptrain::sr {
 
 // splitmix64 finaliser of (seed, index): a counter-based generator, so element i's random
 // bits depend only on (seed, i) — not on threads, ranks or how the tensor is split.
-PTRAIN_HD uint64_t hash(uint64_t seed, uint64_t index) {
-  uint64_t z = seed ^ (index * 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+PTRAIN_HD uint64_t hash(uint64_t seed, uint64_t index) { return mix64(seed ^ (index * kGolden64)); }
 
 // float32 bits -> bfloat16 bits, rounding up with probability (dropped 16 bits) / 2^16, so
 // E[result] = x. NaN/Inf pass through unchanged (NaN kept quiet).

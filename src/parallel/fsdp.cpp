@@ -8,6 +8,7 @@
 
 #include "checkpoint/hf.h"
 #include "common/error.h"
+#include "common/hash.h"
 
 namespace ptrain {
 
@@ -55,13 +56,8 @@ void alloc_storage(const at::Tensor& t) {
   impl->set_nbytes(nbytes);
 }
 
-uint64_t mix_seed(uint64_t seed, uint64_t stream) {
-  // splitmix64 of (seed, stream): decorrelated generator seeds per unit.
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// Decorrelated generator seeds per unit.
+uint64_t mix_seed(uint64_t seed, uint64_t stream) { return mix64(seed + kGolden64 * (stream + 1)); }
 
 }  // namespace
 
