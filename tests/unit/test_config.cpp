@@ -111,7 +111,7 @@ TEST(Config, OverridesPresetAndResolvedTomlRoundTrips) {
   EXPECT_EQ(to_toml(again), to_toml(c));
 }
 
-TEST(Config, EveryKeyIsDocumentedInTheReadme) {
+TEST(Config, EveryKeyIsDocumentedInDocsConfig) {
   std::ifstream in(test::source_dir() + "/docs/config.md");
   std::string doc((std::istreambuf_iterator<char>(in)), {});
   for (const auto& key : known_keys()) EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key << " undocumented";
