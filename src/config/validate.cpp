@@ -156,7 +156,14 @@ const std::vector<Rule>& rules() {
          return c.optimizer.weight_decay >= 0 ? "" : "must be >= 0";
        }},
       {"optimizer.in_backward", [](const Config& c, const Environment&) -> std::string {
-         return not_yet(c.optimizer.in_backward, "optimizer-in-backward", "set it to false");
+         return c.optimizer.in_backward && c.training.grad_accum_steps > 1
+                    ? "stepping during backward cannot accumulate gradients; set training.grad_accum_steps = 1 or in_backward = false"
+                    : "";
+       }},
+      {"optimizer.in_backward", [](const Config& c, const Environment&) -> std::string {
+         return c.optimizer.in_backward && c.training.max_grad_norm > 0
+                    ? "global-norm clipping needs every gradient before any step; set training.max_grad_norm = 0 or in_backward = false"
+                    : "";
        }},
       {"lr_schedule.decay", [](const Config& c, const Environment&) -> std::string {
          return one_of(c.lr_schedule.decay, {"cosine", "linear", "constant"});

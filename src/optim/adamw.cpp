@@ -17,17 +17,22 @@ AdamW::AdamW(std::vector<OptimTarget> targets, AdamWOptions options) : targets_(
 }
 
 void AdamW::step(double lr) {
+  begin_step();
+  std::vector<std::pair<size_t, at::Tensor>> ready;
+  for (size_t i = 0; i < targets_.size(); ++i)
+    if (targets_[i].param.grad().defined()) ready.emplace_back(i, targets_[i].param.grad());
+  update(ready, lr);
+}
+
+void AdamW::update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
   at::NoGradGuard no_grad;
-  ++steps_;
-  if (opt_.stochastic_rounding) return step_stochastic(lr);
+  if (opt_.stochastic_rounding) return update_stochastic(grads, lr);
   // One fused pass per weight-decay class (LibTorch's _fused_adamw_, the kernel behind
   // torch.optim.AdamW(fused=True), on CPU and CUDA): the decayed prefix of every shard, then
   // the rest with weight_decay 0.
   std::vector<at::Tensor> p[2], g[2], m[2], v[2], t[2];
-  for (size_t i = 0; i < targets_.size(); ++i) {
+  for (const auto& [i, grad] : grads) {
     const auto& tg = targets_[i];
-    const at::Tensor& grad = tg.param.grad();
-    if (!grad.defined()) continue;
     const int64_t n = tg.param.numel(), split[2] = {0, tg.decay_numel};
     for (int cls = 0; cls < 2; ++cls) {
       const int64_t begin = cls == 0 ? 0 : split[1], len = cls == 0 ? split[1] : n - split[1];
@@ -48,15 +53,14 @@ void AdamW::step(double lr) {
   }
 }
 
-void AdamW::step_stochastic(double lr) {
+void AdamW::update_stochastic(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, static_cast<double>(steps_)));
   const uint64_t step_seed = opt_.seed ^ (0xA24BAED4963EE407ull * static_cast<uint64_t>(steps_));
-  for (size_t i = 0; i < targets_.size(); ++i) {
+  for (const auto& [i, grad] : grads) {
     const auto& t = targets_[i];
-    if (!t.param.grad().defined()) continue;
     // The same update as torch AdamW, in float32 (the reference order of operations).
-    at::Tensor g = t.param.grad().to(at::kFloat);
+    at::Tensor g = grad.to(at::kFloat);
     at::Tensor m = exp_avg_[i].to(at::kFloat).lerp_(g, 1.0 - opt_.beta1);
     at::Tensor v = exp_avg_sq_[i].to(at::kFloat).mul_(opt_.beta2).addcmul_(g, g, 1.0 - opt_.beta2);
     at::Tensor p = t.param.detach().to(at::kFloat);

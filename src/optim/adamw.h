@@ -37,7 +37,11 @@ class AdamW {
  public:
   AdamW(std::vector<OptimTarget> targets, AdamWOptions options);
 
-  void step(double lr);                  // skips targets without a gradient
+  void step(double lr);  // begin_step() + update() of every target that has a .grad()
+  // Optimizer-in-backward: begin_step() once per step, then update() each target as soon as
+  // its gradient exists (target index, gradient); the gradient need not be stored in .grad().
+  void begin_step() { ++steps_; }
+  void update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr);
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
   // exp_avg / exp_avg_sq per target, keyed "<name>.exp_avg" / "<name>.exp_avg_sq".
@@ -45,7 +49,7 @@ class AdamW {
   int64_t state_bytes() const;
 
  private:
-  void step_stochastic(double lr);
+  void update_stochastic(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr);
   std::vector<OptimTarget> targets_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   AdamWOptions opt_;

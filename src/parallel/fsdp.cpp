@@ -180,7 +180,7 @@ at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   FlatUnit& u = units_[unit];
   if (comm_->world_size() == 1) {  // the mean over one rank is the gradient itself
     release(unit);
-    return grad.to(policy_.master_dtype).reshape({u.shard_numel});
+    return hand_over(unit, grad.to(policy_.master_dtype).reshape({u.shard_numel}));
   }
   const auto reduce = policy_.reduce_dtype;
   const int64_t total = u.shard_numel * comm_->world_size();
@@ -195,7 +195,13 @@ at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   at::Tensor shard_grad = at::empty({u.shard_numel}, padded.options());
   comm_->reduce_scatter_mean(shard_grad, padded);
   release(unit);  // this unit's backward is done: its gathered weights are not needed
-  return shard_grad.to(policy_.master_dtype);
+  return hand_over(unit, shard_grad.to(policy_.master_dtype));
+}
+
+at::Tensor FsdpModel::hand_over(size_t unit, const at::Tensor& shard_grad) {
+  if (!on_grad_ready) return shard_grad;
+  on_grad_ready(unit, shard_grad);
+  return at::Tensor();  // nothing accumulates into .grad(): the gradient is already used and freed
 }
 
 void FsdpModel::regather(size_t unit) {

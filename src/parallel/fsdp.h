@@ -13,6 +13,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -84,10 +85,14 @@ class FsdpModel {
   // returns this rank's shard gradient in the master dtype.
   at::Tensor reduce_grad(size_t unit, const at::Tensor& grad);
   const RopeTables& rope(int64_t seq_len);
+  // When set, each unit's reduced shard gradient is handed here the moment it exists (inside
+  // backward) instead of being accumulated into shard.grad(): optimizer-in-backward.
+  std::function<void(size_t unit, const at::Tensor& shard_grad)> on_grad_ready;
   // World size 1 with compute dtype = master dtype: gathered weights are the shard itself.
   bool aliases_shard() const;
 
  private:
+  at::Tensor hand_over(size_t unit, const at::Tensor& shard_grad);
   // Final hidden states [B*T, dim] and the output weight, in the compute dtype. `run_head`
   // receives them while the head's weights are gathered.
   template <class Head>

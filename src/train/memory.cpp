@@ -50,7 +50,7 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   for (const auto& u : llama_units(config.model.shape, config.model.init_std)) r.num_params += (u.numel + world_size - 1) / world_size;
   const int64_t master = c10::elementSize(policy.master_dtype), optim = c10::elementSize(policy.optim_dtype);
   r.param_bytes = r.num_params * master;
-  r.grad_bytes = r.num_params * master;
+  r.grad_bytes = config.optimizer.in_backward ? 0 : r.num_params * master;  // in-backward: never a full set
   r.optimizer_state_bytes = 2 * r.num_params * optim;
   return r;
 }

@@ -167,6 +167,16 @@ int train(const Config& c) {
     log::info("checkpoint written: ", last_checkpoint);
   };
 
+  // Optimizer-in-backward: each unit's shard is stepped as soon as its gradient is reduced,
+  // and the gradient is dropped; grad_norm is then the (unclipped) norm of those gradients.
+  double step_lr = 0.0;
+  at::Tensor grad_sq = at::zeros({1}, at::kDouble);
+  if (c.optimizer.in_backward)
+    model->on_grad_ready = [&](size_t unit, const at::Tensor& g) {
+      grad_sq += at::linalg_vector_norm(g, 2, {}, false, at::kDouble).pow(2).cpu();
+      optim.update({{unit, g}}, step_lr);
+    };
+
   g_stop_signal = 0;
   auto old_int = std::signal(SIGINT, on_stop_signal);
   auto old_term = std::signal(SIGTERM, on_stop_signal);
@@ -176,6 +186,12 @@ int train(const Config& c) {
     comm->stats.reset();
     // ---- one optimizer step: batches -> forward -> loss -> backward -> clip -> step ----
     model->zero_grad();
+    const double lr = schedule.lr(progress.step);
+    if (c.optimizer.in_backward) {
+      optim.begin_step();
+      step_lr = lr;
+      grad_sq.zero_();
+    }
     at::Tensor loss_sum = at::zeros({1}, at::kDouble);
     for (int64_t a = 0; a < accum; ++a) {
       // Global sample order: micro-batch a of rank r takes samples (a*ws + r)*B ... of this step.
@@ -185,11 +201,16 @@ int train(const Config& c) {
       (loss / static_cast<double>(accum)).backward();
       loss_sum += loss.item<double>();
     }
-    std::vector<at::Tensor> grads;
-    for (auto& u : model->units()) grads.push_back(u.shard.grad());
-    const double grad_norm = clip_grad_norm(grads, c.training.max_grad_norm, comm.get());
-    const double lr = schedule.lr(progress.step);
-    optim.step(lr);
+    double grad_norm = 0.0;
+    if (c.optimizer.in_backward) {
+      if (ws > 1) comm->all_reduce_sum(grad_sq);
+      grad_norm = std::sqrt(grad_sq.item<double>());
+    } else {
+      std::vector<at::Tensor> grads;
+      for (auto& u : model->units()) grads.push_back(u.shard.grad());
+      grad_norm = clip_grad_norm(grads, c.training.max_grad_norm, comm.get());
+      optim.step(lr);
+    }
     progress.samples += static_cast<uint64_t>(B * accum * ws);
     ++progress.step;
     // Mean loss over ranks, and whether any rank was asked to stop (all stop together).

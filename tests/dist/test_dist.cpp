@@ -270,3 +270,17 @@ TEST(Dist, Bf16LossesMatchAcrossWorldSizes) {
   for (int64_t step = 1; step <= 10; ++step)
     EXPECT_LE(rel(curves[2][step]["loss"], curves[1][step]["loss"]), 1e-3) << "step " << step;
 }
+
+TEST(Dist, OptimizerInBackwardMatchesAcrossWorldSizes) {
+  test::TempDir dir;
+  std::map<int, std::map<int64_t, json>> curves;
+  for (int np : {1, 2}) {
+    const std::string out = dir / ("np" + std::to_string(np));
+    Proc r = train(dir, np, out, "--set optimizer.in_backward=true --set training.max_grad_norm=0 --set training.steps=8");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    curves[np] = metrics(out);
+    EXPECT_EQ(json::parse(read_text_file(out + "/memory.json"))["grad_bytes"].get<int64_t>(), 0);
+  }
+  for (int64_t step = 1; step <= 8; ++step)
+    EXPECT_LE(rel(curves[2][step]["loss"], curves[1][step]["loss"]), 1e-5) << "step " << step;
+}
