@@ -258,29 +258,33 @@ TEST(Dist, SigtermStopsAfterTheStepWithACheckpoint) {
   EXPECT_NE(resume.output.find("resumed from"), std::string::npos) << resume.output;
 }
 
+// Trains at np = 1 and 2 with `flags` and returns each run's output directory and losses.
+std::map<int, std::pair<std::string, std::map<int64_t, json>>> runs_at_one_and_two(const test::TempDir& dir,
+                                                                                  const std::string& flags) {
+  std::map<int, std::pair<std::string, std::map<int64_t, json>>> out;
+  for (int np : {1, 2}) {
+    const std::string run = dir / ("np" + std::to_string(np));
+    Proc r = train(dir, np, run, flags);
+    EXPECT_EQ(r.rc, 0) << r.output;
+    out[np] = {run, metrics(run)};
+  }
+  return out;
+}
+
 TEST(Dist, Bf16LossesMatchAcrossWorldSizes) {
   test::TempDir dir;
-  std::map<int, std::map<int64_t, json>> curves;
-  for (int np : {1, 2}) {
-    const std::string out = dir / ("np" + std::to_string(np));
-    Proc r = train(dir, np, out, "--set precision.mode=bf16 --set precision.stochastic_rounding=true --set training.steps=10");
-    ASSERT_EQ(r.rc, 0) << r.output;
-    curves[np] = metrics(out);
-  }
+  auto runs = runs_at_one_and_two(dir, "--set precision.mode=bf16 --set precision.stochastic_rounding=true --set training.steps=10");
+  ASSERT_EQ(runs[1].second.size(), 10u);
   for (int64_t step = 1; step <= 10; ++step)
-    EXPECT_LE(rel(curves[2][step]["loss"], curves[1][step]["loss"]), 1e-3) << "step " << step;
+    EXPECT_LE(rel(runs[2].second[step]["loss"], runs[1].second[step]["loss"]), 1e-3) << "step " << step;
 }
 
 TEST(Dist, OptimizerInBackwardMatchesAcrossWorldSizes) {
   test::TempDir dir;
-  std::map<int, std::map<int64_t, json>> curves;
-  for (int np : {1, 2}) {
-    const std::string out = dir / ("np" + std::to_string(np));
-    Proc r = train(dir, np, out, "--set optimizer.in_backward=true --set training.max_grad_norm=0 --set training.steps=8");
-    ASSERT_EQ(r.rc, 0) << r.output;
-    curves[np] = metrics(out);
-    EXPECT_EQ(json::parse(read_text_file(out + "/memory.json"))["grad_bytes"].get<int64_t>(), 0);
-  }
+  auto runs = runs_at_one_and_two(dir, "--set optimizer.in_backward=true --set training.max_grad_norm=0 --set training.steps=8");
+  ASSERT_EQ(runs[1].second.size(), 8u);
   for (int64_t step = 1; step <= 8; ++step)
-    EXPECT_LE(rel(curves[2][step]["loss"], curves[1][step]["loss"]), 1e-5) << "step " << step;
+    EXPECT_LE(rel(runs[2].second[step]["loss"], runs[1].second[step]["loss"]), 1e-5) << "step " << step;
+  for (const auto& [np, run] : runs)
+    EXPECT_EQ(json::parse(read_text_file(run.first + "/memory.json"))["grad_bytes"].get<int64_t>(), 0) << "np=" << np;
 }
