@@ -271,20 +271,24 @@ std::map<int, std::pair<std::string, std::map<int64_t, json>>> runs_at_one_and_t
   return out;
 }
 
+// Every one of `steps` losses at np=2 within `tolerance` (relative) of np=1's.
+void expect_same_curve(std::map<int, std::pair<std::string, std::map<int64_t, json>>>& runs, int64_t steps,
+                       double tolerance) {
+  ASSERT_EQ(runs[1].second.size(), static_cast<size_t>(steps));
+  for (int64_t step = 1; step <= steps; ++step)
+    EXPECT_LE(rel(runs[2].second[step]["loss"], runs[1].second[step]["loss"]), tolerance) << "step " << step;
+}
+
 TEST(Dist, Bf16LossesMatchAcrossWorldSizes) {
   test::TempDir dir;
   auto runs = runs_at_one_and_two(dir, "--set precision.mode=bf16 --set precision.stochastic_rounding=true --set training.steps=10");
-  ASSERT_EQ(runs[1].second.size(), 10u);
-  for (int64_t step = 1; step <= 10; ++step)
-    EXPECT_LE(rel(runs[2].second[step]["loss"], runs[1].second[step]["loss"]), 1e-3) << "step " << step;
+  expect_same_curve(runs, 10, 1e-3);
 }
 
 TEST(Dist, OptimizerInBackwardMatchesAcrossWorldSizes) {
   test::TempDir dir;
   auto runs = runs_at_one_and_two(dir, "--set optimizer.in_backward=true --set training.max_grad_norm=0 --set training.steps=8");
-  ASSERT_EQ(runs[1].second.size(), 8u);
-  for (int64_t step = 1; step <= 8; ++step)
-    EXPECT_LE(rel(runs[2].second[step]["loss"], runs[1].second[step]["loss"]), 1e-5) << "step " << step;
+  expect_same_curve(runs, 8, 1e-5);
   for (const auto& [np, run] : runs)
     EXPECT_EQ(json::parse(read_text_file(run.first + "/memory.json"))["grad_bytes"].get<int64_t>(), 0) << "np=" << np;
 }
