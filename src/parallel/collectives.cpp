@@ -52,23 +52,13 @@ MPI_Datatype mpi_type(at::ScalarType t) {
 }
 
 // Identity collectives for a single process: the same FSDP code path at world size 1.
+// Nothing crosses a wire, so no bytes are counted.
 class SelfCollectives final : public Collectives {
  public:
   std::string name() const override { return "self"; }
-  void all_gather(const at::Tensor& out, const at::Tensor& in) override {
-    stats.all_gather_bytes += out.nbytes();
-    ++stats.calls;
-    out.copy_(in);
-  }
-  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override {
-    stats.reduce_scatter_bytes += in.nbytes();
-    ++stats.calls;
-    out.copy_(in);
-  }
-  void all_reduce_sum(const at::Tensor& t) override {
-    stats.all_reduce_bytes += t.nbytes();
-    ++stats.calls;
-  }
+  void all_gather(const at::Tensor& out, const at::Tensor& in) override { out.copy_(in); }
+  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override { out.copy_(in); }
+  void all_reduce_sum(const at::Tensor&) override {}
   void broadcast(const at::Tensor&, int) override {}
   void barrier() override {}
 };

@@ -14,6 +14,7 @@ struct DistEnv;
 
 // Payload bytes per collective kind since the last reset: the size of the full (gathered /
 // pre-reduction) buffer, the usual "collective size" (a ring moves (ws-1)/ws of it per rank).
+// A single process without a launcher communicates nothing and counts 0.
 struct CommStats {
   int64_t all_gather_bytes = 0;
   int64_t reduce_scatter_bytes = 0;

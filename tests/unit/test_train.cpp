@@ -35,6 +35,14 @@ std::map<int64_t, double> losses(const std::string& metrics_path) {
   return out;
 }
 
+std::string last_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find("\"loss\"") != std::string::npos) last = line;
+  return last;
+}
+
 Config load(const std::string& path, std::vector<std::string> sets = {}) { return load_config(path, sets, Environment{}); }
 }  // namespace
 
@@ -48,6 +56,9 @@ TEST(Train, LossFallsOver200Steps) {
   EXPECT_NEAR(l[1], std::log(256.0), 0.3);  // a fresh model is close to uniform over bytes
   EXPECT_LT(l[200], 0.5 * l[1]) << "start " << l[1] << " end " << l[200];
   for (const char* f : {"metrics.jsonl", "memory.json", "config.resolved.toml"}) EXPECT_TRUE(fs::exists(dir / ("run/" + std::string(f))));
+  // One process communicates nothing.
+  for (const char* k : {"comm_all_gather_bytes", "comm_reduce_scatter_bytes", "comm_all_reduce_bytes"})
+    EXPECT_EQ(nlohmann::json::parse(last_line(dir / "run/metrics.jsonl"))[k].get<int64_t>(), 0) << k;
   // Measured state bytes (summed from the tensors) equal the `ptrain check` prediction.
   auto measured = nlohmann::json::parse(read_text_file(dir / "run/memory.json"));
   auto predicted = nlohmann::json::parse(predict_memory(c, 1).to_json());
