@@ -128,6 +128,7 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY("precision", "param_dtype", precision.param_dtype),
       PTRAIN_KEY("precision", "reduce_dtype", precision.reduce_dtype),
       PTRAIN_KEY("precision", "logits_dtype", precision.logits_dtype),
+      PTRAIN_KEY("precision", "allow_bf16_logits", precision.allow_bf16_logits),
       PTRAIN_KEY("precision", "rope_dtype", precision.rope_dtype),
       PTRAIN_KEY("precision", "stochastic_rounding", precision.stochastic_rounding),
       PTRAIN_KEY("parallel", "backend", parallel.backend),

@@ -59,7 +59,8 @@ struct Config {
     std::string mode = "fp32";      // fp32 | mixed | bf16
     std::string param_dtype;        // compute/all-gather dtype; "" = from mode
     std::string reduce_dtype;       // gradient reduction dtype; "" = from mode
-    std::string logits_dtype = "float32";
+    std::string logits_dtype = "float32";  // float32 | bfloat16 (with allow_bf16_logits)
+    bool allow_bf16_logits = false;         // explicit opt-in for bfloat16 logits
     std::string rope_dtype = "float32";
     bool stochastic_rounding = false;
   } precision;

@@ -197,7 +197,21 @@ const std::vector<Rule>& rules() {
                     ? "mode \"fp32\" reduces gradients in float32; remove reduce_dtype or use mode = \"mixed\"" : "";
        }},
       {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.logits_dtype == "float32" ? "" : "logits and loss are computed in float32; set logits_dtype = \"float32\"";
+         return is_dtype(c.precision.logits_dtype) ? "" : "'" + c.precision.logits_dtype + "' is not a dtype; use \"float32\" or \"bfloat16\"";
+       }},
+      {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.mode == "fp32" && c.precision.logits_dtype == "bfloat16"
+                    ? "mode \"fp32\" computes logits in float32; remove logits_dtype or use mode = \"mixed\" or \"bf16\"" : "";
+       }},
+      {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.mode != "fp32" && c.precision.logits_dtype == "bfloat16" && !c.precision.allow_bf16_logits
+                    ? "bfloat16 logits save at most one loss chunk (memory.loss_chunk_tokens) and round the loss; set "
+                      "logits_dtype = \"float32\", or opt in with precision.allow_bf16_logits = true"
+                    : "";
+       }},
+      {"precision.allow_bf16_logits", [](const Config& c, const Environment&) -> std::string {
+         return c.precision.allow_bf16_logits && c.precision.logits_dtype != "bfloat16"
+                    ? "only meaningful with logits_dtype = \"bfloat16\"; remove it" : "";
        }},
       {"precision.rope_dtype", [](const Config& c, const Environment&) -> std::string {
          return c.precision.rope_dtype == "float32" ? "" : "RoPE is computed in float32 in every mode; set rope_dtype = \"float32\"";

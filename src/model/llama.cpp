@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "model/gemm.h"
+
 namespace ptrain {
 
 namespace {
@@ -124,18 +126,18 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
   const int64_t B = x.size(0), T = x.size(1), hd = s.head_dim;
   const int64_t Q = s.q_dim(), KV = s.kv_dim();
 
-  auto qkv = at::linear(rms_norm(x, w.attn_norm, s.norm_eps), w.wqkv).split_with_sizes({Q, KV, KV}, -1);
+  auto qkv = gemm::linear(rms_norm(x, w.attn_norm, s.norm_eps), w.wqkv).split_with_sizes({Q, KV, KV}, -1);
   at::Tensor q = apply_rope(qkv[0].view({B, T, s.n_heads, hd}), rope).transpose(1, 2);
   at::Tensor k = apply_rope(qkv[1].view({B, T, s.n_kv_heads, hd}), rope).transpose(1, 2);
   at::Tensor v = qkv[2].view({B, T, s.n_kv_heads, hd}).transpose(1, 2);
   at::Tensor attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
                                                      /*enable_gqa=*/s.n_kv_heads != s.n_heads);
-  at::Tensor h = x + at::linear(attn.transpose(1, 2).reshape({B, T, Q}), w.wo);
+  at::Tensor h = x + gemm::linear(attn.transpose(1, 2).reshape({B, T, Q}), w.wo);
 
-  auto gate_up = at::linear(rms_norm(h, w.ffn_norm, s.norm_eps), w.w_gate_up).chunk(2, -1);
+  auto gate_up = gemm::linear(rms_norm(h, w.ffn_norm, s.norm_eps), w.w_gate_up).chunk(2, -1);
   at::Tensor act = at::silu(gate_up[0]) * gate_up[1];
-  return h + at::linear(act, w.w_down);
+  return h + gemm::linear(act, w.w_down);
 }
 
 }  // namespace ptrain

@@ -1,9 +1,10 @@
-// Cross-entropy over the output projection, computed in float32 one chunk of tokens at a
+// Cross-entropy over the output projection, computed one chunk of tokens at a
 // time so no [tokens x vocab] float32 tensor ever exists (only [chunk x vocab]). Gradients
 // for hidden and weight are produced chunk by chunk in the forward pass and scaled by the
 // incoming gradient in backward, so backward needs no recompute.
 #pragma once
 #include <ATen/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 
@@ -14,8 +15,11 @@ constexpr int64_t kIgnoreIndex = -100;
 // hidden [N, dim] and weight [vocab, dim] in the compute dtype; targets [N] int64 with
 // kIgnoreIndex for masked positions. Returns the mean loss over unmasked tokens (float32
 // scalar; 0 when every token is masked). chunk_tokens <= 0 picks a chunk of ~64 MiB of logits.
+// Logits are accumulated in float32 and held in `logits_dtype` (float32 unless the user opted
+// into bfloat16 logits); the loss is summed in float32 either way.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                const at::Tensor& targets, int64_t chunk_tokens = 0);
+                                const at::Tensor& targets, int64_t chunk_tokens = 0,
+                                c10::ScalarType logits_dtype = c10::kFloat);
 
 // Summed loss and number of unmasked tokens, without autograd (evaluation).
 struct LossSum {
@@ -23,7 +27,8 @@ struct LossSum {
   int64_t tokens = 0;
 };
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
-                                 const at::Tensor& targets, int64_t chunk_tokens = 0);
+                                 const at::Tensor& targets, int64_t chunk_tokens = 0,
+                                 c10::ScalarType logits_dtype = c10::kFloat);
 
 int64_t default_loss_chunk(int64_t vocab_size);
 

@@ -251,14 +251,14 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
 
 at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
   return forward(inputs, [&](const at::Tensor& h, const at::Tensor& out) {
-    return linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk);
+    return linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, policy_.logits_dtype);
   });
 }
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
   at::NoGradGuard no_grad;
   return forward(inputs, [&](const at::Tensor& h, const at::Tensor& out) {
-    return linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk);
+    return linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, policy_.logits_dtype);
   });
 }
 

@@ -14,6 +14,7 @@ PrecisionPolicy PrecisionPolicy::from_config(const Config& c) {
     if (name == "bfloat16") return c10::kBFloat16;
     return fallback;
   };
+  if (p.mode != "fp32") p.logits_dtype = dtype(c.precision.logits_dtype, c10::kFloat);
   if (p.mode == "mixed") {
     p.compute_dtype = dtype(c.precision.param_dtype, c10::kBFloat16);
     p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kFloat);

@@ -152,6 +152,10 @@ int train(const Config& c) {
             " threads/rank | global batch ", B, "x", T, " x", accum, " accum x", ws, " ranks = ", tokens_per_step,
             " tokens/step | ", sampler.windows_per_epoch(), " windows/epoch");
 
+  if (model->policy().logits_dtype != at::kFloat)
+    log::warn("precision.logits_dtype = \"bfloat16\": logits are rounded to bfloat16 before the loss; this saves at most "
+              "one loss chunk of memory and costs loss accuracy (float32 is the default)");
+
   auto run_eval = [&](int64_t step) {
     if (val_part.size() <= T) return;
     EvalResult e = evaluate(*model, data, val_part.begin, val_part.end, T, B, chunk, c.training.eval_batches * B);

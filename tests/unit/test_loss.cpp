@@ -68,3 +68,19 @@ TEST(ChunkedLoss, UniformLogitsGiveLogVocab) {
   at::Tensor t = at::randint(0, 32, {9}, at::kLong);
   EXPECT_NEAR(linear_cross_entropy(h, w, t, 4).item<double>(), std::log(32.0), 1e-6);
 }
+
+// bf16 hidden/weight: float32 logits are the exact products accumulated in float32 — equal to
+// the float64 reference of the same bf16 values to float32 accuracy; opting into bfloat16
+// logits rounds each logit (relative 2^-9), so its loss drifts measurably but stays close.
+TEST(ChunkedLoss, LogitsDtypeFloat32KeepsBf16InputsExact) {
+  at::manual_seed(5);
+  at::Tensor h = at::randn({64, 32}).to(at::kBFloat16), w = (at::randn({300, 32}) * 0.5).to(at::kBFloat16);
+  at::Tensor t = at::randint(0, 300, {64}, at::kLong);
+  const double ref = at::cross_entropy_loss(at::linear(h.to(at::kDouble), w.to(at::kDouble)), t, {}, at::Reduction::Mean,
+                                            kIgnoreIndex).item<double>();
+  const double fp32 = linear_cross_entropy(h, w, t, 16, at::kFloat).item<double>();
+  const double bf16 = linear_cross_entropy(h, w, t, 16, at::kBFloat16).item<double>();
+  EXPECT_NEAR(fp32, ref, 1e-5 * std::abs(ref));
+  EXPECT_GT(std::abs(bf16 - ref), 1e-5 * std::abs(ref));  // the rounding is visible ...
+  EXPECT_NEAR(bf16, ref, 2e-2 * std::abs(ref));           // ... and bounded
+}

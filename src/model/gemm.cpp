@@ -1,0 +1,27 @@
+#include "model/gemm.h"
+
+#include <ATen/ATen.h>
+
+namespace ptrain::gemm {
+
+namespace {
+bool widen_on_cpu(const at::Tensor& t) {
+  return t.device().is_cpu() && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf);
+}
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w) {
+  if (!widen_on_cpu(x) && !widen_on_cpu(w)) return at::linear(x, w);
+  // Autograd sees the casts: the incoming gradient is widened exactly, both input gradients
+  // are computed in float32 and rounded once to the operands' dtype, as a bf16 GEMM would.
+  return at::linear(x.to(at::kFloat), w.to(at::kFloat)).to(x.scalar_type());
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype) {
+  if (widen_on_cpu(a) || widen_on_cpu(b)) return at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(out_dtype);
+  if (a.scalar_type() == out_dtype) return at::mm(a, b);
+  if (a.is_cuda() && out_dtype == at::kFloat) return at::mm(a, b, out_dtype);  // cuBLAS: bf16 in, fp32 out
+  return at::mm(a.to(out_dtype), b.to(out_dtype));
+}
+
+}  // namespace ptrain::gemm

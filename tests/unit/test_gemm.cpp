@@ -1,0 +1,36 @@
+// CPU bf16 GEMMs run as float32 GEMMs of the (exactly widened) bf16 operands, rounded once:
+// the float64 product of the same bf16 values rounded to bf16 is the reference, and the
+// gradients flow in bf16 like any bf16 linear.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "model/gemm.h"
+
+using namespace ptrain;
+
+TEST(Gemm, CpuBf16LinearIsFloat32AccumulationRoundedOnce) {
+  at::manual_seed(3);
+  at::Tensor x = at::randn({2, 16, 96}).to(at::kBFloat16).requires_grad_();
+  at::Tensor w = at::randn({40, 96}).to(at::kBFloat16).requires_grad_();
+  at::Tensor y = gemm::linear(x, w);
+  ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+  at::Tensor ref = at::linear(x.detach().to(at::kDouble), w.detach().to(at::kDouble));
+  // One rounding of a float32-accurate value: within half a bf16 ulp (2^-9 relative) plus
+  // float32 accumulation error.
+  at::Tensor err = (y.detach().to(at::kDouble) - ref).abs();
+  EXPECT_TRUE(at::all(err <= ref.abs() * (1.0 / 256) + 1e-4).item<bool>()) << err.max().item<double>();
+
+  y.sum().backward();
+  ASSERT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  ASSERT_EQ(w.grad().scalar_type(), at::kBFloat16);
+  at::Tensor gx = at::ones({2, 16, 40}, at::kDouble).matmul(w.detach().to(at::kDouble));
+  EXPECT_TRUE(at::allclose(x.grad().to(at::kDouble), gx, 1.0 / 128, 1e-3));
+}
+
+TEST(Gemm, MmHonoursOutDtype) {
+  at::Tensor a = at::randn({8, 12}).to(at::kBFloat16), b = at::randn({12, 5}).to(at::kBFloat16);
+  at::Tensor f = gemm::mm(a, b, at::kFloat);
+  EXPECT_EQ(f.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::allclose(f, at::mm(a.to(at::kFloat), b.to(at::kFloat))));
+  EXPECT_EQ(gemm::mm(a, b, at::kBFloat16).scalar_type(), at::kBFloat16);
+}
