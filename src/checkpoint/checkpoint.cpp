@@ -24,7 +24,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;  // 2: units padded and sharded in multiples of kUnitAlign
 
 json shape_json(const LlamaShape& s) {
   return {{"dim", s.dim},           {"n_layers", s.n_layers},     {"n_heads", s.n_heads},
@@ -101,7 +101,7 @@ class ShardReader {
   ShardReader(std::string dir, std::string kind, int world_size)
       : dir_(std::move(dir)), kind_(std::move(kind)), files_(world_size) {}
   void copy(const std::string& key, int64_t numel, int64_t begin, const at::Tensor& dst) {
-    const int64_t ws = static_cast<int64_t>(files_.size()), S = (numel + ws - 1) / ws, end = begin + dst.numel();
+    const int64_t ws = static_cast<int64_t>(files_.size()), S = shard_numel(numel, ws), end = begin + dst.numel();
     for (int64_t k = begin / S; k < ws && k * S < end; ++k) {
       const int64_t a = std::max(begin, k * S), b = std::min({end, (k + 1) * S, numel});
       if (a >= b) continue;

@@ -6,7 +6,7 @@
 // and, written last by rank 0,
 //   meta.json    step, data position, optimizer steps, world size, model shape, unit sizes
 //   config.toml  the resolved config that wrote it
-// Rank r's slice of a unit is elements [r*S, r*S + S) of the flat buffer, S = ceil(numel/ws).
+// Rank r's slice of a unit is elements [r*S, r*S + S) of the flat buffer, S = shard_numel(numel, ws).
 // Every rank writes into one hidden temp directory; after a barrier rank 0 writes meta.json,
 // fsyncs and renames the directory to step_N in one atomic step. Only directories with
 // meta.json are ever picked up, so a crash mid-write never damages an earlier checkpoint.

@@ -1,10 +1,18 @@
 #include "model/layout.h"
 
 #include <cmath>
+#include <stdexcept>
 
 namespace ptrain {
 
 namespace {
+// Starts a tensor group: pads the unit to the next multiple of kUnitAlign first.
+void group(UnitLayout& u) {
+  u.numel = (u.numel + kUnitAlign - 1) / kUnitAlign * kUnitAlign;
+  if (!u.slots.empty() && u.slots.back().decay) u.decay_numel = u.numel;
+  u.group_begins.push_back(u.numel);
+}
+
 void add(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool decay, double std) {
   ParamSlot s;
   s.name = std::move(name);
@@ -25,7 +33,10 @@ std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
   UnitLayout embed;
   embed.name = "embed";
   embed.kind = UnitKind::embedding;
+  group(embed);
   add(embed, "model.embed_tokens.weight", {s.vocab_size, s.dim}, true, init_std);
+  group(embed);
+  embed.group_begins.pop_back();
   units.push_back(embed);
 
   const double out_std = init_std / std::sqrt(2.0 * static_cast<double>(s.n_layers));
@@ -35,25 +46,51 @@ std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
     b.kind = UnitKind::block;
     b.layer = i;
     const std::string p = "model.layers." + std::to_string(i) + ".";
+    group(b);
     add(b, p + "self_attn.q_proj.weight", {s.q_dim(), s.dim}, true, init_std);
     add(b, p + "self_attn.k_proj.weight", {s.kv_dim(), s.dim}, true, init_std);
     add(b, p + "self_attn.v_proj.weight", {s.kv_dim(), s.dim}, true, init_std);
+    group(b);
     add(b, p + "self_attn.o_proj.weight", {s.dim, s.q_dim()}, true, out_std);
+    group(b);
     add(b, p + "mlp.gate_proj.weight", {s.ffn_dim, s.dim}, true, init_std);
     add(b, p + "mlp.up_proj.weight", {s.ffn_dim, s.dim}, true, init_std);
+    group(b);
     add(b, p + "mlp.down_proj.weight", {s.dim, s.ffn_dim}, true, out_std);
+    group(b);
     add(b, p + "input_layernorm.weight", {s.dim}, false, 0.0);
+    group(b);
     add(b, p + "post_attention_layernorm.weight", {s.dim}, false, 0.0);
+    group(b);
+    b.group_begins.pop_back();  // the final call only pads
     units.push_back(b);
   }
 
   UnitLayout head;
   head.name = "head";
   head.kind = UnitKind::head;
-  if (!s.tie_embeddings) add(head, "lm_head.weight", {s.vocab_size, s.dim}, true, init_std);
+  if (!s.tie_embeddings) {
+    group(head);
+    add(head, "lm_head.weight", {s.vocab_size, s.dim}, true, init_std);
+  }
+  group(head);
   add(head, "model.norm.weight", {s.dim}, false, 0.0);
+  group(head);
+  head.group_begins.pop_back();
   units.push_back(head);
   return units;
+}
+
+int64_t UnitLayout::offset_of(const std::string& suffix) const {
+  for (const auto& s : slots)
+    if (s.name.size() >= suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return s.offset;
+  throw std::logic_error("unit " + name + " has no tensor " + suffix);
+}
+
+int64_t shard_numel(int64_t unit_numel, int64_t world_size) {
+  const int64_t per_rank = (unit_numel + world_size - 1) / world_size;
+  return (per_rank + kUnitAlign - 1) / kUnitAlign * kUnitAlign;
 }
 
 }  // namespace ptrain

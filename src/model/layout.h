@@ -3,6 +3,12 @@
 // Within a unit, decayed matrices come first and norm weights last, so the weight-decay
 // region is the prefix [0, decay_numel). q/k/v rows are adjacent (one fused QKV matmul) and
 // so are gate/up rows.
+//
+// Every tensor group — q/k/v, o, gate/up, down, each norm, the embedding, the output — starts
+// at a multiple of kUnitAlign elements (zero padding after a group whose size is not one; real
+// Llama shapes need none), and shards are multiples of kUnitAlign too. So every 256-element
+// block of a group lies on exactly one rank at every world size: what blockwise 8-bit
+// optimizer state needs to be sharded, checkpointed and resharded exactly.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,6 +17,8 @@
 #include "model/shape.h"
 
 namespace ptrain {
+
+constexpr int64_t kUnitAlign = 256;
 
 struct ParamSlot {
   std::string name;            // Hugging Face tensor name, e.g. model.layers.0.self_attn.q_proj.weight
@@ -29,8 +37,15 @@ struct UnitLayout {
   int64_t layer = -1;          // block index
   std::vector<ParamSlot> slots;
   int64_t numel = 0;
-  int64_t decay_numel = 0;     // decayed prefix length
+  int64_t decay_numel = 0;     // decayed prefix length (a multiple of kUnitAlign)
+  std::vector<int64_t> group_begins;  // offsets of the aligned tensor groups, ascending
+  // Offset of the slot whose name ends with `suffix` (e.g. "self_attn.q_proj.weight").
+  int64_t offset_of(const std::string& suffix) const;
 };
+
+// Elements of a unit each rank holds at `world_size`: ceil(numel / world_size) rounded up to
+// kUnitAlign. The last ranks' shards end in zero padding.
+int64_t shard_numel(int64_t unit_numel, int64_t world_size);
 
 // All units in forward order. `init_std` is the base std of matrix init (output projections
 // of each block get init_std / sqrt(2 * n_layers)).

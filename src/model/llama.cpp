@@ -22,17 +22,23 @@ class SplitFlat : public torch::autograd::Function<SplitFlat> {
     ctx->saved_data["numel"] = flat.numel();
     ctx->saved_data["offsets"] = offsets;
     torch::autograd::variable_list out;
+    std::vector<int64_t> numels;
     for (size_t i = 0; i < offsets.size(); ++i) {
       int64_t n = 1;
       for (int64_t d : shapes[i]) n *= d;
+      TORCH_CHECK(offsets[i] >= (i ? offsets[i - 1] + numels.back() : 0) && offsets[i] + n <= flat.numel(),
+                  "SplitFlat pieces must ascend without overlap inside the flat buffer");
+      numels.push_back(n);
       out.push_back(flat.narrow(0, offsets[i], n).view(shapes[i]));
     }
+    ctx->saved_data["numels"] = numels;
     return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto offsets = ctx->saved_data["offsets"].toIntVector();
+    const auto numels = ctx->saved_data["numels"].toIntVector();
     at::Tensor flat;
     for (const auto& g : grads)
       if (g.defined()) {
@@ -40,17 +46,17 @@ class SplitFlat : public torch::autograd::Function<SplitFlat> {
         break;
       }
     if (!flat.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    int64_t covered = 0;
+    int64_t end = 0;  // pieces ascend; the alignment padding between them gets zeros
     for (size_t i = 0; i < grads.size(); ++i) {
-      const int64_t n = i + 1 < offsets.size() ? offsets[i + 1] - offsets[i] : flat.numel() - offsets[i];
-      at::Tensor dst = flat.narrow(0, offsets[i], n);
+      if (offsets[i] > end) flat.narrow(0, end, offsets[i] - end).zero_();
+      at::Tensor dst = flat.narrow(0, offsets[i], numels[i]);
       if (grads[i].defined())
         dst.copy_(grads[i].reshape({-1}));
       else
         dst.zero_();
-      covered += n;
+      end = offsets[i] + numels[i];
     }
-    TORCH_CHECK(covered == flat.numel(), "SplitFlat pieces must tile the flat buffer");
+    if (end < flat.numel()) flat.narrow(0, end, flat.numel() - end).zero_();
     return {flat, at::Tensor(), at::Tensor()};
   }
 };
@@ -95,26 +101,24 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1).to(x.scalar_type());
 }
 
-BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const LlamaShape& s) {
+BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& s) {
   const int64_t D = s.dim, Q = s.q_dim(), KV = s.kv_dim(), F = s.ffn_dim;
-  // Same order as the block layout (model/layout.cpp): q,k,v | o | gate,up | down | norms.
+  // The block layout's groups (model/layout.cpp): q,k,v | o | gate,up | down | norms.
   const std::vector<std::vector<int64_t>> shapes{{Q + 2 * KV, D}, {D, Q}, {2 * F, D}, {D, F}, {D}, {D}};
-  std::vector<int64_t> offsets;
-  int64_t off = 0;
-  for (const auto& shape : shapes) {
-    offsets.push_back(off);
-    off += shape.size() == 2 ? shape[0] * shape[1] : shape[0];
-  }
-  TORCH_CHECK(off == flat.numel(), "block flat buffer has ", flat.numel(), " elements, layout needs ", off);
+  const std::vector<int64_t> offsets{layout.offset_of("self_attn.q_proj.weight"), layout.offset_of("self_attn.o_proj.weight"),
+                                     layout.offset_of("mlp.gate_proj.weight"),    layout.offset_of("mlp.down_proj.weight"),
+                                     layout.offset_of("input_layernorm.weight"),  layout.offset_of("post_attention_layernorm.weight")};
+  TORCH_CHECK(flat.numel() == layout.numel, "block flat buffer has ", flat.numel(), " elements, layout needs ", layout.numel);
   auto v = SplitFlat::apply(flat, offsets, shapes);
   return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
-HeadWeights HeadWeights::from_flat(const at::Tensor& flat, const at::Tensor& embed_flat, const LlamaShape& s) {
+HeadWeights HeadWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout, const at::Tensor& embed_flat,
+                                   const LlamaShape& s) {
   HeadWeights w;
-  const int64_t out = s.tie_embeddings ? 0 : s.vocab_size * s.dim;
-  w.output = s.tie_embeddings ? embedding_weight(embed_flat, s) : flat.narrow(0, 0, out).view({s.vocab_size, s.dim});
-  w.norm = flat.narrow(0, out, s.dim);
+  w.output = s.tie_embeddings ? embedding_weight(embed_flat, s)
+                              : flat.narrow(0, layout.offset_of("lm_head.weight"), s.vocab_size * s.dim).view({s.vocab_size, s.dim});
+  w.norm = flat.narrow(0, layout.offset_of("model.norm.weight"), s.dim);
   return w;
 }
 

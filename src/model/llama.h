@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/Tensor.h>
 
+#include "model/layout.h"
 #include "model/shape.h"
 
 namespace ptrain {
@@ -31,14 +32,14 @@ struct BlockWeights {
   at::Tensor w_down;     // [dim, ffn_dim]
   at::Tensor attn_norm;  // [dim]
   at::Tensor ffn_norm;   // [dim]
-  static BlockWeights from_flat(const at::Tensor& flat, const LlamaShape& shape);
+  static BlockWeights from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& shape);
 };
 
 // Views of the head unit's flat buffer; `output` is the embedding when tied.
 struct HeadWeights {
   at::Tensor norm;    // [dim]
   at::Tensor output;  // [vocab, dim]
-  static HeadWeights from_flat(const at::Tensor& flat, const at::Tensor& embed_flat,
+  static HeadWeights from_flat(const at::Tensor& flat, const UnitLayout& layout, const at::Tensor& embed_flat,
                                const LlamaShape& shape);
 };
 

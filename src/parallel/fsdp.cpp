@@ -83,7 +83,7 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     ctx->saved_data["unit"] = unit;
     ctx->save_for_backward({x});
     const auto& s = model->shape();
-    at::Tensor y = block_forward(BlockWeights::from_flat(model->fill(unit), s), x, model->rope(x.size(1)), s);
+    at::Tensor y = block_forward(BlockWeights::from_flat(model->fill(unit), model->units()[unit].layout, s), x, model->rope(x.size(1)), s);
     model->release(unit);
     return y;
   }
@@ -97,7 +97,7 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     at::Tensor y;
     {
       at::AutoGradMode grad_on(true);
-      y = block_forward(BlockWeights::from_flat(w, s), x, model->rope(x.size(1)), s);
+      y = block_forward(BlockWeights::from_flat(w, model->units()[unit].layout, s), x, model->rope(x.size(1)), s);
     }
     auto g = torch::autograd::grad({y}, {x, w}, {grads[0]});
     return {g[0], model->reduce_grad(unit, g[1]), at::Tensor(), at::Tensor()};
@@ -114,7 +114,7 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
   const int64_t ws = comm_->world_size(), rank = comm_->rank();
   for (auto& layout : llama_units(shape, init_std)) {
     FlatUnit u;
-    u.shard_numel = (layout.numel + ws - 1) / ws;
+    u.shard_numel = shard_numel(layout.numel, ws);
     u.shard_offset = rank * u.shard_numel;
     u.shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(policy.master_dtype).device(device));
     u.shard.set_requires_grad(true);
@@ -131,7 +131,7 @@ void FsdpModel::init_weights(uint64_t seed) {
     auto& u = units_[i];
     // The whole unit is drawn (one unit at a time) so every world size gets the same numbers.
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, i));
-    at::Tensor flat = at::empty({u.layout.numel}, at::kFloat);
+    at::Tensor flat = at::zeros({u.layout.numel}, at::kFloat);  // alignment padding stays 0
     for (const auto& slot : u.layout.slots) {
       at::Tensor part = flat.narrow(0, slot.offset, slot.numel);
       if (slot.init_std > 0)
@@ -233,13 +233,13 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
       x = CheckpointedBlock::apply(x, units_[i].shard, this, static_cast<int64_t>(i));
       continue;
     }
-    x = block_forward(BlockWeights::from_flat(gather(i), shape_), x, rp, shape_);
+    x = block_forward(BlockWeights::from_flat(gather(i), units_[i].layout, shape_), x, rp, shape_);
     if (!training || options_.reshard_after_forward) {
       release(i);
       if (training) x = RegatherBeforeBackward::apply(x, this, static_cast<int64_t>(i));
     }
   }
-  HeadWeights head = HeadWeights::from_flat(gather(head_unit), embed, shape_);
+  HeadWeights head = HeadWeights::from_flat(gather(head_unit), units_[head_unit].layout, embed, shape_);
   at::Tensor h = rms_norm(x, head.norm, shape_.norm_eps);
   auto result = run_head(h.reshape({-1, shape_.dim}), head.output);
   if (shape_.tie_embeddings) release(0);

@@ -1,6 +1,7 @@
 // FSDP units (ZeRO-3): each unit — the embedding, each transformer block, and the final
 // norm + output — is one flat parameter buffer of which every rank holds a contiguous shard
-// of ceil(numel / world_size) elements (zero-padded at the end), as the master copy.
+// of shard_numel(numel, world_size) elements — ceil(numel / world_size) rounded up to
+// kUnitAlign (model/layout.h), zero-padded at the end — as the master copy.
 //
 // Forward, per unit: all-gather the shards in the compute dtype (GatherUnit), run the model
 // piece on views of the gathered buffer, and — with parallel.reshard_after_forward — free the
@@ -31,7 +32,7 @@ class HfCheckpoint;
 
 struct FlatUnit {
   UnitLayout layout;
-  int64_t shard_numel = 0;   // ceil(layout.numel / world_size): every rank's shard length
+  int64_t shard_numel = 0;   // shard_numel(layout.numel, world_size): every rank's shard length
   int64_t shard_offset = 0;  // first element of this rank's shard in the unit
   at::Tensor shard;          // master parameters [shard_numel], leaf with requires_grad
   at::Tensor gathered;       // [shard_numel * world_size] compute-dtype buffer; storage freed when resharded

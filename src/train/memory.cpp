@@ -46,8 +46,8 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   const PrecisionPolicy policy = PrecisionPolicy::from_config(config);
   MemoryReport r;
   r.world_size = world_size;
-  // Every rank holds ceil(numel / world_size) elements of each unit (the last one zero-padded).
-  for (const auto& u : llama_units(config.model.shape, config.model.init_std)) r.num_params += (u.numel + world_size - 1) / world_size;
+  // Every rank holds shard_numel() elements of each unit (the last ones zero-padded).
+  for (const auto& u : llama_units(config.model.shape, config.model.init_std)) r.num_params += shard_numel(u.numel, world_size);
   const int64_t master = c10::elementSize(policy.master_dtype), optim = c10::elementSize(policy.optim_dtype);
   r.param_bytes = r.num_params * master;
   r.grad_bytes = config.optimizer.in_backward ? 0 : r.num_params * master;  // in-backward: never a full set

@@ -140,14 +140,15 @@ TEST(Dist, StateBytesPerRankMatchCheckPrediction) {
     ASSERT_EQ(check.rc, 0) << check.output;
     json predicted = json::parse(check.output.substr(check.output.find('{')));
     EXPECT_EQ(measured, predicted) << "np=" << np;
-    // Each rank holds ceil(numel/np) elements of every unit: the total divided by np, plus padding.
+    // Each rank holds shard_numel(numel, np) elements of every unit: the total divided by np,
+    // plus padding to a multiple of kUnitAlign.
     int64_t total = 0, padded = 0;
     LlamaShape shape = preset_shape("tiny").value();
     shape.dim = 64, shape.n_layers = 2, shape.n_heads = 4, shape.n_kv_heads = 2, shape.head_dim = 16, shape.ffn_dim = 160;
-    for (const auto& u : llama_units(shape, 0.02)) total += u.numel, padded += (u.numel + np - 1) / np;
+    for (const auto& u : llama_units(shape, 0.02)) total += u.numel, padded += shard_numel(u.numel, np);
     EXPECT_EQ(measured["num_params"].get<int64_t>(), padded);
     EXPECT_GE(padded * np, total);
-    EXPECT_LT(padded * np - total, static_cast<int64_t>(llama_units(shape, 0.02).size()) * np);
+    EXPECT_LT(padded * np - total, static_cast<int64_t>(llama_units(shape, 0.02).size()) * np * kUnitAlign);
     EXPECT_EQ(measured["total_state_bytes"].get<int64_t>(), padded * 16);
   }
 }
@@ -159,7 +160,7 @@ TEST(Dist, BytesCommunicatedPerStepMatchTheSchedule) {
   const int np = 2;
   int64_t all_units = 0, blocks = 0;
   for (const auto& u : llama_units(shape, 0.02)) {
-    const int64_t padded = (u.numel + np - 1) / np * np * 4;  // fp32 bytes of the gathered buffer
+    const int64_t padded = shard_numel(u.numel, np) * np * 4;  // fp32 bytes of the gathered buffer
     all_units += padded;
     if (u.kind == UnitKind::block) blocks += padded;
   }

@@ -142,3 +142,26 @@ TEST(Shape, PresetParameterCounts) {
   EXPECT_GE(tiny.total_params(), 10'000'000);
   EXPECT_LE(tiny.total_params(), 30'000'000);
 }
+
+// Tensor groups start at multiples of kUnitAlign and shards are multiples of it, so no
+// 256-element block of a group straddles two ranks; real Llama shapes need no padding.
+TEST(Layout, GroupsAndShardsAlignedPaddingOnlyWhereNeeded) {
+  LlamaShape odd = preset_shape("tiny").value();
+  odd.dim = 72, odd.n_heads = 4, odd.n_kv_heads = 2, odd.head_dim = 18, odd.ffn_dim = 100, odd.vocab_size = 300;
+  for (const auto& u : llama_units(odd, 0.02)) {
+    EXPECT_EQ(u.numel % kUnitAlign, 0) << u.name;
+    EXPECT_EQ(u.decay_numel % kUnitAlign, 0) << u.name;
+    for (int64_t b : u.group_begins) EXPECT_EQ(b % kUnitAlign, 0) << u.name;
+    for (int ws : {1, 2, 3, 5, 8}) EXPECT_EQ(shard_numel(u.numel, ws) % kUnitAlign, 0);
+    int64_t slots = 0;
+    for (const auto& s : u.slots) slots += s.numel;
+    EXPECT_GT(u.numel, slots) << u.name;  // this shape needs padding
+  }
+  int64_t slots = 0, numel = 0;
+  for (const auto& u : llama_units(preset_shape("llama3_8b").value(), 0.02)) {
+    numel += u.numel;
+    for (const auto& s : u.slots) slots += s.numel;
+  }
+  EXPECT_EQ(numel, slots);
+  EXPECT_EQ(numel, 8030261248);
+}
