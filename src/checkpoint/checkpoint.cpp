@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -13,7 +14,7 @@
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/log.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "parallel/collectives.h"
 #include "parallel/fsdp.h"
 
@@ -85,31 +86,36 @@ json read_meta(const std::string& dir) {
   }
 }
 
-// The unit an optimizer state key ("<unit>.exp_avg") belongs to.
-const FlatUnit& unit_of(const FsdpModel& model, const std::string& key) {
-  const std::string name = key.substr(0, key.rfind('.'));
-  for (const auto& u : model.units())
-    if (u.layout.name == name) return u;
-  throw RuntimeError("optimizer state '" + key + "' belongs to no model unit");
+int64_t identity(int64_t e) { return e; }
+
+// Entries of an optimizer state vector that cover this rank's owned elements of its unit.
+at::Tensor owned_state(const FsdpModel& model, const OptimState& s) {
+  const FlatUnit& u = model.units().at(s.target);
+  return s.tensor.narrow(0, 0, s.index(u.shard_offset + u.owned()) - s.index(u.shard_offset));
 }
 
 std::string shard_file(const std::string& kind, int rank) { return kind + ".rank" + std::to_string(rank) + ".safetensors"; }
 
-// Reads [begin, begin + n) of a unit's flat vector out of the rank files that hold it.
+// Reads part of a unit-wide vector out of the rank files that hold it: the entries covering
+// unit elements [begin, end), where `index` maps element offsets to vector positions (the
+// identity for parameters; see OptimState).
 class ShardReader {
  public:
   ShardReader(std::string dir, std::string kind, int world_size)
       : dir_(std::move(dir)), kind_(std::move(kind)), files_(world_size) {}
-  void copy(const std::string& key, int64_t numel, int64_t begin, const at::Tensor& dst) {
-    const int64_t ws = static_cast<int64_t>(files_.size()), S = shard_numel(numel, ws), end = begin + dst.numel();
-    for (int64_t k = begin / S; k < ws && k * S < end; ++k) {
-      const int64_t a = std::max(begin, k * S), b = std::min({end, (k + 1) * S, numel});
+  void copy(const std::string& key, int64_t numel, int64_t begin, int64_t end, const at::Tensor& dst,
+            const std::function<int64_t(int64_t)>& index = identity) {
+    const int64_t ws = static_cast<int64_t>(files_.size()), S = shard_numel(numel, ws);
+    const int64_t lo = index(begin), hi = index(end);
+    for (int64_t k = 0; k < ws; ++k) {
+      const int64_t k_lo = index(std::min(k * S, numel)), k_hi = index(std::min((k + 1) * S, numel));
+      const int64_t a = std::max(lo, k_lo), b = std::min(hi, k_hi);
       if (a >= b) continue;
       at::Tensor src = file(static_cast<int>(k)).tensor(key);
-      if (src.numel() != std::min(S, numel - k * S))
+      if (src.numel() != k_hi - k_lo)
         throw RuntimeError("checkpoint '" + dir_ + "': '" + key + "' in " + shard_file(kind_, static_cast<int>(k)) +
-                           " has " + std::to_string(src.numel()) + " elements, expected " + std::to_string(std::min(S, numel - k * S)));
-      dst.narrow(0, a - begin, b - a).copy_(src.narrow(0, a - k * S, b - a));
+                           " has " + std::to_string(src.numel()) + " elements, expected " + std::to_string(k_hi - k_lo));
+      dst.narrow(0, a - lo, b - a).copy_(src.narrow(0, a - k_lo, b - a));
     }
   }
 
@@ -124,7 +130,7 @@ class ShardReader {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& root, const FsdpModel& model, const AdamW& optim,
+std::string save_checkpoint(const std::string& root, const FsdpModel& model, const Optimizer& optim,
                             const TrainProgress& progress, int64_t keep, const std::string& config_toml) {
   Collectives& comm = model.comm();
   const int rank = comm.rank();
@@ -145,7 +151,7 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
     params.emplace_back(u.layout.name, u.shard.detach().narrow(0, 0, u.owned()));
     units.push_back({{"name", u.layout.name}, {"numel", u.layout.numel}});
   }
-  for (const auto& [key, t] : optim.state()) state.emplace_back(key, t.narrow(0, 0, unit_of(model, key).owned()));
+  for (const auto& s : optim.state()) state.emplace_back(s.key, owned_state(model, s));
   write_safetensors((tmp / shard_file("model", rank)).string(), params);
   write_safetensors((tmp / shard_file("optimizer", rank)).string(), state);
   write_safetensors((tmp / shard_file("rng", rank)).string(), {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
@@ -188,7 +194,7 @@ std::string latest_checkpoint(const std::string& root) {
   return all.empty() ? "" : all.back().string();
 }
 
-void load_checkpoint(const std::string& dir, FsdpModel& model, AdamW* optim, TrainProgress& progress) {
+void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim, TrainProgress& progress) {
   json meta = read_meta(dir);
   try {
     const LlamaShape saved = shape_from_json(meta.at("shape"));
@@ -204,13 +210,14 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, AdamW* optim, Tra
     at::NoGradGuard no_grad;
     for (auto& u : model.units()) {
       u.shard.detach().zero_();
-      params.copy(u.layout.name, u.layout.numel, u.shard_offset, u.shard.detach().narrow(0, 0, u.owned()));
+      params.copy(u.layout.name, u.layout.numel, u.shard_offset, u.shard_offset + u.owned(),
+                  u.shard.detach().narrow(0, 0, u.owned()));
     }
     if (optim) {
-      for (const auto& [key, t] : optim->state()) {
-        const FlatUnit& u = unit_of(model, key);
-        t.zero_();
-        state.copy(key, u.layout.numel, u.shard_offset, t.narrow(0, 0, u.owned()));
+      for (const auto& s : optim->state()) {
+        const FlatUnit& u = model.units().at(s.target);
+        s.tensor.zero_();
+        state.copy(s.key, u.layout.numel, u.shard_offset, u.shard_offset + u.owned(), owned_state(model, s), s.index);
       }
       optim->set_steps(meta.at("optimizer_steps").get<int64_t>());
     }
@@ -234,7 +241,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& layout : llama_units(shape, 0.02)) {
     at::Tensor flat = at::empty({layout.numel}, at::kFloat);
-    params.copy(layout.name, layout.numel, 0, flat);
+    params.copy(layout.name, layout.numel, 0, layout.numel, flat);
     for (const auto& slot : layout.slots) named.emplace_back(slot.name, flat.narrow(0, slot.offset, slot.numel).view(slot.shape));
   }
   fs::create_directories(out_dir);

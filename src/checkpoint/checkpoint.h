@@ -1,7 +1,8 @@
 // Sharded training checkpoints: <root>/step_N/ holding, for every rank r,
 //   model.rank<r>.safetensors      rank r's slice of each unit's flat master weights, keyed by
 //                                  unit name ("embed", "block.0", ..., "head"); padding omitted
-//   optimizer.rank<r>.safetensors  "<unit>.exp_avg", "<unit>.exp_avg_sq" slices
+//   optimizer.rank<r>.safetensors  the optimizer's state slices ("<unit>.exp_avg", ...; see
+//                                  OptimState for how non-elementwise state is sliced)
 //   rng.rank<r>.safetensors        LibTorch generator state
 // and, written last by rank 0,
 //   meta.json    step, data position, optimizer steps, world size, model shape, unit sizes
@@ -18,7 +19,7 @@
 namespace ptrain {
 
 class FsdpModel;
-class AdamW;
+class Optimizer;
 
 struct TrainProgress {
   int64_t step = 0;      // optimizer steps completed
@@ -27,7 +28,7 @@ struct TrainProgress {
 
 // Writes <root>/step_<progress.step> (collective: every rank calls it); keeps the newest
 // `keep` complete checkpoints. Returns the directory written.
-std::string save_checkpoint(const std::string& root, const FsdpModel& model, const AdamW& optim,
+std::string save_checkpoint(const std::string& root, const FsdpModel& model, const Optimizer& optim,
                             const TrainProgress& progress, int64_t keep, const std::string& config_toml);
 
 // Newest complete checkpoint under root ("" when none).
@@ -35,7 +36,7 @@ std::string latest_checkpoint(const std::string& root);
 
 // Restores model, optimizer, RNG and progress. Throws RuntimeError if the checkpoint is
 // incomplete, corrupt, or was written for a different model.
-void load_checkpoint(const std::string& dir, FsdpModel& model, AdamW* optim, TrainProgress& progress);
+void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim, TrainProgress& progress);
 
 // Writes an HF Llama directory (config.json + model.safetensors, float32) from a checkpoint.
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir);

@@ -142,9 +142,6 @@ const std::vector<Rule>& rules() {
                     ? "\"cuda\" requested but no CUDA GPU is visible; use \"cpu\" or \"auto\"" : "";
        }},
       {"optimizer.name", [](const Config& c, const Environment&) -> std::string { return one_of(c.optimizer.name, {"adamw", "adamw8bit"}); }},
-      {"optimizer.name", [](const Config& c, const Environment&) -> std::string {
-         return not_yet(c.optimizer.name == "adamw8bit", "adamw8bit", "use \"adamw\"");
-       }},
       {"optimizer.lr", [](const Config& c, const Environment&) -> std::string { return positive(c.optimizer.lr); }},
       {"optimizer.betas", [](const Config& c, const Environment&) -> std::string {
          const auto& b = c.optimizer.betas;

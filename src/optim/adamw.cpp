@@ -4,24 +4,31 @@
 
 #include <cmath>
 
+#include "optim/sr_bits.h"
 #include "optim/stochastic_round.h"
 
 
 namespace ptrain {
 
-AdamW::AdamW(std::vector<OptimTarget> targets, AdamWOptions options) : targets_(std::move(targets)), opt_(options) {
+AdamW::AdamW(std::vector<OptimTarget> targets, AdamWOptions options) : Optimizer(std::move(targets)), opt_(options) {
   for (const auto& t : targets_) {
     exp_avg_.push_back(at::zeros_like(t.param, at::MemoryFormat::Contiguous).detach());
     exp_avg_sq_.push_back(at::zeros_like(t.param, at::MemoryFormat::Contiguous).detach());
   }
 }
 
-void AdamW::step(double lr) {
+void Optimizer::step(double lr) {
   begin_step();
   std::vector<std::pair<size_t, at::Tensor>> ready;
   for (size_t i = 0; i < targets_.size(); ++i)
     if (targets_[i].param.grad().defined()) ready.emplace_back(i, targets_[i].param.grad());
   update(ready, lr);
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& s : state()) n += static_cast<int64_t>(s.tensor.nbytes());
+  return n;
 }
 
 void AdamW::update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
@@ -56,7 +63,7 @@ void AdamW::update(const std::vector<std::pair<size_t, at::Tensor>>& grads, doub
 void AdamW::update_stochastic(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, static_cast<double>(steps_)));
-  const uint64_t step_seed = opt_.seed ^ (0xA24BAED4963EE407ull * static_cast<uint64_t>(steps_));
+  const uint64_t step_seed = sr::step_seed(opt_.seed, steps_);
   for (const auto& [i, grad] : grads) {
     const auto& t = targets_[i];
     // The same update as torch AdamW, in float32 (the reference order of operations).
@@ -72,19 +79,14 @@ void AdamW::update_stochastic(const std::vector<std::pair<size_t, at::Tensor>>& 
   }
 }
 
-std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
+std::vector<OptimState> AdamW::state() const {
+  std::vector<OptimState> out;
+  auto elementwise = [](int64_t e) { return e; };
   for (size_t i = 0; i < targets_.size(); ++i) {
-    out.emplace_back(targets_[i].name + ".exp_avg", exp_avg_[i]);
-    out.emplace_back(targets_[i].name + ".exp_avg_sq", exp_avg_sq_[i]);
+    out.push_back({targets_[i].name + ".exp_avg", i, exp_avg_[i], elementwise});
+    out.push_back({targets_[i].name + ".exp_avg_sq", i, exp_avg_sq_[i], elementwise});
   }
   return out;
-}
-
-int64_t AdamW::state_bytes() const {
-  int64_t n = 0;
-  for (size_t i = 0; i < targets_.size(); ++i) n += exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes();
-  return n;
 }
 
 }  // namespace ptrain

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "optim/optimizer.h"
+
 namespace ptrain {
 
 struct AdamWOptions {
@@ -26,34 +28,18 @@ struct AdamWOptions {
   uint64_t seed = 0;
 };
 
-struct OptimTarget {
-  std::string name;         // unit name, used for checkpoint keys
-  at::Tensor param;         // 1-D leaf; its .grad() is read
-  int64_t decay_numel = 0;  // decayed prefix
-  uint64_t global_offset = 0;  // index of param[0] in a model-wide element numbering (SR bits)
-};
-
-class AdamW {
+class AdamW : public Optimizer {
  public:
   AdamW(std::vector<OptimTarget> targets, AdamWOptions options);
 
-  void step(double lr);  // begin_step() + update() of every target that has a .grad()
-  // Optimizer-in-backward: begin_step() once per step, then update() each target as soon as
-  // its gradient exists (target index, gradient); the gradient need not be stored in .grad().
-  void begin_step() { ++steps_; }
-  void update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr);
-  int64_t steps() const { return steps_; }
-  void set_steps(int64_t steps) { steps_ = steps; }
+  void update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) override;
   // exp_avg / exp_avg_sq per target, keyed "<name>.exp_avg" / "<name>.exp_avg_sq".
-  std::vector<std::pair<std::string, at::Tensor>> state() const;
-  int64_t state_bytes() const;
+  std::vector<OptimState> state() const override;
 
  private:
   void update_stochastic(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr);
-  std::vector<OptimTarget> targets_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   AdamWOptions opt_;
-  int64_t steps_ = 0;
 };
 
 }  // namespace ptrain

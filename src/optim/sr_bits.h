@@ -19,4 +19,9 @@ PTRAIN_HD uint16_t round_bits(uint32_t bits, uint64_t random) {
   return static_cast<uint16_t>((bits + r) >> 16);
 }
 
+// The random stream of one optimizer step: every step rounds with fresh, reproducible bits.
+PTRAIN_HD uint64_t step_seed(uint64_t seed, int64_t step) {
+  return seed ^ (0xA24BAED4963EE407ull * static_cast<uint64_t>(step));
+}
+
 }  // namespace ptrain::sr

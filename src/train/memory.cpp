@@ -6,7 +6,9 @@
 
 #include "config/config.h"
 #include "model/layout.h"
-#include "optim/adamw.h"
+#include "optim/adamw8bit.h"
+#include "optim/optimizer.h"
+#include "train/trainer.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
 
@@ -29,7 +31,7 @@ std::string MemoryReport::to_json() const {
   return j.dump(2);
 }
 
-MemoryReport measure_memory(const FsdpModel& model, const AdamW& optim) {
+MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim) {
   MemoryReport r;
   r.rank = model.comm().rank();
   r.world_size = model.comm().world_size();
@@ -52,6 +54,11 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   r.param_bytes = r.num_params * master;
   r.grad_bytes = config.optimizer.in_backward ? 0 : r.num_params * master;  // in-backward: never a full set
   r.optimizer_state_bytes = 2 * r.num_params * optim;
+  if (config.optimizer.name == "adamw8bit") {  // this rank's (rank 0's) blocks, as the optimizer lays them out
+    r.optimizer_state_bytes = 0;
+    for (const auto& u : llama_units(config.model.shape, config.model.init_std))
+      r.optimizer_state_bytes += Blocking::of(u, 0, shard_numel(u.numel, world_size), kMin8bitNumel).state_bytes();
+  }
   return r;
 }
 

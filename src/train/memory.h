@@ -11,7 +11,7 @@ namespace ptrain {
 
 struct Config;
 class FsdpModel;
-class AdamW;
+class Optimizer;
 
 struct MemoryReport {
   int rank = 0;
@@ -25,7 +25,7 @@ struct MemoryReport {
   std::string to_json() const;
 };
 
-MemoryReport measure_memory(const FsdpModel& model, const AdamW& optim);
+MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim);
 MemoryReport predict_memory(const Config& config, int world_size);
 
 struct PeakMemory {

@@ -19,6 +19,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "optim/adamw.h"
+#include "optim/adamw8bit.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "parallel/collectives.h"
@@ -82,6 +83,19 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   return model;
 }
 
+std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& model, std::vector<OptimTarget> targets) {
+  const auto& o = c.optimizer;
+  const bool sr = model.policy().stochastic_rounding;
+  const auto seed = static_cast<uint64_t>(c.run.seed);
+  if (o.name == "adamw8bit") {
+    std::vector<Blocking> blocking;
+    for (const auto& u : model.units()) blocking.push_back(Blocking::of(u.layout, u.shard_offset, u.shard_numel, kMin8bitNumel));
+    return std::make_unique<AdamW8bit>(std::move(targets), std::move(blocking),
+                                       AdamW8bitOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed, kMin8bitNumel});
+  }
+  return std::make_unique<AdamW>(std::move(targets), AdamWOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed});
+}
+
 EvalResult evaluate(FsdpModel& model, const TokenData& data, int64_t begin, int64_t end, int64_t seq_len, int64_t batch,
                     int64_t loss_chunk, int64_t max_windows) {
   const int64_t stride = seq_len + 1;
@@ -121,8 +135,8 @@ int train(const Config& c) {
     targets.push_back({u.layout.name, u.shard, std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel),
                        (static_cast<uint64_t>(i) << 40) + static_cast<uint64_t>(u.shard_offset)});
   }
-  AdamW optim(targets, {c.optimizer.betas[0], c.optimizer.betas[1], c.optimizer.eps, c.optimizer.weight_decay,
-                        model->policy().stochastic_rounding, static_cast<uint64_t>(c.run.seed)});
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(c, *model, std::move(targets));
+  Optimizer& optim = *optimizer;
   const LrSchedule schedule{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay,
                             c.lr_schedule.min_lr_ratio};
 

@@ -2,8 +2,10 @@
 #pragma once
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ptrain {
 
@@ -12,6 +14,11 @@ struct DistEnv;
 class Collectives;
 class FsdpModel;
 class TokenData;
+class Optimizer;
+struct OptimTarget;
+
+// Tensors under this many elements keep float32 moments with adamw8bit (bitsandbytes' default).
+constexpr int64_t kMin8bitNumel = 4096;
 
 // cuda:<local_rank> when training.device resolves to CUDA, else cpu.
 c10::Device resolve_device(const Config& config, const DistEnv& env);
@@ -23,6 +30,9 @@ std::shared_ptr<Collectives> connect(const Config& config, const DistEnv& env, c
 // model.hf_path is set, else the seeded init. (A checkpoint is loaded on top by the caller.)
 std::unique_ptr<FsdpModel> build_model(const Config& config, const c10::Device& device,
                                        std::shared_ptr<Collectives> comm);
+
+// optimizer.name's optimizer over the model's shards (targets[i] = unit i's shard).
+std::unique_ptr<Optimizer> make_optimizer(const Config& config, const FsdpModel& model, std::vector<OptimTarget> targets);
 
 // Runs training as configured on every rank; returns the process exit code (0, or 130 when
 // stopped by SIGINT/SIGTERM after writing a checkpoint).

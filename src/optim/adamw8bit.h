@@ -1,0 +1,70 @@
+// AdamW8bit: bitsandbytes' blockwise 8-bit AdamW on flat shards. Each 256-element block of a
+// shard keeps its first moment as uint8 codes of the signed dynamic map and its second as
+// codes of the unsigned map, each with a float32 absmax; every step dequantizes, updates in
+// float32 (torch AdamW order), takes a new absmax and requantizes to the nearest code (the
+// signed map holds 0, so a moment never changes sign). Tensor groups with fewer than
+// `min_8bit_numel` elements keep float32 moments, decided on the whole tensor, never on a
+// shard. Since groups and shards are aligned to 256 (model/layout.h), blocks never straddle
+// ranks: state is identical at every world size and reshards exactly through checkpoints.
+// ~2.03 bytes of state per parameter instead of 8.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/layout.h"
+#include "optim/optimizer.h"
+
+namespace ptrain {
+
+struct AdamW8bitOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool stochastic_rounding = false;  // bf16 parameters: round updates stochastically (as AdamW)
+  uint64_t seed = 0;
+  int64_t min_8bit_numel = 4096;     // bitsandbytes' min_8bit_size
+};
+
+// Which blocks of one shard keep float32 moments.
+struct Blocking {
+  int64_t n_blocks = 0;  // shard_numel / 256
+  // Unit-wide element offsets of every block with float32 moments, ascending (whole unit).
+  std::shared_ptr<const std::vector<int64_t>> fp32_starts;
+  std::vector<int32_t> slot;  // per shard block: -1 = 8-bit, else index among this shard's fp32 blocks
+  int64_t n_fp32 = 0;         // fp32 blocks in this shard
+
+  static Blocking of(const UnitLayout& layout, int64_t shard_offset, int64_t shard_numel, int64_t min_8bit_numel);
+  int64_t state_bytes() const;  // 2 x (codes + absmax + float32 moments)
+};
+
+class AdamW8bit : public Optimizer {
+ public:
+  // blocking[i] describes targets[i]'s shard (its param holds n_blocks * 256 elements).
+  AdamW8bit(std::vector<OptimTarget> targets, std::vector<Blocking> blocking, AdamW8bitOptions options);
+
+  void update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) override;
+  // Per target: "<name>.exp_avg.codes" / ".absmax" / ".fp32" and the same for exp_avg_sq.
+  std::vector<OptimState> state() const override;
+
+  // Float32 moments of target i as the update sees them (dequantized), for tests.
+  at::Tensor exp_avg(size_t i) const;
+  at::Tensor exp_avg_sq(size_t i) const;
+
+ private:
+  struct Moment {
+    at::Tensor codes, absmax, fp32;
+  };
+  at::Tensor dequantized(size_t i, const Moment& m, bool is_signed) const;
+  std::vector<Blocking> blocking_;
+  std::vector<at::Tensor> slot_;  // int32 [n_blocks] on the params' device
+  std::vector<Moment> m_, v_;
+  at::Tensor tables_;             // signed code, unsigned code, signed mids, unsigned mids (float32, 1022)
+  at::Tensor tables_device_;
+  AdamW8bitOptions opt_;
+};
+
+}  // namespace ptrain

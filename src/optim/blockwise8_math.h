@@ -1,0 +1,77 @@
+// The arithmetic of bitsandbytes-style blockwise 8-bit quantization and of one 8-bit AdamW
+// element update, shared by the CPU reference (optim/blockwise8.cpp, optim/adamw8bit.cpp)
+// and the CUDA kernel (kernels/adamw8bit.cu) so both produce the same bits. Header-only, no
+// LibTorch.
+//
+// Quantization semantics are those of bitsandbytes' reference PyTorch backend (and its CUDA
+// kernel): scale a block by the reciprocal of its absmax (clamped to 1e-38), clamp to [-1, 1],
+// and pick the code whose interval between float32 midpoints holds the value, a value equal
+// to a midpoint taking the lower code.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "common/hash.h"
+
+namespace ptrain::q8 {
+
+constexpr int kCodes = 256;
+constexpr int64_t kBlock = 256;       // elements per absmax block (8-bit optimizer state)
+constexpr float kMinAbsmax = 1e-38f;  // an all-zero block scales by 1/1e-38 (values stay 0)
+
+// Index of the code for x given the 255 ascending midpoints between the 256 ascending codes:
+// the number of midpoints strictly below x (NaN counts as above every midpoint).
+PTRAIN_HD int nearest_code(const float* midpoints, float x) {
+  int lo = 0, hi = kCodes - 1;  // answer in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (midpoints[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+PTRAIN_HD float clamp_unit(float x) { return x < -1.0f ? -1.0f : (x > 1.0f ? 1.0f : x); }
+
+PTRAIN_HD float inverse_scale(float absmax) { return 1.0f / (absmax > kMinAbsmax ? absmax : kMinAbsmax); }
+
+// One element of AdamW (torch order: decoupled decay, then the Adam step) in float32 from
+// dequantized moments. A non-finite gradient zeroes the element's moments and leaves its
+// parameter untouched (bitsandbytes' rule), so one bad value cannot poison a whole block.
+struct AdamScalars {
+  float beta1, beta2, eps, lr, decay_factor;  // decay_factor = 1 - lr * weight_decay (1 if none)
+  float step_size;                            // lr / (1 - beta1^t)
+  float bias_correction2_sqrt;                // sqrt(1 - beta2^t)
+};
+
+PTRAIN_HD bool finite(float x) {
+#if defined(__CUDA_ARCH__)
+  return isfinite(x);
+#else
+  return std::isfinite(x);
+#endif
+}
+
+PTRAIN_HD float square_root(float x) {
+#if defined(__CUDA_ARCH__)
+  return sqrtf(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+PTRAIN_HD void adam_element(const AdamScalars& s, bool decay, float g, float& p, float& m, float& v) {
+  if (!finite(g)) {
+    m = 0.0f;
+    v = 0.0f;
+    return;
+  }
+  m = m * s.beta1 + (1.0f - s.beta1) * g;
+  v = v * s.beta2 + (1.0f - s.beta2) * g * g;
+  if (decay) p *= s.decay_factor;
+  p -= s.step_size * (m / (square_root(v) / s.bias_correction2_sqrt + s.eps));
+}
+
+}  // namespace ptrain::q8
