@@ -55,9 +55,8 @@ b=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.bin" --json 2>/dev/n
 if [ -n "$a" ] && [ "$a" = "$b" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: eval text vs tokens: '$a' vs '$b'"; fi
 # compare: every mode trains from the same init; summary, CSV and plot are written.
 expect 2 "unknown mode 'fp8'" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,fp8
-expect 2 "adamw8bit, which is not implemented" -- "$bin" compare --config "$tmp/ok.toml" --modes bf16-adam8bit
-expect 0 "\| bf16-sr \|" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,mixed,bf16,bf16-sr --steps 3 --out "$tmp/cmp"
-for f in summary.md summary.csv loss.svg fp32/metrics.jsonl bf16-sr/metrics.jsonl; do
+expect 0 "\| bf16-adam8bit \|" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,mixed,bf16,bf16-sr,bf16-adam8bit --steps 3 --out "$tmp/cmp"
+for f in summary.md summary.csv loss.svg fp32/metrics.jsonl bf16-sr/metrics.jsonl bf16-adam8bit/metrics.jsonl; do
   if [ -s "$tmp/cmp/$f" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: compare did not write $f"; fi
 done
 if grep -q "<svg" "$tmp/cmp/loss.svg" && grep -q "^fp32,3,.*,0.00," "$tmp/cmp/summary.csv"; then pass=$((pass+1)); else

@@ -293,3 +293,32 @@ TEST(Dist, OptimizerInBackwardMatchesAcrossWorldSizes) {
   for (const auto& [np, run] : runs)
     EXPECT_EQ(json::parse(read_text_file(run.first + "/memory.json"))["grad_bytes"].get<int64_t>(), 0) << "np=" << np;
 }
+
+// AdamW8bit's blockwise state is the same at every world size: np=1 and np=2 give the same
+// losses, memory.json matches `ptrain check`, and a checkpoint written at np=2 resumes at np=1
+// and np=3 exactly (the 8-bit codes, absmax and float32 moments reshard).
+TEST(Dist, AdamW8bitShardsPredictsAndReshards) {
+  test::TempDir dir;
+  const std::string flags = "--set optimizer.name=adamw8bit --set training.steps=10";
+  auto runs = runs_at_one_and_two(dir, flags + " --set checkpoint.every_steps=5 --set checkpoint.keep=5");
+  expect_same_curve(runs, 10, 1e-5);
+  const std::string cfg = test::small_config(dir);
+  for (const auto& [np, run] : runs) {
+    Proc check = sh(bin() + " check --config " + cfg + " --set optimizer.name=adamw8bit --world-size " + std::to_string(np) +
+                    " --json");
+    ASSERT_EQ(check.rc, 0) << check.output;
+    EXPECT_EQ(json::parse(read_text_file(run.first + "/memory.json")), json::parse(check.output.substr(check.output.find('{'))))
+        << "np=" << np;
+  }
+  auto& straight = runs[2].second;
+  for (int np : {1, 3}) {
+    const std::string out = dir / ("resume_np" + std::to_string(np));
+    Proc r = train(dir, np, out, flags + " --set checkpoint.resume=" + runs[2].first + "/checkpoints/step_5");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    auto resumed = metrics(out);
+    for (int64_t step = 6; step <= 10; ++step) {
+      ASSERT_TRUE(resumed.count(step)) << step;
+      EXPECT_LE(rel(resumed[step]["loss"], straight[step]["loss"]), 1e-6) << "np=" << np << " step " << step;
+    }
+  }
+}

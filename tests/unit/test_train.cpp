@@ -245,3 +245,54 @@ TEST(Train, OptimizerInBackwardMatchesStepAfterBackward) {
   EXPECT_EQ(measured["grad_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(in_bwd, 1).to_json()));
 }
+
+// Persistent state per parameter before dividing by the world size, measured from the tensors
+// (memory.json) and predicted from the config (`ptrain check`): fp32 16, mixed 16, bf16 8,
+// bf16 + adamw8bit 2 + 2 + 2 x (1 + 4/256) = 6.03 plus float32 moments of the tensors under
+// 4096 elements (this small model's 64-element norms: 1 block of 256 each).
+TEST(Precision, StateBytesPerParameterPerMode) {
+  const std::vector<std::pair<std::vector<std::string>, double>> modes{
+      {{"precision.mode=fp32"}, 16.0},
+      {{"precision.mode=mixed"}, 16.0},
+      {{"precision.mode=bf16"}, 8.0},
+      {{"precision.mode=bf16", "optimizer.name=adamw8bit", "precision.stochastic_rounding=true"}, 6.03125}};
+  for (const auto& [sets, expected] : modes) {
+    test::TempDir dir;
+    std::vector<std::string> s = sets;
+    s.insert(s.end(), {"training.steps=1", "checkpoint.save_final=false"});
+    Config c = load(test::small_config(dir), s);
+    ASSERT_EQ(train(c), 0);
+    auto measured = nlohmann::json::parse(read_text_file(dir / "run/memory.json"));
+    EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(c, 1).to_json())) << sets[0];
+    const double per_param = measured["state_bytes_per_param"].get<double>();
+    if (expected != 6.03125) {
+      EXPECT_EQ(per_param, expected) << sets[0];
+      continue;
+    }
+    // float32 moments for 5 norm groups (2 per block, final norm): 5 blocks x 256 x 8 bytes,
+    // less the 8-bit codes and absmax those blocks also carry.
+    const int64_t n = measured["num_params"];
+    EXPECT_NEAR(per_param, expected + 5.0 * 256 * 8 / static_cast<double>(n), 1e-12);
+  }
+}
+
+// bf16 + stochastic rounding + adamw8bit resumes bit-exactly: codes, absmax, float32 moments,
+// bf16 parameters and the rounding stream all continue where they stopped.
+TEST(Train, AdamW8bitBf16ResumeIsBitExact) {
+  test::TempDir dir;
+  const std::string cfg = test::small_config(dir, "[checkpoint]\nevery_steps = 5\nkeep = 5\n");
+  const std::vector<std::string> mode{"precision.mode=bf16", "precision.stochastic_rounding=true",
+                                      "optimizer.name=adamw8bit", "training.steps=10"};
+  ASSERT_EQ(train(load(cfg, mode)), 0);
+  const std::string straight = dir / "run";
+  std::vector<std::string> resumed = mode;
+  resumed.insert(resumed.end(), {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + straight + "/checkpoints/step_5"});
+  ASSERT_EQ(train(load(cfg, resumed)), 0);
+  auto a = losses(straight + "/metrics.jsonl"), b = losses(dir / "resumed/metrics.jsonl");
+  for (int64_t step = 6; step <= 10; ++step) EXPECT_EQ(a[step], b[step]) << "loss differs at step " << step;
+  for (const std::string kind : {"model", "optimizer"}) {
+    SafetensorsFile x(straight + "/checkpoints/step_10/" + kind + ".rank0.safetensors");
+    SafetensorsFile y(dir / "resumed/checkpoints/step_10/" + kind + ".rank0.safetensors");
+    for (const auto& e : x.entries()) EXPECT_TRUE(at::equal(x.tensor(e.name), y.tensor(e.name))) << e.name;
+  }
+}
