@@ -116,3 +116,27 @@ TEST(Config, EveryKeyIsDocumentedInDocsConfig) {
   std::string doc((std::istreambuf_iterator<char>(in)), {});
   for (const auto& key : known_keys()) EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key << " undocumented";
 }
+
+// The other side of the validation matrix: the combinations the precision rules allow load
+// without a problem.
+TEST(Config, ValidPrecisionCombinationsPass) {
+  test::TempDir dir;
+  const std::string cfg = test::small_config(dir);
+  const std::vector<std::vector<std::string>> valid{
+      {"precision.mode=fp32", "precision.param_dtype=float32", "precision.reduce_dtype=float32"},
+      {"precision.mode=mixed", "precision.param_dtype=bfloat16", "precision.reduce_dtype=bfloat16"},
+      {"precision.mode=mixed", "precision.logits_dtype=bfloat16", "precision.allow_bf16_logits=true"},
+      {"precision.mode=bf16", "precision.stochastic_rounding=true", "precision.reduce_dtype=float32"},
+      {"precision.mode=bf16", "precision.logits_dtype=bfloat16", "precision.allow_bf16_logits=true"},
+      {"precision.mode=bf16", "optimizer.name=adamw8bit", "precision.stochastic_rounding=true"},
+      {"precision.mode=mixed", "optimizer.name=adamw8bit"},
+      {"optimizer.in_backward=true", "training.max_grad_norm=0", "training.grad_accum_steps=1"},
+  };
+  for (const auto& sets : valid) {
+    try {
+      load_config(cfg, sets, Environment{});
+    } catch (const ConfigError& e) {
+      ADD_FAILURE() << sets[0] << " ...: " << e.what();
+    }
+  }
+}

@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "parallel/fsdp.h"
 #include "test_util.h"
 #include "train/memory.h"
@@ -206,6 +207,15 @@ TEST(Precision, Bf16ModeDtypesAndStateBytes) {
   EXPECT_EQ(loss.scalar_type(), at::kFloat);                          // loss
   loss.backward();
   EXPECT_EQ(m->units()[1].shard.grad().scalar_type(), at::kBFloat16); // grads
+  std::vector<OptimTarget> targets;
+  for (auto& u : m->units()) targets.push_back({u.layout.name, u.shard, 0, 0});
+  for (const auto& s : make_optimizer(c, *m, targets)->state())
+    EXPECT_EQ(s.tensor.scalar_type(), at::kBFloat16) << s.key;        // optimizer moments
+  Config c8 = load(test::small_config(dir), {"precision.mode=bf16", "optimizer.name=adamw8bit"});
+  for (const auto& s : make_optimizer(c8, *m, targets)->state()) {    // 8-bit: codes, absmax, fp32 moments
+    const bool codes = s.key.size() > 6 && s.key.compare(s.key.size() - 6, 6, ".codes") == 0;
+    EXPECT_EQ(s.tensor.scalar_type(), codes ? at::kByte : at::kFloat) << s.key;
+  }
   ASSERT_EQ(train(c), 0);
   auto measured = nlohmann::json::parse(read_text_file(dir / "run/memory.json"));
   EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(c, 1).to_json()));
