@@ -67,7 +67,7 @@ struct Config {
   struct Parallel {
     std::string backend = "auto";       // auto | nccl | mpi | gloo
     bool reshard_after_forward = true;  // ZeRO-3 (true) or keep gathered for backward
-    bool prefetch = false;              // gather the next unit ahead of time (not implemented yet)
+    bool prefetch = true;               // gather the next unit ahead of time (overlaps compute)
     double timeout_s = 600.0;           // collective timeout before a rank is declared dead
   } parallel;
   struct Memory {

@@ -225,9 +225,6 @@ const std::vector<Rule>& rules() {
          const bool cpu = c.training.device == "cpu" || (c.training.device == "auto" && !env.cuda_available);
          return c.parallel.backend == "nccl" && cpu ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\"" : "";
        }},
-      {"parallel.prefetch", [](const Config& c, const Environment&) -> std::string {
-         return not_yet(c.parallel.prefetch, "overlapping the next unit's all-gather with compute", "set it to false");
-       }},
       {"parallel.timeout_s", [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
       {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
          return one_of(c.memory.activation_checkpointing, {"none", "full"});

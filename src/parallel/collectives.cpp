@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 
 #include "common/error.h"
@@ -14,6 +15,11 @@
 namespace ptrain {
 
 namespace {
+
+// A collective that completed when it was issued.
+struct Done final : PendingCollective {
+  void wait() override {}
+};
 
 #define PTRAIN_MPI_CHECK(call)                                                                  \
   do {                                                                                          \
@@ -56,8 +62,14 @@ MPI_Datatype mpi_type(at::ScalarType t) {
 class SelfCollectives final : public Collectives {
  public:
   std::string name() const override { return "self"; }
-  void all_gather(const at::Tensor& out, const at::Tensor& in) override { out.copy_(in); }
-  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override { out.copy_(in); }
+  std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& out, const at::Tensor& in) override {
+    out.copy_(in);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) override {
+    out.copy_(in);
+    return std::make_unique<Done>();
+  }
   void all_reduce_sum(const at::Tensor&) override {}
   void broadcast(const at::Tensor&, int) override {}
   void barrier() override {}
@@ -79,33 +91,37 @@ class MpiCollectives final : public Collectives {
   }
   std::string name() const override { return "mpi"; }
 
-  void all_gather(const at::Tensor& out, const at::Tensor& in) override {
+  std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& out, const at::Tensor& in) override {
     check_cpu(out, in, "all_gather");
     TORCH_CHECK(out.numel() == in.numel() * world_size_ && out.scalar_type() == in.scalar_type(), "all_gather sizes");
-    at::Tensor src = in.contiguous();
-    MPI_Request req;
-    PTRAIN_MPI_CHECK(MPI_Iallgather(src.data_ptr(), static_cast<int>(src.nbytes()), MPI_BYTE, out.data_ptr(),
-                                    static_cast<int>(src.nbytes()), MPI_BYTE, MPI_COMM_WORLD, &req));
-    wait(req, "all_gather");
+    auto p = std::make_unique<Request>(this, "all_gather");
+    p->keep = {in.contiguous(), out};
+    PTRAIN_MPI_CHECK(MPI_Iallgather(p->keep[0].data_ptr(), static_cast<int>(p->keep[0].nbytes()), MPI_BYTE, out.data_ptr(),
+                                    static_cast<int>(p->keep[0].nbytes()), MPI_BYTE, MPI_COMM_WORLD, &p->req));
     stats.all_gather_bytes += out.nbytes();
     ++stats.calls;
+    return p;
   }
 
   // MPI has no bfloat16 sum: bf16 gradients travel and are summed as float32.
-  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override {
+  std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) override {
     check_cpu(out, in, "reduce_scatter");
     TORCH_CHECK(in.numel() == out.numel() * world_size_ && out.scalar_type() == in.scalar_type(), "reduce_scatter sizes");
     const bool widen = in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf;
     at::Tensor src = widen ? in.to(at::kFloat).contiguous() : in.contiguous();
     at::Tensor dst = widen ? at::empty(out.sizes(), out.options().dtype(at::kFloat)) : out;
-    MPI_Request req;
+    auto p = std::make_unique<Request>(this, "reduce_scatter");
+    p->keep = {src, dst, out};
+    const int ws = world_size_;
+    p->finish = [dst, out, widen, ws] {
+      dst.div_(ws);
+      if (widen) out.copy_(dst);
+    };
     PTRAIN_MPI_CHECK(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), static_cast<int>(dst.numel()),
-                                               mpi_type(dst.scalar_type()), MPI_SUM, MPI_COMM_WORLD, &req));
-    wait(req, "reduce_scatter");
-    dst.div_(world_size_);
-    if (widen) out.copy_(dst);
+                                               mpi_type(dst.scalar_type()), MPI_SUM, MPI_COMM_WORLD, &p->req));
     stats.reduce_scatter_bytes += src.nbytes();
     ++stats.calls;
+    return p;
   }
 
   void all_reduce_sum(const at::Tensor& t) override {
@@ -137,6 +153,28 @@ class MpiCollectives final : public Collectives {
   static void check_cpu(const at::Tensor& a, const at::Tensor& b, const char* op) {
     TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "MPI ", op, " needs CPU tensors (use the nccl backend on GPUs)");
   }
+
+  // An MPI request in flight with the buffers it reads and writes.
+  struct Request final : PendingCollective {
+    Request(MpiCollectives* owner, const char* op) : owner(owner), op(op) {}
+    ~Request() override {  // never free buffers MPI may still touch
+      try {
+        wait();
+      } catch (...) {  // only while another error unwinds; that one is reported
+      }
+    }
+    void wait() override {
+      if (req == MPI_REQUEST_NULL) return;
+      owner->wait(req, op);
+      req = MPI_REQUEST_NULL;
+      if (finish) finish();
+    }
+    MpiCollectives* owner;
+    const char* op;
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::vector<at::Tensor> keep;
+    std::function<void()> finish;
+  };
 
   void wait(MPI_Request& req, const char* op) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);

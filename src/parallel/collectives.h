@@ -23,6 +23,15 @@ struct CommStats {
   void reset() { *this = CommStats{}; }
 };
 
+// A collective in flight. wait() completes it: on the CPU the result is in place when it
+// returns; with NCCL the current CUDA stream waits on the collective's stream (an event), so
+// the host never blocks and later kernels see the result. Holds its buffers until then.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -32,9 +41,11 @@ class Collectives {
 
   // out has world_size * in.numel() elements of in's dtype; rank r's `in` lands at
   // out[r*n, (r+1)*n).
-  virtual void all_gather(const at::Tensor& out, const at::Tensor& in) = 0;
+  virtual std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& out, const at::Tensor& in) = 0;
   // in has world_size * out.numel() elements; out = mean over ranks of their in[rank*n, ...).
-  virtual void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) = 0;
+  virtual std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) = 0;
+  void all_gather(const at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in)->wait(); }
+  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) { reduce_scatter_mean_async(out, in)->wait(); }
   virtual void all_reduce_sum(const at::Tensor& t) = 0;
   virtual void broadcast(const at::Tensor& t, int root) = 0;
   virtual void barrier() = 0;

@@ -83,7 +83,9 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     ctx->saved_data["unit"] = unit;
     ctx->save_for_backward({x});
     const auto& s = model->shape();
-    at::Tensor y = block_forward(BlockWeights::from_flat(model->fill(unit), model->units()[unit].layout, s), x, model->rope(x.size(1)), s);
+    at::Tensor w = model->fill(unit);
+    model->prefetch(unit + 1);
+    at::Tensor y = block_forward(BlockWeights::from_flat(w, model->units()[unit].layout, s), x, model->rope(x.size(1)), s);
     model->release(unit);
     return y;
   }
@@ -94,6 +96,7 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     const auto& s = model->shape();
     at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     at::Tensor w = model->fill(unit).detach().requires_grad_(true);
+    if (unit > 1) model->prefetch(unit - 1);  // the previous block's backward comes next
     at::Tensor y;
     {
       at::AutoGradMode grad_on(true);
@@ -123,6 +126,7 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
     u.layout = std::move(layout);
     units_.push_back(std::move(u));
   }
+  gathering_.resize(units_.size());
 }
 
 void FsdpModel::init_weights(uint64_t seed) {
@@ -163,24 +167,53 @@ void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
 
 at::Tensor FsdpModel::gather(size_t unit) { return GatherUnit::apply(units_[unit].shard, this, static_cast<int64_t>(unit)); }
 
-void FsdpModel::release(size_t unit) { free_storage(units_[unit].gathered); }
+void FsdpModel::release(size_t unit) {
+  if (gathering_[unit]) {  // never free a buffer a collective is still writing
+    gathering_[unit]->wait();
+    gathering_[unit].reset();
+  }
+  free_storage(units_[unit].gathered);
+}
 
 at::Tensor FsdpModel::fill(size_t unit) {
   FlatUnit& u = units_[unit];
   // One rank, same dtype: the shard is the whole unit already; use it in place (no copy,
   // nothing to free afterwards).
   if (aliases_shard()) return u.shard.detach();
-  if (storage_freed(u.gathered)) alloc_storage(u.gathered);
+  if (gathering_[unit]) {  // prefetched: complete it
+    gathering_[unit]->wait();
+    gathering_[unit].reset();
+    return u.gathered.narrow(0, 0, u.layout.numel);
+  }
+  if (storage_freed(u.gathered)) allocate_gathered(unit);
   at::NoGradGuard no_grad;
   comm_->all_gather(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
   return u.gathered.narrow(0, 0, u.layout.numel);
 }
 
+void FsdpModel::allocate_gathered(size_t unit) {
+  alloc_storage(units_[unit].gathered);
+  int64_t alive = 0;
+  for (const auto& u : units_) alive += storage_freed(u.gathered) ? 0 : 1;
+  peak_gathered_ = std::max(peak_gathered_, alive);
+}
+
+void FsdpModel::prefetch(size_t unit) {
+  if (!options_.prefetch || aliases_shard() || unit >= units_.size() || gathering_[unit]) return;
+  FlatUnit& u = units_[unit];
+  if (!storage_freed(u.gathered)) return;  // still gathered (reshard_after_forward = false)
+  allocate_gathered(unit);
+  at::NoGradGuard no_grad;
+  gathering_[unit] = comm_->all_gather_async(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
+}
+
 at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   FlatUnit& u = units_[unit];
+  finish_backward();  // the previous unit's reduce-scatter overlapped this unit's backward
   if (comm_->world_size() == 1) {  // the mean over one rank is the gradient itself
     release(unit);
-    return hand_over(unit, grad.to(policy_.master_dtype).reshape({u.shard_numel}));
+    deliver(unit, grad.to(policy_.master_dtype).reshape({u.shard_numel}));
+    return at::Tensor();
   }
   const auto reduce = policy_.reduce_dtype;
   const int64_t total = u.shard_numel * comm_->world_size();
@@ -192,24 +225,40 @@ at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
     padded.narrow(0, 0, u.layout.numel).copy_(grad);
     padded.narrow(0, u.layout.numel, total - u.layout.numel).zero_();
   }
-  at::Tensor shard_grad = at::empty({u.shard_numel}, padded.options());
-  comm_->reduce_scatter_mean(shard_grad, padded);
+  auto pending = std::make_unique<PendingReduce>();
+  pending->unit = unit;
+  pending->input = padded;
+  pending->shard_grad = at::empty({u.shard_numel}, padded.options());
+  pending->op = comm_->reduce_scatter_mean_async(pending->shard_grad, padded);
+  reducing_ = std::move(pending);
   release(unit);  // this unit's backward is done: its gathered weights are not needed
-  return hand_over(unit, shard_grad.to(policy_.master_dtype));
+  if (unit == 0) finish_backward();  // the embedding's gradient is the last of a backward pass
+  return at::Tensor();
 }
 
-at::Tensor FsdpModel::hand_over(size_t unit, const at::Tensor& shard_grad) {
-  if (!on_grad_ready) return shard_grad;
-  on_grad_ready(unit, shard_grad);
-  return at::Tensor();  // nothing accumulates into .grad(): the gradient is already used and freed
+void FsdpModel::finish_backward() {
+  if (!reducing_) return;
+  std::unique_ptr<PendingReduce> r = std::move(reducing_);
+  r->op->wait();
+  deliver(r->unit, r->shard_grad.to(policy_.master_dtype));
+}
+
+void FsdpModel::deliver(size_t unit, const at::Tensor& shard_grad) {
+  if (on_grad_ready) return on_grad_ready(unit, shard_grad);  // used and dropped: nothing is stored
+  at::Tensor& g = units_[unit].shard.mutable_grad();
+  if (g.defined())
+    g.add_(shard_grad);  // gradient accumulation over micro-batches
+  else
+    g = shard_grad.scalar_type() == units_[unit].shard.scalar_type() && shard_grad.is_contiguous() ? shard_grad
+                                                                                                  : shard_grad.contiguous();
 }
 
 void FsdpModel::regather(size_t unit) {
-  if (!storage_freed(units_[unit].gathered)) return;
   // Refill without bumping the version counter: autograd saved views of this buffer in
   // forward and checks that nobody modified them in between; the values are identical.
   at::AutoDispatchBelowADInplaceOrView guard;
-  fill(unit);
+  if (storage_freed(units_[unit].gathered) || gathering_[unit]) fill(unit);
+  if (unit > 1) prefetch(unit - 1);  // the previous block's backward comes next
 }
 
 const RopeTables& FsdpModel::rope(int64_t seq_len) {
@@ -226,6 +275,7 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
   const size_t head_unit = units_.size() - 1;
   const auto& rp = rope(inputs.size(1));
   at::Tensor embed = gather(0);
+  prefetch(1);
   at::Tensor x = at::embedding(embedding_weight(embed, shape_), inputs);
   if (!shape_.tie_embeddings) release(0);  // embedding backward needs no weights
   for (size_t i = 1; i < head_unit; ++i) {
@@ -233,7 +283,9 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
       x = CheckpointedBlock::apply(x, units_[i].shard, this, static_cast<int64_t>(i));
       continue;
     }
-    x = block_forward(BlockWeights::from_flat(gather(i), units_[i].layout, shape_), x, rp, shape_);
+    at::Tensor w = gather(i);
+    prefetch(i + 1);  // gathers while this block computes
+    x = block_forward(BlockWeights::from_flat(w, units_[i].layout, shape_), x, rp, shape_);
     if (!training || options_.reshard_after_forward) {
       release(i);
       if (training) x = RegatherBeforeBackward::apply(x, this, static_cast<int64_t>(i));

@@ -45,6 +45,11 @@ struct FsdpOptions {
   // memory.activation_checkpointing = "full": each block keeps only its input; backward
   // re-gathers, recomputes the block and differentiates it (implies resharding the block).
   bool activation_checkpointing = false;
+  // parallel.prefetch: issue the next unit's all-gather before computing the current one
+  // (forward: unit i+1 while block i runs; backward: block i-1 while block i's backward runs),
+  // so at most two gathered units are alive. Reduce-scatters are always asynchronous: unit i's
+  // is completed when unit i-1's is issued (the embedding's, last, completes at once).
+  bool prefetch = true;
 };
 
 class FsdpModel {
@@ -82,8 +87,10 @@ class FsdpModel {
   void regather(size_t unit);  // refills freed storage before the unit's backward
   // All-gathers the unit into its (re)allocated buffer, no autograd; returns [numel] view.
   at::Tensor fill(size_t unit);
-  // Reduce-scatters (mean) a unit's flat gradient [numel], frees the gathered buffer, and
-  // returns this rank's shard gradient in the master dtype.
+  // Starts reduce-scattering (mean) a unit's flat gradient [numel] and frees the gathered
+  // buffer; the shard gradient (master dtype) is delivered — accumulated into shard.grad(), or
+  // handed to on_grad_ready — when the collective completes. Returns an undefined tensor:
+  // autograd accumulates nothing itself.
   at::Tensor reduce_grad(size_t unit, const at::Tensor& grad);
   const RopeTables& rope(int64_t seq_len);
   // When set, each unit's reduced shard gradient is handed here the moment it exists (inside
@@ -91,9 +98,23 @@ class FsdpModel {
   std::function<void(size_t unit, const at::Tensor& shard_grad)> on_grad_ready;
   // World size 1 with compute dtype = master dtype: gathered weights are the shard itself.
   bool aliases_shard() const;
+  // Starts gathering `unit` ahead of its use (no-op when prefetch is off, the unit is out of
+  // range, already gathered or in flight); fill() completes it.
+  void prefetch(size_t unit);
+  // Completes the reduce-scatter in flight, if any, delivering its gradient. Backward calls
+  // it by itself when the embedding's gradient (the last) is reduced.
+  void finish_backward();
+  // Most gathered units whose storage was alive at once since construction (memory truth for
+  // the prefetch schedule; 0 when gathers alias the shards).
+  int64_t peak_gathered_units() const { return peak_gathered_; }
 
  private:
-  at::Tensor hand_over(size_t unit, const at::Tensor& shard_grad);
+  void deliver(size_t unit, const at::Tensor& shard_grad);  // to on_grad_ready or into .grad()
+  struct PendingReduce {
+    size_t unit = 0;
+    at::Tensor shard_grad, input;
+    std::unique_ptr<PendingCollective> op;
+  };
   // Final hidden states [B*T, dim] and the output weight, in the compute dtype. `run_head`
   // receives them while the head's weights are gathered.
   template <class Head>
@@ -105,6 +126,10 @@ class FsdpModel {
   std::shared_ptr<Collectives> comm_;
   FsdpOptions options_;
   std::vector<FlatUnit> units_;
+  std::vector<std::unique_ptr<PendingCollective>> gathering_;  // per unit: prefetch in flight
+  std::unique_ptr<PendingReduce> reducing_;
+  int64_t peak_gathered_ = 0;
+  void allocate_gathered(size_t unit);
   RopeTables rope_;
   int64_t rope_len_ = 0;
 };

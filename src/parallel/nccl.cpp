@@ -66,6 +66,23 @@ c10::intrusive_ptr<c10d::Store> make_store(const DistEnv& env, double timeout_s)
   return c10::make_intrusive<c10d::TCPStore>(addr, opts);
 }
 
+struct Work final : PendingCollective {
+  Work(c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> keep) : work(std::move(work)), keep(std::move(keep)) {}
+  ~Work() override {  // the buffers outlive the collective
+    try {
+      wait();
+    } catch (...) {  // only while another error unwinds; that one is reported
+    }
+  }
+  void wait() override {
+    if (!work) return;
+    work->wait();
+    work.reset();
+  }
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<at::Tensor> keep;
+};
+
 class NcclCollectives final : public Collectives {
  public:
   NcclCollectives(const DistEnv& env, const c10::Device& device, double timeout_s) {
@@ -83,19 +100,23 @@ class NcclCollectives final : public Collectives {
   }
   std::string name() const override { return "nccl"; }
 
-  void all_gather(const at::Tensor& out, const at::Tensor& in) override {
+  // ProcessGroupNCCL runs collectives on its own stream, ordered after the current stream's
+  // work by an event; Work::wait() makes the current stream wait for the collective's event.
+  std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& out, const at::Tensor& in) override {
     at::Tensor o = out, i = in.contiguous();
-    pg_->_allgather_base(o, i)->wait();
+    auto work = pg_->_allgather_base(o, i);
     stats.all_gather_bytes += out.nbytes();
     ++stats.calls;
+    return std::make_unique<Work>(std::move(work), std::vector<at::Tensor>{o, i});
   }
-  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) override {
+  std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) override {
     at::Tensor o = out, i = in.contiguous();
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::AVG;
-    pg_->_reduce_scatter_base(o, i, opts)->wait();
+    auto work = pg_->_reduce_scatter_base(o, i, opts);
     stats.reduce_scatter_bytes += in.nbytes();
     ++stats.calls;
+    return std::make_unique<Work>(std::move(work), std::vector<at::Tensor>{o, i});
   }
   void all_reduce_sum(const at::Tensor& t) override {
     std::vector<at::Tensor> ts{t};

@@ -75,7 +75,7 @@ std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const 
 
 std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
   auto model = std::make_unique<FsdpModel>(c.model.shape, PrecisionPolicy::from_config(c), device, c.model.init_std,
-                                           std::move(comm), FsdpOptions{c.parallel.reshard_after_forward, c.memory.activation_checkpointing == "full"});
+                                           std::move(comm), FsdpOptions{c.parallel.reshard_after_forward, c.memory.activation_checkpointing == "full", c.parallel.prefetch});
   if (!c.model.hf_path.empty())
     model->load_hf(HfCheckpoint(c.model.hf_path));
   else
