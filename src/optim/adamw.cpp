@@ -7,6 +7,12 @@
 #include "optim/sr_bits.h"
 #include "optim/stochastic_round.h"
 
+#ifdef PTRAIN_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "adamw_sr_cuda.h"
+#endif
+
 
 namespace ptrain {
 
@@ -60,12 +66,26 @@ void AdamW::update(const std::vector<std::pair<size_t, at::Tensor>>& grads, doub
   }
 }
 
+// The CPU reference; on CUDA the same update runs as one fused kernel (kernels/adamw_sr.cu).
 void AdamW::update_stochastic(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
   const double bc1 = 1.0 - std::pow(opt_.beta1, static_cast<double>(steps_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, static_cast<double>(steps_)));
   const uint64_t step_seed = sr::step_seed(opt_.seed, steps_);
   for (const auto& [i, grad] : grads) {
     const auto& t = targets_[i];
+    if (t.param.is_cuda() && t.param.scalar_type() == at::kBFloat16 && exp_avg_[i].scalar_type() == at::kBFloat16) {
+#ifdef PTRAIN_CUDA
+      at::Tensor g = grad.to(at::kBFloat16).contiguous();
+      auto bits = [](const at::Tensor& x) { return reinterpret_cast<uint16_t*>(x.data_ptr<at::BFloat16>()); };
+      kernels::AdamWSrShard k{bits(t.param), bits(g), bits(exp_avg_[i]), bits(exp_avg_sq_[i]), t.param.numel(),
+                              opt_.weight_decay != 0 ? t.decay_numel : 0,
+                              static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2), static_cast<float>(opt_.eps),
+                              static_cast<float>(1.0 - lr * opt_.weight_decay), static_cast<float>(lr / bc1),
+                              static_cast<float>(bc2_sqrt), step_seed, t.global_offset};
+      kernels::adamw_bf16_sr_step(k, at::cuda::getCurrentCUDAStream(t.param.device().index()).stream());
+      continue;
+#endif
+    }
     // The same update as torch AdamW, in float32 (the reference order of operations).
     at::Tensor g = grad.to(at::kFloat);
     at::Tensor m = exp_avg_[i].to(at::kFloat).lerp_(g, 1.0 - opt_.beta1);

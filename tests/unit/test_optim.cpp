@@ -2,6 +2,7 @@
 // schedule against closed forms.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 
@@ -68,4 +69,25 @@ TEST(Clip, NormIsAccurateOnLargeShards) {
   const double split = clip_grad_norm({g.narrow(0, 0, 1'234'567).clone(), g.narrow(0, 1'234'567, 1'765'433).clone()}, 0.0);
   EXPECT_NEAR(whole, ref, 1e-9 * ref);
   EXPECT_NEAR(split, ref, 1e-9 * ref);
+}
+
+// The fused CUDA bf16 AdamW + stochastic rounding kernel against the CPU reference (ATen ops):
+// float32 math on both sides, so moments agree to a bf16 rounding and parameters draw the same
+// random bits (differences only where the float32 values differ in the last bits).
+TEST(AdamW, CudaFusedBf16StochasticMatchesCpuReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  at::manual_seed(2);
+  at::Tensor pc = at::randn({10000}).to(at::kBFloat16), pg = pc.cuda();
+  AdamWOptions o{0.9, 0.95, 1e-8, 0.1, true, 17};
+  AdamW cpu({{"u", pc, 6000, 0}}, o), gpu({{"u", pg, 6000, 0}}, o);
+  for (int s = 0; s < 10; ++s) {
+    at::Tensor g = at::randn({10000}).to(at::kBFloat16);
+    cpu.begin_step();
+    gpu.begin_step();
+    cpu.update({{0, g}}, 1e-2);
+    gpu.update({{0, g.cuda()}}, 1e-2);
+  }
+  at::Tensor a = pc.to(at::kFloat), b = pg.cpu().to(at::kFloat);
+  EXPECT_TRUE(at::all((a - b).abs() <= a.abs() / 128 + 1e-6).item<bool>());
+  EXPECT_GE(a.eq(b).to(at::kFloat).mean().item<double>(), 0.99);
 }
