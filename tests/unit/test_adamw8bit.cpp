@@ -18,7 +18,7 @@ using namespace ptrain;
 
 namespace {
 SafetensorsFile& bnb() {
-  static SafetensorsFile f(test::fixture("bnb_q8.safetensors"));
+  static SafetensorsFile f(test::fixture("bitsandbytes.safetensors"));
   return f;
 }
 

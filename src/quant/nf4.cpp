@@ -1,0 +1,116 @@
+#include "quant/nf4.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "optim/blockwise8.h"
+#include "optim/blockwise8_math.h"
+#include "quant/nf4_math.h"
+
+#ifdef PTRAIN_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "nf4_dequant_cuda.h"
+#endif
+
+namespace ptrain::nf4 {
+
+namespace {
+int nearest(const float* mids, float x) {  // number of midpoints strictly below x
+  int k = 0;
+  while (k < 15 && mids[k] < x) ++k;
+  return k;
+}
+}  // namespace
+
+int64_t Quantized::bytes() const {
+  int64_t n = packed.nbytes() + absmax.nbytes();
+  if (double_quant) n += absmax2.nbytes() + static_cast<int64_t>(sizeof(float));
+  return n;
+}
+
+Quantized quantize(const at::Tensor& w, bool double_quant) {
+  Quantized q;
+  q.shape = w.sizes().vec();
+  q.numel = w.numel();
+  q.double_quant = double_quant;
+  at::Tensor x = w.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
+  const int64_t n = q.numel, blocks = (n + kBlock - 1) / kBlock;
+  at::Tensor packed = at::zeros({(n + 1) / 2}, at::kByte);
+  at::Tensor absmax = at::empty({blocks}, at::kFloat);
+  float mids[15];
+  for (int k = 0; k < 15; ++k) mids[k] = (kCode[k] + kCode[k + 1]) / 2;
+  const float* src = x.data_ptr<float>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  float* am = absmax.data_ptr<float>();
+  // Blocks are independent, and a block of 64 (even) starts on a byte boundary.
+  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+      float amax = 0.0f;
+      for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::abs(src[i]));
+      // As bitsandbytes: full blocks scale by the reciprocal, a short last block divides.
+      const bool full = end - begin == kBlock;
+      const float clamped = std::max(amax, q8::kMinAbsmax), inv = 1.0f / clamped;
+      am[b] = full ? amax : clamped;
+      for (int64_t i = begin; i < end; ++i) {
+        const int k = nearest(mids, q8::clamp_unit(full ? src[i] * inv : src[i] / clamped));
+        dst[i >> 1] |= static_cast<uint8_t>((i & 1) ? k : k << 4);
+      }
+      if ((end & 1) && end == n) dst[end >> 1] |= static_cast<uint8_t>(nearest(mids, 0.0f));  // odd count: pad with 0
+    }
+  });
+  if (double_quant) {
+    q.offset = absmax.mean().item<float>();
+    auto [codes, absmax2] = q8::quantize_blockwise(absmax - q.offset, q8::dynamic_map(true), kStatsBlock);
+    q.absmax = codes;
+    q.absmax2 = absmax2;
+  } else {
+    q.absmax = absmax;
+  }
+  const auto device = w.device();
+  q.packed = packed.to(device);
+  q.absmax = q.absmax.to(device);
+  if (double_quant) q.absmax2 = q.absmax2.to(device);
+  return q;
+}
+
+at::Tensor block_absmax(const Quantized& q) {
+  if (!q.double_quant) return q.absmax.to(at::kFloat);
+  at::Tensor code = q8::dynamic_map(true).to(q.absmax.device());
+  return q8::dequantize_blockwise(q.absmax.to(at::kCPU), q.absmax2.to(at::kCPU), code.cpu(), kStatsBlock).to(q.absmax.device()) +
+         q.offset;
+}
+
+at::Tensor dequantize(const Quantized& q, c10::ScalarType dtype) {
+  if (q.packed.is_cuda()) {
+#ifdef PTRAIN_CUDA
+    at::Tensor out = at::empty({q.numel}, q.packed.options().dtype(dtype));
+    TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "NF4 dequantizes to float32 or bfloat16 on CUDA");
+    at::Tensor code8 = q.double_quant ? q8::dynamic_map(true).to(q.packed.device()) : at::Tensor();
+    kernels::Nf4Dequant k{q.packed.data_ptr<uint8_t>(), q.double_quant ? nullptr : q.absmax.data_ptr<float>(),
+                          q.double_quant ? q.absmax.data_ptr<uint8_t>() : nullptr,
+                          q.double_quant ? q.absmax2.data_ptr<float>() : nullptr,
+                          q.double_quant ? code8.data_ptr<float>() : nullptr, q.offset, q.numel, out.data_ptr(),
+                          dtype == at::kBFloat16};
+    kernels::nf4_dequantize(k, at::cuda::getCurrentCUDAStream(q.packed.device().index()).stream());
+    return out.view(q.shape);
+#else
+    TORCH_CHECK(false, "NF4 on CUDA needs a build with nvcc");
+#endif
+  }
+  at::Tensor absmax = block_absmax(q).contiguous();
+  at::Tensor out = at::empty({q.numel}, at::kFloat);
+  const uint8_t* p = q.packed.data_ptr<uint8_t>();
+  const float* am = absmax.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, q.numel, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) dst[i] = kCode[nibble(p, i)] * am[i / kBlock];
+  });
+  return out.view(q.shape).to(dtype);
+}
+
+}  // namespace ptrain::nf4

@@ -1,0 +1,34 @@
+// NF4 (4-bit NormalFloat) weights as bitsandbytes stores them: blocks of 64 consecutive values
+// of the row-major flattened weight, a float32 absmax per block, the nearest of 16 codes
+// (float32 midpoint thresholds, a value on a midpoint taking the lower code), two codes per
+// byte with element 2j in the high nibble. Double quantization stores the absmax values as
+// 8-bit codes of the signed dynamic map (blocks of 256, one float32 absmax each) after
+// subtracting their mean. Bit-identical to bitsandbytes 0.50.2 (tests/unit/test_nf4.cpp).
+// 4.5 bits per weight, 4.127 with double quantization.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ptrain::nf4 {
+
+struct Quantized {
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  at::Tensor packed;      // uint8 [ceil(numel / 2)]
+  at::Tensor absmax;      // float32 [blocks], or uint8 codes [blocks] with double quantization
+  bool double_quant = false;
+  at::Tensor absmax2;     // float32 [ceil(blocks / 256)] (double quantization)
+  float offset = 0.0f;    // mean of the absmax values (double quantization)
+  int64_t bytes() const;  // storage actually held
+};
+
+// w: float32/bf16/fp16, any device (quantized on the CPU, results on w's device).
+Quantized quantize(const at::Tensor& w, bool double_quant);
+// Float32 absmax per 64-block (undoes the double quantization).
+at::Tensor block_absmax(const Quantized& q);
+// The weight in `dtype` on q.packed's device (CUDA: one kernel pass).
+at::Tensor dequantize(const Quantized& q, c10::ScalarType dtype);
+
+}  // namespace ptrain::nf4
