@@ -1,0 +1,109 @@
+// QLoRA building blocks: the 4-bit linear keeps no dequantized weight in the autograd graph
+// (bytes measured by the allocator), LoRA starts as the identity on the base layer, and its
+// gradients equal a dense reference that uses the dequantized weight as a frozen fp32 matrix.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+
+#include "quant/linear4bit.h"
+#include "quant/nf4.h"
+
+using namespace ptrain;
+
+namespace {
+// Net bytes the CPU allocator hands out while installed (LibTorch reports every allocation and
+// free to the thread's memory-reporting hook).
+struct AllocationMeter : c10::MemoryReportingInfoBase {
+  std::atomic<int64_t> net{0};
+  void reportMemoryUsage(void*, int64_t size, size_t, size_t, c10::Device) override { net += size; }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+struct Layers {
+  std::vector<std::shared_ptr<const nf4::Quantized>> w4;
+  std::vector<at::Tensor> dense;  // the dequantized weights, for references
+};
+
+Layers make_layers(int n, int64_t dim) {
+  Layers l;
+  at::manual_seed(21);
+  for (int i = 0; i < n; ++i) {
+    auto q = std::make_shared<const nf4::Quantized>(nf4::quantize(at::randn({dim, dim}) / std::sqrt(double(dim)), true));
+    l.dense.push_back(nf4::dequantize(*q, at::kFloat));
+    l.w4.push_back(std::move(q));
+  }
+  return l;
+}
+}  // namespace
+
+// Forward through N frozen 4-bit layers: the graph holds what a chain of N linears must (each
+// layer's activation) and nothing weight-sized, while a naive linear that saves its
+// dequantized W holds N extra weights.
+TEST(Qlora, FourBitLinearHoldsNoDequantizedWeight) {
+  const int n = 6;
+  const int64_t dim = 512, tokens = 8;
+  Layers l = make_layers(n, dim);
+  const int64_t weight_bytes = dim * dim * 4, act_bytes = tokens * dim * 4;
+  auto held = [&](bool naive) {
+    at::Tensor x = at::randn({tokens, dim}).requires_grad_();
+    auto meter = std::make_shared<AllocationMeter>();
+    at::Tensor y;
+    {
+      c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, meter);
+      y = x;
+      for (int i = 0; i < n; ++i)
+        y = at::tanh(naive ? at::linear(y, nf4::dequantize(*l.w4[i], at::kFloat)) : linear4bit(y, l.w4[i]));
+    }
+    const int64_t bytes = meter->net.load();
+    y.sum().backward();
+    EXPECT_TRUE(x.grad().defined());
+    return bytes;
+  };
+  const int64_t ours = held(false), naive = held(true);
+  std::printf("held after forward: 4-bit %lld bytes, naive %lld bytes (one weight %lld)\n", (long long)ours, (long long)naive, (long long)weight_bytes);
+  // Per layer: the linear's output and tanh's output (2 activations); never a weight.
+  EXPECT_LE(ours, 2 * n * act_bytes + 4096) << "bytes held after forward";
+  EXPECT_GE(naive, ours + n * weight_bytes) << "the naive version should hold every dequantized weight";
+}
+
+TEST(Qlora, FourBitLinearGradientsMatchDenseReference) {
+  Layers l = make_layers(1, 96);
+  at::Tensor x = at::randn({4, 5, 96}).requires_grad_(), xr = x.detach().clone().requires_grad_();
+  at::Tensor y = linear4bit(x, l.w4[0]), yr = at::linear(xr, l.dense[0]);
+  EXPECT_TRUE(at::allclose(y, yr, 1e-5, 1e-6));
+  at::Tensor g = at::randn(y.sizes());
+  y.backward(g);
+  yr.backward(g);
+  EXPECT_TRUE(at::allclose(x.grad(), xr.grad(), 1e-5, 1e-6));
+}
+
+// Step 0: B = 0, so base + LoRA equals the base layer exactly; then the adapter's gradients
+// equal those of a dense float32 reference with the dequantized weight frozen.
+TEST(Qlora, LoraStartsAsBaseAndItsGradientsMatchDense) {
+  Layers l = make_layers(1, 64);
+  LoraOptions o{8, 16.0, 0.0};
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  at::Tensor a = at::empty({8, 64}), b = at::empty({64, 8});
+  init_lora(a, b, gen);
+  EXPECT_LE(a.abs().max().item<double>(), 1.0 / 8.0);  // U(-1/sqrt(64), 1/sqrt(64))
+  EXPECT_EQ(b.abs().max().item<double>(), 0.0);
+  at::Tensor x = at::randn({3, 7, 64});
+  EXPECT_TRUE(at::equal(linear4bit(x, l.w4[0]) + lora_delta(x, a, b, o, true), linear4bit(x, l.w4[0])));
+
+  b.normal_(0, 0.1, gen);  // a trained adapter
+  at::Tensor a1 = a.clone().requires_grad_(), b1 = b.clone().requires_grad_();
+  at::Tensor a2 = a.clone().requires_grad_(), b2 = b.clone().requires_grad_();
+  at::Tensor y1 = linear4bit(x, l.w4[0]) + lora_delta(x, a1, b1, o, true);
+  at::Tensor y2 = at::linear(x, l.dense[0]) + at::linear(at::linear(x, a2), b2) * o.scale();
+  at::Tensor g = at::randn(y1.sizes());
+  y1.backward(g);
+  y2.backward(g);
+  EXPECT_TRUE(at::allclose(y1, y2, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(a1.grad(), a2.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(b1.grad(), b2.grad(), 1e-5, 1e-6));
+}
