@@ -15,18 +15,14 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "optim/adamw.h"
 #include "optim/optimizer.h"
 
 namespace ptrain {
 
-struct AdamW8bitOptions {
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool stochastic_rounding = false;  // bf16 parameters: round updates stochastically (as AdamW)
-  uint64_t seed = 0;
-  int64_t min_8bit_numel = 4096;     // bitsandbytes' min_8bit_size
+// AdamW's hyperparameters (stochastic rounding of bf16 parameters included) plus:
+struct AdamW8bitOptions : AdamWOptions {
+  int64_t min_8bit_numel = 4096;  // bitsandbytes' min_8bit_size
 };
 
 // Which blocks of one shard keep float32 moments.

@@ -49,15 +49,9 @@ std::pair<at::Tensor, at::Tensor> quantize_blockwise(const at::Tensor& x, const 
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * block, end = std::min(n, begin + block);
-      float amax = 0.0f;
-      for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::abs(src[i]));
-      const bool full = end - begin == block;
-      const float clamped = amax > kMinAbsmax ? amax : kMinAbsmax, inv = inverse_scale(amax);
-      // bitsandbytes scales full blocks by the reciprocal, a short last block by division, and
-      // reports a short all-zero block's absmax as 1e-38.
-      am[b] = full ? amax : clamped;
-      for (int64_t i = begin; i < end; ++i)
-        dst[i] = static_cast<uint8_t>(nearest_code(mp, clamp_unit(full ? src[i] * inv : src[i] / clamped)));
+      const BlockScale scale = block_scale(src + begin, end - begin, block);
+      am[b] = scale.absmax;
+      for (int64_t i = begin; i < end; ++i) dst[i] = static_cast<uint8_t>(nearest_code(mp, scale(src[i])));
     }
   });
   return {out, absmax};

@@ -37,6 +37,24 @@ PTRAIN_HD float clamp_unit(float x) { return x < -1.0f ? -1.0f : (x > 1.0f ? 1.0
 
 PTRAIN_HD float inverse_scale(float absmax) { return 1.0f / (absmax > kMinAbsmax ? absmax : kMinAbsmax); }
 
+// bitsandbytes' scaling of one block of n values (8-bit and NF4 alike): full blocks (n ==
+// block) multiply by the reciprocal of max(absmax, 1e-38), a short last block divides by it
+// and reports that clamped absmax.
+struct BlockScale {
+  float absmax;  // as stored
+  float clamped, inv;
+  bool full;
+  PTRAIN_HD float operator()(float x) const { return clamp_unit(full ? x * inv : x / clamped); }
+};
+
+PTRAIN_HD BlockScale block_scale(const float* x, int64_t n, int64_t block) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  const float clamped = amax > kMinAbsmax ? amax : kMinAbsmax;
+  const bool full = n == block;
+  return {full ? amax : clamped, clamped, 1.0f / clamped, full};
+}
+
 // One element of AdamW (torch order: decoupled decay, then the Adam step) in float32 from
 // dequantized moments. A non-finite gradient zeroes the element's moments and leaves its
 // parameter untouched (bitsandbytes' rule), so one bad value cannot poison a whole block.

@@ -50,14 +50,10 @@ Quantized quantize(const at::Tensor& w, bool double_quant) {
   at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
-      float amax = 0.0f;
-      for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::abs(src[i]));
-      // As bitsandbytes: full blocks scale by the reciprocal, a short last block divides.
-      const bool full = end - begin == kBlock;
-      const float clamped = std::max(amax, q8::kMinAbsmax), inv = 1.0f / clamped;
-      am[b] = full ? amax : clamped;
+      const q8::BlockScale scale = q8::block_scale(src + begin, end - begin, kBlock);
+      am[b] = scale.absmax;
       for (int64_t i = begin; i < end; ++i) {
-        const int k = nearest(mids, q8::clamp_unit(full ? src[i] * inv : src[i] / clamped));
+        const int k = nearest(mids, scale(src[i]));
         dst[i >> 1] |= static_cast<uint8_t>((i & 1) ? k : k << 4);
       }
       if ((end & 1) && end == n) dst[end >> 1] |= static_cast<uint8_t>(nearest(mids, 0.0f));  // odd count: pad with 0

@@ -91,7 +91,7 @@ std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& mode
     std::vector<Blocking> blocking;
     for (const auto& u : model.units()) blocking.push_back(Blocking::of(u.layout, u.shard_offset, u.shard_numel, kMin8bitNumel));
     return std::make_unique<AdamW8bit>(std::move(targets), std::move(blocking),
-                                       AdamW8bitOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed, kMin8bitNumel});
+                                       AdamW8bitOptions{{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed}, kMin8bitNumel});
   }
   return std::make_unique<AdamW>(std::move(targets), AdamWOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed});
 }

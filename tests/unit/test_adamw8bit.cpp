@@ -88,7 +88,7 @@ TEST(AdamW8bit, MatchesBitsandbytesAdamW8bit) {
     UnitLayout u = two_tensor_unit();
     at::Tensor p = to_unit(bnb().tensor("adam_p0"));
     AdamW8bit opt({{"u", p, u.decay_numel, 0}}, {Blocking::of(u, 0, u.numel, 4096)},
-                  {0.9, 0.95, 1e-8, 0.1, false, 0, 4096});
+                  {{0.9, 0.95, 1e-8, 0.1, false, 0}, 4096});
     at::Tensor grads = bnb().tensor("adam_grads"), expected = bnb().tensor(key);
     at::Tensor p0 = from_unit(p).clone();
     for (int64_t s = 0; s < grads.size(0); ++s) {
@@ -120,7 +120,7 @@ TEST(AdamW8bit, TracksFloat32AdamWOver100Steps) {
   at::manual_seed(4);
   at::Tensor target = at::randn({8192}), p0 = at::randn({8192}) * 0.1;
   at::Tensor p8 = p0.clone(), p32 = p0.clone();
-  AdamW8bit opt8({{"u", p8, 8192, 0}}, {Blocking::of(u, 0, 8192, 4096)}, {0.9, 0.95, 1e-8, 0.01, false, 0, 4096});
+  AdamW8bit opt8({{"u", p8, 8192, 0}}, {Blocking::of(u, 0, 8192, 4096)}, {{0.9, 0.95, 1e-8, 0.01, false, 0}, 4096});
   AdamW opt32({{"u", p32, 8192, 0}}, {0.9, 0.95, 1e-8, 0.01, false, 0});
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
   for (int s = 0; s < 100; ++s) {
@@ -142,7 +142,7 @@ TEST(AdamW8bit, ShardedEqualsUnsharded) {
   UnitLayout u = two_tensor_unit();
   at::manual_seed(9);
   at::Tensor p_full = to_unit(at::randn({5300})), p_a = p_full.narrow(0, 0, 2816).clone(), p_b = p_full.narrow(0, 2816, 2816).clone();
-  AdamW8bitOptions o{0.9, 0.95, 1e-8, 0.1, false, 0, 4096};
+  AdamW8bitOptions o{{0.9, 0.95, 1e-8, 0.1, false, 0}, 4096};
   AdamW8bit whole({{"u", p_full, 5632, 0}}, {Blocking::of(u, 0, 5632, 4096)}, o);
   AdamW8bit half_a({{"u", p_a, 2816, 0}}, {Blocking::of(u, 0, 2816, 4096)}, o);
   AdamW8bit half_b({{"u", p_b, 5632 - 2816, 2816}}, {Blocking::of(u, 2816, 2816, 4096)}, o);
@@ -201,7 +201,7 @@ TEST(AdamW8bit, CudaKernelMatchesCpuReference) {
   for (bool bf16 : {false, true}) {
     const auto dt = bf16 ? at::kBFloat16 : at::kFloat;
     at::Tensor pc = to_unit(at::randn({5300})).to(dt), pg = pc.cuda();
-    AdamW8bitOptions o{0.9, 0.95, 1e-8, 0.1, bf16, 5, 4096};
+    AdamW8bitOptions o{{0.9, 0.95, 1e-8, 0.1, bf16, 5}, 4096};
     AdamW8bit cpu({{"u", pc, 5632, 0}}, {Blocking::of(u, 0, 5632, 4096)}, o);
     AdamW8bit gpu({{"u", pg, 5632, 0}}, {Blocking::of(u, 0, 5632, 4096)}, o);
     for (int s = 0; s < 10; ++s) {
