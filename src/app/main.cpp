@@ -36,7 +36,7 @@ constexpr const char* kUsage = R"(ptrain — sharded Llama training on LibTorch
 
 usage:
   ptrain [train] --config FILE [--set section.key=value]...
-  ptrain check   --config FILE [--set ...] [--world-size N] [--gpu-memory GIB] [--json]
+  ptrain check   --config FILE [--set ...] [--world-size N] [--gpu-memory GIB] [--json] [--plan]
   ptrain eval    --config FILE [--set ...] [--checkpoint DIR] [--data PATH] [--json]
   ptrain compare --config FILE --modes LIST [--steps N] [--out DIR] [--set ...]
   ptrain export  --checkpoint DIR --out DIR
@@ -46,10 +46,11 @@ usage:
   train     trains as configured; writes config.resolved.toml, metrics.jsonl, memory.json and
             checkpoints/step_N/ under run.output_dir (default runs/<run.name>)
   check     validates the config, prints the resolved config, the precision table and the
-            predicted per-rank memory, and exits
+            predicted per-rank memory, and exits; --plan checks a config meant for another
+            machine (its data files, checkpoints and GPUs are not looked for here)
   eval      mean loss / perplexity over every consecutive non-overlapping seq_len+1 window of
             a text or token file (default: data.path), in order
-  compare   trains each precision mode (fp32, mixed, bf16, bf16-sr) from the same init on the
+  compare   trains each mode (fp32, mixed, bf16, bf16-sr, bf16-adam8bit) from the same init on the
             same data; writes DIR/<mode>/metrics.jsonl, summary.md, summary.csv, loss.svg
   export    writes a Hugging Face Llama directory (config.json + model.safetensors)
   tokenize  converts text to a byte-level token file (see docs/data.md)
@@ -63,6 +64,7 @@ struct Args {
   std::vector<std::string> sets;
   std::map<std::string, std::string> options;  // --flag value
   bool json = false;
+  bool plan = false;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -89,6 +91,8 @@ Args parse_args(int argc, char** argv) {
     }
     if (arg == "--json") {
       a.json = true;
+    } else if (arg == "--plan") {
+      a.plan = true;
     } else if (std::find(valued.begin(), valued.end(), arg) != valued.end()) {
       if (value.empty()) {
         if (i + 1 >= argc) throw UsageError(arg + " needs a value");
@@ -131,7 +135,10 @@ Config config_of(const Args& a) {
 }
 
 int cmd_check(const Args& a) {
-  Config c = config_of(a);
+  Environment env = Environment::detect();
+  env.local = !a.plan;
+  if (a.config.empty()) throw UsageError("ptrain check needs --config FILE");
+  Config c = load_config(a.config, a.sets, env);
   const int ws = static_cast<int>(int_option(a, "--world-size", 1, 1));
   MemoryReport m = predict_memory(c, ws);
   if (a.json) {

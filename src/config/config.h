@@ -110,6 +110,9 @@ struct Config {
 // Facts about the machine that validation needs (injected so tests can vary them).
 struct Environment {
   bool cuda_available = false;
+  // false: the config is for another machine (`ptrain check --plan`): this machine's data
+  // files, checkpoints and GPUs are not checked.
+  bool local = true;
   static Environment detect();
 };
 

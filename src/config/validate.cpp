@@ -111,7 +111,7 @@ const std::vector<Rule>& rules() {
          return r.high_freq_factor > r.low_freq_factor && r.original_max_seq_len > 0
                     ? "" : "needs rope_high_freq_factor > rope_low_freq_factor and rope_original_max_seq_len > 0";
        }},
-      {"data.path", [](const Config& c, const Environment&) -> std::string { return check_data(c); }},
+      {"data.path", [](const Config& c, const Environment& env) -> std::string { return env.local ? check_data(c) : ""; }},
       {"data.format", [](const Config& c, const Environment&) -> std::string { return one_of(c.data.format, {"text", "tokens"}); }},
       {"data.format", [](const Config& c, const Environment&) -> std::string {
          return c.data.format == "text" && c.model.shape.vocab_size < 256
@@ -138,7 +138,7 @@ const std::vector<Rule>& rules() {
       {"training.threads", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.threads, 0); }},
       {"training.device", [](const Config& c, const Environment&) -> std::string { return one_of(c.training.device, {"auto", "cpu", "cuda"}); }},
       {"training.device", [](const Config& c, const Environment& env) -> std::string {
-         return c.training.device == "cuda" && !env.cuda_available
+         return c.training.device == "cuda" && env.local && !env.cuda_available
                     ? "\"cuda\" requested but no CUDA GPU is visible; use \"cpu\" or \"auto\"" : "";
        }},
       {"optimizer.name", [](const Config& c, const Environment&) -> std::string { return one_of(c.optimizer.name, {"adamw", "adamw8bit"}); }},
@@ -222,7 +222,7 @@ const std::vector<Rule>& rules() {
          return c.parallel.backend == "gloo" ? "the torch 2.11.0 wheel ships no gloo headers; use \"mpi\" for CPU collectives" : "";
        }},
       {"parallel.backend", [](const Config& c, const Environment& env) -> std::string {
-         const bool cpu = c.training.device == "cpu" || (c.training.device == "auto" && !env.cuda_available);
+         const bool cpu = c.training.device == "cpu" || (c.training.device == "auto" && env.local && !env.cuda_available);
          return c.parallel.backend == "nccl" && cpu ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\"" : "";
        }},
       {"parallel.timeout_s", [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
@@ -232,9 +232,9 @@ const std::vector<Rule>& rules() {
       {"memory.loss_chunk_tokens", [](const Config& c, const Environment&) -> std::string { return at_least(c.memory.loss_chunk_tokens, 0); }},
       {"checkpoint.every_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.every_steps, 0); }},
       {"checkpoint.keep", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.keep, 1); }},
-      {"checkpoint.resume", [](const Config& c, const Environment&) -> std::string {
+      {"checkpoint.resume", [](const Config& c, const Environment& env) -> std::string {
          const auto& r = c.checkpoint.resume;
-         if (r.empty() || r == "auto") return std::string();
+         if (r.empty() || r == "auto" || !env.local) return std::string();
          return fs::is_regular_file(fs::path(r) / "meta.json")
                     ? "" : "'" + r + "' is not a complete checkpoint directory (no meta.json); use \"auto\" or a step_N directory";
        }},

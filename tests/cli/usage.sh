@@ -53,6 +53,10 @@ expect 0 "byte-level tokens" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$t
 a=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.txt" --json 2>/dev/null | sed 's/"data":"[^"]*",//')
 b=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.bin" --json 2>/dev/null | sed 's/"data":"[^"]*",//')
 if [ -n "$a" ] && [ "$a" = "$b" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: eval text vs tokens: '$a' vs '$b'"; fi
+# check --plan: a config for another machine (missing data file, GPUs) still plans; without
+# --plan the missing data file is an error.
+expect 0 "persistent state +~6.03" -- "$bin" check --plan --config "$src/configs/llama3_8b_mixed.toml" --set precision.mode=bf16 --set optimizer.name=adamw8bit --world-size 8
+expect 2 "data.path: no such file" -- "$bin" check --config "$src/configs/llama3_8b_mixed.toml"
 # compare: every mode trains from the same init; summary, CSV and plot are written.
 expect 2 "unknown mode 'fp8'" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,fp8
 expect 0 "\| bf16-adam8bit \|" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,mixed,bf16,bf16-sr,bf16-adam8bit --steps 3 --out "$tmp/cmp"
