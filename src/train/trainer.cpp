@@ -217,6 +217,7 @@ int train(const Config& c) {
       at::Tensor batch = sample_batch(data, sampler, first, B, T).to(device);
       at::Tensor loss = model->forward_loss(batch.narrow(1, 0, T), batch.narrow(1, 1, T), chunk);
       (loss / static_cast<double>(accum)).backward();
+      model->finish_backward();  // normally a no-op: the embedding's reduce-scatter completes the last one
       loss_sum += loss.item<double>();
     }
     double grad_norm = 0.0;
