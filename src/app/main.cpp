@@ -157,6 +157,7 @@ int cmd_check(const Args& a) {
             << "  grads             " << log::bytes(m.grad_bytes) << "\n"
             << "  optimizer state   " << log::bytes(m.optimizer_state_bytes) << "\n"
             << "  master weights    " << log::bytes(m.master_weight_bytes) << "\n"
+            << (c.lora.enabled ? "  frozen base       " + log::bytes(m.frozen_base_bytes) + " (LoRA: not trained)\n" : std::string())
             << "  total             " << log::bytes(m.total_state_bytes()) << " (activations not included)\n";
   if (a.options.count("--gpu-memory")) {
     double gib = 0;

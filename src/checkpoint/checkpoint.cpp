@@ -90,7 +90,7 @@ int64_t identity(int64_t e) { return e; }
 
 // Entries of an optimizer state vector that cover this rank's owned elements of its unit.
 at::Tensor owned_state(const FsdpModel& model, const OptimState& s) {
-  const FlatUnit& u = model.units().at(s.target);
+  const FlatUnit& u = model.trainable_units().at(s.target);
   return s.tensor.narrow(0, 0, s.index(u.shard_offset + u.owned()) - s.index(u.shard_offset));
 }
 
@@ -147,7 +147,7 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
   // This rank's owned slices (shard padding is not stored).
   std::vector<std::pair<std::string, at::Tensor>> params, state;
   json units = json::array();
-  for (const auto& u : model.units()) {
+  for (const auto& u : model.trainable_units()) {  // a frozen LoRA base is rebuilt, not saved
     params.emplace_back(u.layout.name, u.shard.detach().narrow(0, 0, u.owned()));
     units.push_back({{"name", u.layout.name}, {"numel", u.layout.numel}});
   }
@@ -166,6 +166,7 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
                  {"world_size", comm.world_size()},
                  {"precision", model.policy().mode},
                  {"master_dtype", c10::toString(model.policy().master_dtype)},
+                 {"lora", model.lora()},
                  {"shape", shape_json(model.shape())},
                  {"units", units}};
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");  // last: marks completeness
@@ -205,17 +206,20 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
       throw RuntimeError("checkpoint '" + dir + "' holds " + meta.at("master_dtype").get<std::string>() +
                          " master weights but precision mode '" + model.policy().mode + "' keeps " +
                          c10::toString(model.policy().master_dtype));
+    if (meta.value("lora", false) != model.lora())
+      throw RuntimeError("checkpoint '" + dir + "' holds " + (meta.value("lora", false) ? "LoRA adapters" : "full model weights") +
+                         " but the config " + (model.lora() ? "enables" : "does not enable") + " LoRA; match lora.enabled");
     const int saved_ws = meta.at("world_size").get<int>();
     ShardReader params(dir, "model", saved_ws), state(dir, "optimizer", saved_ws);
     at::NoGradGuard no_grad;
-    for (auto& u : model.units()) {
+    for (auto& u : model.trainable_units()) {
       u.shard.detach().zero_();
       params.copy(u.layout.name, u.layout.numel, u.shard_offset, u.shard_offset + u.owned(),
                   u.shard.detach().narrow(0, 0, u.owned()));
     }
     if (optim) {
       for (const auto& s : optim->state()) {
-        const FlatUnit& u = model.units().at(s.target);
+        const FlatUnit& u = model.trainable_units().at(s.target);
         s.tensor.zero_();
         state.copy(s.key, u.layout.numel, u.shard_offset, u.shard_offset + u.owned(), owned_state(model, s), s.index);
       }
@@ -236,6 +240,9 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
 
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
   json meta = read_meta(checkpoint_dir);
+  if (meta.value("lora", false))
+    throw RuntimeError("checkpoint '" + checkpoint_dir + "' holds LoRA adapters only; exporting them (PEFT format) is not "
+                       "implemented yet");
   const LlamaShape shape = shape_from_json(meta.at("shape"));
   ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());
   std::vector<std::pair<std::string, at::Tensor>> named;

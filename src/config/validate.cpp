@@ -249,13 +249,26 @@ const std::vector<Rule>& rules() {
            if (!ok.count(t)) return "unknown target '" + t + "'; use q, k, v, o, gate, up, down, output";
          return std::string();
        }},
-      {"lora.enabled", [](const Config& c, const Environment&) -> std::string {
-         return not_yet(c.lora.enabled, "LoRA", "set lora.enabled = false");
+      {"lora.targets", [](const Config& c, const Environment&) -> std::string {
+         const auto& t = c.lora.targets;
+         return not_yet(c.lora.enabled && std::find(t.begin(), t.end(), "output") != t.end(), "a LoRA adapter on the output projection",
+                        "target among q, k, v, o, gate, up, down");
+       }},
+      {"lora.targets", [](const Config& c, const Environment&) -> std::string {
+         return c.lora.enabled && c.lora.targets.empty() ? "LoRA with no targets trains nothing; list some of q, k, v, o, gate, up, down" : "";
+       }},
+      {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
+         return not_yet(c.lora.enabled && c.memory.activation_checkpointing == "full", "activation checkpointing with LoRA",
+                        "set memory.activation_checkpointing = \"none\"");
        }},
       {"quant.base", [](const Config& c, const Environment&) -> std::string { return one_of(c.quant.base, {"none", "nf4"}); }},
       {"quant.base", [](const Config& c, const Environment&) -> std::string {
          return c.quant.base == "nf4" && !c.lora.enabled
                     ? "an NF4 base is frozen, so nothing would train; set lora.enabled = true or quant.base = \"none\"" : "";
+       }},
+      {"quant.base", [](const Config& c, const Environment&) -> std::string {
+         return not_yet(c.quant.base == "nf4" && c.lora.enabled, "training over an NF4 base (the NF4 format itself is done)",
+                        "use quant.base = \"none\" (LoRA over a frozen bf16/fp32 base)");
        }},
   };
   return kRules;

@@ -1,5 +1,6 @@
 #include "model/layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -79,6 +80,39 @@ std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
   head.group_begins.pop_back();
   units.push_back(head);
   return units;
+}
+
+std::vector<Projection> block_projections(const LlamaShape& s) {
+  return {{"q", "self_attn.q_proj", s.dim, s.q_dim()},     {"k", "self_attn.k_proj", s.dim, s.kv_dim()},
+          {"v", "self_attn.v_proj", s.dim, s.kv_dim()},    {"o", "self_attn.o_proj", s.q_dim(), s.dim},
+          {"gate", "mlp.gate_proj", s.dim, s.ffn_dim},     {"up", "mlp.up_proj", s.dim, s.ffn_dim},
+          {"down", "mlp.down_proj", s.ffn_dim, s.dim}};
+}
+
+std::vector<UnitLayout> lora_units(const LlamaShape& s, const std::vector<std::string>& targets, int64_t rank) {
+  std::vector<UnitLayout> out;
+  for (const auto& base : llama_units(s, 0.02)) {
+    UnitLayout u;
+    u.name = base.name + ".lora";
+    u.kind = base.kind;
+    u.layer = base.layer;
+    if (base.kind == UnitKind::block) {
+      const std::string p = "model.layers." + std::to_string(base.layer) + ".";
+      for (const auto& proj : block_projections(s)) {
+        if (std::find(targets.begin(), targets.end(), proj.target) == targets.end()) continue;
+        group(u);
+        add(u, p + proj.module + ".lora_A.weight", {rank, proj.in}, true, 0.0);
+        u.slots.back().init = SlotInit::kaiming_uniform;
+        group(u);
+        add(u, p + proj.module + ".lora_B.weight", {proj.out, rank}, true, 0.0);
+        u.slots.back().init = SlotInit::zeros;
+      }
+      group(u);
+      u.group_begins.pop_back();
+    }
+    out.push_back(std::move(u));
+  }
+  return out;
 }
 
 int64_t UnitLayout::offset_of(const std::string& suffix) const {

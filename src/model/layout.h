@@ -20,6 +20,12 @@ namespace ptrain {
 
 constexpr int64_t kUnitAlign = 256;
 
+enum class SlotInit {
+  by_std,           // N(0, init_std), or ones when init_std == 0 (norm weights)
+  kaiming_uniform,  // LoRA A: U(-1/sqrt(in), 1/sqrt(in)) (PEFT's init)
+  zeros,            // LoRA B
+};
+
 struct ParamSlot {
   std::string name;            // Hugging Face tensor name, e.g. model.layers.0.self_attn.q_proj.weight
   std::vector<int64_t> shape;
@@ -27,6 +33,7 @@ struct ParamSlot {
   int64_t numel = 0;
   bool decay = false;          // weight decay applies (matrices)
   double init_std = 0.0;       // 0 -> initialised to ones (norm weights)
+  SlotInit init = SlotInit::by_std;
 };
 
 enum class UnitKind { embedding, block, head };
@@ -50,5 +57,18 @@ int64_t shard_numel(int64_t unit_numel, int64_t world_size);
 // All units in forward order. `init_std` is the base std of matrix init (output projections
 // of each block get init_std / sqrt(2 * n_layers)).
 std::vector<UnitLayout> llama_units(const LlamaShape& shape, double init_std);
+
+// LoRA adapters, one layout per base unit (same order; "<unit>.lora"): for each targeted
+// projection of a block (q, k, v, o, gate, up, down) an A [rank, in] and a B [out, rank]
+// slot named as PEFT names them ("model.layers.N.self_attn.q_proj.lora_A.weight"), each its own
+// aligned group. The embedding and head units get empty layouts.
+std::vector<UnitLayout> lora_units(const LlamaShape& shape, const std::vector<std::string>& targets, int64_t rank);
+// The projection names in block order and their (in, out) sizes.
+struct Projection {
+  std::string target;  // q, k, v, o, gate, up, down
+  std::string module;  // self_attn.q_proj, ...
+  int64_t in = 0, out = 0;
+};
+std::vector<Projection> block_projections(const LlamaShape& shape);
 
 }  // namespace ptrain

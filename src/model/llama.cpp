@@ -126,22 +126,63 @@ at::Tensor embedding_weight(const at::Tensor& embed_flat, const LlamaShape& s) {
   return embed_flat.view({s.vocab_size, s.dim});
 }
 
-at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope, const LlamaShape& s) {
+BlockLora BlockLora::from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& s, double scale,
+                               double dropout, bool training) {
+  BlockLora l;
+  l.scale = scale;
+  l.dropout = dropout;
+  l.training = training;
+  const auto projections = block_projections(s);
+  for (const auto& slot : layout.slots) {
+    for (size_t p = 0; p < projections.size(); ++p) {
+      const std::string stem = projections[p].module + ".lora_";
+      const auto at_ = slot.name.find(stem);
+      if (at_ == std::string::npos) continue;
+      at::Tensor view = flat.narrow(0, slot.offset, slot.numel).view(slot.shape);
+      (slot.name[at_ + stem.size()] == 'A' ? l.a[p] : l.b[p]) = view;
+    }
+  }
+  return l;
+}
+
+at::Tensor BlockLora::delta(int p, const at::Tensor& x) const {
+  if (!a[p].defined()) return at::Tensor();
+  at::Tensor in = training && dropout > 0 ? at::dropout(x, dropout, true) : x;
+  return gemm::linear(gemm::linear(in, a[p]), b[p]) * scale;
+}
+
+namespace {
+// base + adapter delta of projection p (in place of the base output when it is a temporary).
+at::Tensor with_lora(at::Tensor base, const BlockLora* lora, int p, const at::Tensor& x) {
+  if (!lora) return base;
+  at::Tensor d = lora->delta(p, x);
+  return d.defined() ? base + d : base;
+}
+}  // namespace
+
+at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope, const LlamaShape& s,
+                         const BlockLora* lora) {
   const int64_t B = x.size(0), T = x.size(1), hd = s.head_dim;
   const int64_t Q = s.q_dim(), KV = s.kv_dim();
 
-  auto qkv = gemm::linear(rms_norm(x, w.attn_norm, s.norm_eps), w.wqkv).split_with_sizes({Q, KV, KV}, -1);
-  at::Tensor q = apply_rope(qkv[0].view({B, T, s.n_heads, hd}), rope).transpose(1, 2);
-  at::Tensor k = apply_rope(qkv[1].view({B, T, s.n_kv_heads, hd}), rope).transpose(1, 2);
-  at::Tensor v = qkv[2].view({B, T, s.n_kv_heads, hd}).transpose(1, 2);
+  at::Tensor hn = rms_norm(x, w.attn_norm, s.norm_eps);
+  auto qkv = gemm::linear(hn, w.wqkv).split_with_sizes({Q, KV, KV}, -1);
+  for (int p = 0; p < 3; ++p) qkv[p] = with_lora(qkv[p], lora, p, hn);
+  at::Tensor q = apply_rope(qkv[0].reshape({B, T, s.n_heads, hd}), rope).transpose(1, 2);
+  at::Tensor k = apply_rope(qkv[1].reshape({B, T, s.n_kv_heads, hd}), rope).transpose(1, 2);
+  at::Tensor v = qkv[2].reshape({B, T, s.n_kv_heads, hd}).transpose(1, 2);
   at::Tensor attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
                                                      /*enable_gqa=*/s.n_kv_heads != s.n_heads);
-  at::Tensor h = x + gemm::linear(attn.transpose(1, 2).reshape({B, T, Q}), w.wo);
+  at::Tensor ao = attn.transpose(1, 2).reshape({B, T, Q});
+  at::Tensor h = x + with_lora(gemm::linear(ao, w.wo), lora, 3, ao);
 
-  auto gate_up = gemm::linear(rms_norm(h, w.ffn_norm, s.norm_eps), w.w_gate_up).chunk(2, -1);
+  at::Tensor hn2 = rms_norm(h, w.ffn_norm, s.norm_eps);
+  auto gate_up = gemm::linear(hn2, w.w_gate_up).chunk(2, -1);
+  gate_up[0] = with_lora(gate_up[0], lora, 4, hn2);
+  gate_up[1] = with_lora(gate_up[1], lora, 5, hn2);
   at::Tensor act = at::silu(gate_up[0]) * gate_up[1];
-  return h + gemm::linear(act, w.w_down);
+  return h + with_lora(gemm::linear(act, w.w_down), lora, 6, act);
 }
 
 }  // namespace ptrain

@@ -45,8 +45,21 @@ struct HeadWeights {
 
 at::Tensor embedding_weight(const at::Tensor& embed_flat, const LlamaShape& shape);
 
-// One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x: [B, T, dim].
+// LoRA adapters of one block: views of its adapter unit's flat buffer. Index order q, k, v, o,
+// gate, up, down (model/layout.h block_projections); undefined where not targeted.
+struct BlockLora {
+  at::Tensor a[7], b[7];
+  double scale = 1.0, dropout = 0.0;
+  bool training = false;
+  static BlockLora from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& shape, double scale,
+                             double dropout, bool training);
+  // dropout(x) @ A^T @ B^T * scale of projection p, or undefined when p has no adapter.
+  at::Tensor delta(int p, const at::Tensor& x) const;
+};
+
+// One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x: [B, T, dim]. With `lora`,
+// each targeted projection adds its adapter's delta to the frozen base's output.
 at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope,
-                         const LlamaShape& shape);
+                         const LlamaShape& shape, const BlockLora* lora = nullptr);
 
 }  // namespace ptrain

@@ -28,6 +28,21 @@ class GatherUnit : public torch::autograd::Function<GatherUnit> {
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 };
 
+// LoRA: identity on a frozen block's input whose backward (which runs once the block's
+// backward is done) releases the block's gathered base weights.
+class ReleaseAfterBackward : public torch::autograd::Function<ReleaseAfterBackward> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit) {
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["unit"] = unit;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    model_of(ctx)->release(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
 // Identity on a block's output whose backward re-gathers the block's freed weights, so they
 // are back in place before any of the block's own backward ops run.
 class RegatherBeforeBackward : public torch::autograd::Function<RegatherBeforeBackward> {
@@ -107,41 +122,67 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   }
 };
 
-bool FsdpModel::aliases_shard() const {
-  return comm_->world_size() == 1 && policy_.master_dtype == policy_.compute_dtype;
+bool FsdpModel::aliases_shard(size_t unit) const {
+  return comm_->world_size() == 1 && at(unit).shard.scalar_type() == at(unit).gathered.scalar_type();
 }
+
+namespace {
+FlatUnit make_unit(UnitLayout layout, int64_t ws, int64_t rank, c10::ScalarType shard_dtype, c10::ScalarType compute_dtype,
+                   const at::Device& device, bool trainable) {
+  FlatUnit u;
+  u.shard_numel = shard_numel(layout.numel, ws);
+  u.shard_offset = rank * u.shard_numel;
+  u.shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(shard_dtype).device(device));
+  u.shard.set_requires_grad(trainable);
+  u.gathered = at::empty({u.shard_numel * ws}, at::TensorOptions().dtype(compute_dtype).device(device));
+  free_storage(u.gathered);  // allocated on demand (never, when the shard is used in place)
+  u.layout = std::move(layout);
+  return u;
+}
+}  // namespace
 
 FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
                      std::shared_ptr<Collectives> comm, FsdpOptions options)
     : shape_(shape), policy_(policy), device_(device), comm_(std::move(comm)), options_(options) {
   const int64_t ws = comm_->world_size(), rank = comm_->rank();
-  for (auto& layout : llama_units(shape, init_std)) {
-    FlatUnit u;
-    u.shard_numel = shard_numel(layout.numel, ws);
-    u.shard_offset = rank * u.shard_numel;
-    u.shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(policy.master_dtype).device(device));
-    u.shard.set_requires_grad(true);
-    u.gathered = at::empty({u.shard_numel * ws}, at::TensorOptions().dtype(policy.compute_dtype).device(device));
-    free_storage(u.gathered);  // allocated on demand (never, when the shard is used in place)
-    u.layout = std::move(layout);
-    units_.push_back(std::move(u));
-  }
-  gathering_.resize(units_.size());
+  // A frozen base needs no master copy: it is stored in the compute dtype.
+  const auto base_dtype = options_.lora ? policy.compute_dtype : policy.master_dtype;
+  for (auto& layout : llama_units(shape, init_std))
+    units_.push_back(make_unit(std::move(layout), ws, rank, base_dtype, policy.compute_dtype, device, !options_.lora));
+  if (options_.lora)
+    for (auto& layout : lora_units(shape, options_.lora_targets, options_.lora_rank))
+      adapters_.push_back(make_unit(std::move(layout), ws, rank, policy.master_dtype, policy.compute_dtype, device, true));
+  gathering_.resize(units_.size() + adapters_.size());
 }
 
 void FsdpModel::init_weights(uint64_t seed) {
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < units_.size(); ++i) {
-    auto& u = units_[i];
+  for (size_t i = 0; i < units_.size(); ++i) init_unit(units_[i], mix_seed(seed, i));
+  init_adapters(seed);
+}
+
+void FsdpModel::init_adapters(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < adapters_.size(); ++i) init_unit(adapters_[i], mix_seed(seed ^ 0x4C6F5241ull, i));
+}
+
+void FsdpModel::init_unit(FlatUnit& u, uint64_t seed) {
+  {
     // The whole unit is drawn (one unit at a time) so every world size gets the same numbers.
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, i));
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     at::Tensor flat = at::zeros({u.layout.numel}, at::kFloat);  // alignment padding stays 0
     for (const auto& slot : u.layout.slots) {
       at::Tensor part = flat.narrow(0, slot.offset, slot.numel);
-      if (slot.init_std > 0)
+      if (slot.init == SlotInit::kaiming_uniform) {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(slot.shape.back()));
+        part.uniform_(-bound, bound, gen);
+      } else if (slot.init == SlotInit::zeros) {
+        part.zero_();
+      } else if (slot.init_std > 0) {
         part.normal_(0.0, slot.init_std, gen);
-      else
+      } else {
         part.fill_(1.0);
+      }
     }
     u.shard.zero_();
     if (u.owned() > 0) u.shard.narrow(0, 0, u.owned()).copy_(flat.narrow(0, u.shard_offset, u.owned()));
@@ -165,21 +206,24 @@ void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
   }
 }
 
-at::Tensor FsdpModel::gather(size_t unit) { return GatherUnit::apply(units_[unit].shard, this, static_cast<int64_t>(unit)); }
+at::Tensor FsdpModel::gather(size_t unit) {
+  if (!at(unit).shard.requires_grad()) return fill(unit);  // frozen: nothing to differentiate
+  return GatherUnit::apply(at(unit).shard, this, static_cast<int64_t>(unit));
+}
 
 void FsdpModel::release(size_t unit) {
   if (gathering_[unit]) {  // never free a buffer a collective is still writing
     gathering_[unit]->wait();
     gathering_[unit].reset();
   }
-  free_storage(units_[unit].gathered);
+  free_storage(at(unit).gathered);
 }
 
 at::Tensor FsdpModel::fill(size_t unit) {
-  FlatUnit& u = units_[unit];
+  FlatUnit& u = at(unit);
   // One rank, same dtype: the shard is the whole unit already; use it in place (no copy,
   // nothing to free afterwards).
-  if (aliases_shard()) return u.shard.detach();
+  if (aliases_shard(unit)) return u.shard.detach();
   if (gathering_[unit]) {  // prefetched: complete it
     gathering_[unit]->wait();
     gathering_[unit].reset();
@@ -192,15 +236,15 @@ at::Tensor FsdpModel::fill(size_t unit) {
 }
 
 void FsdpModel::allocate_gathered(size_t unit) {
-  alloc_storage(units_[unit].gathered);
+  alloc_storage(at(unit).gathered);
   int64_t alive = 0;
-  for (const auto& u : units_) alive += storage_freed(u.gathered) ? 0 : 1;
+  for (size_t i = 0; i < gathering_.size(); ++i) alive += storage_freed(at(i).gathered) ? 0 : 1;
   peak_gathered_ = std::max(peak_gathered_, alive);
 }
 
 void FsdpModel::prefetch(size_t unit) {
-  if (!options_.prefetch || aliases_shard() || unit >= units_.size() || gathering_[unit]) return;
-  FlatUnit& u = units_[unit];
+  if (!options_.prefetch || unit >= gathering_.size() || aliases_shard(unit) || gathering_[unit] || at(unit).layout.numel == 0) return;
+  FlatUnit& u = at(unit);
   if (!storage_freed(u.gathered)) return;  // still gathered (reshard_after_forward = false)
   allocate_gathered(unit);
   at::NoGradGuard no_grad;
@@ -208,7 +252,7 @@ void FsdpModel::prefetch(size_t unit) {
 }
 
 at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
-  FlatUnit& u = units_[unit];
+  FlatUnit& u = at(unit);
   finish_backward();  // the previous unit's reduce-scatter overlapped this unit's backward
   if (comm_->world_size() == 1) {  // the mean over one rank is the gradient itself
     release(unit);
@@ -237,19 +281,25 @@ at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
 }
 
 void FsdpModel::finish_backward() {
-  if (!reducing_) return;
-  std::unique_ptr<PendingReduce> r = std::move(reducing_);
-  r->op->wait();
-  deliver(r->unit, r->shard_grad.to(policy_.master_dtype));
+  if (reducing_) {
+    std::unique_ptr<PendingReduce> r = std::move(reducing_);
+    r->op->wait();
+    deliver(r->unit, r->shard_grad.to(policy_.master_dtype));
+  }
+  // LoRA: frozen base units get no reduce-scatter that would release them.
+  if (options_.lora)
+    for (size_t i = 0; i < units_.size(); ++i)
+      if (!storage_freed(units_[i].gathered) || gathering_[i]) release(i);
 }
 
 void FsdpModel::deliver(size_t unit, const at::Tensor& shard_grad) {
-  if (on_grad_ready) return on_grad_ready(unit, shard_grad);  // used and dropped: nothing is stored
-  at::Tensor& g = units_[unit].shard.mutable_grad();
+  // used and dropped: nothing is stored (the index is the trainable unit's)
+  if (on_grad_ready) return on_grad_ready(options_.lora ? unit - units_.size() : unit, shard_grad);
+  at::Tensor& g = at(unit).shard.mutable_grad();
   if (g.defined())
     g.add_(shard_grad);  // gradient accumulation over micro-batches
   else
-    g = shard_grad.scalar_type() == units_[unit].shard.scalar_type() && shard_grad.is_contiguous() ? shard_grad
+    g = shard_grad.scalar_type() == at(unit).shard.scalar_type() && shard_grad.is_contiguous() ? shard_grad
                                                                                                   : shard_grad.contiguous();
 }
 
@@ -257,8 +307,12 @@ void FsdpModel::regather(size_t unit) {
   // Refill without bumping the version counter: autograd saved views of this buffer in
   // forward and checks that nobody modified them in between; the values are identical.
   at::AutoDispatchBelowADInplaceOrView guard;
-  if (storage_freed(units_[unit].gathered) || gathering_[unit]) fill(unit);
-  if (unit > 1) prefetch(unit - 1);  // the previous block's backward comes next
+  if (storage_freed(at(unit).gathered) || gathering_[unit]) fill(unit);
+  if (has_adapter(unit) && (storage_freed(adapters_[unit].gathered) || gathering_[adapter(unit)])) fill(adapter(unit));
+  if (unit > 1) {  // the previous block's backward comes next
+    prefetch(unit - 1);
+    if (has_adapter(unit - 1)) prefetch(adapter(unit - 1));
+  }
 }
 
 const RopeTables& FsdpModel::rope(int64_t seq_len) {
@@ -284,10 +338,18 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
       continue;
     }
     at::Tensor w = gather(i);
+    at::Tensor a = has_adapter(i) ? gather(adapter(i)) : at::Tensor();
     prefetch(i + 1);  // gathers while this block computes
-    x = block_forward(BlockWeights::from_flat(w, units_[i].layout, shape_), x, rp, shape_);
+    if (has_adapter(i + 1)) prefetch(adapter(i + 1));
+    BlockLora lora;
+    if (a.defined()) lora = BlockLora::from_flat(a, adapters_[i].layout, shape_, options_.lora_alpha / static_cast<double>(options_.lora_rank),
+                                                     options_.lora_dropout, training);
+    // A frozen block gets no reduce-scatter to release it: release once its backward is done.
+    if (options_.lora && training && x.requires_grad()) x = ReleaseAfterBackward::apply(x, this, static_cast<int64_t>(i));
+    x = block_forward(BlockWeights::from_flat(w, units_[i].layout, shape_), x, rp, shape_, a.defined() ? &lora : nullptr);
     if (!training || options_.reshard_after_forward) {
       release(i);
+      if (a.defined()) release(adapter(i));
       if (training) x = RegatherBeforeBackward::apply(x, this, static_cast<int64_t>(i));
     }
   }
@@ -320,7 +382,7 @@ at::Tensor FsdpModel::logits(const at::Tensor& inputs) {
 }
 
 void FsdpModel::zero_grad() {
-  for (auto& u : units_) u.shard.mutable_grad() = at::Tensor();
+  for (auto& u : trainable_units()) u.shard.mutable_grad() = at::Tensor();
 }
 
 int64_t FsdpModel::num_params() const {

@@ -50,6 +50,14 @@ struct FsdpOptions {
   // so at most two gathered units are alive. Reduce-scatters are always asynchronous: unit i's
   // is completed when unit i-1's is issued (the embedding's, last, completes at once).
   bool prefetch = true;
+  // LoRA: every base unit is frozen (compute dtype, no gradient, no optimizer state) and a
+  // trainable adapter unit beside it holds its A/B matrices; the adapters are sharded,
+  // gathered, reduce-scattered and optimized like base units are without LoRA.
+  bool lora = false;
+  std::vector<std::string> lora_targets;
+  int64_t lora_rank = 8;
+  double lora_alpha = 16.0;
+  double lora_dropout = 0.0;
 };
 
 class FsdpModel {
@@ -60,6 +68,8 @@ class FsdpModel {
   // Seeded per unit (unit i draws from a generator seeded by (seed, i)) on the CPU, one unit
   // at a time, each rank keeping its slice: the same weights for every device and world size.
   void init_weights(uint64_t seed);
+  // LoRA: A Kaiming-uniform, B zeros (seeded per adapter unit), so the model starts as its base.
+  void init_adapters(uint64_t seed);
   // Copies this rank's slice of every parameter from an HF checkpoint (only those bytes of
   // the memory-mapped files are read).
   void load_hf(const HfCheckpoint& ckpt);
@@ -71,8 +81,14 @@ class FsdpModel {
   // Logits [B*T, vocab] in float32, no autograd (tests, inspection: materialises them all).
   at::Tensor logits(const at::Tensor& inputs);
 
+  // The base units: embedding, blocks, head.
   std::vector<FlatUnit>& units() { return units_; }
   const std::vector<FlatUnit>& units() const { return units_; }
+  // What the optimizer steps and checkpoints save: the adapters with LoRA, else the base units.
+  // Index i of on_grad_ready refers to trainable_units()[i].
+  std::vector<FlatUnit>& trainable_units() { return options_.lora ? adapters_ : units_; }
+  const std::vector<FlatUnit>& trainable_units() const { return options_.lora ? adapters_ : units_; }
+  bool lora() const { return options_.lora; }
   Collectives& comm() const { return *comm_; }
   void zero_grad();
   const LlamaShape& shape() const { return shape_; }
@@ -96,8 +112,9 @@ class FsdpModel {
   // When set, each unit's reduced shard gradient is handed here the moment it exists (inside
   // backward) instead of being accumulated into shard.grad(): optimizer-in-backward.
   std::function<void(size_t unit, const at::Tensor& shard_grad)> on_grad_ready;
-  // World size 1 with compute dtype = master dtype: gathered weights are the shard itself.
-  bool aliases_shard() const;
+  // World size 1 with the shard already in the compute dtype: gathered weights are the shard
+  // itself. `unit` indexes units() then adapters (units().size() + i).
+  bool aliases_shard(size_t unit) const;
   // Starts gathering `unit` ahead of its use (no-op when prefetch is off, the unit is out of
   // range, already gathered or in flight); fill() completes it.
   void prefetch(size_t unit);
@@ -110,6 +127,7 @@ class FsdpModel {
 
  private:
   void deliver(size_t unit, const at::Tensor& shard_grad);  // to on_grad_ready or into .grad()
+  void init_unit(FlatUnit& u, uint64_t seed);
   struct PendingReduce {
     size_t unit = 0;
     at::Tensor shard_grad, input;
@@ -126,6 +144,11 @@ class FsdpModel {
   std::shared_ptr<Collectives> comm_;
   FsdpOptions options_;
   std::vector<FlatUnit> units_;
+  std::vector<FlatUnit> adapters_;  // LoRA: adapters_[i] belongs to units_[i] (may be empty)
+  FlatUnit& at(size_t unit) { return unit < units_.size() ? units_[unit] : adapters_[unit - units_.size()]; }
+  const FlatUnit& at(size_t unit) const { return unit < units_.size() ? units_[unit] : adapters_[unit - units_.size()]; }
+  size_t adapter(size_t unit) const { return units_.size() + unit; }
+  bool has_adapter(size_t unit) const { return options_.lora && adapters_[unit].layout.numel > 0; }
   std::vector<std::unique_ptr<PendingCollective>> gathering_;  // per unit: prefetch in flight
   std::unique_ptr<PendingReduce> reducing_;
   int64_t peak_gathered_ = 0;

@@ -26,6 +26,7 @@ std::string MemoryReport::to_json() const {
                               {"grad_bytes", grad_bytes},
                               {"optimizer_state_bytes", optimizer_state_bytes},
                               {"master_weight_bytes", master_weight_bytes},
+                              {"frozen_base_bytes", frozen_base_bytes},
                               {"total_state_bytes", total_state_bytes()},
                               {"state_bytes_per_param", num_params ? static_cast<double>(total_state_bytes()) / num_params : 0.0}};
   return j.dump(2);
@@ -35,11 +36,13 @@ MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim) {
   MemoryReport r;
   r.rank = model.comm().rank();
   r.world_size = model.comm().world_size();
-  for (const auto& u : model.units()) {
+  for (const auto& u : model.trainable_units()) {
     r.num_params += u.shard.numel();
     r.param_bytes += u.shard.nbytes();
     if (u.shard.grad().defined()) r.grad_bytes += u.shard.grad().nbytes();
   }
+  if (model.lora())
+    for (const auto& u : model.units()) r.frozen_base_bytes += u.shard.nbytes();
   r.optimizer_state_bytes = optim.state_bytes();
   return r;
 }
@@ -48,15 +51,20 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   const PrecisionPolicy policy = PrecisionPolicy::from_config(config);
   MemoryReport r;
   r.world_size = world_size;
-  // Every rank holds shard_numel() elements of each unit (the last ones zero-padded).
-  for (const auto& u : llama_units(config.model.shape, config.model.init_std)) r.num_params += shard_numel(u.numel, world_size);
+  // Every rank holds shard_numel() elements of each trainable unit (the last ones zero-padded).
+  const auto& s = config.model.shape;
+  const auto base = llama_units(s, config.model.init_std);
+  const auto trainable = config.lora.enabled ? lora_units(s, config.lora.targets, config.lora.rank) : base;
+  for (const auto& u : trainable) r.num_params += shard_numel(u.numel, world_size);
+  if (config.lora.enabled)  // the frozen base, sharded in the compute dtype
+    for (const auto& u : base) r.frozen_base_bytes += shard_numel(u.numel, world_size) * c10::elementSize(policy.compute_dtype);
   const int64_t master = c10::elementSize(policy.master_dtype), optim = c10::elementSize(policy.optim_dtype);
   r.param_bytes = r.num_params * master;
   r.grad_bytes = config.optimizer.in_backward ? 0 : r.num_params * master;  // in-backward: never a full set
   r.optimizer_state_bytes = 2 * r.num_params * optim;
   if (config.optimizer.name == "adamw8bit") {  // this rank's (rank 0's) blocks, as the optimizer lays them out
     r.optimizer_state_bytes = 0;
-    for (const auto& u : llama_units(config.model.shape, config.model.init_std))
+    for (const auto& u : trainable)
       r.optimizer_state_bytes += Blocking::of(u, 0, shard_numel(u.numel, world_size), kMin8bitNumel).state_bytes();
   }
   return r;

@@ -74,12 +74,23 @@ std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const 
 }
 
 std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
+  FsdpOptions o;
+  o.reshard_after_forward = c.parallel.reshard_after_forward;
+  o.activation_checkpointing = c.memory.activation_checkpointing == "full";
+  o.prefetch = c.parallel.prefetch;
+  o.lora = c.lora.enabled;
+  o.lora_targets = c.lora.targets;
+  o.lora_rank = c.lora.rank;
+  o.lora_alpha = c.lora.alpha;
+  o.lora_dropout = c.lora.dropout;
   auto model = std::make_unique<FsdpModel>(c.model.shape, PrecisionPolicy::from_config(c), device, c.model.init_std,
-                                           std::move(comm), FsdpOptions{c.parallel.reshard_after_forward, c.memory.activation_checkpointing == "full", c.parallel.prefetch});
-  if (!c.model.hf_path.empty())
+                                           std::move(comm), o);
+  if (!c.model.hf_path.empty()) {
     model->load_hf(HfCheckpoint(c.model.hf_path));
-  else
+    model->init_adapters(static_cast<uint64_t>(c.run.seed));
+  } else {
     model->init_weights(static_cast<uint64_t>(c.run.seed));
+  }
   return model;
 }
 
@@ -89,7 +100,8 @@ std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& mode
   const auto seed = static_cast<uint64_t>(c.run.seed);
   if (o.name == "adamw8bit") {
     std::vector<Blocking> blocking;
-    for (const auto& u : model.units()) blocking.push_back(Blocking::of(u.layout, u.shard_offset, u.shard_numel, kMin8bitNumel));
+    for (const auto& u : model.trainable_units())
+      blocking.push_back(Blocking::of(u.layout, u.shard_offset, u.shard_numel, kMin8bitNumel));
     return std::make_unique<AdamW8bit>(std::move(targets), std::move(blocking),
                                        AdamW8bitOptions{{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed}, kMin8bitNumel});
   }
@@ -130,8 +142,8 @@ int train(const Config& c) {
 
   auto model = build_model(c, device, comm);
   std::vector<OptimTarget> targets;
-  for (size_t i = 0; i < model->units().size(); ++i) {
-    auto& u = model->units()[i];
+  for (size_t i = 0; i < model->trainable_units().size(); ++i) {
+    auto& u = model->trainable_units()[i];
     targets.push_back({u.layout.name, u.shard, std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel),
                        (static_cast<uint64_t>(i) << 40) + static_cast<uint64_t>(u.shard_offset)});
   }
@@ -226,7 +238,7 @@ int train(const Config& c) {
       grad_norm = std::sqrt(grad_sq.item<double>());
     } else {
       std::vector<at::Tensor> grads;
-      for (auto& u : model->units()) grads.push_back(u.shard.grad());
+      for (auto& u : model->trainable_units()) grads.push_back(u.shard.grad());
       grad_norm = clip_grad_norm(grads, c.training.max_grad_norm, comm.get());
       optim.step(lr);
     }
