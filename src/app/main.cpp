@@ -157,8 +157,11 @@ int cmd_check(const Args& a) {
             << "  grads             " << log::bytes(m.grad_bytes) << "\n"
             << "  optimizer state   " << log::bytes(m.optimizer_state_bytes) << "\n"
             << "  master weights    " << log::bytes(m.master_weight_bytes) << "\n"
-            << (c.lora.enabled ? "  frozen base       " + log::bytes(m.frozen_base_bytes) + " (LoRA: not trained)\n" : std::string())
-            << "  total             " << log::bytes(m.total_state_bytes()) << " (activations not included)\n";
+            << "  total             " << log::bytes(m.total_state_bytes()) << " (activations not included)\n"
+            << (c.lora.enabled ? "  + frozen base     " + log::bytes(m.frozen_base_bytes) + " (LoRA: not trained" +
+                                     (m.nf4_params ? "; NF4 " + log::fixed(static_cast<double>(m.nf4_bytes) / m.nf4_params, 4) +
+                                                         " B per 4-bit weight" : std::string()) + ")\n"
+                               : std::string());
   if (a.options.count("--gpu-memory")) {
     double gib = 0;
     try {

@@ -266,10 +266,7 @@ const std::vector<Rule>& rules() {
          return c.quant.base == "nf4" && !c.lora.enabled
                     ? "an NF4 base is frozen, so nothing would train; set lora.enabled = true or quant.base = \"none\"" : "";
        }},
-      {"quant.base", [](const Config& c, const Environment&) -> std::string {
-         return not_yet(c.quant.base == "nf4" && c.lora.enabled, "training over an NF4 base (the NF4 format itself is done)",
-                        "use quant.base = \"none\" (LoRA over a frozen bf16/fp32 base)");
-       }},
+
   };
   return kRules;
 }

@@ -82,6 +82,42 @@ std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
   return units;
 }
 
+std::vector<UnitLayout> llama_units_without_block_matrices(const LlamaShape& s, double init_std) {
+  std::vector<UnitLayout> out;
+  for (auto& full : llama_units(s, init_std)) {
+    if (full.kind != UnitKind::block) {
+      out.push_back(std::move(full));
+      continue;
+    }
+    UnitLayout u;
+    u.name = full.name;
+    u.kind = full.kind;
+    u.layer = full.layer;
+    for (const auto& slot : full.slots) {
+      if (slot.shape.size() != 1) continue;
+      group(u);
+      add(u, slot.name, slot.shape, slot.decay, slot.init_std);
+    }
+    group(u);
+    u.group_begins.pop_back();
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+std::vector<std::vector<ParamSlot>> block_matrix_groups(const UnitLayout& block) {
+  std::vector<std::vector<ParamSlot>> groups;
+  for (size_t g = 0; g < block.group_begins.size(); ++g) {
+    const int64_t begin = block.group_begins[g];
+    const int64_t end = g + 1 < block.group_begins.size() ? block.group_begins[g + 1] : block.numel;
+    std::vector<ParamSlot> slots;
+    for (const auto& s : block.slots)
+      if (s.offset >= begin && s.offset < end && s.shape.size() == 2) slots.push_back(s);
+    if (!slots.empty()) groups.push_back(std::move(slots));
+  }
+  return groups;
+}
+
 std::vector<Projection> block_projections(const LlamaShape& s) {
   return {{"q", "self_attn.q_proj", s.dim, s.q_dim()},     {"k", "self_attn.k_proj", s.dim, s.kv_dim()},
           {"v", "self_attn.v_proj", s.dim, s.kv_dim()},    {"o", "self_attn.o_proj", s.q_dim(), s.dim},

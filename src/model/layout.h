@@ -57,6 +57,11 @@ int64_t shard_numel(int64_t unit_numel, int64_t world_size);
 // All units in forward order. `init_std` is the base std of matrix init (output projections
 // of each block get init_std / sqrt(2 * n_layers)).
 std::vector<UnitLayout> llama_units(const LlamaShape& shape, double init_std);
+// The same units with the four matrix groups of every block (q/k/v, o, gate/up, down) left out:
+// an NF4 base keeps those quantized beside the units, and only the norms stay in the blocks.
+std::vector<UnitLayout> llama_units_without_block_matrices(const LlamaShape& shape, double init_std);
+// Block matrix groups in BlockWeights order: q/k/v, o, gate/up, down; each the slots it fuses.
+std::vector<std::vector<ParamSlot>> block_matrix_groups(const UnitLayout& block);
 
 // LoRA adapters, one layout per base unit (same order; "<unit>.lora"): for each targeted
 // projection of a block (q, k, v, o, gate, up, down) an A [rank, in] and a B [out, rank]

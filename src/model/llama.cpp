@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "model/gemm.h"
+#include "quant/linear4bit.h"
 
 namespace ptrain {
 
@@ -113,6 +114,16 @@ BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const UnitLayout& l
   return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
+BlockWeights BlockWeights::from_nf4(const at::Tensor& flat, const UnitLayout& layout, const nf4::Quantized* const q4[4]) {
+  BlockWeights w;
+  const auto& n1 = layout.slots.at(0);
+  const auto& n2 = layout.slots.at(1);
+  w.attn_norm = flat.narrow(0, n1.offset, n1.numel);
+  w.ffn_norm = flat.narrow(0, n2.offset, n2.numel);
+  for (int i = 0; i < 4; ++i) w.q4[i] = q4[i];
+  return w;
+}
+
 HeadWeights HeadWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout, const at::Tensor& embed_flat,
                                    const LlamaShape& s) {
   HeadWeights w;
@@ -152,6 +163,13 @@ at::Tensor BlockLora::delta(int p, const at::Tensor& x) const {
 }
 
 namespace {
+// The frozen base's projection g (0 q/k/v, 1 o, 2 gate/up, 3 down): dense or 4-bit.
+at::Tensor base_linear(const BlockWeights& w, int g, const at::Tensor& x) {
+  if (w.q4[g]) return linear4bit(x, *w.q4[g]);
+  const at::Tensor* dense[4] = {&w.wqkv, &w.wo, &w.w_gate_up, &w.w_down};
+  return gemm::linear(x, *dense[g]);
+}
+
 // base + adapter delta of projection p (in place of the base output when it is a temporary).
 at::Tensor with_lora(at::Tensor base, const BlockLora* lora, int p, const at::Tensor& x) {
   if (!lora) return base;
@@ -166,7 +184,7 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
   const int64_t Q = s.q_dim(), KV = s.kv_dim();
 
   at::Tensor hn = rms_norm(x, w.attn_norm, s.norm_eps);
-  auto qkv = gemm::linear(hn, w.wqkv).split_with_sizes({Q, KV, KV}, -1);
+  auto qkv = base_linear(w, 0, hn).split_with_sizes({Q, KV, KV}, -1);
   for (int p = 0; p < 3; ++p) qkv[p] = with_lora(qkv[p], lora, p, hn);
   at::Tensor q = apply_rope(qkv[0].reshape({B, T, s.n_heads, hd}), rope).transpose(1, 2);
   at::Tensor k = apply_rope(qkv[1].reshape({B, T, s.n_kv_heads, hd}), rope).transpose(1, 2);
@@ -175,14 +193,14 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
                                                      /*enable_gqa=*/s.n_kv_heads != s.n_heads);
   at::Tensor ao = attn.transpose(1, 2).reshape({B, T, Q});
-  at::Tensor h = x + with_lora(gemm::linear(ao, w.wo), lora, 3, ao);
+  at::Tensor h = x + with_lora(base_linear(w, 1, ao), lora, 3, ao);
 
   at::Tensor hn2 = rms_norm(h, w.ffn_norm, s.norm_eps);
-  auto gate_up = gemm::linear(hn2, w.w_gate_up).chunk(2, -1);
+  auto gate_up = base_linear(w, 2, hn2).chunk(2, -1);
   gate_up[0] = with_lora(gate_up[0], lora, 4, hn2);
   gate_up[1] = with_lora(gate_up[1], lora, 5, hn2);
   at::Tensor act = at::silu(gate_up[0]) * gate_up[1];
-  return h + with_lora(gemm::linear(act, w.w_down), lora, 6, act);
+  return h + with_lora(base_linear(w, 3, act), lora, 6, act);
 }
 
 }  // namespace ptrain

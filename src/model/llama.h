@@ -9,6 +9,10 @@
 
 namespace ptrain {
 
+namespace nf4 {
+struct Quantized;
+}
+
 // RoPE tables in float32 for positions [0, seq_len): cos/sin of shape [seq_len, head_dim/2],
 // with Llama-3.1 frequency scaling when shape.rope_scaling.factor > 0 (same math as HF).
 struct RopeTables {
@@ -32,7 +36,11 @@ struct BlockWeights {
   at::Tensor w_down;     // [dim, ffn_dim]
   at::Tensor attn_norm;  // [dim]
   at::Tensor ffn_norm;   // [dim]
+  // NF4 base: the four matrices (same order) are these frozen 4-bit weights instead.
+  const nf4::Quantized* q4[4] = {nullptr, nullptr, nullptr, nullptr};
   static BlockWeights from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& shape);
+  // flat holds only the norms (llama_units_without_block_matrices); q4 the four NF4 matrices.
+  static BlockWeights from_nf4(const at::Tensor& flat, const UnitLayout& layout, const nf4::Quantized* const q4[4]);
 };
 
 // Views of the head unit's flat buffer; `output` is the embedding when tied.

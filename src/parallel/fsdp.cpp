@@ -147,8 +147,11 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
   const int64_t ws = comm_->world_size(), rank = comm_->rank();
   // A frozen base needs no master copy: it is stored in the compute dtype.
   const auto base_dtype = options_.lora ? policy.compute_dtype : policy.master_dtype;
-  for (auto& layout : llama_units(shape, init_std))
+  full_layouts_ = llama_units(shape, init_std);
+  auto layouts = options_.nf4_base ? llama_units_without_block_matrices(shape, init_std) : full_layouts_;
+  for (auto& layout : layouts)
     units_.push_back(make_unit(std::move(layout), ws, rank, base_dtype, policy.compute_dtype, device, !options_.lora));
+  nf4_.resize(units_.size());
   if (options_.lora)
     for (auto& layout : lora_units(shape, options_.lora_targets, options_.lora_rank))
       adapters_.push_back(make_unit(std::move(layout), ws, rank, policy.master_dtype, policy.compute_dtype, device, true));
@@ -157,8 +160,52 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
 
 void FsdpModel::init_weights(uint64_t seed) {
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < units_.size(); ++i) init_unit(units_[i], mix_seed(seed, i));
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (!options_.nf4_base || units_[i].layout.kind != UnitKind::block) {
+      init_unit(units_[i], mix_seed(seed, i));
+      continue;
+    }
+    // The same numbers a dense model draws (the full unit), then the matrices are quantized.
+    FlatUnit full;
+    full.layout = full_layouts_[i];
+    full.shard_numel = full.layout.numel;
+    full.shard = at::zeros({full.layout.numel}, at::kFloat);
+    init_unit(full, mix_seed(seed, i));
+    std::vector<at::Tensor> groups;
+    for (const auto& g : block_matrix_groups(full.layout)) {
+      const int64_t begin = g.front().offset, end = g.back().offset + g.back().numel;
+      groups.push_back(full.shard.narrow(0, begin, end - begin).view({-1, g.front().shape[1]}));
+    }
+    quantize_block(i, groups);
+    FlatUnit& u = units_[i];
+    u.shard.zero_();
+    for (const auto& slot : u.layout.slots) {  // the norms
+      at::Tensor src = full.shard.narrow(0, full.layout.offset_of(slot.name), slot.numel);
+      const int64_t a = std::max(u.shard_offset, slot.offset), b = std::min(u.shard_offset + u.owned(), slot.offset + slot.numel);
+      if (a < b) u.shard.narrow(0, a - u.shard_offset, b - a).copy_(src.narrow(0, a - slot.offset, b - a));
+    }
+  }
   init_adapters(seed);
+}
+
+void FsdpModel::quantize_block(size_t unit, const std::vector<at::Tensor>& groups) {
+  TORCH_CHECK(groups.size() == 4, "a block has 4 matrix groups");
+  for (size_t g = 0; g < 4; ++g)
+    nf4_[unit][g] = std::make_shared<const nf4::Quantized>(nf4::quantize(groups[g].to(device_), options_.double_quant));
+}
+
+int64_t FsdpModel::nf4_bytes() const {
+  int64_t n = 0;
+  for (const auto& groups : nf4_)
+    for (const auto& q : groups) n += q ? q->bytes() : 0;
+  return n;
+}
+
+int64_t FsdpModel::nf4_params() const {
+  int64_t n = 0;
+  for (const auto& groups : nf4_)
+    for (const auto& q : groups) n += q ? q->numel : 0;
+  return n;
 }
 
 void FsdpModel::init_adapters(uint64_t seed) {
@@ -191,6 +238,26 @@ void FsdpModel::init_unit(FlatUnit& u, uint64_t seed) {
 
 void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
   at::NoGradGuard no_grad;
+  if (options_.nf4_base) {
+    // One matrix group at a time: read it from the memory-mapped files, quantize, drop it; the
+    // full-precision model never exists in memory.
+    for (size_t i = 0; i < units_.size(); ++i) {
+      if (units_[i].layout.kind != UnitKind::block) continue;
+      std::vector<at::Tensor> groups;
+      for (const auto& g : block_matrix_groups(full_layouts_[i])) {
+        std::vector<at::Tensor> parts;
+        for (const auto& slot : g) {
+          at::Tensor src = ckpt.tensor(slot.name);
+          if (src.sizes().vec() != slot.shape)
+            throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
+                               c10::str(c10::IntArrayRef(slot.shape)));
+          parts.push_back(src);
+        }
+        groups.push_back(parts.size() == 1 ? parts[0] : at::cat(parts));
+      }
+      quantize_block(i, groups);
+    }
+  }
   for (auto& u : units_) {
     u.shard.zero_();
     const int64_t lo = u.shard_offset, hi = u.shard_offset + u.owned();
@@ -346,7 +413,10 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
                                                      options_.lora_dropout, training);
     // A frozen block gets no reduce-scatter to release it: release once its backward is done.
     if (options_.lora && training && x.requires_grad()) x = ReleaseAfterBackward::apply(x, this, static_cast<int64_t>(i));
-    x = block_forward(BlockWeights::from_flat(w, units_[i].layout, shape_), x, rp, shape_, a.defined() ? &lora : nullptr);
+    const nf4::Quantized* q4[4] = {nf4_[i][0].get(), nf4_[i][1].get(), nf4_[i][2].get(), nf4_[i][3].get()};
+    BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, q4)
+                                        : BlockWeights::from_flat(w, units_[i].layout, shape_);
+    x = block_forward(bw, x, rp, shape_, a.defined() ? &lora : nullptr);
     if (!training || options_.reshard_after_forward) {
       release(i);
       if (a.defined()) release(adapter(i));
@@ -387,7 +457,7 @@ void FsdpModel::zero_grad() {
 
 int64_t FsdpModel::num_params() const {
   int64_t n = 0;
-  for (const auto& u : units_) n += u.layout.numel;
+  for (const auto& u : full_layouts_) n += u.numel;
   return n;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 #include <ATen/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "model/loss.h"
 #include "parallel/collectives.h"
 #include "parallel/precision.h"
+#include "quant/nf4.h"
 
 namespace ptrain {
 
@@ -58,6 +60,10 @@ struct FsdpOptions {
   int64_t lora_rank = 8;
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
+  // quant.base = "nf4" (with LoRA): every block's four matrix groups are frozen NF4 tensors
+  // (replicated on every rank), the rest of the base stays in the units, frozen.
+  bool nf4_base = false;
+  bool double_quant = true;
 };
 
 class FsdpModel {
@@ -89,6 +95,11 @@ class FsdpModel {
   std::vector<FlatUnit>& trainable_units() { return options_.lora ? adapters_ : units_; }
   const std::vector<FlatUnit>& trainable_units() const { return options_.lora ? adapters_ : units_; }
   bool lora() const { return options_.lora; }
+  // NF4 base: bytes of the quantized weights actually held, and how many weights they encode.
+  int64_t nf4_bytes() const;
+  int64_t nf4_params() const;
+  // NF4 base: matrix group g (0 q/k/v, 1 o, 2 gate/up, 3 down) of block unit `unit`, or null.
+  const nf4::Quantized* nf4_weight(size_t unit, int g) const { return nf4_.at(unit)[static_cast<size_t>(g)].get(); }
   Collectives& comm() const { return *comm_; }
   void zero_grad();
   const LlamaShape& shape() const { return shape_; }
@@ -145,6 +156,10 @@ class FsdpModel {
   FsdpOptions options_;
   std::vector<FlatUnit> units_;
   std::vector<FlatUnit> adapters_;  // LoRA: adapters_[i] belongs to units_[i] (may be empty)
+  std::vector<UnitLayout> full_layouts_;  // every base tensor, matrices included (init, HF load)
+  // NF4 base: per unit (blocks only) q/k/v, o, gate/up, down.
+  std::vector<std::array<std::shared_ptr<const nf4::Quantized>, 4>> nf4_;
+  void quantize_block(size_t unit, const std::vector<at::Tensor>& groups);
   FlatUnit& at(size_t unit) { return unit < units_.size() ? units_[unit] : adapters_[unit - units_.size()]; }
   const FlatUnit& at(size_t unit) const { return unit < units_.size() ? units_[unit] : adapters_[unit - units_.size()]; }
   size_t adapter(size_t unit) const { return units_.size() + unit; }

@@ -41,10 +41,10 @@ class Linear4bitFn : public torch::autograd::Function<Linear4bitFn> {
 
 }  // namespace
 
-at::Tensor linear4bit(const at::Tensor& x, const std::shared_ptr<const nf4::Quantized>& weight) {
-  TORCH_CHECK(weight->shape.size() == 2 && x.size(-1) == weight->shape[1], "linear4bit: input has ", x.size(-1),
-              " features, the weight expects ", weight->shape.size() == 2 ? weight->shape[1] : -1);
-  return Linear4bitFn::apply(x, weight.get());
+at::Tensor linear4bit(const at::Tensor& x, const nf4::Quantized& weight) {
+  TORCH_CHECK(weight.shape.size() == 2 && x.size(-1) == weight.shape[1], "linear4bit: input has ", x.size(-1),
+              " features, the weight expects ", weight.shape.size() == 2 ? weight.shape[1] : -1);
+  return Linear4bitFn::apply(x, &weight);
 }
 
 at::Tensor lora_delta(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, const LoraOptions& options,

@@ -20,7 +20,10 @@ namespace ptrain {
 
 // x [..., in] (float32 or bf16) -> [..., out] in x's dtype; `weight` is [out, in] NF4 and must
 // outlive the autograd graph (the model owns it).
-at::Tensor linear4bit(const at::Tensor& x, const std::shared_ptr<const nf4::Quantized>& weight);
+at::Tensor linear4bit(const at::Tensor& x, const nf4::Quantized& weight);
+inline at::Tensor linear4bit(const at::Tensor& x, const std::shared_ptr<const nf4::Quantized>& weight) {
+  return linear4bit(x, *weight);
+}
 
 struct LoraOptions {
   int64_t rank = 16;

@@ -11,6 +11,7 @@
 #include "train/trainer.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
+#include "quant/nf4_math.h"
 
 #ifdef PTRAIN_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -27,6 +28,9 @@ std::string MemoryReport::to_json() const {
                               {"optimizer_state_bytes", optimizer_state_bytes},
                               {"master_weight_bytes", master_weight_bytes},
                               {"frozen_base_bytes", frozen_base_bytes},
+                              {"nf4_params", nf4_params},
+                              {"nf4_bytes", nf4_bytes},
+                              {"nf4_bytes_per_param", nf4_params ? static_cast<double>(nf4_bytes) / nf4_params : 0.0},
                               {"total_state_bytes", total_state_bytes()},
                               {"state_bytes_per_param", num_params ? static_cast<double>(total_state_bytes()) / num_params : 0.0}};
   return j.dump(2);
@@ -43,6 +47,9 @@ MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim) {
   }
   if (model.lora())
     for (const auto& u : model.units()) r.frozen_base_bytes += u.shard.nbytes();
+  r.nf4_params = model.nf4_params();
+  r.nf4_bytes = model.nf4_bytes();
+  r.frozen_base_bytes += r.nf4_bytes;
   r.optimizer_state_bytes = optim.state_bytes();
   return r;
 }
@@ -53,11 +60,27 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   r.world_size = world_size;
   // Every rank holds shard_numel() elements of each trainable unit (the last ones zero-padded).
   const auto& s = config.model.shape;
-  const auto base = llama_units(s, config.model.init_std);
+  const bool nf4 = config.lora.enabled && config.quant.base == "nf4";
+  const auto full = llama_units(s, config.model.init_std);
+  const auto base = nf4 ? llama_units_without_block_matrices(s, config.model.init_std) : full;
   const auto trainable = config.lora.enabled ? lora_units(s, config.lora.targets, config.lora.rank) : base;
   for (const auto& u : trainable) r.num_params += shard_numel(u.numel, world_size);
   if (config.lora.enabled)  // the frozen base, sharded in the compute dtype
     for (const auto& u : base) r.frozen_base_bytes += shard_numel(u.numel, world_size) * c10::elementSize(policy.compute_dtype);
+  if (nf4) {  // every rank holds all NF4 matrices: 4 bits per weight + scales (nf4::Quantized::bytes)
+    for (const auto& u : full) {
+      if (u.kind != UnitKind::block) continue;
+      for (const auto& g : block_matrix_groups(u)) {
+        int64_t n = 0;
+        for (const auto& slot : g) n += slot.numel;
+        const int64_t blocks = (n + nf4::kBlock - 1) / nf4::kBlock;
+        r.nf4_params += n;
+        r.nf4_bytes += (n + 1) / 2 + (config.quant.double_quant ? blocks + ((blocks + nf4::kStatsBlock - 1) / nf4::kStatsBlock) * 4 + 4
+                                                                 : blocks * 4);
+      }
+    }
+    r.frozen_base_bytes += r.nf4_bytes;
+  }
   const int64_t master = c10::elementSize(policy.master_dtype), optim = c10::elementSize(policy.optim_dtype);
   r.param_bytes = r.num_params * master;
   r.grad_bytes = config.optimizer.in_backward ? 0 : r.num_params * master;  // in-backward: never a full set

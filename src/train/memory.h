@@ -22,6 +22,8 @@ struct MemoryReport {
   int64_t optimizer_state_bytes = 0;  // optimizer moments
   int64_t master_weight_bytes = 0;    // extra master copies beyond param_bytes (none in fp32/mixed)
   int64_t frozen_base_bytes = 0;      // LoRA: the frozen base weights (not trained, no grads or state)
+  int64_t nf4_params = 0;             // NF4 base: weights held in 4 bits (part of the frozen base)
+  int64_t nf4_bytes = 0;              //   their packed codes + scales (nf4_bytes / nf4_params ~ 0.516)
   // Trainable state; with LoRA num_params counts adapter parameters and the frozen base is
   // reported apart (frozen_base_bytes).
   int64_t total_state_bytes() const { return param_bytes + grad_bytes + optimizer_state_bytes + master_weight_bytes; }

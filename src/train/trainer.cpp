@@ -83,6 +83,8 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   o.lora_rank = c.lora.rank;
   o.lora_alpha = c.lora.alpha;
   o.lora_dropout = c.lora.dropout;
+  o.nf4_base = c.quant.base == "nf4";
+  o.double_quant = c.quant.double_quant;
   auto model = std::make_unique<FsdpModel>(c.model.shape, PrecisionPolicy::from_config(c), device, c.model.init_std,
                                            std::move(comm), o);
   if (!c.model.hf_path.empty()) {

@@ -57,6 +57,13 @@ if [ -n "$a" ] && [ "$a" = "$b" ]; then pass=$((pass+1)); else fail=$((fail+1));
 # --plan the missing data file is an error.
 expect 0 "persistent state +~6.03" -- "$bin" check --plan --config "$src/configs/llama3_8b_mixed.toml" --set precision.mode=bf16 --set optimizer.name=adamw8bit --world-size 8
 expect 2 "data.path: no such file" -- "$bin" check --config "$src/configs/llama3_8b_mixed.toml"
+# configs/tiny_qlora.toml: QLoRA over the fixture's HF model trains on the CPU (loss falls).
+( cd "$src" && "$bin" --config configs/tiny_qlora.toml --set training.steps=30 --set training.eval_every=0 \
+    --set checkpoint.save_final=false --set run.output_dir="$tmp/qlora" >/dev/null 2>&1 )
+first=$(grep -m1 '"loss"' "$tmp/qlora/metrics.jsonl" 2>/dev/null | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+last=$(grep '"loss"' "$tmp/qlora/metrics.jsonl" 2>/dev/null | tail -1 | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+if [ -n "$first" ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < a - 0.5)}'; then pass=$((pass+1)); else
+  fail=$((fail+1)); echo "FAIL: tiny_qlora did not train: first loss '$first', last '$last'"; fi
 # compare: every mode trains from the same init; summary, CSV and plot are written.
 expect 2 "unknown mode 'fp8'" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,fp8
 expect 0 "\| bf16-adam8bit \|" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,mixed,bf16,bf16-sr,bf16-adam8bit --steps 3 --out "$tmp/cmp"

@@ -363,3 +363,11 @@ TEST(Dist, LoraMatchesAcrossWorldSizes) {
                                        "--set optimizer.lr=1e-2 --set training.steps=8");
   expect_same_curve(runs, 8, 1e-5);
 }
+
+// QLoRA: every rank holds the NF4 base and its shards of the adapters; np=1 and np=2 agree.
+TEST(Dist, QloraMatchesAcrossWorldSizes) {
+  test::TempDir dir;
+  auto runs = runs_at_one_and_two(dir, "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\"]' --set lora.rank=4 "
+                                       "--set quant.base=nf4 --set optimizer.lr=1e-2 --set training.steps=8");
+  expect_same_curve(runs, 8, 1e-5);
+}
