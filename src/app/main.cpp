@@ -52,7 +52,9 @@ usage:
             a text or token file (default: data.path), in order
   compare   trains each mode (fp32, mixed, bf16, bf16-sr, bf16-adam8bit) from the same init on the
             same data; writes DIR/<mode>/metrics.jsonl, summary.md, summary.csv, loss.svg
-  export    writes a Hugging Face Llama directory (config.json + model.safetensors)
+  export    writes a Hugging Face Llama directory (config.json + model.safetensors), or for a
+            LoRA checkpoint the adapters in PEFT's format (adapter_config.json +
+            adapter_model.safetensors)
   tokenize  converts text to a byte-level token file (see docs/data.md)
 
 exit codes: 0 success · 2 bad usage or invalid config (every problem listed) · 1 runtime failure

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "checkpoint/hf.h"
+#include "checkpoint/peft.h"
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
 #include "common/fs_util.h"
@@ -167,6 +168,10 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
                  {"precision", model.policy().mode},
                  {"master_dtype", c10::toString(model.policy().master_dtype)},
                  {"lora", model.lora()},
+                 {"lora_config", {{"rank", model.options().lora_rank},
+                                  {"alpha", model.options().lora_alpha},
+                                  {"dropout", model.options().lora_dropout},
+                                  {"targets", model.options().lora_targets}}},
                  {"shape", shape_json(model.shape())},
                  {"units", units}};
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");  // last: marks completeness
@@ -240,10 +245,24 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
 
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
   json meta = read_meta(checkpoint_dir);
-  if (meta.value("lora", false))
-    throw RuntimeError("checkpoint '" + checkpoint_dir + "' holds LoRA adapters only; exporting them (PEFT format) is not "
-                       "implemented yet");
   const LlamaShape shape = shape_from_json(meta.at("shape"));
+  if (meta.value("lora", false)) {  // adapters only: PEFT's format
+    const json& l = meta.at("lora_config");
+    PeftAdapter a;
+    a.rank = l.at("rank").get<int64_t>();
+    a.alpha = l.at("alpha").get<double>();
+    a.dropout = l.at("dropout").get<double>();
+    a.targets = l.at("targets").get<std::vector<std::string>>();
+    ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());
+    for (const auto& layout : lora_units(shape, a.targets, a.rank)) {
+      if (layout.numel == 0) continue;
+      at::Tensor flat = at::empty({layout.numel}, at::kFloat);
+      params.copy(layout.name, layout.numel, 0, layout.numel, flat);
+      for (const auto& slot : layout.slots) a.tensors[slot.name] = flat.narrow(0, slot.offset, slot.numel).view(slot.shape).clone();
+    }
+    write_peft(out_dir, a);
+    return;
+  }
   ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& layout : llama_units(shape, 0.02)) {

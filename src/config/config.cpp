@@ -147,6 +147,7 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY("lora", "alpha", lora.alpha),
       PTRAIN_KEY("lora", "dropout", lora.dropout),
       PTRAIN_KEY("lora", "targets", lora.targets),
+      PTRAIN_KEY("lora", "adapter_path", lora.adapter_path),
       PTRAIN_KEY("quant", "base", quant.base),
       PTRAIN_KEY("quant", "double_quant", quant.double_quant),
   };

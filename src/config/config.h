@@ -87,6 +87,7 @@ struct Config {
     double alpha = 16.0;
     double dropout = 0.0;
     std::vector<std::string> targets{"q", "v"};
+    std::string adapter_path;  // "" | a PEFT adapter directory to start from
   } lora;
   struct Quant {
     std::string base = "none";  // none | nf4

@@ -2,10 +2,14 @@
 // and returns "" when satisfied, else the reason including the fix.
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/peft.h"
+#include "common/fs_util.h"
 #include "config/config.h"
 #include "data/token_file.h"
 
@@ -256,6 +260,29 @@ const std::vector<Rule>& rules() {
        }},
       {"lora.targets", [](const Config& c, const Environment&) -> std::string {
          return c.lora.enabled && c.lora.targets.empty() ? "LoRA with no targets trains nothing; list some of q, k, v, o, gate, up, down" : "";
+       }},
+      {"lora.adapter_path", [](const Config& c, const Environment& env) -> std::string {
+         if (c.lora.adapter_path.empty()) return "";
+         if (!c.lora.enabled) return "only used with LoRA; set lora.enabled = true or remove it";
+         if (!env.local) return "";
+         const fs::path cfg = fs::path(c.lora.adapter_path) / "adapter_config.json";
+         if (!fs::is_regular_file(cfg)) return "no PEFT adapter at '" + c.lora.adapter_path + "' (no adapter_config.json)";
+         try {
+           const auto j = nlohmann::json::parse(read_text_file(cfg.string()));
+           if (j.value("r", int64_t{0}) != c.lora.rank)
+             return "the adapter has rank " + std::to_string(j.value("r", int64_t{0})) + "; set lora.rank to match";
+           if (j.value("lora_alpha", 0.0) != c.lora.alpha)
+             return "the adapter has lora_alpha " + std::to_string(j.value("lora_alpha", 0.0)) + "; set lora.alpha to match";
+           std::vector<std::string> want, have;
+           for (const auto& t : c.lora.targets) want.push_back(peft_module(t));
+           for (const auto& m : j.value("target_modules", nlohmann::json::array())) have.push_back(m.get<std::string>());
+           std::sort(want.begin(), want.end());
+           std::sort(have.begin(), have.end());
+           if (want != have) return "the adapter targets other projections than lora.targets; list the same ones";
+         } catch (const std::exception& e) {
+           return "'" + cfg.string() + "' is not a valid PEFT adapter config: " + e.what();
+         }
+         return "";
        }},
       {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
          return not_yet(c.lora.enabled && c.memory.activation_checkpointing == "full", "activation checkpointing with LoRA",

@@ -273,6 +273,27 @@ void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
   }
 }
 
+void FsdpModel::load_adapters(const std::map<std::string, at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  size_t used = 0;
+  for (auto& u : adapters_) {
+    u.shard.detach().zero_();
+    const int64_t lo = u.shard_offset, hi = u.shard_offset + u.owned();
+    for (const auto& slot : u.layout.slots) {
+      auto it = tensors.find(slot.name);
+      if (it == tensors.end()) throw RuntimeError("the adapter has no tensor '" + slot.name + "'; its targets differ from lora.targets");
+      ++used;
+      if (it->second.sizes().vec() != slot.shape)
+        throw RuntimeError("adapter tensor '" + slot.name + "' has shape " + c10::str(it->second.sizes()) + ", lora.rank and the model give " +
+                           c10::str(c10::IntArrayRef(slot.shape)));
+      const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
+      if (a < b) u.shard.detach().narrow(0, a - lo, b - a).copy_(it->second.reshape({-1}).narrow(0, a - slot.offset, b - a));
+    }
+  }
+  if (used != tensors.size())
+    throw RuntimeError("the adapter holds " + std::to_string(tensors.size() - used) + " tensor(s) for projections lora.targets does not list");
+}
+
 at::Tensor FsdpModel::gather(size_t unit) {
   if (!at(unit).shard.requires_grad()) return fill(unit);  // frozen: nothing to differentiate
   return GatherUnit::apply(at(unit).shard, this, static_cast<int64_t>(unit));

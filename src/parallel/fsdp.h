@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -79,6 +80,9 @@ class FsdpModel {
   // Copies this rank's slice of every parameter from an HF checkpoint (only those bytes of
   // the memory-mapped files are read).
   void load_hf(const HfCheckpoint& ckpt);
+  // LoRA: copies this rank's slice of every adapter tensor, by slot name ("model.layers.0.
+  // self_attn.q_proj.lora_A.weight"); every adapter slot must be present with its shape.
+  void load_adapters(const std::map<std::string, at::Tensor>& tensors);
 
   // Mean cross-entropy over unmasked targets of this rank's batch. inputs/targets: [B, T].
   at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk);

@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "config/config.h"
 #include "data/dataset.h"
+#include "checkpoint/peft.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip.h"
@@ -93,6 +94,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   } else {
     model->init_weights(static_cast<uint64_t>(c.run.seed));
   }
+  if (!c.lora.adapter_path.empty()) model->load_adapters(read_peft(c.lora.adapter_path).tensors);
   return model;
 }
 

@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/peft.h"
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
 #include "config/config.h"
@@ -421,4 +423,47 @@ TEST(Qlora, Nf4BaseTrainsAndEqualsItsDequantizedDenseModel) {
   q.push_back("quant.double_quant=false");
   auto plain = nlohmann::json::parse(predict_memory(load(cfg, q), 1).to_json());
   EXPECT_NEAR(plain["nf4_bytes_per_param"].get<double>(), 0.5625, 0.002);
+}
+
+// PEFT: an adapter saved by PEFT 0.21.2 over hf_tiny (tests/fixtures/make_peft_fixtures.py)
+// loaded through lora.adapter_path gives PEFT's logits; a ptrain LoRA checkpoint exports to
+// PEFT's files and key names and loads back exactly.
+TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
+  test::TempDir dir;
+  const std::string base = test::fixture("hf_tiny"), peft = test::fixture("peft_tiny");
+  test::small_config(dir);  // writes the corpus
+  test::write_text(dir / "peft.toml", "[model]\nhf_path = \"" + base + "\"\n[data]\npath = \"" + (dir / "corpus.txt") +
+                                          "\"\nseq_len = 24\n[training]\ndevice = \"cpu\"\n[lora]\nenabled = true\n"
+                                          "targets = [\"q\", \"v\", \"down\"]\nrank = 4\nalpha = 8.0\nadapter_path = \"" + peft + "\"\n");
+  Config c = load(dir / "peft.toml");
+  auto m = build_model(c, at::kCPU, test::local_comm());
+  SafetensorsFile expected(test::fixture("peft_tiny_expected.safetensors"));
+  at::Tensor logits = m->logits(expected.tensor("tokens")).view({2, 24, 256});
+  EXPECT_LE((logits - expected.tensor("logits")).abs().max().item<double>(), 1e-4);
+  // Without the adapter the logits differ (the adapter is not a no-op).
+  Config plain = load(dir / "peft.toml", {"lora.adapter_path=\"\""});
+  EXPECT_GT((build_model(plain, at::kCPU, test::local_comm())->logits(expected.tensor("tokens")).view({2, 24, 256}) -
+             expected.tensor("logits")).abs().max().item<double>(), 1e-3);
+
+  // Export: train a LoRA checkpoint (small config), export it, compare files and reload.
+  test::TempDir d2;
+  Config t = load(test::small_config(d2), {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"down\"]", "lora.rank=4",
+                                          "training.steps=3", "optimizer.lr=1e-2"});
+  ASSERT_EQ(train(t), 0);
+  const std::string ck = d2 / "run/checkpoints/step_3";
+  export_hf(ck, d2 / "peft");
+  PeftAdapter a = read_peft(d2 / "peft");
+  EXPECT_EQ(a.rank, 4);
+  EXPECT_EQ(a.alpha, 16.0);
+  SafetensorsFile mine(d2 / "peft/adapter_model.safetensors"), theirs(peft + "/adapter_model.safetensors");
+  std::set<std::string> mine_keys, their_keys;
+  for (const auto& e : mine.entries()) mine_keys.insert(e.name);
+  for (const auto& e : theirs.entries()) their_keys.insert(e.name);
+  EXPECT_EQ(mine_keys, their_keys);  // the same modules at the same 2 layers: PEFT's key names
+  Config back = load(test::small_config(d2), {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"down\"]", "lora.rank=4",
+                                             "lora.adapter_path=\"" + (d2 / "peft") + "\""});
+  auto reloaded = build_model(back, at::kCPU, test::local_comm());
+  SafetensorsFile saved(ck + "/model.rank0.safetensors");
+  for (const auto& u : reloaded->trainable_units())
+    if (u.layout.numel > 0) EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;
 }
