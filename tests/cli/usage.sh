@@ -59,7 +59,14 @@ expect 0 "persistent state +~6.03" -- "$bin" check --plan --config "$src/configs
 expect 2 "data.path: no such file" -- "$bin" check --config "$src/configs/llama3_8b_mixed.toml"
 # configs/tiny_qlora.toml: QLoRA over the fixture's HF model trains on the CPU (loss falls).
 ( cd "$src" && "$bin" --config configs/tiny_qlora.toml --set training.steps=30 --set training.eval_every=0 \
-    --set checkpoint.save_final=false --set run.output_dir="$tmp/qlora" >/dev/null 2>&1 )
+    --set run.output_dir="$tmp/qlora" >/dev/null 2>&1 )
+# ... and its adapters export in PEFT's format.
+expect 0 "" -- "$bin" export --checkpoint "$tmp/qlora/checkpoints/step_30" --out "$tmp/qlora_peft"
+for f in adapter_config.json adapter_model.safetensors; do
+  if [ -s "$tmp/qlora_peft/$f" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: QLoRA export did not write $f"; fi
+done
+if grep -q '"peft_type": "LORA"' "$tmp/qlora_peft/adapter_config.json" 2>/dev/null; then pass=$((pass+1)); else
+  fail=$((fail+1)); echo "FAIL: adapter_config.json is not a PEFT LoRA config"; fi
 first=$(grep -m1 '"loss"' "$tmp/qlora/metrics.jsonl" 2>/dev/null | sed 's/.*"loss":\([0-9.]*\).*/\1/')
 last=$(grep '"loss"' "$tmp/qlora/metrics.jsonl" 2>/dev/null | tail -1 | sed 's/.*"loss":\([0-9.]*\).*/\1/')
 if [ -n "$first" ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < a - 0.5)}'; then pass=$((pass+1)); else
