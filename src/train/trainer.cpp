@@ -19,6 +19,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "checkpoint/peft.h"
+#include "common/alloc_meter.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip.h"
@@ -89,7 +90,15 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   auto model = std::make_unique<FsdpModel>(c.model.shape, PrecisionPolicy::from_config(c), device, c.model.init_std,
                                            std::move(comm), o);
   if (!c.model.hf_path.empty()) {
-    model->load_hf(HfCheckpoint(c.model.hf_path));
+    {
+      MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
+      model->load_hf(HfCheckpoint(c.model.hf_path));
+      if (model->lora())
+        log::info("loaded ", c.model.hf_path, (c.quant.base == "nf4" ? " (NF4, one matrix group at a time)" : ""),
+                  ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),
+                  " (the checkpoint's full-precision weights: ", log::bytes(4.0 * static_cast<double>(model->num_params())),
+                  " in float32)");
+    }
     model->init_adapters(static_cast<uint64_t>(c.run.seed));
   } else {
     model->init_weights(static_cast<uint64_t>(c.run.seed));

@@ -10,19 +10,17 @@
 #include <atomic>
 #include <memory>
 
+#include "checkpoint/hf.h"
+#include "common/alloc_meter.h"
+#include "model/layout.h"
+#include "parallel/fsdp.h"
 #include "quant/linear4bit.h"
 #include "quant/nf4.h"
+#include "test_util.h"
 
 using namespace ptrain;
 
 namespace {
-// Net bytes the CPU allocator hands out while installed (LibTorch reports every allocation and
-// free to the thread's memory-reporting hook).
-struct AllocationMeter : c10::MemoryReportingInfoBase {
-  std::atomic<int64_t> net{0};
-  void reportMemoryUsage(void*, int64_t size, size_t, size_t, c10::Device) override { net += size; }
-  bool memoryProfilingEnabled() const override { return true; }
-};
 
 struct Layers {
   std::vector<std::shared_ptr<const nf4::Quantized>> w4;
@@ -106,4 +104,39 @@ TEST(Qlora, LoraStartsAsBaseAndItsGradientsMatchDense) {
   EXPECT_TRUE(at::allclose(y1, y2, 1e-5, 1e-6));
   EXPECT_TRUE(at::allclose(a1.grad(), a2.grad(), 1e-5, 1e-6));
   EXPECT_TRUE(at::allclose(b1.grad(), b2.grad(), 1e-5, 1e-6));
+}
+
+// Loading an HF checkpoint into an NF4 base quantizes one matrix group at a time: host
+// allocations during the load peak at a few copies of the largest group plus the NF4 weights,
+// never at the checkpoint's full-precision matrices (measured with the allocation meter).
+TEST(Qlora, HfLoadQuantizesOneGroupAtATime) {
+  const std::string dir = test::fixture("hf_tiny");
+  const LlamaShape shape = read_hf_config(dir);
+  FsdpOptions o;
+  o.lora = true;
+  o.lora_targets = {"q"};
+  o.nf4_base = true;
+  FsdpModel m(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
+  HfCheckpoint ckpt(dir);
+  int64_t peak = 0;
+  {
+    MeterScope scope;
+    m.load_hf(ckpt);
+    peak = scope.meter().peak.load();
+  }
+  int64_t matrices = 0, largest = 0;
+  for (const auto& u : llama_units(shape, 0.02))
+    if (u.kind == UnitKind::block)
+      for (const auto& g : block_matrix_groups(u)) {
+        int64_t n = 0;
+        for (const auto& s : g) n += s.numel;
+        matrices += n;
+        largest = std::max(largest, n);
+      }
+  std::printf("HF load: peak host allocation %lld B; largest group %lld B in float32; all block matrices %lld B\n",
+              (long long)peak, (long long)largest * 4, (long long)matrices * 4);
+  EXPECT_GT(peak, 0);
+  EXPECT_LE(peak, 3 * largest * 4 + m.nf4_bytes());
+  EXPECT_LT(peak, matrices * 4 / 2);
+  EXPECT_EQ(m.nf4_params(), matrices);
 }
