@@ -39,7 +39,7 @@ usage:
   ptrain check   --config FILE [--set ...] [--world-size N] [--gpu-memory GIB] [--json] [--plan]
   ptrain eval    --config FILE [--set ...] [--checkpoint DIR] [--data PATH] [--json]
   ptrain compare --config FILE --modes LIST [--steps N] [--out DIR] [--set ...]
-  ptrain export  --checkpoint DIR --out DIR
+  ptrain export  --checkpoint DIR --out DIR [--merge]
   ptrain tokenize --in TEXT --out FILE.bin [--token-bytes 2|4]
   ptrain --help | --version
 
@@ -54,7 +54,7 @@ usage:
             same data; writes DIR/<mode>/metrics.jsonl, summary.md, summary.csv, loss.svg
   export    writes a Hugging Face Llama directory (config.json + model.safetensors), or for a
             LoRA checkpoint the adapters in PEFT's format (adapter_config.json +
-            adapter_model.safetensors)
+            adapter_model.safetensors); --merge writes the base with the adapters merged in
   tokenize  converts text to a byte-level token file (see docs/data.md)
 
 exit codes: 0 success · 2 bad usage or invalid config (every problem listed) · 1 runtime failure
@@ -67,6 +67,7 @@ struct Args {
   std::map<std::string, std::string> options;  // --flag value
   bool json = false;
   bool plan = false;
+  bool merge = false;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -95,6 +96,8 @@ Args parse_args(int argc, char** argv) {
       a.json = true;
     } else if (arg == "--plan") {
       a.plan = true;
+    } else if (arg == "--merge") {
+      a.merge = true;
     } else if (std::find(valued.begin(), valued.end(), arg) != valued.end()) {
       if (value.empty()) {
         if (i + 1 >= argc) throw UsageError(arg + " needs a value");
@@ -219,8 +222,13 @@ int cmd_eval(const Args& a) {
 
 int cmd_export(const Args& a) {
   const std::string ckpt = required(a, "--checkpoint"), out = required(a, "--out");
+  if (a.merge) {
+    export_merged(ckpt, out);
+    log::info("merged the adapters of ", ckpt, " into its base: ", out, " (config.json + model.safetensors, float32)");
+    return 0;
+  }
   export_hf(ckpt, out);
-  log::info("exported ", ckpt, " to ", out, " (config.json + model.safetensors)");
+  log::info("exported ", ckpt, " to ", out);
   return 0;
 }
 

@@ -34,6 +34,11 @@ std::unique_ptr<FsdpModel> build_model(const Config& config, const c10::Device& 
 // optimizer.name's optimizer over the model's shards (targets[i] = unit i's shard).
 std::unique_ptr<Optimizer> make_optimizer(const Config& config, const FsdpModel& model, std::vector<OptimTarget> targets);
 
+// `ptrain export --merge`: a LoRA checkpoint's adapters merged into its base (W + alpha/r · B·A;
+// an NF4 base is dequantized first) as a full-precision (float32) Hugging Face directory. The
+// base is rebuilt from the checkpoint's config (model.hf_path, or the seeded init).
+void export_merged(const std::string& checkpoint_dir, const std::string& out_dir);
+
 // Runs training as configured on every rank; returns the process exit code (0, or 130 when
 // stopped by SIGINT/SIGTERM after writing a checkpoint).
 int train(const Config& config);

@@ -467,3 +467,28 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
   for (const auto& u : reloaded->trainable_units())
     if (u.layout.numel > 0) EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;
 }
+
+// export --merge: the adapters folded into the base (dense, or NF4 dequantized) give a plain
+// HF model whose logits equal the adapted model's.
+TEST(Lora, MergedExportEqualsTheAdaptedModel) {
+  for (const std::string base : {"none", "nf4"}) {
+    test::TempDir dir;
+    Config c = load(test::small_config(dir), {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"o\",\"down\"]", "lora.rank=4",
+                                              "training.steps=3", "optimizer.lr=1e-2", "quant.base=\"" + base + "\""});
+    ASSERT_EQ(train(c), 0);
+    const std::string ck = dir / "run/checkpoints/step_3";
+    export_merged(ck, dir / "merged");
+    auto adapted = build_model(c, at::kCPU, test::local_comm());
+    TrainProgress progress;
+    load_checkpoint(ck, *adapted, nullptr, progress);
+    FsdpModel merged(read_hf_config(dir / "merged"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
+    merged.load_hf(HfCheckpoint(dir / "merged"));
+    at::manual_seed(4);
+    at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
+    at::Tensor want = adapted->logits(tokens), got = merged.logits(tokens);
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-4) << base;
+    // and the adapters did move the model away from its base
+    auto fresh = build_model(load(test::small_config(dir), {"quant.base=\"none\""}), at::kCPU, test::local_comm());
+    if (base == "none") EXPECT_GT((fresh->logits(tokens) - want).abs().max().item<double>(), 1e-3);
+  }
+}
