@@ -18,7 +18,8 @@ namespace {
 const std::string kPrefix = "base_model.model.";
 const std::vector<std::pair<std::string, std::string>> kModules{{"q", "q_proj"},       {"k", "k_proj"},   {"v", "v_proj"},
                                                                 {"o", "o_proj"},       {"gate", "gate_proj"},
-                                                                {"up", "up_proj"},     {"down", "down_proj"}};
+                                                                {"up", "up_proj"},     {"down", "down_proj"},
+                                                                {"output", "lm_head"}};
 }  // namespace
 
 std::string peft_module(const std::string& target) {

@@ -255,8 +255,9 @@ const std::vector<Rule>& rules() {
        }},
       {"lora.targets", [](const Config& c, const Environment&) -> std::string {
          const auto& t = c.lora.targets;
-         return not_yet(c.lora.enabled && std::find(t.begin(), t.end(), "output") != t.end(), "a LoRA adapter on the output projection",
-                        "target among q, k, v, o, gate, up, down");
+         return c.lora.enabled && c.model.shape.tie_embeddings && std::find(t.begin(), t.end(), "output") != t.end()
+                    ? "this model ties its output projection to the embedding; adapt other projections (drop \"output\")"
+                    : "";
        }},
       {"lora.targets", [](const Config& c, const Environment&) -> std::string {
          return c.lora.enabled && c.lora.targets.empty() ? "LoRA with no targets trains nothing; list some of q, k, v, o, gate, up, down" : "";

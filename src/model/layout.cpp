@@ -145,6 +145,15 @@ std::vector<UnitLayout> lora_units(const LlamaShape& s, const std::vector<std::s
       }
       group(u);
       u.group_begins.pop_back();
+    } else if (base.kind == UnitKind::head && std::find(targets.begin(), targets.end(), "output") != targets.end()) {
+      group(u);
+      add(u, "lm_head.lora_A.weight", {rank, s.dim}, true, 0.0);
+      u.slots.back().init = SlotInit::kaiming_uniform;
+      group(u);
+      add(u, "lm_head.lora_B.weight", {s.vocab_size, rank}, true, 0.0);
+      u.slots.back().init = SlotInit::zeros;
+      group(u);
+      u.group_begins.pop_back();
     }
     out.push_back(std::move(u));
   }

@@ -66,7 +66,8 @@ std::vector<std::vector<ParamSlot>> block_matrix_groups(const UnitLayout& block)
 // LoRA adapters, one layout per base unit (same order; "<unit>.lora"): for each targeted
 // projection of a block (q, k, v, o, gate, up, down) an A [rank, in] and a B [out, rank]
 // slot named as PEFT names them ("model.layers.N.self_attn.q_proj.lora_A.weight"), each its own
-// aligned group. The embedding and head units get empty layouts.
+// aligned group; with the target "output" the head unit gets lm_head.lora_A/B ([rank, dim],
+// [vocab, rank]). The embedding unit's layout is empty.
 std::vector<UnitLayout> lora_units(const LlamaShape& shape, const std::vector<std::string>& targets, int64_t rank);
 // The projection names in block order and their (in, out) sizes.
 struct Projection {

@@ -17,18 +17,33 @@ int64_t default_loss_chunk(int64_t vocab_size) {
 
 namespace {
 
-// The shared chunk loop. With grads != nullptr also writes d(loss_sum)/d(hidden) and
-// d(loss_sum)/d(weight) scaled by `scale` (1 / unmasked tokens for the mean).
-at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t chunk, c10::ScalarType logits_dtype, double scale, at::Tensor* grad_hidden,
-                            at::Tensor* grad_weight) {
+// The shared chunk loop. `grads` (when non-null) receives d(loss_sum)/d(input) times `scale`
+// (1 / unmasked tokens for the mean) for the inputs it asks for. With an adapter the logits
+// are h W^T + s (h A^T) B^T, never forming W + s B A.
+struct ChunkGrads {
+  bool hidden = false, weight = false, adapter = false;
+  at::Tensor gh, gw, ga, gb;
+};
+
+at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, const OutputAdapter* adapter,
+                            const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype, double scale,
+                            ChunkGrads* grads) {
   const int64_t N = hidden.size(0);
   if (chunk <= 0) chunk = default_loss_chunk(weight.size(0));
   at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
-  at::Tensor gw;
-  if (grad_hidden) {
-    *grad_hidden = at::empty_like(hidden);
-    gw = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+  const bool lr = adapter && adapter->a.defined();
+  at::Tensor a32, b32;
+  if (lr) {
+    a32 = adapter->a.to(at::kFloat);
+    b32 = adapter->b.to(at::kFloat);
+  }
+  if (grads) {
+    if (grads->hidden) grads->gh = at::empty_like(hidden);
+    if (grads->weight) grads->gw = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+    if (grads->adapter) {
+      grads->ga = at::zeros(a32.sizes(), a32.options());
+      grads->gb = at::zeros(b32.sizes(), b32.options());
+    }
   }
   for (int64_t start = 0; start < N; start += chunk) {
     const int64_t n = std::min(chunk, N - start);
@@ -38,63 +53,102 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
     at::Tensor safe = at::where(valid, t, at::zeros_like(t)).unsqueeze(1);
     // [n, vocab], the only one alive; float32 accumulation, rounded to logits_dtype
     at::Tensor logits = gemm::mm(h, weight.t(), logits_dtype);
+    at::Tensor z;  // [n, rank] = h A^T (float32)
+    if (lr) {
+      z = gemm::mm(h, adapter->a.t(), at::kFloat);
+      logits.add_(at::mm(z, b32.t()).mul_(adapter->scale).to(logits_dtype));
+    }
     at::Tensor lse = at::logsumexp(logits, 1);  // reduces in float32 whatever the dtype
     at::Tensor picked = logits.gather(1, safe).squeeze(1);
     total.add_(((lse - picked).to(at::kFloat) * valid).sum());
-    if (!grad_hidden) continue;
+    if (!grads) continue;
     // d loss / d logits = softmax - onehot(target), zero for masked rows, times scale.
     at::Tensor p = logits.sub_(lse.unsqueeze(1)).exp_();
     at::Tensor v = valid.to(logits_dtype).unsqueeze(1);
     p.scatter_add_(1, safe, -v).mul_(v * scale);
     at::Tensor pc = p.to(hidden.scalar_type());
-    at::Tensor gh = grad_hidden->narrow(0, start, n);
-    if (hidden.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
-      at::mm_out(gh, pc, weight);
-      gw.addmm_(pc.t(), h);
-    } else {
-      gh.copy_(gemm::mm(pc, weight, hidden.scalar_type()));
-      gw.add_(gemm::mm(pc.t(), h, at::kFloat));
+    if (grads->hidden) {
+      at::Tensor gh = grads->gh.narrow(0, start, n);
+      if (hidden.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat)
+        at::mm_out(gh, pc, weight);
+      else
+        gh.copy_(gemm::mm(pc, weight, hidden.scalar_type()));
+    }
+    if (grads->weight) {
+      if (hidden.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat)
+        grads->gw.addmm_(pc.t(), h);
+      else
+        grads->gw.add_(gemm::mm(pc.t(), h, at::kFloat));
+    }
+    if (lr && (grads->hidden || grads->adapter)) {
+      at::Tensor p32 = p.to(at::kFloat);
+      at::Tensor dz = at::mm(p32, b32).mul_(adapter->scale);  // [n, rank]
+      if (grads->adapter) {
+        grads->gb.addmm_(p32.t(), z, 1.0, adapter->scale);
+        grads->ga.add_(gemm::mm(dz.t().contiguous(), h, at::kFloat));
+      }
+      if (grads->hidden) {
+        at::Tensor gh = grads->gh.narrow(0, start, n);
+        gh.add_(at::mm(dz, a32).to(gh.scalar_type()));
+      }
     }
   }
-  if (grad_weight) *grad_weight = gw.to(weight.scalar_type());
+  if (grads) {
+    if (grads->weight) grads->gw = grads->gw.to(weight.scalar_type());
+    if (grads->adapter) {
+      grads->ga = grads->ga.to(adapter->a.scalar_type());
+      grads->gb = grads->gb.to(adapter->b.scalar_type());
+    }
+  }
   return total;
 }
 
 class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropyFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype, bool need) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& a,
+                            const at::Tensor& b, double adapter_scale, const at::Tensor& targets, int64_t chunk,
+                            c10::ScalarType logits_dtype, std::vector<bool> need) {
     const int64_t valid = targets.ne(kIgnoreIndex).sum().item<int64_t>();
     const double scale = valid > 0 ? 1.0 / static_cast<double>(valid) : 0.0;
-    at::Tensor gh, gw;
-    at::Tensor sum = chunked_loss_sum(hidden, weight, targets, chunk, logits_dtype, scale, need ? &gh : nullptr,
-                                      need ? &gw : nullptr);
-    ctx->save_for_backward({gh, gw});
+    ChunkGrads g;
+    g.hidden = need[0];
+    g.weight = need[1];
+    g.adapter = need[2];
+    const OutputAdapter adapter{a, b, adapter_scale};
+    at::Tensor sum = chunked_loss_sum(hidden, weight, a.numel() > 0 ? &adapter : nullptr, targets, chunk, logits_dtype, scale,
+                                      need[0] || need[1] || need[2] ? &g : nullptr);
+    ctx->save_for_backward({g.gh, g.gw, g.ga, g.gb});
     return sum * scale;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& g = grad_out[0];
-    at::Tensor gh = saved[0].defined() ? saved[0] * g.to(saved[0].scalar_type()) : at::Tensor();
-    at::Tensor gw = saved[1].defined() ? saved[1] * g.to(saved[1].scalar_type()) : at::Tensor();
-    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto times = [&](const at::Tensor& x) { return x.defined() ? x * g.to(x.scalar_type()) : at::Tensor(); };
+    return {times(saved[0]), times(saved[1]), times(saved[2]), times(saved[3]), at::Tensor(),
+            at::Tensor(),    at::Tensor(),    at::Tensor(),    at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                int64_t chunk_tokens, c10::ScalarType logits_dtype) {
-  // Gradients are produced in forward only when autograd will ask for them.
-  const bool need = at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
-  return LinearCrossEntropyFn::apply(hidden, weight, targets, chunk_tokens, logits_dtype, need);
+                                int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter) {
+  // Gradients are produced in forward only for the inputs autograd will ask about.
+  const bool grad = at::GradMode::is_enabled();
+  const bool lr = adapter && adapter->a.defined();
+  std::vector<bool> need{grad && hidden.requires_grad(), grad && weight.requires_grad(),
+                         grad && lr && (adapter->a.requires_grad() || adapter->b.requires_grad())};
+  // Without an adapter, empty placeholders (autograd wants every tensor argument defined).
+  const at::Tensor none = at::empty({0}, weight.options().requires_grad(false));
+  return LinearCrossEntropyFn::apply(hidden, weight, lr ? adapter->a : none, lr ? adapter->b : none,
+                                     lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype, need);
 }
 
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                 int64_t chunk_tokens, c10::ScalarType logits_dtype) {
+                                 int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter) {
   at::NoGradGuard no_grad;
-  at::Tensor sum = chunked_loss_sum(hidden, weight, targets, chunk_tokens, logits_dtype, 0.0, nullptr, nullptr);
+  at::Tensor sum = chunked_loss_sum(hidden, weight, adapter, targets, chunk_tokens, logits_dtype, 0.0, nullptr);
   return {sum.item<double>(), targets.ne(kIgnoreIndex).sum().item<int64_t>()};
 }
 

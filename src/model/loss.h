@@ -12,6 +12,13 @@ namespace ptrain {
 
 constexpr int64_t kIgnoreIndex = -100;
 
+// A LoRA adapter on the output projection: logits = h W^T + scale (h A^T) B^T with A [rank,
+// dim], B [vocab, rank] (the merged W + scale B A is never formed).
+struct OutputAdapter {
+  at::Tensor a, b;
+  double scale = 1.0;
+};
+
 // hidden [N, dim] and weight [vocab, dim] in the compute dtype; targets [N] int64 with
 // kIgnoreIndex for masked positions. Returns the mean loss over unmasked tokens (float32
 // scalar; 0 when every token is masked). chunk_tokens <= 0 picks a chunk of ~64 MiB of logits.
@@ -19,7 +26,7 @@ constexpr int64_t kIgnoreIndex = -100;
 // into bfloat16 logits); the loss is summed in float32 either way.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                 const at::Tensor& targets, int64_t chunk_tokens = 0,
-                                c10::ScalarType logits_dtype = c10::kFloat);
+                                c10::ScalarType logits_dtype = c10::kFloat, const OutputAdapter* adapter = nullptr);
 
 // Summed loss and number of unmasked tokens, without autograd (evaluation).
 struct LossSum {
@@ -28,7 +35,7 @@ struct LossSum {
 };
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
                                  const at::Tensor& targets, int64_t chunk_tokens = 0,
-                                 c10::ScalarType logits_dtype = c10::kFloat);
+                                 c10::ScalarType logits_dtype = c10::kFloat, const OutputAdapter* adapter = nullptr);
 
 int64_t default_loss_chunk(int64_t vocab_size);
 

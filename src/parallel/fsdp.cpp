@@ -445,8 +445,17 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
     }
   }
   HeadWeights head = HeadWeights::from_flat(gather(head_unit), units_[head_unit].layout, embed, shape_);
+  OutputAdapter out_adapter;
+  if (has_adapter(head_unit)) {  // lm_head.lora_A, lm_head.lora_B
+    at::Tensor flat = gather(adapter(head_unit));
+    const auto& slots = adapters_[head_unit].layout.slots;
+    out_adapter.a = flat.narrow(0, slots[0].offset, slots[0].numel).view(slots[0].shape);
+    out_adapter.b = flat.narrow(0, slots[1].offset, slots[1].numel).view(slots[1].shape);
+    out_adapter.scale = options_.lora_alpha / static_cast<double>(options_.lora_rank);
+  }
   at::Tensor h = rms_norm(x, head.norm, shape_.norm_eps);
-  auto result = run_head(h.reshape({-1, shape_.dim}), head.output);
+  auto result = run_head(h.reshape({-1, shape_.dim}), head.output, out_adapter.a.defined() ? &out_adapter : nullptr);
+  if (!training && out_adapter.a.defined()) release(adapter(head_unit));
   if (shape_.tie_embeddings) release(0);
   // The head stays gathered for its backward (the final norm needs its weight), unless no
   // backward will come.
@@ -455,21 +464,25 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
 }
 
 at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
-  return forward(inputs, [&](const at::Tensor& h, const at::Tensor& out) {
-    return linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, policy_.logits_dtype);
+  return forward(inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+    return linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, policy_.logits_dtype, adapter);
   });
 }
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
   at::NoGradGuard no_grad;
-  return forward(inputs, [&](const at::Tensor& h, const at::Tensor& out) {
-    return linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, policy_.logits_dtype);
+  return forward(inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+    return linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, policy_.logits_dtype, adapter);
   });
 }
 
 at::Tensor FsdpModel::logits(const at::Tensor& inputs) {
   at::NoGradGuard no_grad;
-  return forward(inputs, [](const at::Tensor& h, const at::Tensor& out) { return at::linear(h, out).to(at::kFloat); });
+  return forward(inputs, [](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+    at::Tensor logits = at::linear(h, out).to(at::kFloat);
+    if (adapter) logits += at::linear(at::linear(h, adapter->a), adapter->b).to(at::kFloat) * adapter->scale;
+    return logits;
+  });
 }
 
 void FsdpModel::zero_grad() {

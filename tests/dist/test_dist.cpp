@@ -359,8 +359,8 @@ TEST(Dist, PrefetchOnAndOffAgreeExactly) {
 // LoRA adapters are sharded units like any other: np=1 and np=2 train the same losses.
 TEST(Dist, LoraMatchesAcrossWorldSizes) {
   test::TempDir dir;
-  auto runs = runs_at_one_and_two(dir, "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\"]' --set lora.rank=4 "
-                                       "--set optimizer.lr=1e-2 --set training.steps=8");
+  auto runs = runs_at_one_and_two(dir, "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\",\"output\"]' "
+                                       "--set lora.rank=4 --set optimizer.lr=1e-2 --set training.steps=8");
   expect_same_curve(runs, 8, 1e-5);
 }
 

@@ -84,3 +84,29 @@ TEST(ChunkedLoss, LogitsDtypeFloat32KeepsBf16InputsExact) {
   EXPECT_GT(std::abs(bf16 - ref), 1e-5 * std::abs(ref));  // the rounding is visible ...
   EXPECT_NEAR(bf16, ref, 2e-2 * std::abs(ref));           // ... and bounded
 }
+
+// An adapter on the output projection: loss and the gradients for hidden, A and B equal
+// float64 autograd through logits = h W^T + s (h A^T) B^T; W (frozen) gets none.
+TEST(ChunkedLoss, OutputAdapterMatchesAutogradReference) {
+  at::manual_seed(6);
+  at::Tensor h0 = at::randn({20, 16}), w0 = at::randn({50, 16}) * 0.3, a0 = at::randn({4, 16}) * 0.2,
+             b0 = at::randn({50, 4}) * 0.2;
+  at::Tensor t = at::randint(0, 50, {20}, at::kLong);
+  t[3] = kIgnoreIndex;
+  const double s = 2.5;
+  at::Tensor h = h0.clone().requires_grad_(), a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+  OutputAdapter adapter{a, b, s};
+  at::Tensor loss = linear_cross_entropy(h, w0, t, 7, at::kFloat, &adapter);
+  (loss * 2.0).backward();
+  at::Tensor hr = h0.to(at::kDouble).requires_grad_(), ar = a0.to(at::kDouble).requires_grad_(),
+             br = b0.to(at::kDouble).requires_grad_();
+  at::Tensor logits = at::linear(hr, w0.to(at::kDouble)) + at::linear(at::linear(hr, ar), br) * s;
+  at::Tensor ref = at::cross_entropy_loss(logits, t, {}, at::Reduction::Mean, kIgnoreIndex);
+  (ref * 2.0).backward();
+  EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5);
+  EXPECT_TRUE(at::allclose(h.grad().to(at::kDouble), hr.grad(), 1e-4, 1e-6));
+  EXPECT_TRUE(at::allclose(a.grad().to(at::kDouble), ar.grad(), 1e-4, 1e-6));
+  EXPECT_TRUE(at::allclose(b.grad().to(at::kDouble), br.grad(), 1e-4, 1e-6));
+  LossSum sum = linear_cross_entropy_sum(h0, w0, t, 7, at::kFloat, &adapter);
+  EXPECT_NEAR(sum.sum / sum.tokens, ref.item<double>(), 1e-5);
+}

@@ -473,7 +473,7 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
 TEST(Lora, MergedExportEqualsTheAdaptedModel) {
   for (const std::string base : {"none", "nf4"}) {
     test::TempDir dir;
-    Config c = load(test::small_config(dir), {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"o\",\"down\"]", "lora.rank=4",
+    Config c = load(test::small_config(dir), {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"o\",\"down\",\"output\"]", "lora.rank=4",
                                               "training.steps=3", "optimizer.lr=1e-2", "quant.base=\"" + base + "\""});
     ASSERT_EQ(train(c), 0);
     const std::string ck = dir / "run/checkpoints/step_3";
