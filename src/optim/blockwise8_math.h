@@ -19,10 +19,11 @@ constexpr int kCodes = 256;
 constexpr int64_t kBlock = 256;       // elements per absmax block (8-bit optimizer state)
 constexpr float kMinAbsmax = 1e-38f;  // an all-zero block scales by 1/1e-38 (values stay 0)
 
-// Index of the code for x given the 255 ascending midpoints between the 256 ascending codes:
-// the number of midpoints strictly below x (NaN counts as above every midpoint).
-PTRAIN_HD int nearest_code(const float* midpoints, float x) {
-  int lo = 0, hi = kCodes - 1;  // answer in [lo, hi]
+// Index of the code for x given the codes-1 ascending midpoints between ascending codes: the
+// number of midpoints strictly below x (NaN counts as above every midpoint). 8-bit maps have
+// 256 codes, NF4 16.
+PTRAIN_HD int nearest_code(const float* midpoints, float x, int codes = kCodes) {
+  int lo = 0, hi = codes - 1;  // answer in [lo, hi]
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     if (midpoints[mid] < x)

@@ -28,33 +28,27 @@ class GatherUnit : public torch::autograd::Function<GatherUnit> {
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 };
 
-// LoRA: identity on a frozen block's input whose backward (which runs once the block's
-// backward is done) releases the block's gathered base weights.
-class ReleaseAfterBackward : public torch::autograd::Function<ReleaseAfterBackward> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit) {
-    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
-    ctx->saved_data["unit"] = unit;
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    model_of(ctx)->release(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
-    return {grads[0], at::Tensor(), at::Tensor()};
-  }
-};
+// Identity on a block's activation whose backward acts on the block's gathered weights:
+// on the block's output, `regather` puts freed weights back before any of the block's own
+// backward ops run; on a frozen (LoRA) block's input, `release` frees them once the block's
+// backward is done (a frozen unit gets no reduce-scatter that would).
+enum class UnitAction : int64_t { regather, release };
 
-// Identity on a block's output whose backward re-gathers the block's freed weights, so they
-// are back in place before any of the block's own backward ops run.
-class RegatherBeforeBackward : public torch::autograd::Function<RegatherBeforeBackward> {
+class OnBackward : public torch::autograd::Function<OnBackward> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit, UnitAction action) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["unit"] = unit;
+    ctx->saved_data["action"] = static_cast<int64_t>(action);
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    model_of(ctx)->regather(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
-    return {grads[0], at::Tensor(), at::Tensor()};
+    const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    if (static_cast<UnitAction>(ctx->saved_data["action"].toInt()) == UnitAction::regather)
+      model_of(ctx)->regather(unit);
+    else
+      model_of(ctx)->release(unit);
+    return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -387,8 +381,7 @@ void FsdpModel::deliver(size_t unit, const at::Tensor& shard_grad) {
   if (g.defined())
     g.add_(shard_grad);  // gradient accumulation over micro-batches
   else
-    g = shard_grad.scalar_type() == at(unit).shard.scalar_type() && shard_grad.is_contiguous() ? shard_grad
-                                                                                                  : shard_grad.contiguous();
+    g = shard_grad.contiguous();
 }
 
 void FsdpModel::regather(size_t unit) {
@@ -433,7 +426,7 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
     if (a.defined()) lora = BlockLora::from_flat(a, adapters_[i].layout, shape_, options_.lora_alpha / static_cast<double>(options_.lora_rank),
                                                      options_.lora_dropout, training);
     // A frozen block gets no reduce-scatter to release it: release once its backward is done.
-    if (options_.lora && training && x.requires_grad()) x = ReleaseAfterBackward::apply(x, this, static_cast<int64_t>(i));
+    if (options_.lora && training && x.requires_grad()) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
     const nf4::Quantized* q4[4] = {nf4_[i][0].get(), nf4_[i][1].get(), nf4_[i][2].get(), nf4_[i][3].get()};
     BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, q4)
                                         : BlockWeights::from_flat(w, units_[i].layout, shape_);
@@ -441,7 +434,7 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
     if (!training || options_.reshard_after_forward) {
       release(i);
       if (a.defined()) release(adapter(i));
-      if (training) x = RegatherBeforeBackward::apply(x, this, static_cast<int64_t>(i));
+      if (training) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::regather);
     }
   }
   HeadWeights head = HeadWeights::from_flat(gather(head_unit), units_[head_unit].layout, embed, shape_);

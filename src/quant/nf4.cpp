@@ -18,14 +18,6 @@
 
 namespace ptrain::nf4 {
 
-namespace {
-int nearest(const float* mids, float x) {  // number of midpoints strictly below x
-  int k = 0;
-  while (k < 15 && mids[k] < x) ++k;
-  return k;
-}
-}  // namespace
-
 int64_t Quantized::bytes() const {
   int64_t n = packed.nbytes() + absmax.nbytes();
   if (double_quant) n += absmax2.nbytes() + static_cast<int64_t>(sizeof(float));
@@ -53,10 +45,10 @@ Quantized quantize(const at::Tensor& w, bool double_quant) {
       const q8::BlockScale scale = q8::block_scale(src + begin, end - begin, kBlock);
       am[b] = scale.absmax;
       for (int64_t i = begin; i < end; ++i) {
-        const int k = nearest(mids, scale(src[i]));
+        const int k = q8::nearest_code(mids, scale(src[i]), 16);
         dst[i >> 1] |= static_cast<uint8_t>((i & 1) ? k : k << 4);
       }
-      if ((end & 1) && end == n) dst[end >> 1] |= static_cast<uint8_t>(nearest(mids, 0.0f));  // odd count: pad with 0
+      if ((end & 1) && end == n) dst[end >> 1] |= static_cast<uint8_t>(q8::nearest_code(mids, 0.0f, 16));  // odd count: pad with 0
     }
   });
   if (double_quant) {
