@@ -207,7 +207,9 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
     if (shape_json(saved) != shape_json(model.shape()))
       throw RuntimeError("checkpoint '" + dir + "' was written for a different model shape: " + shape_json(saved).dump() +
                          "; the config describes " + shape_json(model.shape()).dump());
-    if (meta.at("master_dtype").get<std::string>() != c10::toString(model.policy().master_dtype))
+    // Resuming needs the same master dtype (the optimizer state belongs to it); loading weights
+    // alone (eval, export) converts them, e.g. a bf16 run evaluated in float32.
+    if (optim && meta.at("master_dtype").get<std::string>() != c10::toString(model.policy().master_dtype))
       throw RuntimeError("checkpoint '" + dir + "' holds " + meta.at("master_dtype").get<std::string>() +
                          " master weights but precision mode '" + model.policy().mode + "' keeps " +
                          c10::toString(model.policy().master_dtype));
@@ -258,7 +260,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
       if (layout.numel == 0) continue;
       at::Tensor flat = at::empty({layout.numel}, at::kFloat);
       params.copy(layout.name, layout.numel, 0, layout.numel, flat);
-      for (const auto& slot : layout.slots) a.tensors[slot.name] = flat.narrow(0, slot.offset, slot.numel).view(slot.shape).clone();
+      for (const auto& slot : layout.slots) a.tensors[slot.name] = slot_view(flat, slot).clone();
     }
     write_peft(out_dir, a);
     return;
@@ -268,7 +270,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
   for (const auto& layout : llama_units(shape, 0.02)) {
     at::Tensor flat = at::empty({layout.numel}, at::kFloat);
     params.copy(layout.name, layout.numel, 0, layout.numel, flat);
-    for (const auto& slot : layout.slots) named.emplace_back(slot.name, flat.narrow(0, slot.offset, slot.numel).view(slot.shape));
+    for (const auto& slot : layout.slots) named.emplace_back(slot.name, slot_view(flat, slot));
   }
   fs::create_directories(out_dir);
   write_safetensors((fs::path(out_dir) / "model.safetensors").string(), named, {{"format", "pt"}});

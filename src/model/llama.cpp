@@ -116,25 +116,27 @@ BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const UnitLayout& l
 
 BlockWeights BlockWeights::from_nf4(const at::Tensor& flat, const UnitLayout& layout, const nf4::Quantized* const q4[4]) {
   BlockWeights w;
-  const auto& n1 = layout.slots.at(0);
-  const auto& n2 = layout.slots.at(1);
-  w.attn_norm = flat.narrow(0, n1.offset, n1.numel);
-  w.ffn_norm = flat.narrow(0, n2.offset, n2.numel);
+  w.attn_norm = slot_view(flat, layout.slots.at(0));
+  w.ffn_norm = slot_view(flat, layout.slots.at(1));
   for (int i = 0; i < 4; ++i) w.q4[i] = q4[i];
   return w;
 }
 
-HeadWeights HeadWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout, const at::Tensor& embed_flat,
+at::Tensor slot_view(const at::Tensor& flat, const ParamSlot& slot) {
+  return flat.narrow(0, slot.offset, slot.numel).view(slot.shape);
+}
+
+HeadWeights HeadWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout, const at::Tensor& tied_output,
                                    const LlamaShape& s) {
   HeadWeights w;
-  w.output = s.tie_embeddings ? embedding_weight(embed_flat, s)
-                              : flat.narrow(0, layout.offset_of("lm_head.weight"), s.vocab_size * s.dim).view({s.vocab_size, s.dim});
-  w.norm = flat.narrow(0, layout.offset_of("model.norm.weight"), s.dim);
+  for (const auto& slot : layout.slots)
+    (slot.name == "lm_head.weight" ? w.output : w.norm) = slot_view(flat, slot);
+  if (s.tie_embeddings) w.output = tied_output;
   return w;
 }
 
-at::Tensor embedding_weight(const at::Tensor& embed_flat, const LlamaShape& s) {
-  return embed_flat.view({s.vocab_size, s.dim});
+at::Tensor embedding_weight(const at::Tensor& embed_flat, const UnitLayout& embed_layout) {
+  return slot_view(embed_flat, embed_layout.slots.at(0));
 }
 
 BlockLora BlockLora::from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& s, double scale,
@@ -149,8 +151,7 @@ BlockLora BlockLora::from_flat(const at::Tensor& flat, const UnitLayout& layout,
       const std::string stem = projections[p].module + ".lora_";
       const auto at_ = slot.name.find(stem);
       if (at_ == std::string::npos) continue;
-      at::Tensor view = flat.narrow(0, slot.offset, slot.numel).view(slot.shape);
-      (slot.name[at_ + stem.size()] == 'A' ? l.a[p] : l.b[p]) = view;
+      (slot.name[at_ + stem.size()] == 'A' ? l.a[p] : l.b[p]) = slot_view(flat, slot);
     }
   }
   return l;

@@ -43,15 +43,23 @@ struct BlockWeights {
   static BlockWeights from_nf4(const at::Tensor& flat, const UnitLayout& layout, const nf4::Quantized* const q4[4]);
 };
 
-// Views of the head unit's flat buffer; `output` is the embedding when tied.
+// One tensor of a unit's flat buffer, shaped as the slot says (a view: it shares storage and
+// autograd history with `flat`). Every view into a flat buffer goes through here: a group that
+// is not a multiple of kUnitAlign elements is followed by padding, so the flat buffer is longer
+// than its tensors.
+at::Tensor slot_view(const at::Tensor& flat, const ParamSlot& slot);
+
+// Views of the head unit's flat buffer; `output` is `tied_output` (the embedding) when the
+// model ties them.
 struct HeadWeights {
   at::Tensor norm;    // [dim]
   at::Tensor output;  // [vocab, dim]
-  static HeadWeights from_flat(const at::Tensor& flat, const UnitLayout& layout, const at::Tensor& embed_flat,
+  static HeadWeights from_flat(const at::Tensor& flat, const UnitLayout& layout, const at::Tensor& tied_output,
                                const LlamaShape& shape);
 };
 
-at::Tensor embedding_weight(const at::Tensor& embed_flat, const LlamaShape& shape);
+// The embedding table [vocab, dim] in the embedding unit's flat buffer.
+at::Tensor embedding_weight(const at::Tensor& embed_flat, const UnitLayout& embed_layout);
 
 // LoRA adapters of one block: views of its adapter unit's flat buffer. Index order q, k, v, o,
 // gate, up, down (model/layout.h block_projections); undefined where not targeted.

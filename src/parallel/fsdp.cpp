@@ -411,7 +411,8 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
   const auto& rp = rope(inputs.size(1));
   at::Tensor embed = gather(0);
   prefetch(1);
-  at::Tensor x = at::embedding(embedding_weight(embed, shape_), inputs);
+  const at::Tensor wte = embedding_weight(embed, units_[0].layout);
+  at::Tensor x = at::embedding(wte, inputs);
   if (!shape_.tie_embeddings) release(0);  // embedding backward needs no weights
   for (size_t i = 1; i < head_unit; ++i) {
     if (training && options_.activation_checkpointing) {
@@ -437,13 +438,13 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
       if (training) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::regather);
     }
   }
-  HeadWeights head = HeadWeights::from_flat(gather(head_unit), units_[head_unit].layout, embed, shape_);
+  HeadWeights head = HeadWeights::from_flat(gather(head_unit), units_[head_unit].layout, wte, shape_);
   OutputAdapter out_adapter;
   if (has_adapter(head_unit)) {  // lm_head.lora_A, lm_head.lora_B
     at::Tensor flat = gather(adapter(head_unit));
     const auto& slots = adapters_[head_unit].layout.slots;
-    out_adapter.a = flat.narrow(0, slots[0].offset, slots[0].numel).view(slots[0].shape);
-    out_adapter.b = flat.narrow(0, slots[1].offset, slots[1].numel).view(slots[1].shape);
+    out_adapter.a = slot_view(flat, slots[0]);
+    out_adapter.b = slot_view(flat, slots[1]);
     out_adapter.scale = options_.lora_alpha / static_cast<double>(options_.lora_rank);
   }
   at::Tensor h = rms_norm(x, head.norm, shape_.norm_eps);
