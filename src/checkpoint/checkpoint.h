@@ -35,7 +35,9 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
 std::string latest_checkpoint(const std::string& root);
 
 // Restores model, optimizer, RNG and progress. Throws RuntimeError if the checkpoint is
-// incomplete, corrupt, or was written for a different model.
+// incomplete, corrupt, or was written for a different model. Without an optimizer (eval,
+// export) the weights are converted to the model's master dtype; with one, the master dtypes
+// must be the same.
 void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim, TrainProgress& progress);
 
 // Writes an HF Llama directory (config.json + model.safetensors, float32) from a checkpoint.

@@ -22,9 +22,9 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "model/layout.h"
+#include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
-#include "optim/clip.h"
 #include "optim/lr_schedule.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
@@ -32,6 +32,7 @@
 #include "quant/nf4.h"
 #include "train/memory.h"
 #include "train/metrics.h"
+#include "train/step.h"
 
 #ifdef PTRAIN_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -124,6 +125,16 @@ std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& mode
   return std::make_unique<AdamW>(std::move(targets), AdamWOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed});
 }
 
+std::vector<OptimTarget> optim_targets(FsdpModel& model) {
+  std::vector<OptimTarget> targets;
+  for (size_t i = 0; i < model.trainable_units().size(); ++i) {
+    auto& u = model.trainable_units()[i];
+    targets.push_back({u.layout.name, u.shard, std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel),
+                       (static_cast<uint64_t>(i) << 40) + static_cast<uint64_t>(u.shard_offset)});
+  }
+  return targets;
+}
+
 void export_merged(const std::string& checkpoint_dir, const std::string& out_dir) {
   Environment env = Environment::detect();
   env.local = false;  // the training run's data files need not be here
@@ -131,6 +142,9 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   if (!c.lora.enabled) throw UsageError("--merge needs a LoRA checkpoint; '" + checkpoint_dir + "' holds a full model (drop --merge)");
   c.training.device = "cpu";
   c.checkpoint.resume.clear();
+  // Read the frozen base at its source's full precision (a bf16 run keeps it in bf16); the
+  // adapters convert exactly.
+  c.precision.mode = "fp32";
   auto model = build_model(c, c10::Device(c10::kCPU), make_collectives(DistEnv{}, "auto", c10::Device(c10::kCPU), 60.0));
   TrainProgress progress;
   load_checkpoint(checkpoint_dir, *model, nullptr, progress);
@@ -159,13 +173,13 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
       const std::string stem = slot.name.substr(0, lora_at);
       const std::string b_name = stem + ".lora_B.weight";
       const auto& b_slot = *std::find_if(a.layout.slots.begin(), a.layout.slots.end(), [&](const ParamSlot& x) { return x.name == b_name; });
-      at::Tensor A = a.shard.narrow(0, slot.offset, slot.numel).view(slot.shape).to(at::kFloat);
-      at::Tensor B = a.shard.narrow(0, b_slot.offset, b_slot.numel).view(b_slot.shape).to(at::kFloat);
+      at::Tensor A = slot_view(a.shard, slot).to(at::kFloat);
+      at::Tensor B = slot_view(a.shard, b_slot).to(at::kFloat);
       const std::string w_name = stem + ".weight";
       const int64_t off = full[i].offset_of(w_name);
       flat.narrow(0, off, B.size(0) * A.size(1)).view({B.size(0), A.size(1)}).add_(at::mm(B, A), scale);
     }
-    for (const auto& slot : full[i].slots) named.emplace_back(slot.name, flat.narrow(0, slot.offset, slot.numel).view(slot.shape));
+    for (const auto& slot : full[i].slots) named.emplace_back(slot.name, slot_view(flat, slot));
   }
   fs::create_directories(out_dir);
   write_safetensors((fs::path(out_dir) / "model.safetensors").string(), named, {{"format", "pt"}});
@@ -205,13 +219,7 @@ int train(const Config& c) {
   }
 
   auto model = build_model(c, device, comm);
-  std::vector<OptimTarget> targets;
-  for (size_t i = 0; i < model->trainable_units().size(); ++i) {
-    auto& u = model->trainable_units()[i];
-    targets.push_back({u.layout.name, u.shard, std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel),
-                       (static_cast<uint64_t>(i) << 40) + static_cast<uint64_t>(u.shard_offset)});
-  }
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(c, *model, std::move(targets));
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(c, *model, optim_targets(*model));
   Optimizer& optim = *optimizer;
   const LrSchedule schedule{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay,
                             c.lr_schedule.min_lr_ratio};
@@ -261,16 +269,7 @@ int train(const Config& c) {
     log::info("checkpoint written: ", last_checkpoint);
   };
 
-  // Optimizer-in-backward: each unit's shard is stepped as soon as its gradient is reduced,
-  // and the gradient is dropped; grad_norm is then the (unclipped) norm of those gradients.
-  double step_lr = 0.0;
-  at::Tensor grad_sq = at::zeros({1}, at::kDouble);
-  if (c.optimizer.in_backward)
-    model->on_grad_ready = [&](size_t unit, const at::Tensor& g) {
-      grad_sq += at::linalg_vector_norm(g, 2, {}, false, at::kDouble).pow(2).cpu();
-      optim.update({{unit, g}}, step_lr);
-    };
-
+  const StepOptions step_options{accum, c.training.max_grad_norm, chunk};
   g_stop_signal = 0;
   auto old_int = std::signal(SIGINT, on_stop_signal);
   auto old_term = std::signal(SIGTERM, on_stop_signal);
@@ -278,43 +277,21 @@ int train(const Config& c) {
   while (progress.step < c.training.steps) {
     const double t0 = now_s();
     comm->stats.reset();
-    // ---- one optimizer step: batches -> forward -> loss -> backward -> clip -> step ----
-    model->zero_grad();
     const double lr = schedule.lr(progress.step);
-    if (c.optimizer.in_backward) {
-      optim.begin_step();
-      step_lr = lr;
-      grad_sq.zero_();
-    }
-    at::Tensor loss_sum = at::zeros({1}, at::kDouble);
-    for (int64_t a = 0; a < accum; ++a) {
-      // Global sample order: micro-batch a of rank r takes samples (a*ws + r)*B ... of this step.
-      const uint64_t first = progress.samples + static_cast<uint64_t>((a * ws + rank) * B);
-      at::Tensor batch = sample_batch(data, sampler, first, B, T).to(device);
-      at::Tensor loss = model->forward_loss(batch.narrow(1, 0, T), batch.narrow(1, 1, T), chunk);
-      (loss / static_cast<double>(accum)).backward();
-      model->finish_backward();  // normally a no-op: the embedding's reduce-scatter completes the last one
-      loss_sum += loss.item<double>();
-    }
-    double grad_norm = 0.0;
-    if (c.optimizer.in_backward) {
-      if (ws > 1) comm->all_reduce_sum(grad_sq);
-      grad_norm = std::sqrt(grad_sq.item<double>());
-    } else {
-      std::vector<at::Tensor> grads;
-      for (auto& u : model->trainable_units()) grads.push_back(u.shard.grad());
-      grad_norm = clip_grad_norm(grads, c.training.max_grad_norm, comm.get());
-      optim.step(lr);
-    }
+    // Global sample order: micro-batch a of rank r takes samples (a*ws + r)*B ... of this step.
+    auto micro_batch = [&](int64_t a) {
+      return sample_batch(data, sampler, progress.samples + static_cast<uint64_t>((a * ws + rank) * B), B, T).to(device);
+    };
+    const StepResult r = c.optimizer.in_backward ? train_step_in_backward(*model, optim, micro_batch, lr, step_options)
+                                                 : train_step(*model, optim, micro_batch, lr, step_options);
     progress.samples += static_cast<uint64_t>(B * accum * ws);
     ++progress.step;
     // Mean loss over ranks, and whether any rank was asked to stop (all stop together).
-    at::Tensor agree = at::cat({loss_sum / static_cast<double>(accum), at::full({1}, g_stop_signal.load() ? 1.0 : 0.0, at::kDouble)});
+    at::Tensor agree = at::tensor({r.loss, g_stop_signal.load() ? 1.0 : 0.0}, at::kDouble);
     comm->all_reduce_sum(agree);
     sync(device);
     const double dt = now_s() - t0;
     const CommStats step_comm = comm->stats;
-    // ------------------------------------------------------------------------------------
     const double loss = agree[0].item<double>() / ws;
     const bool stop = agree[1].item<double>() > 0;
     if (!std::isfinite(loss))
@@ -332,7 +309,7 @@ int train(const Config& c) {
         metrics->write({{"step", progress.step},
                         {"loss", loss},
                         {"lr", lr},
-                        {"grad_norm", grad_norm},
+                        {"grad_norm", r.grad_norm},
                         {"tokens_per_s", tps},
                         {"step_time_s", dt},
                         {"tflops", tps * flops_per_token / 1e12},
@@ -344,7 +321,7 @@ int train(const Config& c) {
                         {"comm_reduce_scatter_bytes", step_comm.reduce_scatter_bytes},
                         {"comm_all_reduce_bytes", step_comm.all_reduce_bytes}});
       log::info("step ", progress.step, "/", c.training.steps, " | loss ", log::fixed(loss, 4), " | lr ", log::sci(lr, 2),
-                " | grad_norm ", log::fixed(grad_norm, 3), " | ", log::grouped(tps), " tok/s | ", log::fixed(dt, 3),
+                " | grad_norm ", log::fixed(r.grad_norm, 3), " | ", log::grouped(tps), " tok/s | ", log::fixed(dt, 3),
                 " s/step | peak ", peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes),
                 ws > 1 ? " (rank 0)" : "");
     }

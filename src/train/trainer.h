@@ -31,6 +31,10 @@ std::shared_ptr<Collectives> connect(const Config& config, const DistEnv& env, c
 std::unique_ptr<FsdpModel> build_model(const Config& config, const c10::Device& device,
                                        std::shared_ptr<Collectives> comm);
 
+// One optimizer target per trainable unit: its shard, the decayed prefix of the shard, and the
+// shard's first element in a model-wide numbering (stochastic-rounding bits).
+std::vector<OptimTarget> optim_targets(FsdpModel& model);
+
 // optimizer.name's optimizer over the model's shards (targets[i] = unit i's shard).
 std::unique_ptr<Optimizer> make_optimizer(const Config& config, const FsdpModel& model, std::vector<OptimTarget> targets);
 
