@@ -13,6 +13,8 @@
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
+# Reference clients for the tests (HF export round trips, PEFT adapters, fixture scripts).
+PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"
 VENV="${PTRAIN_VENV:-$CACHE_HOME/ptrain/venv-torch-$TORCH_VERSION}"
@@ -68,6 +70,18 @@ PY
     "$VENV/bin/pip" install -q --upgrade pip
     "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy
     torch_ok || { echo "setup.sh: torch $TORCH_VERSION did not import from $VENV" >&2; exit 1; }
+  fi
+  # The reference clients the tests check ptrain against (exports loaded back, fixtures).
+  if "$VENV/bin/python" - <<PY 2>/dev/null
+import sys, importlib.metadata as md
+pins = {$(for p in "${PY_TEST_PACKAGES[@]}"; do printf '"%s": "%s", ' "${p%%==*}" "${p##*==}"; done)}
+sys.exit(0 if all(md.version(n) == v for n, v in pins.items()) else 1)
+PY
+  then
+    say "test clients present: ${PY_TEST_PACKAGES[*]}"
+  else
+    say "installing test clients into $VENV: ${PY_TEST_PACKAGES[*]}"
+    "$VENV/bin/pip" install -q "${PY_TEST_PACKAGES[@]}"
   fi
 ) 9>"$VENV.lock"
 

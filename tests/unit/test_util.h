@@ -57,13 +57,19 @@ inline std::string synthetic_corpus(size_t bytes, uint32_t seed = 7) {
   return out;
 }
 
-// A small model config (dim 64, 2 layers) writing into dir; extra TOML lines appended.
-inline std::string small_config(const TempDir& dir, const std::string& extra = "", size_t corpus_bytes = 60000) {
+// The [model] section of the small test model: dim 64, 2 layers, GQA 4/2.
+inline const std::string kSmallModel =
+    "preset = \"tiny\"\ndim = 64\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 160\n";
+
+// A small training config writing into dir (byte-level synthetic corpus, 20 steps); `model` is
+// its [model] section, extra TOML lines are appended.
+inline std::string small_config(const TempDir& dir, const std::string& extra = "", size_t corpus_bytes = 60000,
+                                const std::string& model = kSmallModel) {
   const std::string corpus = dir / "corpus.txt";
   if (!std::filesystem::exists(corpus)) write_text(corpus, synthetic_corpus(corpus_bytes));
   const std::string path = dir / "config.toml";
   write_text(path, "[run]\nname = \"t\"\noutput_dir = \"" + (dir / "run") + "\"\nseed = 5\n"
-                   "[model]\npreset = \"tiny\"\ndim = 64\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 160\n"
+                   "[model]\n" + model +
                    "[data]\npath = \"" + corpus + "\"\nseq_len = 32\nmicro_batch_size = 4\n"
                    "[training]\nsteps = 20\nlog_every = 1\neval_every = 0\ndevice = \"cpu\"\n"
                    "[optimizer]\nlr = 3e-3\n[lr_schedule]\nwarmup_steps = 5\n" + extra);
