@@ -26,4 +26,6 @@ for mode in fp32 mixed bf16; do
     echo "$mode prefetch=$prefetch rc=$? | $(tail -n 1 "$run/metrics.jsonl" 2>/dev/null)"
   done
 done
+echo "== speed race against PyTorch FSDP2 (configs/llama3_2_1b_mixed.toml)"
+OUT="$OUT/speed" "$ROOT/bench/speed_vs_fsdp2.sh" "$ROOT/configs/llama3_2_1b_mixed.toml" 30
 echo "outputs in $OUT"

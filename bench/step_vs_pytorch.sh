@@ -7,22 +7,13 @@
 #
 #   bench/step_vs_pytorch.sh [CONFIG] [REPEATS] [STEPS]     (defaults: configs/tiny.toml 3 20)
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-CONFIG="${1:-$ROOT/configs/tiny.toml}"; REPEATS="${2:-3}"; STEPS="${3:-20}"
-VENV="${PTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ptrain/venv-torch-2.11.0}"
-BIN="$ROOT/build/ptrain"; PY="$VENV/bin/python"
-[ -x "$BIN" ] || { echo "build first: launch/setup.sh" >&2; exit 1; }
-"$PY" -c "import transformers" 2>/dev/null || "$VENV/bin/pip" install -q transformers==5.23.0
+CONFIG="${1:-$(dirname "$0")/../configs/tiny.toml}"; REPEATS="${2:-3}"; STEPS="${3:-20}"
+source "$(dirname "$0")/lib.sh"
 THREADS=$(nproc)
 WARMUP=3
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-# Model shape and batch come from ptrain's own resolved config, so both sides match.
-"$BIN" check --config "$CONFIG" > "$tmp/check.txt"
-val() { awk -v s="[$1]" -v k="$2" '$0==s{f=1;next} /^\[/{f=0} f && $1==k {print $3}' "$tmp/check.txt" | tr -d '"'; }
-DIM=$(val model dim); LAYERS=$(val model n_layers); HEADS=$(val model n_heads); KV=$(val model n_kv_heads)
-FFN=$(val model ffn_dim); VOCAB=$(val model vocab_size); THETA=$(val model rope_theta)
-BATCH=$(val data micro_batch_size); SEQ=$(val data seq_len)
+read_config "$CONFIG"
 echo "model dim=$DIM layers=$LAYERS heads=$HEADS/$KV ffn=$FFN vocab=$VOCAB | batch ${BATCH}x${SEQ} fp32 | $THREADS threads | $REPEATS repeats x $STEPS steps (+$WARMUP warmup)"
 
 ptrain_run() {

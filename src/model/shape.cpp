@@ -48,9 +48,15 @@ std::optional<LlamaShape> preset_shape(const std::string& name) {
   }
   if (name == "llama3_8b") return llama3(4096, 32, 32, 14336);
   if (name == "llama3_70b") return llama3(8192, 80, 64, 28672);
+  if (name == "llama3_2_1b") {  // Llama 3.2 1B: tied embedding, RoPE scaled by 32
+    LlamaShape s = llama3(2048, 16, 32, 8192);
+    s.tie_embeddings = true;
+    s.rope_scaling.factor = 32.0;
+    return s;
+  }
   return std::nullopt;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "llama3_8b", "llama3_70b"}; }
+std::vector<std::string> preset_names() { return {"tiny", "llama3_2_1b", "llama3_8b", "llama3_70b"}; }
 
 }  // namespace ptrain

@@ -138,6 +138,8 @@ TEST(Shape, PresetParameterCounts) {
   EXPECT_EQ(s8.total_params(), 8030261248);
   auto s70 = preset_shape("llama3_70b").value();
   EXPECT_EQ(s70.total_params(), 70553706496);
+  // Llama 3.2 1B: 1,235,814,400 parameters (tied 128256 x 2048 embedding, 16 blocks).
+  EXPECT_EQ(preset_shape("llama3_2_1b").value().total_params(), 1235814400);
   auto tiny = preset_shape("tiny").value();
   EXPECT_GE(tiny.total_params(), 10'000'000);
   EXPECT_LE(tiny.total_params(), 30'000'000);
