@@ -157,28 +157,76 @@ int cmd_check(const Args& a) {
             << s.n_layers << " blocks of " << log::grouped(static_cast<double>(s.block_params())) << ", embedding "
             << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
             << log::grouped(static_cast<double>(s.head_params())) << ")\n"
-            << policy.table() << "predicted persistent state per rank at world size " << ws << ":\n"
-            << "  params            " << log::bytes(m.param_bytes) << "\n"
-            << "  grads             " << log::bytes(m.grad_bytes) << "\n"
-            << "  optimizer state   " << log::bytes(m.optimizer_state_bytes) << "\n"
-            << "  master weights    " << log::bytes(m.master_weight_bytes) << "\n"
-            << "  total             " << log::bytes(m.total_state_bytes()) << " (activations not included)\n"
-            << (c.lora.enabled ? "  + frozen base     " + log::bytes(m.frozen_base_bytes) + " (LoRA: not trained" +
+            << policy.table();
+  const PeakPlan plan = predict_peak(c, ws);
+  const auto gib = [](int64_t bytes) { return log::fixed(static_cast<double>(bytes) / (1024.0 * 1024 * 1024), 2) + " GiB"; };
+  const auto& act = plan.activations;
+  std::cout << "predicted peak allocated memory per rank at world size " << ws << " (micro-batch "
+            << c.data.micro_batch_size << " x " << c.data.seq_len << " tokens, activation checkpointing "
+            << c.memory.activation_checkpointing << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
+            << "  params            " << gib(m.param_bytes) << "\n"
+            << "  grads             " << gib(m.grad_bytes) << "\n"
+            << "  optimizer state   " << gib(m.optimizer_state_bytes) << "\n"
+            << "  master weights    " << gib(m.master_weight_bytes) << "\n"
+            << (c.lora.enabled ? "  frozen base       " + gib(m.frozen_base_bytes) + " (LoRA: not trained" +
                                      (m.nf4_params ? "; NF4 " + log::fixed(static_cast<double>(m.nf4_bytes) / m.nf4_params, 4) +
                                                          " B per 4-bit weight" : std::string()) + ")\n"
-                               : std::string());
-  if (a.options.count("--gpu-memory")) {
-    double gib = 0;
-    try {
-      gib = std::stod(a.options.at("--gpu-memory"));
-    } catch (const std::exception&) {
-    }
-    if (!(gib > 0)) throw UsageError("--gpu-memory must be a positive number of GiB (got '" + a.options.at("--gpu-memory") + "')");
-    const double need = static_cast<double>(m.total_state_bytes()) / (1024.0 * 1024 * 1024);
-    std::cout << "  state uses " << log::fixed(100.0 * need / gib, 1) << "% of " << gib << " GiB per GPU"
-              << (need > gib ? " — does NOT fit: raise --world-size or use another precision mode" : "") << "\n";
+                               : std::string())
+            << "  activations       " << gib(act.saved_bytes()) << " (" << act.layers << " blocks x " << gib(act.per_block_bytes)
+            << " + head " << gib(act.head_bytes) << ")\n"
+            << "  transient         " << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
+            << " (largest of: end of forward " << gib(plan.forward_transient_bytes) << ", a block's backward "
+            << gib(plan.backward_transient_bytes) << ")\n"
+            << "  peak              " << gib(plan.peak_bytes()) << "\n";
+  if (!a.options.count("--gpu-memory")) return 0;
+  double gpu_gib = 0;
+  try {
+    gpu_gib = std::stod(a.options.at("--gpu-memory"));
+  } catch (const std::exception&) {
   }
-  return 0;
+  if (!(gpu_gib > 0)) throw UsageError("--gpu-memory must be a positive number of GiB (got '" + a.options.at("--gpu-memory") + "')");
+  const double peak_gib = static_cast<double>(plan.peak_bytes()) / (1024.0 * 1024 * 1024);
+  if (peak_gib <= gpu_gib) {
+    std::cout << "fits: " << log::fixed(peak_gib, 2) << " of " << gpu_gib << " GiB per GPU (margin "
+              << log::fixed(gpu_gib - peak_gib, 2) << " GiB)\n";
+    return 0;
+  }
+  // What would fit: each change on its own, then all of them together.
+  struct Change {
+    std::string what;
+    std::vector<std::string> sets;
+    int world_size;
+  };
+  std::vector<Change> changes;
+  if (c.memory.activation_checkpointing != "full")
+    changes.push_back({"--set memory.activation_checkpointing=full", {"memory.activation_checkpointing=\"full\""}, ws});
+  if (c.optimizer.name != "adamw8bit" && !c.optimizer.in_backward)
+    changes.push_back({"--set optimizer.name=adamw8bit", {"optimizer.name=\"adamw8bit\""}, ws});
+  if (c.precision.mode != "bf16" && !c.lora.enabled)
+    changes.push_back({"--set precision.mode=bf16", {"precision.mode=\"bf16\""}, ws});
+  if (c.data.micro_batch_size > 1)
+    changes.push_back({"--set data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2) + " (and double grad_accum_steps)",
+                       {"data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2)}, ws});
+  changes.push_back({"--world-size " + std::to_string(2 * ws), {}, 2 * ws});
+  std::cerr << "error: predicted peak " << log::fixed(peak_gib, 2) << " GiB per rank does not fit in --gpu-memory " << gpu_gib
+            << " GiB. Predicted peak with:\n";
+  Change all{"all of the valid ones together", {}, 2 * ws};
+  auto report = [&](const Change& ch) {
+    std::vector<std::string> with = a.sets;
+    with.insert(with.end(), ch.sets.begin(), ch.sets.end());
+    try {
+      const double p = static_cast<double>(predict_peak(load_config(a.config, with, env), ch.world_size).peak_bytes()) / (1024.0 * 1024 * 1024);
+      std::cerr << "  " << ch.what << ": " << log::fixed(p, 2) << " GiB" << (p <= gpu_gib ? " — fits" : "") << "\n";
+      return true;
+    } catch (const ConfigError&) {
+      std::cerr << "  " << ch.what << ": not valid with this config\n";
+      return false;
+    }
+  };
+  for (const auto& ch : changes)
+    if (report(ch)) all.sets.insert(all.sets.end(), ch.sets.begin(), ch.sets.end());
+  report(all);
+  return 2;
 }
 
 int cmd_eval(const Args& a) {

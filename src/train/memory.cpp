@@ -2,10 +2,14 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
 #include "model/layout.h"
+#include "model/loss.h"
+#include "model/shape.h"
 #include "optim/adamw8bit.h"
 #include "optim/optimizer.h"
 #include "train/trainer.h"
@@ -91,6 +95,82 @@ MemoryReport predict_memory(const Config& config, int world_size) {
       r.optimizer_state_bytes += Blocking::of(u, 0, shard_numel(u.numel, world_size), kMin8bitNumel).state_bytes();
   }
   return r;
+}
+
+ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInputs& in) {
+  const int64_t N = in.tokens, c = in.compute_bytes, d = s.dim, q = s.q_dim(), kv = s.kv_dim(), F = s.ffn_dim;
+  // An RMSNorm keeps, per token: CUDA's fused kernel its input and a float32 rstd; the CPU's
+  // composite one a float32 copy of its input (the input itself in fp32), the float32
+  // normalized input and rstd.
+  const int64_t norm = in.fused_norm ? c * d + 4 : 8 * d + 4;
+  // Per token, besides the two norms: both norms' outputs (inputs of the q/k/v and gate/up
+  // matmuls); the fused q/k/v output (kept whole by the v view attention saves); RoPE'd q and k;
+  // attention's output (already laid out as o_proj's input) and per-head float32 logsumexp; the
+  // gate/up output (silu and the product save views of it), silu's output and the product
+  // (down_proj's input). LoRA adds x A^T [tokens, rank] per adapted projection.
+  const int64_t full_block =
+      N * (2 * norm + c * (2 * d + 3 * q + 3 * kv + 4 * F) + 4 * s.n_heads + c * in.lora_rank * in.lora_block_projections);
+  ActivationEstimate e;
+  e.layers = s.n_layers;
+  e.per_block_bytes = in.checkpointing ? N * c * d : full_block;  // checkpointing: the block's input
+  e.recompute_bytes = in.checkpointing ? full_block : 0;
+  // The final norm; the loss computes its gradients in forward and keeps them: w.r.t. the
+  // hidden states (compute dtype), the output weight (float32) and a LoRA output adapter's A
+  // and B (float32).
+  e.head_bytes = N * (norm + c * d) + (in.output_weight_grad ? 4 * s.vocab_size * d : 0) +
+                 (in.lora_output ? 4 * in.lora_rank * (d + s.vocab_size) : 0);
+  return e;
+}
+
+int64_t PeakPlan::peak_bytes() const {
+  return state.total_state_bytes() + state.frozen_base_bytes + activations.saved_bytes() +
+         std::max(forward_transient_bytes, backward_transient_bytes);
+}
+
+PeakPlan predict_peak(const Config& c, int world_size) {
+  const PrecisionPolicy policy = PrecisionPolicy::from_config(c);
+  const auto& s = c.model.shape;
+  PeakPlan p;
+  p.state = predict_memory(c, world_size);
+  const int64_t cb = c10::elementSize(policy.compute_dtype), rb = c10::elementSize(policy.reduce_dtype);
+  ActivationInputs in;
+  in.tokens = c.data.micro_batch_size * c.data.seq_len;
+  in.compute_bytes = cb;
+  in.checkpointing = c.memory.activation_checkpointing == "full";
+  in.fused_norm = c.training.device != "cpu";  // the plan is for GPUs unless the config says CPU
+  const auto& t = c.lora.targets;
+  const bool lora = c.lora.enabled;
+  in.output_weight_grad = !lora;
+  if (lora) {
+    in.lora_rank = c.lora.rank;
+    in.lora_output = std::find(t.begin(), t.end(), "output") != t.end();
+    in.lora_block_projections = static_cast<int64_t>(t.size()) - (in.lora_output ? 1 : 0);
+  }
+  p.activations = predict_activations(s, in);
+  // A unit gathered whole in the compute dtype — nothing extra when one rank uses its shard in place.
+  const bool aliases = world_size == 1 && policy.master_dtype == policy.compute_dtype;
+  const auto units = llama_units(s, c.model.init_std);
+  const int64_t block = units.at(1).numel, head = units.back().numel;
+  const int64_t gathered_block = aliases || (lora && c.quant.base == "nf4") ? 0 : block * cb;
+  const int64_t gathered_head = aliases ? 0 : head * cb;
+  const int64_t chunk = c.memory.loss_chunk_tokens > 0 ? c.memory.loss_chunk_tokens : default_loss_chunk(s.vocab_size);
+  const int64_t N = in.tokens;
+  // End of forward: the gathered head, one chunk's float32 logits and its probabilities (and
+  // their copy in the compute dtype).
+  p.forward_transient_bytes = gathered_head + std::min(chunk, N) * s.vocab_size * (4 + 4 + cb);
+  // A block's backward: this block and the prefetched previous one gathered, its flat gradient
+  // in the compute dtype and the padded reduce-scatter buffer (trained units only), and the
+  // gradients flowing through it (a few [tokens, ffn] tensors at most), plus the recomputed
+  // activations with checkpointing.
+  // (reduce_grad copies the gradient only to pad it or to change its dtype)
+  const bool copies = shard_numel(block, world_size) * world_size != block || cb != rb;
+  const int64_t unit_grad = lora ? 0 : block * cb + (copies ? shard_numel(block, world_size) * world_size * rb : 0);
+  const int64_t widest = std::max(2 * s.ffn_dim, s.q_dim() + 2 * s.kv_dim());
+  // NF4: a 4-bit linear dequantizes one matrix group at a time, for its forward and its backward.
+  const int64_t dequantized = lora && c.quant.base == "nf4" ? widest * s.dim * cb : 0;
+  p.backward_transient_bytes = (c.parallel.prefetch ? 2 : 1) * gathered_block + unit_grad + dequantized +
+                               3 * N * cb * widest + p.activations.recompute_bytes;
+  return p;
 }
 
 PeakMemory peak_memory(const c10::Device& device) {

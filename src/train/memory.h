@@ -10,6 +10,7 @@
 namespace ptrain {
 
 struct Config;
+struct LlamaShape;
 class FsdpModel;
 class Optimizer;
 
@@ -32,6 +33,43 @@ struct MemoryReport {
 
 MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim);
 MemoryReport predict_memory(const Config& config, int world_size);
+
+// What one micro-batch's forward leaves alive for backward, per rank, predicted from the shape
+// and the checkpointing policy: the tensors autograd saves (inputs of every matmul, norm and
+// attention; the loss's gradients, computed in forward). Validated against the bytes LibTorch
+// actually allocates (Memory.SavedActivationsMatchPrediction).
+struct ActivationEstimate {
+  int64_t per_block_bytes = 0;  // one block's saved tensors (its input alone with activation checkpointing)
+  int64_t recompute_bytes = 0;  // activation checkpointing: one block's full saved tensors, rebuilt in backward
+  int64_t head_bytes = 0;       // final norm's input + the loss's saved gradients (hidden; output weight in fp32)
+  int64_t layers = 0;
+  int64_t saved_bytes() const { return layers * per_block_bytes + head_bytes; }
+};
+struct ActivationInputs {
+  int64_t tokens = 0;                     // micro_batch_size x seq_len
+  int64_t compute_bytes = 4;              // element size of activations (4 fp32, 2 bf16)
+  bool checkpointing = false;             // memory.activation_checkpointing = "full"
+  bool fused_norm = true;                 // CUDA's fused RMSNorm (false: the CPU's composite one)
+  bool output_weight_grad = true;         // the output projection (or tied embedding) is trained
+  int64_t lora_rank = 0;                  // LoRA: saved [tokens, rank] per adapted projection
+  int64_t lora_block_projections = 0;     // adapted projections per block (0..7)
+  bool lora_output = false;               // adapter on the output projection
+};
+ActivationEstimate predict_activations(const LlamaShape& shape, const ActivationInputs& in);
+
+// The allocator peak of one rank during a training step, predicted from the config (`ptrain
+// check`): persistent state + saved activations + the largest transient — at the end of forward
+// (gathered output projection, one loss chunk of float32 logits) or during a block's backward
+// (two gathered blocks with prefetch, the block's flat gradient and its reduce buffer, activation
+// gradients, and its recomputed activations under checkpointing).
+struct PeakPlan {
+  MemoryReport state;
+  ActivationEstimate activations;
+  int64_t forward_transient_bytes = 0;
+  int64_t backward_transient_bytes = 0;
+  int64_t peak_bytes() const;
+};
+PeakPlan predict_peak(const Config& config, int world_size);
 
 struct PeakMemory {
   int64_t bytes = 0;

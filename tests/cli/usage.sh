@@ -56,6 +56,11 @@ if [ -n "$a" ] && [ "$a" = "$b" ]; then pass=$((pass+1)); else fail=$((fail+1));
 # check --plan: a config for another machine (missing data file, GPUs) still plans; without
 # --plan the missing data file is an error.
 expect 0 "persistent state +~6.03" -- "$bin" check --plan --config "$src/configs/llama3_8b_mixed.toml" --set precision.mode=bf16 --set optimizer.name=adamw8bit --world-size 8
+# The peak planner: Llama 3 70B bf16 fits 8 x 80 GB with its activations; at 40 GB it exits 2
+# naming changes that would fit, each with its predicted peak.
+expect 0 "fits: [0-9.]+ of 80 GiB per GPU" -- "$bin" check --plan --config "$src/configs/llama3_70b_bf16.toml" --world-size 8 --gpu-memory 80
+expect 0 "activations +[0-9.]+ GiB \(80 blocks" -- "$bin" check --plan --config "$src/configs/llama3_70b_bf16.toml" --world-size 8 --gpu-memory 80
+expect 2 "does not fit in --gpu-memory 40 GiB.*all of the valid ones together: [0-9.]+ GiB — fits" -- bash -c "'$bin' check --plan --config '$src/configs/llama3_70b_bf16.toml' --world-size 8 --gpu-memory 40 2>&1 | tr '\\n' ' '; exit \${PIPESTATUS[0]}"
 expect 2 "data.path: no such file" -- "$bin" check --config "$src/configs/llama3_8b_mixed.toml"
 # configs/tiny_qlora.toml: QLoRA over the fixture's HF model trains on the CPU (loss falls).
 ( cd "$src" && "$bin" --config configs/tiny_qlora.toml --set training.steps=30 --set training.eval_every=0 \
