@@ -1,4 +1,4 @@
-// Llama architecture hyper-parameters and the named presets (REFERENCES.md §4).
+// Llama architecture hyper-parameters and the named presets (Meta's published Llama 3 / 3.2 configurations).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -1,4 +1,4 @@
-// PrecisionPolicy: which dtype each class of tensor lives in (DESIGN.md precision table),
+// PrecisionPolicy: which dtype each class of tensor lives in (docs/design.md, "Precision modes"),
 // resolved once from [precision].
 #pragma once
 #include <c10/core/ScalarType.h>

@@ -10,7 +10,7 @@ namespace ptrain::nf4 {
 constexpr int64_t kBlock = 64;         // weights per absmax
 constexpr int64_t kStatsBlock = 256;   // absmax values per second-level absmax (double quant)
 
-// bitsandbytes' NF4 code, index -> value (REFERENCES.md §3), ascending.
+// bitsandbytes' NF4 code, index -> value (bitsandbytes' NF4 table), ascending.
 constexpr float kCode[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
                              -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
                              0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
