@@ -285,10 +285,6 @@ const std::vector<Rule>& rules() {
          }
          return "";
        }},
-      {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
-         return not_yet(c.lora.enabled && c.memory.activation_checkpointing == "full", "activation checkpointing with LoRA",
-                        "set memory.activation_checkpointing = \"none\"");
-       }},
       {"quant.base", [](const Config& c, const Environment&) -> std::string { return one_of(c.quant.base, {"none", "nf4"}); }},
       {"quant.base", [](const Config& c, const Environment&) -> std::string {
          return c.quant.base == "nf4" && !c.lora.enabled

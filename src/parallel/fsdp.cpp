@@ -2,9 +2,17 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#ifdef PTRAIN_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+#include <mutex>
+#include <optional>
 
 #include "checkpoint/hf.h"
 #include "common/error.h"
@@ -65,6 +73,35 @@ void alloc_storage(const at::Tensor& t) {
   impl->set_nbytes(nbytes);
 }
 
+// The generator dropout draws from on `device`.
+at::Generator default_generator(const at::Device& device) {
+#ifdef PTRAIN_CUDA
+  if (device.is_cuda()) return at::cuda::detail::getDefaultCUDAGenerator(device.index());
+#endif
+  return at::detail::getDefaultCPUGenerator();
+}
+
+// Swaps a generator's state in for its lifetime: a recomputed block draws the dropout masks
+// its forward drew, and the stream then continues as if no recompute had happened.
+class RngStateScope {
+ public:
+  RngStateScope(at::Generator gen, const at::Tensor& state) : gen_(std::move(gen)) {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    saved_ = gen_.get_state();
+    gen_.set_state(state);
+  }
+  ~RngStateScope() {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(saved_);
+  }
+  RngStateScope(const RngStateScope&) = delete;
+  RngStateScope& operator=(const RngStateScope&) = delete;
+
+ private:
+  at::Generator gen_;
+  at::Tensor saved_;
+};
+
 // Decorrelated generator seeds per unit.
 uint64_t mix_seed(uint64_t seed, uint64_t stream) { return mix64(seed + kGolden64 * (stream + 1)); }
 
@@ -83,36 +120,49 @@ variable_list GatherUnit::backward(AutogradContext* ctx, variable_list grads) {
 
 // A whole block under full activation checkpointing: forward gathers, computes without a
 // graph and frees the weights, keeping only the block's input; backward re-gathers,
-// recomputes with a graph, differentiates w.r.t. input and weights, and reduce-scatters.
+// recomputes with a graph, differentiates w.r.t. the input and the trained weights — the block's
+// own, or with LoRA its adapters over the frozen (dense or NF4) base — and reduce-scatters them.
 class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& shard, FsdpModel* model,
+  // `trained` is what autograd differentiates besides x: the block's shard, or its adapter shard.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& trained, FsdpModel* model,
                             int64_t unit) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["unit"] = unit;
     ctx->save_for_backward({x});
-    const auto& s = model->shape();
-    at::Tensor w = model->fill(unit);
-    model->prefetch(unit + 1);
-    at::Tensor y = block_forward(BlockWeights::from_flat(w, model->units()[unit].layout, s), x, model->rope(x.size(1)), s);
-    model->release(unit);
+    if (model->options().lora_dropout > 0) {  // the recompute must draw the same masks
+      at::Generator gen = default_generator(model->device());
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      ctx->saved_data["rng"] = gen.get_state();
+    }
+    model->fill_block(unit);
+    model->prefetch_block(unit + 1);
+    at::Tensor y = model->block(unit, x);
+    model->release_block(unit);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     FsdpModel* model = model_of(ctx);
     const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
-    const auto& s = model->shape();
+    const bool trains = ctx->needs_input_grad(1);  // false: a frozen block without adapters
     at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    at::Tensor w = model->fill(unit).detach().requires_grad_(true);
-    if (unit > 1) model->prefetch(unit - 1);  // the previous block's backward comes next
+    at::Tensor w = model->fill_block(unit).detach().requires_grad_(trains);
+    if (unit > 1) model->prefetch_block(unit - 1);  // the previous block's backward comes next
     at::Tensor y;
     {
+      std::optional<RngStateScope> rng;
+      if (ctx->saved_data.count("rng")) rng.emplace(default_generator(model->device()), ctx->saved_data["rng"].toTensor());
       at::AutoGradMode grad_on(true);
-      y = block_forward(BlockWeights::from_flat(w, model->units()[unit].layout, s), x, model->rope(x.size(1)), s);
+      y = model->block(unit, x, trains ? w : at::Tensor());
+    }
+    if (!trains) {
+      at::Tensor gx = torch::autograd::grad({y}, {x}, {grads[0]})[0];
+      model->release_block(unit);
+      return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
     }
     auto g = torch::autograd::grad({y}, {x, w}, {grads[0]});
-    return {g[0], model->reduce_grad(unit, g[1]), at::Tensor(), at::Tensor()};
+    return {g[0], model->reduce_block_grad(unit, g[1]), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -305,16 +355,16 @@ at::Tensor FsdpModel::fill(size_t unit) {
   FlatUnit& u = at(unit);
   // One rank, same dtype: the shard is the whole unit already; use it in place (no copy,
   // nothing to free afterwards).
-  if (aliases_shard(unit)) return u.shard.detach();
+  if (aliases_shard(unit)) return gathered_view(unit);
   if (gathering_[unit]) {  // prefetched: complete it
     gathering_[unit]->wait();
     gathering_[unit].reset();
-    return u.gathered.narrow(0, 0, u.layout.numel);
+    return gathered_view(unit);
   }
   if (storage_freed(u.gathered)) allocate_gathered(unit);
   at::NoGradGuard no_grad;
   comm_->all_gather(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
-  return u.gathered.narrow(0, 0, u.layout.numel);
+  return gathered_view(unit);
 }
 
 void FsdpModel::allocate_gathered(size_t unit) {
@@ -384,6 +434,45 @@ void FsdpModel::deliver(size_t unit, const at::Tensor& shard_grad) {
     g = shard_grad.contiguous();
 }
 
+at::Tensor FsdpModel::fill_block(size_t unit) {
+  at::Tensor w = fill(unit);
+  return has_adapter(unit) ? fill(adapter(unit)) : w;
+}
+
+void FsdpModel::prefetch_block(size_t unit) {
+  prefetch(unit);
+  if (unit < units_.size() && has_adapter(unit)) prefetch(adapter(unit));
+}
+
+void FsdpModel::release_block(size_t unit) {
+  release(unit);
+  if (has_adapter(unit)) release(adapter(unit));
+}
+
+at::Tensor FsdpModel::gathered_view(size_t unit) {
+  FlatUnit& u = at(unit);
+  return aliases_shard(unit) ? u.shard.detach() : u.gathered.narrow(0, 0, u.layout.numel);
+}
+
+at::Tensor FsdpModel::block(size_t unit, const at::Tensor& x, const at::Tensor& trained) {
+  const bool lora = has_adapter(unit);
+  const at::Tensor w = !lora && trained.defined() ? trained : gathered_view(unit);
+  BlockLora l;
+  if (lora)
+    l = BlockLora::from_flat(trained.defined() ? trained : gathered_view(adapter(unit)), adapters_[unit].layout, shape_,
+                             options_.lora_alpha / static_cast<double>(options_.lora_rank), options_.lora_dropout, true);
+  const nf4::Quantized* q4[4] = {nf4_[unit][0].get(), nf4_[unit][1].get(), nf4_[unit][2].get(), nf4_[unit][3].get()};
+  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, q4)
+                                            : BlockWeights::from_flat(w, units_[unit].layout, shape_);
+  return block_forward(bw, x, rope(x.size(1)), shape_, lora ? &l : nullptr);
+}
+
+at::Tensor FsdpModel::reduce_block_grad(size_t unit, const at::Tensor& grad) {
+  if (!has_adapter(unit)) return reduce_grad(unit, grad);
+  release(unit);  // the frozen base gets no gradient
+  return reduce_grad(adapter(unit), grad);
+}
+
 void FsdpModel::regather(size_t unit) {
   // Refill without bumping the version counter: autograd saved views of this buffer in
   // forward and checks that nobody modified them in between; the values are identical.
@@ -416,7 +505,7 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
   if (!shape_.tie_embeddings) release(0);  // embedding backward needs no weights
   for (size_t i = 1; i < head_unit; ++i) {
     if (training && options_.activation_checkpointing) {
-      x = CheckpointedBlock::apply(x, units_[i].shard, this, static_cast<int64_t>(i));
+      x = CheckpointedBlock::apply(x, has_adapter(i) ? adapters_[i].shard : units_[i].shard, this, static_cast<int64_t>(i));
       continue;
     }
     at::Tensor w = gather(i);

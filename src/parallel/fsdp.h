@@ -136,6 +136,17 @@ class FsdpModel {
   // Completes the reduce-scatter in flight, if any, delivering its gradient. Backward calls
   // it by itself when the embedding's gradient (the last) is reduced.
   void finish_backward();
+  // Activation checkpointing works on whole blocks: a block's base unit and, with LoRA, its
+  // adapter unit. fill_block gathers both and returns the trained buffer (the adapter's with
+  // LoRA); block() runs the block on the gathered buffers, with `trained` (when defined) in
+  // place of the trained one (the recompute restores the RNG state of the forward, so LoRA
+  // dropout draws the same masks); reduce_block_grad reduce-scatters the trained unit's
+  // gradient and frees the block.
+  at::Tensor fill_block(size_t unit);
+  void prefetch_block(size_t unit);
+  void release_block(size_t unit);
+  at::Tensor block(size_t unit, const at::Tensor& x, const at::Tensor& trained = at::Tensor());
+  at::Tensor reduce_block_grad(size_t unit, const at::Tensor& grad);
   // Most gathered units whose storage was alive at once since construction (memory truth for
   // the prefetch schedule; 0 when gathers alias the shards).
   int64_t peak_gathered_units() const { return peak_gathered_; }
@@ -172,6 +183,7 @@ class FsdpModel {
   std::unique_ptr<PendingReduce> reducing_;
   int64_t peak_gathered_ = 0;
   void allocate_gathered(size_t unit);
+  at::Tensor gathered_view(size_t unit);  // the unit's full flat weights: the gathered buffer, or the shard in place
   RopeTables rope_;
   int64_t rope_len_ = 0;
 };

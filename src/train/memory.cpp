@@ -99,17 +99,27 @@ MemoryReport predict_memory(const Config& config, int world_size) {
 
 ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInputs& in) {
   const int64_t N = in.tokens, c = in.compute_bytes, d = s.dim, q = s.q_dim(), kv = s.kv_dim(), F = s.ffn_dim;
+  const bool trained = !in.lora;  // the base's weights get gradients
+  const auto& ad = in.adapted;
+  enum { Q, K, V, O, GATE, UP, DOWN };
   // An RMSNorm keeps, per token: CUDA's fused kernel its input and a float32 rstd; the CPU's
-  // composite one a float32 copy of its input (the input itself in fp32), the float32
-  // normalized input and rstd.
-  const int64_t norm = in.fused_norm ? c * d + 4 : 8 * d + 4;
-  // Per token, besides the two norms: both norms' outputs (inputs of the q/k/v and gate/up
-  // matmuls); the fused q/k/v output (kept whole by the v view attention saves); RoPE'd q and k;
-  // attention's output (already laid out as o_proj's input) and per-head float32 logsumexp; the
-  // gate/up output (silu and the product save views of it), silu's output and the product
-  // (down_proj's input). LoRA adds x A^T [tokens, rank] per adapted projection.
-  const int64_t full_block =
-      N * (2 * norm + c * (2 * d + 3 * q + 3 * kv + 4 * F) + 4 * s.n_heads + c * in.lora_rank * in.lora_block_projections);
+  // composite one a float32 copy of its input (the input itself in fp32) and rstd, plus the
+  // float32 normalized input when its weight is trained.
+  const int64_t norm = in.fused_norm ? c * d + 4 : (trained ? 8 : 4) * d + 4;
+  // A matmul keeps its input when its weight is trained or an adapter reads the same input.
+  const int64_t hn = trained || ad[Q] || ad[K] || ad[V] ? c * d : 0;
+  const int64_t hn2 = trained || ad[GATE] || ad[UP] ? c * d : 0;
+  const int64_t act = trained || ad[DOWN] ? c * F : 0;
+  // Attention keeps q and k after RoPE, v, its output (laid out as o_proj's input) and a
+  // float32 logsumexp per head; v is a view of the fused q/k/v output, which it keeps whole,
+  // unless an adapter made v a tensor of its own.
+  const int64_t attention = c * (q + kv) + (ad[V] ? c * kv : c * (q + 2 * kv)) + c * q + 4 * s.n_heads;
+  // silu keeps gate, the product keeps silu's output and up: views of the gate/up output, or
+  // tensors of their own where an adapter added to them.
+  const int64_t mlp = (ad[GATE] && ad[UP] ? 0 : c * 2 * F) + (ad[GATE] ? c * F : 0) + (ad[UP] ? c * F : 0) + c * F + act;
+  int64_t adapters = 0;  // x A^T [tokens, rank] per adapter
+  for (bool a : ad) adapters += a ? c * in.lora_rank : 0;
+  const int64_t full_block = N * (2 * norm + hn + hn2 + attention + mlp + adapters);
   ActivationEstimate e;
   e.layers = s.n_layers;
   e.per_block_bytes = in.checkpointing ? N * c * d : full_block;  // checkpointing: the block's input
@@ -117,8 +127,10 @@ ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInpu
   // The final norm; the loss computes its gradients in forward and keeps them: w.r.t. the
   // hidden states (compute dtype), the output weight (float32) and a LoRA output adapter's A
   // and B (float32).
-  e.head_bytes = N * (norm + c * d) + (in.output_weight_grad ? 4 * s.vocab_size * d : 0) +
+  e.head_bytes = N * (norm + c * d) + (trained ? 4 * s.vocab_size * d : 0) +
                  (in.lora_output ? 4 * in.lora_rank * (d + s.vocab_size) : 0);
+  // A frozen embedding's output needs no gradient: the first block's first norm keeps nothing.
+  e.first_block_bytes = e.per_block_bytes - (!trained && !in.checkpointing ? N * norm : 0);
   return e;
 }
 
@@ -140,12 +152,12 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   in.fused_norm = c.training.device != "cpu";  // the plan is for GPUs unless the config says CPU
   const auto& t = c.lora.targets;
   const bool lora = c.lora.enabled;
-  in.output_weight_grad = !lora;
-  if (lora) {
-    in.lora_rank = c.lora.rank;
-    in.lora_output = std::find(t.begin(), t.end(), "output") != t.end();
-    in.lora_block_projections = static_cast<int64_t>(t.size()) - (in.lora_output ? 1 : 0);
-  }
+  auto targeted = [&](const std::string& name) { return lora && std::find(t.begin(), t.end(), name) != t.end(); };
+  in.lora = lora;
+  in.lora_rank = c.lora.rank;
+  in.lora_output = targeted("output");
+  const auto projections = block_projections(s);
+  for (size_t i = 0; i < projections.size(); ++i) in.adapted[i] = targeted(projections[i].target);
   p.activations = predict_activations(s, in);
   // A unit gathered whole in the compute dtype — nothing extra when one rank uses its shard in place.
   const bool aliases = world_size == 1 && policy.master_dtype == policy.compute_dtype;

@@ -4,6 +4,7 @@
 #pragma once
 #include <c10/core/Device.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -42,18 +43,19 @@ struct ActivationEstimate {
   int64_t per_block_bytes = 0;  // one block's saved tensors (its input alone with activation checkpointing)
   int64_t recompute_bytes = 0;  // activation checkpointing: one block's full saved tensors, rebuilt in backward
   int64_t head_bytes = 0;       // final norm's input + the loss's saved gradients (hidden; output weight in fp32)
+  int64_t first_block_bytes = 0;  // block 0: less with LoRA (its input needs no gradient)
   int64_t layers = 0;
-  int64_t saved_bytes() const { return layers * per_block_bytes + head_bytes; }
+  int64_t saved_bytes() const { return first_block_bytes + (layers - 1) * per_block_bytes + head_bytes; }
 };
 struct ActivationInputs {
   int64_t tokens = 0;                     // micro_batch_size x seq_len
   int64_t compute_bytes = 4;              // element size of activations (4 fp32, 2 bf16)
   bool checkpointing = false;             // memory.activation_checkpointing = "full"
   bool fused_norm = true;                 // CUDA's fused RMSNorm (false: the CPU's composite one)
-  bool output_weight_grad = true;         // the output projection (or tied embedding) is trained
-  int64_t lora_rank = 0;                  // LoRA: saved [tokens, rank] per adapted projection
-  int64_t lora_block_projections = 0;     // adapted projections per block (0..7)
-  bool lora_output = false;               // adapter on the output projection
+  bool lora = false;                      // a frozen base: only adapters are trained
+  int64_t lora_rank = 0;
+  std::array<bool, 7> adapted{};          // LoRA: q, k, v, o, gate, up, down carry an adapter
+  bool lora_output = false;               // LoRA: an adapter on the output projection
 };
 ActivationEstimate predict_activations(const LlamaShape& shape, const ActivationInputs& in);
 

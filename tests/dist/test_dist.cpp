@@ -421,7 +421,8 @@ TEST(Dist, StepParityWithTransformersAtOneTwoAndThreeRanks) {
 // Shapes no tensor group of which is a multiple of 256 elements train, and train the same, at
 // 1 to 4 ranks: a preset resized to hidden 96, 6/2 heads, vocabulary 300 (full fine-tune, also
 // with 8-bit AdamW state), and LoRA and QLoRA over the Hugging Face model of that shape
-// (tests/fixtures/hf_odd, FFN 211) with adapters on every projection and the output.
+// (tests/fixtures/hf_odd, FFN 211) with adapters on every projection and the output, QLoRA also
+// under activation checkpointing.
 TEST(Dist, UnalignedShapesTrainAtOneToFourRanks) {
   const std::string odd = "--set model.vocab_size=300 --set model.dim=96 --set model.n_heads=6 --set model.n_kv_heads=2 ";
   const std::string lora = "--set lora.enabled=true --set lora.rank=4 --set optimizer.lr=1e-2 "
@@ -434,7 +435,8 @@ TEST(Dist, UnalignedShapesTrainAtOneToFourRanks) {
   const std::vector<Case> cases{{odd, test::kSmallModel, {1, 2, 3, 4}},
                                 {odd + "--set optimizer.name=adamw8bit", test::kSmallModel, {1, 3}},
                                 {lora, hf_model, {1, 2, 3}},
-                                {lora + "--set quant.base=nf4", hf_model, {1, 2, 3}}};
+                                {lora + "--set quant.base=nf4", hf_model, {1, 2, 3}},
+                                {lora + "--set quant.base=nf4 --set memory.activation_checkpointing=full", hf_model, {1, 3}}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.flags + " " + c.model);
     test::TempDir dir;
