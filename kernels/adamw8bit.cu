@@ -9,6 +9,7 @@
 #include <string>
 
 #include "adamw8bit_cuda.h"
+#include "cuda_check.h"
 #include "optim/sr_bits.h"
 
 namespace ptrain::kernels {
@@ -84,8 +85,7 @@ void adamw8bit_step(const AdamW8bitShard& shard, void* stream) {
   if (shard.n_blocks == 0) return;
   if (shard.n_blocks > 0x7FFFFFFFLL) throw std::runtime_error("adamw8bit_step: shard too large for one grid");
   adamw8bit_kernel<<<static_cast<unsigned>(shard.n_blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(shard);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string("adamw8bit_step launch failed: ") + cudaGetErrorString(err));
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace ptrain::kernels

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "adamw_sr_cuda.h"
+#include "cuda_check.h"
 #include "optim/sr_bits.h"
 
 namespace ptrain::kernels {
@@ -43,8 +44,7 @@ void adamw_bf16_sr_step(const AdamWSrShard& shard, void* stream) {
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((shard.n + threads - 1) / threads, 65535LL * 8);
   adamw_sr_kernel<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(shard);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string("adamw_bf16_sr_step launch failed: ") + cudaGetErrorString(err));
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace ptrain::kernels

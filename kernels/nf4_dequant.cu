@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_check.h"
 #include "nf4_dequant_cuda.h"
 #include "quant/nf4_math.h"
 
@@ -36,21 +37,18 @@ __global__ void nf4_kernel(Nf4Dequant a) {
   }
 }
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string("nf4_dequantize: ") + what + ": " + cudaGetErrorString(err));
-}
 }  // namespace
 
 void nf4_dequantize(const Nf4Dequant& args, void* stream) {
   static std::once_flag once;
-  std::call_once(once, [] { check(cudaMemcpyToSymbol(kNf4, nf4::kCode, sizeof nf4::kCode), "code upload"); });
+  std::call_once(once, [] { PTRAIN_CUDA_CHECK(cudaMemcpyToSymbol(kNf4, nf4::kCode, sizeof nf4::kCode)); });
   if (args.numel == 0) return;
   if (!args.absmax && !args.code8) throw std::runtime_error("nf4_dequantize: double-quantized input needs the 8-bit code");
   const int threads = 256;
   const int64_t pairs = (args.numel + 1) / 2;
   const int64_t blocks = std::min<int64_t>((pairs + threads - 1) / threads, 65535LL * 8);
   nf4_kernel<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(args);
-  check(cudaGetLastError(), "launch");
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace ptrain::kernels

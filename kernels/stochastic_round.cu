@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_check.h"
 #include "optim/sr_bits.h"
 #include "stochastic_round_cuda.h"
 
@@ -27,8 +28,7 @@ void stochastic_round_bf16(const float* in, uint16_t* out, int64_t n, uint64_t s
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65535LL * 8);
   stochastic_round_kernel<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n, seed,
                                                                                                           offset);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string("stochastic_round_bf16 launch failed: ") + cudaGetErrorString(err));
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace ptrain::kernels

@@ -23,7 +23,6 @@ class HfCheckpoint {
  public:
   // Opens model.safetensors, or every shard named by model.safetensors.index.json.
   explicit HfCheckpoint(const std::string& dir);
-  bool contains(const std::string& name) const { return where_.count(name) > 0; }
   // The stored tensor (any dtype, read-only view over the mapping).
   at::Tensor tensor(const std::string& name) const;
 

@@ -71,7 +71,6 @@ class SelfCollectives final : public Collectives {
     return std::make_unique<Done>();
   }
   void all_reduce_sum(const at::Tensor&) override {}
-  void broadcast(const at::Tensor&, int) override {}
   void barrier() override {}
 };
 
@@ -133,14 +132,6 @@ class MpiCollectives final : public Collectives {
     wait(req, "all_reduce");
     stats.all_reduce_bytes += t.nbytes();
     ++stats.calls;
-  }
-
-  void broadcast(const at::Tensor& t, int root) override {
-    check_cpu(t, t, "broadcast");
-    TORCH_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
-    MPI_Request req;
-    PTRAIN_MPI_CHECK(MPI_Ibcast(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, root, MPI_COMM_WORLD, &req));
-    wait(req, "broadcast");
   }
 
   void barrier() override {

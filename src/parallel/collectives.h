@@ -45,9 +45,7 @@ class Collectives {
   // in has world_size * out.numel() elements; out = mean over ranks of their in[rank*n, ...).
   virtual std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) = 0;
   void all_gather(const at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in)->wait(); }
-  void reduce_scatter_mean(const at::Tensor& out, const at::Tensor& in) { reduce_scatter_mean_async(out, in)->wait(); }
   virtual void all_reduce_sum(const at::Tensor& t) = 0;
-  virtual void broadcast(const at::Tensor& t, int root) = 0;
   virtual void barrier() = 0;
 
   CommStats stats;

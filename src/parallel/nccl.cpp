@@ -124,12 +124,6 @@ class NcclCollectives final : public Collectives {
     stats.all_reduce_bytes += t.nbytes();
     ++stats.calls;
   }
-  void broadcast(const at::Tensor& t, int root) override {
-    std::vector<at::Tensor> ts{t};
-    c10d::BroadcastOptions opts;
-    opts.rootRank = root;
-    pg_->broadcast(ts, opts)->wait();
-  }
   void barrier() override { pg_->barrier()->wait(); }
 
  private:
