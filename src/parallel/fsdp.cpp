@@ -105,6 +105,13 @@ class RngStateScope {
 // Decorrelated generator seeds per unit.
 uint64_t mix_seed(uint64_t seed, uint64_t stream) { return mix64(seed + kGolden64 * (stream + 1)); }
 
+// Copies the part of `slot` that lies in this rank's shard of `u` from `src` (the whole tensor,
+// any shape); the rest of `src` is never read.
+void copy_rank_slice(FlatUnit& u, const ParamSlot& slot, const at::Tensor& src) {
+  const int64_t a = std::max(u.shard_offset, slot.offset), b = std::min(u.shard_offset + u.owned(), slot.offset + slot.numel);
+  if (a < b) u.shard.detach().narrow(0, a - u.shard_offset, b - a).copy_(src.reshape({-1}).narrow(0, a - slot.offset, b - a));
+}
+
 }  // namespace
 
 at::Tensor GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit) {
@@ -224,9 +231,7 @@ void FsdpModel::init_weights(uint64_t seed) {
     FlatUnit& u = units_[i];
     u.shard.zero_();
     for (const auto& slot : u.layout.slots) {  // the norms
-      at::Tensor src = full.shard.narrow(0, full.layout.offset_of(slot.name), slot.numel);
-      const int64_t a = std::max(u.shard_offset, slot.offset), b = std::min(u.shard_offset + u.owned(), slot.offset + slot.numel);
-      if (a < b) u.shard.narrow(0, a - u.shard_offset, b - a).copy_(src.narrow(0, a - slot.offset, b - a));
+      copy_rank_slice(u, slot, full.shard.narrow(0, full.layout.offset_of(slot.name), slot.numel));
     }
   }
   init_adapters(seed);
@@ -304,15 +309,12 @@ void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
   }
   for (auto& u : units_) {
     u.shard.zero_();
-    const int64_t lo = u.shard_offset, hi = u.shard_offset + u.owned();
     for (const auto& slot : u.layout.slots) {
-      at::Tensor src = ckpt.tensor(slot.name);
+      at::Tensor src = ckpt.tensor(slot.name);  // a view of the mapped file: only the slice copied is read
       if (src.sizes().vec() != slot.shape)
         throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
                            c10::str(c10::IntArrayRef(slot.shape)));
-      const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
-      if (a >= b) continue;  // not in this rank's slice: its bytes are never read
-      u.shard.narrow(0, a - lo, b - a).copy_(src.reshape({-1}).narrow(0, a - slot.offset, b - a));
+      copy_rank_slice(u, slot, src);
     }
   }
 }
@@ -322,7 +324,6 @@ void FsdpModel::load_adapters(const std::map<std::string, at::Tensor>& tensors) 
   size_t used = 0;
   for (auto& u : adapters_) {
     u.shard.detach().zero_();
-    const int64_t lo = u.shard_offset, hi = u.shard_offset + u.owned();
     for (const auto& slot : u.layout.slots) {
       auto it = tensors.find(slot.name);
       if (it == tensors.end()) throw RuntimeError("the adapter has no tensor '" + slot.name + "'; its targets differ from lora.targets");
@@ -330,8 +331,7 @@ void FsdpModel::load_adapters(const std::map<std::string, at::Tensor>& tensors) 
       if (it->second.sizes().vec() != slot.shape)
         throw RuntimeError("adapter tensor '" + slot.name + "' has shape " + c10::str(it->second.sizes()) + ", lora.rank and the model give " +
                            c10::str(c10::IntArrayRef(slot.shape)));
-      const int64_t a = std::max(lo, slot.offset), b = std::min(hi, slot.offset + slot.numel);
-      if (a < b) u.shard.detach().narrow(0, a - lo, b - a).copy_(it->second.reshape({-1}).narrow(0, a - slot.offset, b - a));
+      copy_rank_slice(u, slot, it->second);
     }
   }
   if (used != tensors.size())
