@@ -139,25 +139,30 @@ int64_t PeakPlan::peak_bytes() const {
          std::max(forward_transient_bytes, backward_transient_bytes);
 }
 
+ActivationInputs activation_inputs(const Config& c) {
+  ActivationInputs in;
+  in.tokens = c.data.micro_batch_size * c.data.seq_len;
+  in.compute_bytes = static_cast<int64_t>(c10::elementSize(PrecisionPolicy::from_config(c).compute_dtype));
+  in.checkpointing = c.memory.activation_checkpointing == "full";
+  in.fused_norm = c.training.device != "cpu";  // the plan is for GPUs unless the config says CPU
+  const auto& t = c.lora.targets;
+  auto targeted = [&](const std::string& name) { return c.lora.enabled && std::find(t.begin(), t.end(), name) != t.end(); };
+  in.lora = c.lora.enabled;
+  in.lora_rank = c.lora.rank;
+  in.lora_output = targeted("output");
+  const auto projections = block_projections(c.model.shape);
+  for (size_t i = 0; i < projections.size(); ++i) in.adapted[i] = targeted(projections[i].target);
+  return in;
+}
+
 PeakPlan predict_peak(const Config& c, int world_size) {
   const PrecisionPolicy policy = PrecisionPolicy::from_config(c);
   const auto& s = c.model.shape;
   PeakPlan p;
   p.state = predict_memory(c, world_size);
   const int64_t cb = c10::elementSize(policy.compute_dtype), rb = c10::elementSize(policy.reduce_dtype);
-  ActivationInputs in;
-  in.tokens = c.data.micro_batch_size * c.data.seq_len;
-  in.compute_bytes = cb;
-  in.checkpointing = c.memory.activation_checkpointing == "full";
-  in.fused_norm = c.training.device != "cpu";  // the plan is for GPUs unless the config says CPU
-  const auto& t = c.lora.targets;
   const bool lora = c.lora.enabled;
-  auto targeted = [&](const std::string& name) { return lora && std::find(t.begin(), t.end(), name) != t.end(); };
-  in.lora = lora;
-  in.lora_rank = c.lora.rank;
-  in.lora_output = targeted("output");
-  const auto projections = block_projections(s);
-  for (size_t i = 0; i < projections.size(); ++i) in.adapted[i] = targeted(projections[i].target);
+  const ActivationInputs in = activation_inputs(c);
   p.activations = predict_activations(s, in);
   // A unit gathered whole in the compute dtype — nothing extra when one rank uses its shard in place.
   const bool aliases = world_size == 1 && policy.master_dtype == policy.compute_dtype;

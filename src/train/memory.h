@@ -58,6 +58,9 @@ struct ActivationInputs {
   bool lora_output = false;               // LoRA: an adapter on the output projection
 };
 ActivationEstimate predict_activations(const LlamaShape& shape, const ActivationInputs& in);
+// The inputs a config implies (its micro-batch, compute dtype, checkpointing, LoRA targets; the
+// fused norm unless training.device is "cpu").
+ActivationInputs activation_inputs(const Config& config);
 
 // The allocator peak of one rank during a training step, predicted from the config (`ptrain
 // check`): persistent state + saved activations + the largest transient — at the end of forward

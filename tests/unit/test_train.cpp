@@ -232,14 +232,9 @@ TEST(Lora, ActivationCheckpointingTrainsIdenticallyAndSavesMemory) {
         saved[ac] = scope.meter().net.load() - static_cast<int64_t>(loss.nbytes());
         loss.backward();
       }
-      ActivationInputs a;
-      a.tokens = c.data.micro_batch_size * c.data.seq_len;
-      a.checkpointing = ac == "full";
-      a.fused_norm = false;
-      a.lora = true, a.lora_rank = 4, a.lora_output = targets == all;
-      for (size_t p = 0; p < 7; ++p)
-        a.adapted[p] = targets.find("\"" + block_projections(c.model.shape)[p].target + "\"") != std::string::npos;
-      if (dropout == "0.0") EXPECT_EQ(saved[ac], predict_activations(c.model.shape, a).saved_bytes()) << ac;
+      if (dropout == "0.0") {
+        EXPECT_EQ(saved[ac], predict_activations(c.model.shape, activation_inputs(c)).saved_bytes()) << ac;
+      }
     }
     ASSERT_EQ(curve["none"].size(), 6u);
     if (dropout == "0.0") {
@@ -539,7 +534,9 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
   auto reloaded = build_model(back, at::kCPU, test::local_comm());
   SafetensorsFile saved(ck + "/model.rank0.safetensors");
   for (const auto& u : reloaded->trainable_units())
-    if (u.layout.numel > 0) EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;
+    if (u.layout.numel > 0) {
+      EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;
+    }
 }
 
 // export --merge: the adapters folded into the base (dense, or NF4 dequantized) give a plain
@@ -563,6 +560,8 @@ TEST(Lora, MergedExportEqualsTheAdaptedModel) {
     EXPECT_LE((got - want).abs().max().item<double>(), 1e-4) << base;
     // and the adapters did move the model away from its base
     auto fresh = build_model(load(test::small_config(dir), {"quant.base=\"none\""}), at::kCPU, test::local_comm());
-    if (base == "none") EXPECT_GT((fresh->logits(tokens) - want).abs().max().item<double>(), 1e-3);
+    if (base == "none") {
+      EXPECT_GT((fresh->logits(tokens) - want).abs().max().item<double>(), 1e-3);
+    }
   }
 }
