@@ -163,16 +163,19 @@ int cmd_check(const Args& a) {
   const auto& act = plan.activations;
   std::cout << "predicted peak allocated memory per rank at world size " << ws << " (micro-batch "
             << c.data.micro_batch_size << " x " << c.data.seq_len << " tokens, activation checkpointing "
-            << c.memory.activation_checkpointing << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
+            << c.memory.activation_checkpointing << (c.memory.activation_offloading ? " + offloading" : "") << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
             << "  params            " << gib(m.param_bytes) << "\n"
             << "  grads             " << gib(m.grad_bytes) << "\n"
             << "  optimizer state   " << gib(m.optimizer_state_bytes) << "\n"
             << "  master weights    " << gib(m.master_weight_bytes) << "\n"
             << (c.lora.enabled ? "  frozen base       " + gib(m.frozen_base_bytes) + " (LoRA: not trained" +
-                                     (m.nf4_params ? "; NF4 " + log::fixed(static_cast<double>(m.nf4_bytes) / m.nf4_params, 4) +
-                                                         " B per 4-bit weight" : std::string()) + ")\n"
+                                     (m.nf4_params ? "; NF4 " + log::fixed(m.nf4_bytes_per_param(), 4) +
+                                                         " B per 4-bit weight, 1/" + std::to_string(ws) + " on each rank" : std::string()) + ")\n"
                                : std::string())
-            << "  activations       " << gib(act.saved_bytes()) << " (" << act.layers << " blocks x " << gib(act.per_block_bytes)
+            << "  activations       " << gib(act.saved_bytes()) << " ("
+            << (c.memory.activation_offloading ? "block inputs offloaded: " + gib(act.host_bytes) + " in pinned host memory, " +
+                                                     gib(act.in_flight_bytes) + " awaiting their copy"
+                                               : std::to_string(act.layers) + " blocks x " + gib(act.per_block_bytes))
             << " + head " << gib(act.head_bytes) << ")\n"
             << "  transient         " << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
             << " (largest of: end of forward " << gib(plan.forward_transient_bytes) << ", a block's backward "
@@ -200,6 +203,10 @@ int cmd_check(const Args& a) {
   std::vector<Change> changes;
   if (c.memory.activation_checkpointing != "full")
     changes.push_back({"--set memory.activation_checkpointing=full", {"memory.activation_checkpointing=\"full\""}, ws});
+  if (!c.memory.activation_offloading)
+    changes.push_back({std::string(c.memory.activation_checkpointing != "full" ? "--set memory.activation_checkpointing=full " : "") +
+                           "--set memory.activation_offloading=true",
+                       {"memory.activation_checkpointing=\"full\"", "memory.activation_offloading=true"}, ws});
   if (c.optimizer.name != "adamw8bit" && !c.optimizer.in_backward)
     changes.push_back({"--set optimizer.name=adamw8bit", {"optimizer.name=\"adamw8bit\""}, ws});
   if (c.precision.mode != "bf16" && !c.lora.enabled)

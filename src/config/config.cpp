@@ -136,6 +136,7 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY("parallel", "prefetch", parallel.prefetch),
       PTRAIN_KEY("parallel", "timeout_s", parallel.timeout_s),
       PTRAIN_KEY("memory", "activation_checkpointing", memory.activation_checkpointing),
+      PTRAIN_KEY("memory", "activation_offloading", memory.activation_offloading),
       PTRAIN_KEY("memory", "loss_chunk_tokens", memory.loss_chunk_tokens),
       PTRAIN_KEY("checkpoint", "dir", checkpoint.dir),
       PTRAIN_KEY("checkpoint", "every_steps", checkpoint.every_steps),

@@ -72,6 +72,7 @@ struct Config {
   } parallel;
   struct Memory {
     std::string activation_checkpointing = "none";  // none | full (recompute each block in backward)
+    bool activation_offloading = false;  // full checkpointing's kept block inputs live in host memory
     int64_t loss_chunk_tokens = 0;  // tokens per cross-entropy chunk; 0 = auto
   } memory;
   struct Checkpoint {

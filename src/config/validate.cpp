@@ -49,10 +49,6 @@ std::string at_least(int64_t v, int64_t min) {
 
 bool is_dtype(const std::string& d) { return d.empty() || d == "float32" || d == "bfloat16"; }
 
-std::string not_yet(bool requested, const std::string& what, const std::string& instead) {
-  return requested ? what + " is not implemented in ptrain " PTRAIN_VERSION "; " + instead : "";
-}
-
 // Data file problems: existence, size, and (for token files) the header.
 std::string check_data(const Config& c) {
   if (c.data.path.empty()) return "no data file; set data.path to a text file or a .bin token file";
@@ -232,6 +228,12 @@ const std::vector<Rule>& rules() {
       {"parallel.timeout_s", [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
       {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
          return one_of(c.memory.activation_checkpointing, {"none", "full"});
+       }},
+      {"memory.activation_offloading", [](const Config& c, const Environment&) -> std::string {
+         return c.memory.activation_offloading && c.memory.activation_checkpointing != "full"
+                    ? "offloading moves the inputs full activation checkpointing keeps; set memory.activation_checkpointing = \"full\" "
+                      "or memory.activation_offloading = false"
+                    : "";
        }},
       {"memory.loss_chunk_tokens", [](const Config& c, const Environment&) -> std::string { return at_least(c.memory.loss_chunk_tokens, 0); }},
       {"checkpoint.every_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.every_steps, 0); }},

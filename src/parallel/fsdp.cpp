@@ -13,6 +13,7 @@
 
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "checkpoint/hf.h"
 #include "common/error.h"
@@ -55,7 +56,7 @@ class OnBackward : public torch::autograd::Function<OnBackward> {
     if (static_cast<UnitAction>(ctx->saved_data["action"].toInt()) == UnitAction::regather)
       model_of(ctx)->regather(unit);
     else
-      model_of(ctx)->release(unit);
+      model_of(ctx)->release_frozen(unit);
     return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -136,7 +137,10 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
                             int64_t unit) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["unit"] = unit;
-    ctx->save_for_backward({x});
+    if (ActivationOffloader* offloader = model->offloader())
+      ctx->saved_data["ticket"] = offloader->offload(x);
+    else
+      ctx->save_for_backward({x});
     if (model->options().lora_dropout > 0) {  // the recompute must draw the same masks
       at::Generator gen = default_generator(model->device());
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -153,7 +157,15 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     FsdpModel* model = model_of(ctx);
     const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
     const bool trains = ctx->needs_input_grad(1);  // false: a frozen block without adapters
-    at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor saved;
+    if (ctx->saved_data.count("ticket")) {
+      const int64_t ticket = ctx->saved_data["ticket"].toInt();
+      saved = model->offloader()->fetch(ticket);
+      if (ticket > 0) model->offloader()->prefetch(ticket - 1);  // the previous block's input comes back meanwhile
+    } else {
+      saved = ctx->get_saved_variables()[0];
+    }
+    at::Tensor x = saved.detach().requires_grad_(true);
     at::Tensor w = model->fill_block(unit).detach().requires_grad_(trains);
     if (unit > 1) model->prefetch_block(unit - 1);  // the previous block's backward comes next
     at::Tensor y;
@@ -175,6 +187,29 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
 
 bool FsdpModel::aliases_shard(size_t unit) const {
   return comm_->world_size() == 1 && at(unit).shard.scalar_type() == at(unit).gathered.scalar_type();
+}
+
+UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant) {
+  static const char* const kGroups[4] = {"qkv", "o", "gate_up", "down"};
+  UnitLayout l;
+  l.name = block.name + ".nf4";
+  l.kind = UnitKind::block;
+  l.layer = block.layer;
+  const auto groups = block_matrix_groups(block);
+  TORCH_CHECK(groups.size() == 4, "a block has 4 matrix groups");
+  for (size_t g = 0; g < 4; ++g) {
+    int64_t n = 0;
+    for (const auto& slot : groups[g]) n += slot.numel;
+    ParamSlot s;
+    s.name = "model.layers." + std::to_string(block.layer) + ".nf4." + kGroups[g];
+    s.numel = nf4::byte_layout(n, double_quant).bytes;
+    s.shape = {s.numel};
+    s.offset = l.numel;
+    l.group_begins.push_back(s.offset);
+    l.numel += s.numel;
+    l.slots.push_back(std::move(s));
+  }
+  return l;
 }
 
 namespace {
@@ -202,11 +237,58 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
   auto layouts = options_.nf4_base ? llama_units_without_block_matrices(shape, init_std) : full_layouts_;
   for (auto& layout : layouts)
     units_.push_back(make_unit(std::move(layout), ws, rank, base_dtype, policy.compute_dtype, device, !options_.lora));
-  nf4_.resize(units_.size());
   if (options_.lora)
     for (auto& layout : lora_units(shape, options_.lora_targets, options_.lora_rank))
       adapters_.push_back(make_unit(std::move(layout), ws, rank, policy.master_dtype, policy.compute_dtype, device, true));
-  gathering_.resize(units_.size() + adapters_.size());
+  nf4_.resize(units_.size());
+  if (options_.nf4_base)
+    for (const auto& full : full_layouts_) {
+      UnitLayout layout = full.kind == UnitKind::block ? nf4_unit_layout(full, options_.double_quant) : UnitLayout{};
+      nf4_units_.push_back(make_unit(std::move(layout), ws, rank, at::kByte, at::kByte, device, false));
+    }
+  gathering_.resize(units_.size() + adapters_.size() + nf4_units_.size());
+  if (options_.activation_offloading) {
+    TORCH_CHECK(options_.activation_checkpointing, "activation offloading moves the checkpointed blocks' inputs: it needs activation checkpointing");
+    offloader_ = std::make_unique<ActivationOffloader>(device_);
+  }
+  // The NF4 weights view their byte unit's gathered buffer, bound each time it is filled (or
+  // the shard, used in place at one rank, bound once here).
+  for (size_t i = 0; i < nf4_units_.size(); ++i) {
+    if (!has_nf4(i)) continue;
+    const auto groups = block_matrix_groups(full_layouts_[i]);
+    for (size_t g = 0; g < 4; ++g) {
+      auto q = std::make_unique<nf4::Quantized>();
+      int64_t rows = 0;
+      for (const auto& slot : groups[g]) rows += slot.shape[0];
+      q->shape = {rows, groups[g].front().shape[1]};
+      q->numel = rows * q->shape[1];
+      q->double_quant = options_.double_quant;
+      nf4_[i][g] = std::move(q);
+    }
+    if (aliases_shard(nf4_unit(i))) bind_nf4(i);
+  }
+}
+
+void FsdpModel::bind_nf4(size_t unit) {
+  const at::Tensor bytes = gathered_view(nf4_unit(unit));
+  for (size_t g = 0; g < 4; ++g) nf4::bind_bytes(*nf4_[unit][g], slot_view(bytes, nf4_units_[unit].layout.slots[g]));
+}
+
+FlatUnit& FsdpModel::at(size_t unit) { return const_cast<FlatUnit&>(std::as_const(*this).at(unit)); }
+
+const FlatUnit& FsdpModel::at(size_t unit) const {
+  if (unit < units_.size()) return units_[unit];
+  unit -= units_.size();
+  if (unit < adapters_.size()) return adapters_[unit];
+  return nf4_units_.at(unit - adapters_.size());
+}
+
+std::vector<size_t> FsdpModel::companions(size_t unit) const {
+  std::vector<size_t> out;
+  if (unit >= units_.size()) return out;
+  if (has_nf4(unit)) out.push_back(nf4_unit(unit));
+  if (has_adapter(unit)) out.push_back(adapter(unit));
+  return out;
 }
 
 void FsdpModel::init_weights(uint64_t seed) {
@@ -237,16 +319,25 @@ void FsdpModel::init_weights(uint64_t seed) {
   init_adapters(seed);
 }
 
+// Every rank quantizes each whole group (double quantization's scales span the group) and keeps
+// the bytes that fall in its shard.
 void FsdpModel::quantize_block(size_t unit, const std::vector<at::Tensor>& groups) {
   TORCH_CHECK(groups.size() == 4, "a block has 4 matrix groups");
-  for (size_t g = 0; g < 4; ++g)
-    nf4_[unit][g] = std::make_shared<const nf4::Quantized>(nf4::quantize(groups[g].to(device_), options_.double_quant));
+  FlatUnit& u = nf4_units_.at(unit);
+  u.shard.zero_();
+  for (size_t g = 0; g < 4; ++g) {
+    const nf4::Quantized q = nf4::quantize(groups[g], options_.double_quant);  // on the CPU
+    const ParamSlot& slot = u.layout.slots[g];
+    at::Tensor bytes = at::empty({slot.numel}, at::kByte);
+    nf4::write_bytes(q, bytes);
+    copy_rank_slice(u, slot, bytes);
+    nf4_[unit][g]->offset = q.offset;
+  }
 }
 
 int64_t FsdpModel::nf4_bytes() const {
   int64_t n = 0;
-  for (const auto& groups : nf4_)
-    for (const auto& q : groups) n += q ? q->bytes() : 0;
+  for (const auto& u : nf4_units_) n += u.shard.nbytes();
   return n;
 }
 
@@ -385,7 +476,7 @@ void FsdpModel::prefetch(size_t unit) {
 
 at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   FlatUnit& u = at(unit);
-  finish_backward();  // the previous unit's reduce-scatter overlapped this unit's backward
+  complete_reduce();  // the previous unit's reduce-scatter overlapped this unit's backward
   if (comm_->world_size() == 1) {  // the mean over one rank is the gradient itself
     release(unit);
     deliver(unit, grad.to(policy_.master_dtype).reshape({u.shard_numel}));
@@ -412,16 +503,20 @@ at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   return at::Tensor();
 }
 
-void FsdpModel::finish_backward() {
+void FsdpModel::complete_reduce() {
   if (reducing_) {
     std::unique_ptr<PendingReduce> r = std::move(reducing_);
     r->op->wait();
     deliver(r->unit, r->shard_grad.to(policy_.master_dtype));
   }
-  // LoRA: frozen base units get no reduce-scatter that would release them.
+}
+
+void FsdpModel::finish_backward() {
+  complete_reduce();
+  // LoRA: frozen units (base, NF4 bytes) get no reduce-scatter that would release them.
   if (options_.lora)
-    for (size_t i = 0; i < units_.size(); ++i)
-      if (!storage_freed(units_[i].gathered) || gathering_[i]) release(i);
+    for (size_t i = 0; i < gathering_.size(); ++i)
+      if (!at(i).shard.requires_grad() && (!storage_freed(at(i).gathered) || gathering_[i])) release(i);
 }
 
 void FsdpModel::deliver(size_t unit, const at::Tensor& shard_grad) {
@@ -436,17 +531,34 @@ void FsdpModel::deliver(size_t unit, const at::Tensor& shard_grad) {
 
 at::Tensor FsdpModel::fill_block(size_t unit) {
   at::Tensor w = fill(unit);
+  fill_nf4(unit);
   return has_adapter(unit) ? fill(adapter(unit)) : w;
 }
 
 void FsdpModel::prefetch_block(size_t unit) {
   prefetch(unit);
-  if (unit < units_.size() && has_adapter(unit)) prefetch(adapter(unit));
+  for (size_t c : companions(unit)) prefetch(c);
 }
 
 void FsdpModel::release_block(size_t unit) {
   release(unit);
-  if (has_adapter(unit)) release(adapter(unit));
+  for (size_t c : companions(unit)) release(c);
+}
+
+void FsdpModel::fill_nf4(size_t unit) {
+  if (!has_nf4(unit)) return;
+  fill(nf4_unit(unit));
+  if (!aliases_shard(nf4_unit(unit))) bind_nf4(unit);
+}
+
+void FsdpModel::release_frozen(size_t unit) {
+  release(unit);
+  if (has_nf4(unit)) release(nf4_unit(unit));
+}
+
+std::array<const nf4::Quantized*, 4> FsdpModel::nf4_weights(size_t unit) const {
+  const auto& q = nf4_.at(unit);
+  return {q[0].get(), q[1].get(), q[2].get(), q[3].get()};
 }
 
 at::Tensor FsdpModel::gathered_view(size_t unit) {
@@ -461,8 +573,7 @@ at::Tensor FsdpModel::block(size_t unit, const at::Tensor& x, const at::Tensor& 
   if (lora)
     l = BlockLora::from_flat(trained.defined() ? trained : gathered_view(adapter(unit)), adapters_[unit].layout, shape_,
                              options_.lora_alpha / static_cast<double>(options_.lora_rank), options_.lora_dropout, true);
-  const nf4::Quantized* q4[4] = {nf4_[unit][0].get(), nf4_[unit][1].get(), nf4_[unit][2].get(), nf4_[unit][3].get()};
-  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, q4)
+  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit).data())
                                             : BlockWeights::from_flat(w, units_[unit].layout, shape_);
   return block_forward(bw, x, rope(x.size(1)), shape_, lora ? &l : nullptr);
 }
@@ -477,12 +588,12 @@ void FsdpModel::regather(size_t unit) {
   // Refill without bumping the version counter: autograd saved views of this buffer in
   // forward and checks that nobody modified them in between; the values are identical.
   at::AutoDispatchBelowADInplaceOrView guard;
-  if (storage_freed(at(unit).gathered) || gathering_[unit]) fill(unit);
-  if (has_adapter(unit) && (storage_freed(adapters_[unit].gathered) || gathering_[adapter(unit)])) fill(adapter(unit));
-  if (unit > 1) {  // the previous block's backward comes next
-    prefetch(unit - 1);
-    if (has_adapter(unit - 1)) prefetch(adapter(unit - 1));
-  }
+  std::vector<size_t> members = companions(unit);
+  members.insert(members.begin(), unit);
+  for (size_t m : members)
+    if (storage_freed(at(m).gathered) || gathering_[m]) fill(m);
+  if (has_nf4(unit) && !aliases_shard(nf4_unit(unit))) bind_nf4(unit);
+  if (unit > 1) prefetch_block(unit - 1);  // the previous block's backward comes next
 }
 
 const RopeTables& FsdpModel::rope(int64_t seq_len) {
@@ -497,9 +608,10 @@ template <class Head>
 auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
   const bool training = at::GradMode::is_enabled();
   const size_t head_unit = units_.size() - 1;
+  if (training && offloader_) offloader_->begin_forward();
   const auto& rp = rope(inputs.size(1));
   at::Tensor embed = gather(0);
-  prefetch(1);
+  prefetch_block(1);
   const at::Tensor wte = embedding_weight(embed, units_[0].layout);
   at::Tensor x = at::embedding(wte, inputs);
   if (!shape_.tie_embeddings) release(0);  // embedding backward needs no weights
@@ -510,20 +622,18 @@ auto FsdpModel::forward(const at::Tensor& inputs, Head&& run_head) {
     }
     at::Tensor w = gather(i);
     at::Tensor a = has_adapter(i) ? gather(adapter(i)) : at::Tensor();
-    prefetch(i + 1);  // gathers while this block computes
-    if (has_adapter(i + 1)) prefetch(adapter(i + 1));
+    fill_nf4(i);
+    prefetch_block(i + 1);  // gathers while this block computes
     BlockLora lora;
     if (a.defined()) lora = BlockLora::from_flat(a, adapters_[i].layout, shape_, options_.lora_alpha / static_cast<double>(options_.lora_rank),
                                                      options_.lora_dropout, training);
     // A frozen block gets no reduce-scatter to release it: release once its backward is done.
     if (options_.lora && training && x.requires_grad()) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
-    const nf4::Quantized* q4[4] = {nf4_[i][0].get(), nf4_[i][1].get(), nf4_[i][2].get(), nf4_[i][3].get()};
-    BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, q4)
+    BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, nf4_weights(i).data())
                                         : BlockWeights::from_flat(w, units_[i].layout, shape_);
     x = block_forward(bw, x, rp, shape_, a.defined() ? &lora : nullptr);
     if (!training || options_.reshard_after_forward) {
-      release(i);
-      if (a.defined()) release(adapter(i));
+      release_block(i);
       if (training) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::regather);
     }
   }

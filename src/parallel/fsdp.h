@@ -26,6 +26,7 @@
 #include "model/llama.h"
 #include "model/loss.h"
 #include "parallel/collectives.h"
+#include "parallel/offload.h"
 #include "parallel/precision.h"
 #include "quant/nf4.h"
 
@@ -48,6 +49,9 @@ struct FsdpOptions {
   // memory.activation_checkpointing = "full": each block keeps only its input; backward
   // re-gathers, recomputes the block and differentiates it (implies resharding the block).
   bool activation_checkpointing = false;
+  // memory.activation_offloading (needs activation_checkpointing): each block's kept input goes
+  // to host memory in forward and comes back ahead of its backward (parallel/offload.h).
+  bool activation_offloading = false;
   // parallel.prefetch: issue the next unit's all-gather before computing the current one
   // (forward: unit i+1 while block i runs; backward: block i-1 while block i's backward runs),
   // so at most two gathered units are alive. Reduce-scatters are always asynchronous: unit i's
@@ -61,11 +65,17 @@ struct FsdpOptions {
   int64_t lora_rank = 8;
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
-  // quant.base = "nf4" (with LoRA): every block's four matrix groups are frozen NF4 tensors
-  // (replicated on every rank), the rest of the base stays in the units, frozen.
+  // quant.base = "nf4" (with LoRA): every block's four matrix groups are frozen NF4 tensors,
+  // kept as one byte unit per block (nf4_unit_layout) that is sharded, all-gathered as 4-bit
+  // bytes and released like the block's other units; the rest of the base stays in the units.
   bool nf4_base = false;
   bool double_quant = true;
 };
+
+// The byte unit an NF4 base keeps beside block `block` (a full llama_units() block layout):
+// one slot per matrix group (q/k/v, o, gate/up, down) named "<layer prefix>.nf4.<group>",
+// holding that group's packed codes and scales as nf4::byte_layout lays them out.
+UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant);
 
 class FsdpModel {
  public:
@@ -99,10 +109,13 @@ class FsdpModel {
   std::vector<FlatUnit>& trainable_units() { return options_.lora ? adapters_ : units_; }
   const std::vector<FlatUnit>& trainable_units() const { return options_.lora ? adapters_ : units_; }
   bool lora() const { return options_.lora; }
-  // NF4 base: bytes of the quantized weights actually held, and how many weights they encode.
+  // NF4 base: bytes of the quantized weights this rank holds (its shards), and how many
+  // weights the whole model holds in 4 bits.
   int64_t nf4_bytes() const;
   int64_t nf4_params() const;
   // NF4 base: matrix group g (0 q/k/v, 1 o, 2 gate/up, 3 down) of block unit `unit`, or null.
+  // Its tensors view the block's gathered bytes: readable while the block is gathered, which
+  // at world size 1 is always (the shard is used in place).
   const nf4::Quantized* nf4_weight(size_t unit, int g) const { return nf4_.at(unit)[static_cast<size_t>(g)].get(); }
   Collectives& comm() const { return *comm_; }
   void zero_grad();
@@ -113,6 +126,8 @@ class FsdpModel {
   int64_t num_params() const;  // of the whole model
 
   // Gathers one unit's full flat weights (compute dtype), connected to its shard by autograd.
+  // `unit` indexes units(), then adapters (units().size() + i), then NF4 byte units
+  // (units().size() + adapters + i).
   at::Tensor gather(size_t unit);
   void release(size_t unit);   // frees the gathered storage (reshard)
   void regather(size_t unit);  // refills freed storage before the unit's backward
@@ -133,11 +148,12 @@ class FsdpModel {
   // Starts gathering `unit` ahead of its use (no-op when prefetch is off, the unit is out of
   // range, already gathered or in flight); fill() completes it.
   void prefetch(size_t unit);
-  // Completes the reduce-scatter in flight, if any, delivering its gradient. Backward calls
-  // it by itself when the embedding's gradient (the last) is reduced.
+  // Completes the reduce-scatter in flight, if any, delivering its gradient, and frees frozen
+  // (LoRA) units still gathered. Backward calls it by itself when the embedding's gradient
+  // (the last) is reduced; under LoRA the embedding is frozen, and the step calls it.
   void finish_backward();
-  // Activation checkpointing works on whole blocks: a block's base unit and, with LoRA, its
-  // adapter unit. fill_block gathers both and returns the trained buffer (the adapter's with
+  // A block is up to three units: its base unit, its NF4 byte unit (NF4 base) and its adapter
+  // unit (LoRA); they are gathered, prefetched and released together. fill_block gathers both and returns the trained buffer (the adapter's with
   // LoRA); block() runs the block on the gathered buffers, with `trained` (when defined) in
   // place of the trained one (the recompute restores the RNG state of the forward, so LoRA
   // dropout draws the same masks); reduce_block_grad reduce-scatters the trained unit's
@@ -145,14 +161,19 @@ class FsdpModel {
   at::Tensor fill_block(size_t unit);
   void prefetch_block(size_t unit);
   void release_block(size_t unit);
+  // LoRA: frees block `unit`'s frozen units (base, NF4 bytes) once its backward is done.
+  void release_frozen(size_t unit);
   at::Tensor block(size_t unit, const at::Tensor& x, const at::Tensor& trained = at::Tensor());
   at::Tensor reduce_block_grad(size_t unit, const at::Tensor& grad);
   // Most gathered units whose storage was alive at once since construction (memory truth for
   // the prefetch schedule; 0 when gathers alias the shards).
   int64_t peak_gathered_units() const { return peak_gathered_; }
+  // The activation offloader (memory.activation_offloading), or null.
+  ActivationOffloader* offloader() { return offloader_.get(); }
 
  private:
   void deliver(size_t unit, const at::Tensor& shard_grad);  // to on_grad_ready or into .grad()
+  void complete_reduce();  // waits for the reduce-scatter in flight, if any, and delivers it
   void init_unit(FlatUnit& u, uint64_t seed);
   struct PendingReduce {
     size_t unit = 0;
@@ -171,14 +192,24 @@ class FsdpModel {
   FsdpOptions options_;
   std::vector<FlatUnit> units_;
   std::vector<FlatUnit> adapters_;  // LoRA: adapters_[i] belongs to units_[i] (may be empty)
+  std::vector<FlatUnit> nf4_units_;  // NF4 base: nf4_units_[i] holds block i's matrices (empty elsewhere)
   std::vector<UnitLayout> full_layouts_;  // every base tensor, matrices included (init, HF load)
-  // NF4 base: per unit (blocks only) q/k/v, o, gate/up, down.
-  std::vector<std::array<std::shared_ptr<const nf4::Quantized>, 4>> nf4_;
+  // NF4 base: per unit (blocks only) q/k/v, o, gate/up, down, viewing nf4_units_[i]'s gathered
+  // bytes (rebound at each fill); the autograd graph refers to them by address, so they never
+  // move.
+  std::vector<std::array<std::unique_ptr<nf4::Quantized>, 4>> nf4_;
   void quantize_block(size_t unit, const std::vector<at::Tensor>& groups);
-  FlatUnit& at(size_t unit) { return unit < units_.size() ? units_[unit] : adapters_[unit - units_.size()]; }
-  const FlatUnit& at(size_t unit) const { return unit < units_.size() ? units_[unit] : adapters_[unit - units_.size()]; }
+  std::array<const nf4::Quantized*, 4> nf4_weights(size_t unit) const;
+  void bind_nf4(size_t unit);  // points nf4_[unit] at the gathered bytes
+  void fill_nf4(size_t unit);  // gathers block `unit`'s NF4 bytes (if any) and binds them
+  FlatUnit& at(size_t unit);
+  const FlatUnit& at(size_t unit) const;
   size_t adapter(size_t unit) const { return units_.size() + unit; }
+  size_t nf4_unit(size_t unit) const { return units_.size() + adapters_.size() + unit; }
   bool has_adapter(size_t unit) const { return options_.lora && adapters_[unit].layout.numel > 0; }
+  bool has_nf4(size_t unit) const { return options_.nf4_base && nf4_units_[unit].layout.numel > 0; }
+  // The units of block `unit` other than its base unit: NF4 bytes, adapter (where present).
+  std::vector<size_t> companions(size_t unit) const;
   std::vector<std::unique_ptr<PendingCollective>> gathering_;  // per unit: prefetch in flight
   std::unique_ptr<PendingReduce> reducing_;
   int64_t peak_gathered_ = 0;
@@ -186,6 +217,7 @@ class FsdpModel {
   at::Tensor gathered_view(size_t unit);  // the unit's full flat weights: the gathered buffer, or the shard in place
   RopeTables rope_;
   int64_t rope_len_ = 0;
+  std::unique_ptr<ActivationOffloader> offloader_;
 };
 
 }  // namespace ptrain

@@ -66,6 +66,44 @@ Quantized quantize(const at::Tensor& w, bool double_quant) {
   return q;
 }
 
+namespace {
+int64_t align_up(int64_t n) { return (n + kByteAlign - 1) / kByteAlign * kByteAlign; }
+}  // namespace
+
+ByteLayout byte_layout(int64_t numel, bool double_quant) {
+  ByteLayout l;
+  const int64_t blocks = (numel + kBlock - 1) / kBlock;
+  l.packed_bytes = (numel + 1) / 2;
+  l.absmax = align_up(l.packed_bytes);
+  l.absmax_bytes = double_quant ? blocks : 4 * blocks;
+  l.absmax2 = align_up(l.absmax + l.absmax_bytes);
+  l.absmax2_bytes = double_quant ? 4 * ((blocks + kStatsBlock - 1) / kStatsBlock) : 0;
+  l.bytes = align_up(l.absmax2 + l.absmax2_bytes);
+  return l;
+}
+
+void write_bytes(const Quantized& q, const at::Tensor& bytes) {
+  const ByteLayout l = byte_layout(q.numel, q.double_quant);
+  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.dim() == 1 && bytes.numel() == l.bytes, "NF4 byte buffer: ", l.bytes,
+              " bytes expected");
+  bytes.zero_();
+  auto put = [&](int64_t at, int64_t n, const at::Tensor& part) {
+    if (n > 0) bytes.narrow(0, at, n).copy_(part.contiguous().view(at::kByte).reshape({-1}));
+  };
+  put(l.packed, l.packed_bytes, q.packed);
+  put(l.absmax, l.absmax_bytes, q.absmax);
+  if (q.double_quant) put(l.absmax2, l.absmax2_bytes, q.absmax2);
+}
+
+void bind_bytes(Quantized& q, const at::Tensor& bytes) {
+  const ByteLayout l = byte_layout(q.numel, q.double_quant);
+  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == l.bytes, "NF4 byte buffer: ", l.bytes, " bytes expected");
+  q.packed = bytes.narrow(0, l.packed, l.packed_bytes);
+  q.absmax = bytes.narrow(0, l.absmax, l.absmax_bytes);
+  if (!q.double_quant) q.absmax = q.absmax.view(at::kFloat);
+  q.absmax2 = q.double_quant ? bytes.narrow(0, l.absmax2, l.absmax2_bytes).view(at::kFloat) : at::Tensor();
+}
+
 at::Tensor block_absmax(const Quantized& q) {
   if (!q.double_quant) return q.absmax.to(at::kFloat);
   at::Tensor code = q8::dynamic_map(true).to(q.absmax.device());

@@ -26,6 +26,22 @@ struct Quantized {
 
 // w: float32/bf16/fp16, any device (quantized on the CPU, results on w's device).
 Quantized quantize(const at::Tensor& w, bool double_quant);
+// A quantized weight as one flat byte buffer — how FSDP shards and all-gathers an NF4 base (4-bit
+// bytes on the wire): the packed codes, then the absmax (float32, or uint8 codes), then absmax2
+// (float32, double quantization); each part starts at a multiple of kByteAlign bytes.
+constexpr int64_t kByteAlign = 16;
+struct ByteLayout {
+  int64_t packed = 0, absmax = 0, absmax2 = 0;  // offsets of the parts, bytes
+  int64_t packed_bytes = 0, absmax_bytes = 0, absmax2_bytes = 0;
+  int64_t bytes = 0;                            // the whole buffer, a multiple of kByteAlign
+};
+ByteLayout byte_layout(int64_t numel, bool double_quant);
+// q's parts written into `bytes` (uint8 [byte_layout(q.numel, q.double_quant).bytes], zero padding).
+void write_bytes(const Quantized& q, const at::Tensor& bytes);
+// Points q's tensors at views of `bytes` (laid out as byte_layout says; q.shape, numel,
+// double_quant and offset already set): they see whatever the buffer holds when used.
+void bind_bytes(Quantized& q, const at::Tensor& bytes);
+
 // Float32 absmax per 64-block (undoes the double quantization).
 at::Tensor block_absmax(const Quantized& q);
 // The weight in `dtype` on q.packed's device (CUDA: one kernel pass).

@@ -15,7 +15,6 @@
 #include "train/trainer.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
-#include "quant/nf4_math.h"
 
 #ifdef PTRAIN_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -34,7 +33,7 @@ std::string MemoryReport::to_json() const {
                               {"frozen_base_bytes", frozen_base_bytes},
                               {"nf4_params", nf4_params},
                               {"nf4_bytes", nf4_bytes},
-                              {"nf4_bytes_per_param", nf4_params ? static_cast<double>(nf4_bytes) / nf4_params : 0.0},
+                              {"nf4_bytes_per_param", nf4_bytes_per_param()},
                               {"total_state_bytes", total_state_bytes()},
                               {"state_bytes_per_param", num_params ? static_cast<double>(total_state_bytes()) / num_params : 0.0}};
   return j.dump(2);
@@ -71,17 +70,12 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   for (const auto& u : trainable) r.num_params += shard_numel(u.numel, world_size);
   if (config.lora.enabled)  // the frozen base, sharded in the compute dtype
     for (const auto& u : base) r.frozen_base_bytes += shard_numel(u.numel, world_size) * c10::elementSize(policy.compute_dtype);
-  if (nf4) {  // every rank holds all NF4 matrices: 4 bits per weight + scales (nf4::Quantized::bytes)
+  if (nf4) {  // each rank holds its shard of every block's NF4 byte unit (codes + scales)
     for (const auto& u : full) {
       if (u.kind != UnitKind::block) continue;
-      for (const auto& g : block_matrix_groups(u)) {
-        int64_t n = 0;
-        for (const auto& slot : g) n += slot.numel;
-        const int64_t blocks = (n + nf4::kBlock - 1) / nf4::kBlock;
-        r.nf4_params += n;
-        r.nf4_bytes += (n + 1) / 2 + (config.quant.double_quant ? blocks + ((blocks + nf4::kStatsBlock - 1) / nf4::kStatsBlock) * 4 + 4
-                                                                 : blocks * 4);
-      }
+      for (const auto& g : block_matrix_groups(u))
+        for (const auto& slot : g) r.nf4_params += slot.numel;
+      r.nf4_bytes += shard_numel(nf4_unit_layout(u, config.quant.double_quant).numel, world_size);
     }
     r.frozen_base_bytes += r.nf4_bytes;
   }
@@ -131,6 +125,11 @@ ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInpu
                  (in.lora_output ? 4 * in.lora_rank * (d + s.vocab_size) : 0);
   // A frozen embedding's output needs no gradient: the first block's first norm keeps nothing.
   e.first_block_bytes = e.per_block_bytes - (!trained && !in.checkpointing ? N * norm : 0);
+  if (in.checkpointing && in.offloading) {  // the inputs move to the host
+    e.host_bytes = s.n_layers * e.per_block_bytes;
+    e.in_flight_bytes = std::min(in.offload_in_flight, s.n_layers) * e.per_block_bytes;
+    e.per_block_bytes = e.first_block_bytes = 0;
+  }
   return e;
 }
 
@@ -144,6 +143,8 @@ ActivationInputs activation_inputs(const Config& c) {
   in.tokens = c.data.micro_batch_size * c.data.seq_len;
   in.compute_bytes = static_cast<int64_t>(c10::elementSize(PrecisionPolicy::from_config(c).compute_dtype));
   in.checkpointing = c.memory.activation_checkpointing == "full";
+  in.offloading = c.memory.activation_offloading;
+  in.offload_in_flight = c.training.device == "cpu" ? 0 : ActivationOffloader::kInFlight;
   in.fused_norm = c.training.device != "cpu";  // the plan is for GPUs unless the config says CPU
   const auto& t = c.lora.targets;
   auto targeted = [&](const std::string& name) { return c.lora.enabled && std::find(t.begin(), t.end(), name) != t.end(); };
@@ -164,12 +165,22 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   const bool lora = c.lora.enabled;
   const ActivationInputs in = activation_inputs(c);
   p.activations = predict_activations(s, in);
-  // A unit gathered whole in the compute dtype — nothing extra when one rank uses its shard in place.
-  const bool aliases = world_size == 1 && policy.master_dtype == policy.compute_dtype;
+  // A unit gathered whole: a buffer of shard_numel x world_size elements, nothing when one rank
+  // uses its shard in place (same dtype: a LoRA base is stored in the compute dtype).
+  const bool nf4 = lora && c.quant.base == "nf4";
+  auto gathered = [&](int64_t numel, bool stored_in_compute_dtype, int64_t bytes_per_element) -> int64_t {
+    if (world_size == 1 && stored_in_compute_dtype) return 0;
+    return shard_numel(numel, world_size) * world_size * bytes_per_element;
+  };
+  const bool master_computes = policy.master_dtype == policy.compute_dtype;
   const auto units = llama_units(s, c.model.init_std);
-  const int64_t block = units.at(1).numel, head = units.back().numel;
-  const int64_t gathered_block = aliases || (lora && c.quant.base == "nf4") ? 0 : block * cb;
-  const int64_t gathered_head = aliases ? 0 : head * cb;
+  // A block: its base unit (the norms alone with an NF4 base), its NF4 bytes, its adapters.
+  int64_t gathered_block =
+      gathered((nf4 ? llama_units_without_block_matrices(s, c.model.init_std) : units).at(1).numel, lora || master_computes, cb);
+  if (nf4) gathered_block += gathered(nf4_unit_layout(units.at(1), c.quant.double_quant).numel, true, 1);
+  if (lora) gathered_block += gathered(lora_units(s, c.lora.targets, c.lora.rank).at(1).numel, master_computes, cb);
+  const int64_t gathered_head = gathered(units.back().numel, lora || master_computes, cb);
+  const int64_t block = units.at(1).numel;
   const int64_t chunk = c.memory.loss_chunk_tokens > 0 ? c.memory.loss_chunk_tokens : default_loss_chunk(s.vocab_size);
   const int64_t N = in.tokens;
   // End of forward: the gathered head, one chunk's float32 logits and its probabilities (and
@@ -184,9 +195,11 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   const int64_t unit_grad = lora ? 0 : block * cb + (copies ? shard_numel(block, world_size) * world_size * rb : 0);
   const int64_t widest = std::max(2 * s.ffn_dim, s.q_dim() + 2 * s.kv_dim());
   // NF4: a 4-bit linear dequantizes one matrix group at a time, for its forward and its backward.
-  const int64_t dequantized = lora && c.quant.base == "nf4" ? widest * s.dim * cb : 0;
+  const int64_t dequantized = nf4 ? widest * s.dim * cb : 0;
+  // Offloading: the block's input fetched back and the previous block's, prefetched.
+  const int64_t fetched = in.checkpointing && in.offloading ? 2 * N * cb * s.dim : 0;
   p.backward_transient_bytes = (c.parallel.prefetch ? 2 : 1) * gathered_block + unit_grad + dequantized +
-                               3 * N * cb * widest + p.activations.recompute_bytes;
+                               3 * N * cb * widest + p.activations.recompute_bytes + fetched;
   return p;
 }
 

@@ -24,8 +24,10 @@ struct MemoryReport {
   int64_t optimizer_state_bytes = 0;  // optimizer moments
   int64_t master_weight_bytes = 0;    // extra master copies beyond param_bytes (none in fp32/mixed)
   int64_t frozen_base_bytes = 0;      // LoRA: the frozen base weights (not trained, no grads or state)
-  int64_t nf4_params = 0;             // NF4 base: weights held in 4 bits (part of the frozen base)
-  int64_t nf4_bytes = 0;              //   their packed codes + scales (nf4_bytes / nf4_params ~ 0.516)
+  int64_t nf4_params = 0;             // NF4 base: weights of the model held in 4 bits (part of the frozen base)
+  int64_t nf4_bytes = 0;              //   this rank's shards of their packed codes + scales
+  // Bytes per 4-bit weight over all ranks (~0.516 with double quantization, + alignment padding).
+  double nf4_bytes_per_param() const { return nf4_params ? static_cast<double>(nf4_bytes) * world_size / nf4_params : 0.0; }
   // Trainable state; with LoRA num_params counts adapter parameters and the frozen base is
   // reported apart (frozen_base_bytes).
   int64_t total_state_bytes() const { return param_bytes + grad_bytes + optimizer_state_bytes + master_weight_bytes; }
@@ -45,12 +47,18 @@ struct ActivationEstimate {
   int64_t head_bytes = 0;       // final norm's input + the loss's saved gradients (hidden; output weight in fp32)
   int64_t first_block_bytes = 0;  // block 0: less with LoRA (its input needs no gradient)
   int64_t layers = 0;
-  int64_t saved_bytes() const { return first_block_bytes + (layers - 1) * per_block_bytes + head_bytes; }
+  // Activation offloading: the blocks' kept inputs in host memory (none of them counted above),
+  // and those still on the device waiting for their copy to finish.
+  int64_t host_bytes = 0;
+  int64_t in_flight_bytes = 0;
+  int64_t saved_bytes() const { return first_block_bytes + (layers - 1) * per_block_bytes + head_bytes + in_flight_bytes; }
 };
 struct ActivationInputs {
   int64_t tokens = 0;                     // micro_batch_size x seq_len
   int64_t compute_bytes = 4;              // element size of activations (4 fp32, 2 bf16)
   bool checkpointing = false;             // memory.activation_checkpointing = "full"
+  bool offloading = false;                // memory.activation_offloading (with checkpointing)
+  int64_t offload_in_flight = 0;          //   block inputs on the device awaiting their copy (0: synchronous CPU copies)
   bool fused_norm = true;                 // CUDA's fused RMSNorm (false: the CPU's composite one)
   bool lora = false;                      // a frozen base: only adapters are trained
   int64_t lora_rank = 0;

@@ -83,6 +83,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   FsdpOptions o;
   o.reshard_after_forward = c.parallel.reshard_after_forward;
   o.activation_checkpointing = c.memory.activation_checkpointing == "full";
+  o.activation_offloading = c.memory.activation_offloading;
   o.prefetch = c.parallel.prefetch;
   o.lora = c.lora.enabled;
   o.lora_targets = c.lora.targets;

@@ -62,6 +62,11 @@ expect 0 "fits: [0-9.]+ of 80 GiB per GPU" -- "$bin" check --plan --config "$src
 expect 0 "activations +[0-9.]+ GiB \(80 blocks" -- "$bin" check --plan --config "$src/configs/llama3_70b_bf16.toml" --world-size 8 --gpu-memory 80
 expect 2 "does not fit in --gpu-memory 40 GiB.*all of the valid ones together: [0-9.]+ GiB — fits" -- bash -c "'$bin' check --plan --config '$src/configs/llama3_70b_bf16.toml' --world-size 8 --gpu-memory 40 2>&1 | tr '\\n' ' '; exit \${PIPESTATUS[0]}"
 expect 2 "data.path: no such file" -- "$bin" check --config "$src/configs/llama3_8b_mixed.toml"
+# Llama 3 70B QLoRA (NF4 base sharded across ranks, block inputs offloaded) fits two 24 GB GPUs;
+# on one it exits 2 and names more ranks.
+expect 0 "fits: [0-9.]+ of 24 GiB per GPU" -- "$bin" check --plan --config "$src/configs/llama3_70b_qlora.toml" --world-size 2 --gpu-memory 24
+expect 0 "NF4 0.51[0-9]+ B per 4-bit weight, 1/2 on each rank" -- "$bin" check --plan --config "$src/configs/llama3_70b_qlora.toml" --world-size 2
+expect 2 "does not fit in --gpu-memory 24 GiB.*--world-size 2: [0-9.]+ GiB — fits" -- bash -c "'$bin' check --plan --config '$src/configs/llama3_70b_qlora.toml' --world-size 1 --gpu-memory 24 2>&1 | tr '\\n' ' '; exit \${PIPESTATUS[0]}"
 # configs/tiny_qlora.toml: QLoRA over the fixture's HF model trains on the CPU (loss falls).
 ( cd "$src" && "$bin" --config configs/tiny_qlora.toml --set training.steps=30 --set training.eval_every=0 \
     --set run.output_dir="$tmp/qlora" >/dev/null 2>&1 )

@@ -145,8 +145,7 @@ TEST(Dist, StateBytesPerRankMatchCheckPrediction) {
     // Each rank holds shard_numel(numel, np) elements of every unit: the total divided by np,
     // plus padding to a multiple of kUnitAlign.
     int64_t total = 0, padded = 0;
-    LlamaShape shape = preset_shape("tiny").value();
-    shape.dim = 64, shape.n_layers = 2, shape.n_heads = 4, shape.n_kv_heads = 2, shape.head_dim = 16, shape.ffn_dim = 160;
+    const LlamaShape shape = test::small_shape();
     for (const auto& u : llama_units(shape, 0.02)) total += u.numel, padded += shard_numel(u.numel, np);
     EXPECT_EQ(measured["num_params"].get<int64_t>(), padded);
     EXPECT_GE(padded * np, total);
@@ -157,8 +156,7 @@ TEST(Dist, StateBytesPerRankMatchCheckPrediction) {
 
 TEST(Dist, BytesCommunicatedPerStepMatchTheSchedule) {
   test::TempDir dir;
-  LlamaShape shape = preset_shape("tiny").value();
-  shape.dim = 64, shape.n_layers = 2, shape.n_heads = 4, shape.n_kv_heads = 2, shape.head_dim = 16, shape.ffn_dim = 160;
+  const LlamaShape shape = test::small_shape();
   const int np = 2;
   int64_t all_units = 0, blocks = 0;
   for (const auto& u : llama_units(shape, 0.02)) {
@@ -369,12 +367,41 @@ TEST(Dist, LoraMatchesAcrossWorldSizes) {
   expect_same_curve(runs, 8, 1e-5);
 }
 
-// QLoRA: every rank holds the NF4 base and its shards of the adapters; np=1 and np=2 agree.
-TEST(Dist, QloraMatchesAcrossWorldSizes) {
+// QLoRA with the NF4 base sharded like every unit: np = 1, 2 and 3 train the same losses; each
+// rank holds 1/np of the 4-bit bytes (plus alignment padding), as `ptrain check` predicts; and
+// the all-gathers carry each block's 4-bit bytes, not its matrices in the compute dtype.
+TEST(Dist, QloraShardsTheNf4BaseAcrossRanks) {
   test::TempDir dir;
-  auto runs = runs_at(dir, "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\"]' --set lora.rank=4 "
-                                       "--set quant.base=nf4 --set optimizer.lr=1e-2 --set training.steps=8");
+  const std::string flags = "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\"]' --set lora.rank=4 "
+                            "--set quant.base=nf4 --set optimizer.lr=1e-2";
+  auto runs = runs_at(dir, flags + " --set training.steps=8", {1, 2, 3});
   expect_same_curve(runs, 8, 1e-5);
+  const LlamaShape shape = test::small_shape();
+  const int64_t one_rank = json::parse(read_text_file(runs[1].first + "/memory.json"))["nf4_bytes"].get<int64_t>();
+  for (const auto& [np, run] : runs) {
+    const json measured = json::parse(read_text_file(run.first + "/memory.json"));
+    Proc check = sh(bin() + " check --config " + test::small_config(dir) + " " + flags + " --world-size " +
+                    std::to_string(np) + " --json");
+    ASSERT_EQ(check.rc, 0) << check.output;
+    EXPECT_EQ(measured, json::parse(check.output.substr(check.output.find('{')))) << "np=" << np;
+    const int64_t held = measured["nf4_bytes"].get<int64_t>();
+    EXPECT_GE(held * np, one_rank) << "np=" << np;
+    EXPECT_LE(held * np, one_rank + shape.n_layers * np * kUnitAlign) << "np=" << np << ": " << held << " B per rank";
+    std::cout << "np=" << np << ": NF4 base " << held << " B per rank (" << one_rank << " B at one rank)\n";
+  }
+  // One step's all-gathers at np = 2: every unit in forward, every block's units again in
+  // backward (reshard_after_forward); in float32 on the CPU, the NF4 unit in bytes.
+  const int np = 2;
+  const auto full = llama_units(shape, 0.02), base = llama_units_without_block_matrices(shape, 0.02);
+  const auto adapters = lora_units(shape, {"q", "v", "down"}, 4);
+  auto wire = [&](int64_t numel, int64_t element_bytes) { return shard_numel(numel, np) * np * element_bytes; };
+  int64_t expected = 0;
+  for (size_t i = 0; i < full.size(); ++i) {
+    int64_t unit = wire(base[i].numel, 4) + wire(adapters[i].numel, 4);
+    if (full[i].kind == UnitKind::block) unit = 2 * (unit + wire(nf4_unit_layout(full[i], true).numel, 1));
+    expected += unit;
+  }
+  EXPECT_EQ(runs[2].second[2]["comm_all_gather_bytes"].get<int64_t>(), expected);
 }
 
 // llm.c-style step parity on a shape nothing is aligned to (hidden 96, 6/2 heads, vocabulary

@@ -10,6 +10,7 @@
 
 #include "common/fs_util.h"
 #include "config/config.h"
+#include "model/shape.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
 
@@ -60,6 +61,12 @@ inline std::string synthetic_corpus(size_t bytes, uint32_t seed = 7) {
 // The [model] section of the small test model: dim 64, 2 layers, GQA 4/2.
 inline const std::string kSmallModel =
     "preset = \"tiny\"\ndim = 64\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 160\n";
+// The shape kSmallModel gives.
+inline LlamaShape small_shape() {
+  LlamaShape shape = preset_shape("tiny").value();
+  shape.dim = 64, shape.n_layers = 2, shape.n_heads = 4, shape.n_kv_heads = 2, shape.head_dim = 16, shape.ffn_dim = 160;
+  return shape;
+}
 
 // A small training config writing into dir (byte-level synthetic corpus, 20 steps); `model` is
 // its [model] section, extra TOML lines are appended.
