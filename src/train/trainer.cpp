@@ -306,6 +306,8 @@ int train(const Config& c) {
     if (progress.step % c.training.log_every == 0 || progress.step == 1 || last) {
       const PeakMemory peak = peak_memory(device);
       const double tps = static_cast<double>(tokens_per_step) / dt;
+      // Offloading: the most host bytes the offloaded block inputs have held (tensor bytes).
+      const int64_t offloaded = model->offloader() ? model->offloader()->peak_host_bytes() : 0;
       if (metrics)
         metrics->write({{"step", progress.step},
                         {"loss", loss},
@@ -320,7 +322,8 @@ int train(const Config& c) {
                         {"tokens_seen", static_cast<int64_t>(progress.samples) * T},
                         {"comm_all_gather_bytes", step_comm.all_gather_bytes},
                         {"comm_reduce_scatter_bytes", step_comm.reduce_scatter_bytes},
-                        {"comm_all_reduce_bytes", step_comm.all_reduce_bytes}});
+                        {"comm_all_reduce_bytes", step_comm.all_reduce_bytes},
+                        {"offload_host_peak_bytes", offloaded}});
       log::info("step ", progress.step, "/", c.training.steps, " | loss ", log::fixed(loss, 4), " | lr ", log::sci(lr, 2),
                 " | grad_norm ", log::fixed(r.grad_norm, 3), " | ", log::grouped(tps), " tok/s | ", log::fixed(dt, 3),
                 " s/step | peak ", peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes),

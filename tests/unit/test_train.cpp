@@ -220,6 +220,13 @@ TEST(Memory, ActivationOffloadingTrainsIdenticallyAndKeepsInputsOnTheHost) {
       const Config c = load(cfg, sets);
       ASSERT_EQ(train(c), 0);
       curve[offload] = losses(dir / ((offload ? "offload" : "ac") + std::string("/metrics.jsonl")));
+      {  // the run reports the host bytes its offloaded inputs took: one micro-batch's block inputs
+        std::ifstream in(dir / ((offload ? "offload" : "ac") + std::string("/metrics.jsonl")));
+        std::string line;
+        std::getline(in, line);
+        EXPECT_EQ(nlohmann::json::parse(line)["offload_host_peak_bytes"].get<int64_t>(),
+                  offload ? c.model.shape.n_layers * c.data.micro_batch_size * c.data.seq_len * c.model.shape.dim * 4 : 0);
+      }
       auto model = build_model(c, at::kCPU, test::local_comm());
       at::Tensor tokens = at::randint(0, 256, {c.data.micro_batch_size, c.data.seq_len + 1}, at::kLong);
       at::Tensor in = tokens.narrow(1, 0, c.data.seq_len), tgt = tokens.narrow(1, 1, c.data.seq_len);
