@@ -1,11 +1,11 @@
 // AdamW8bit on the GPU: one fused pass over a shard — dequantize both moments, update in
 // float32, new absmax per 256-element block, requantize, write the parameter (rounded to
 // nearest or stochastically when it is bf16). The CPU reference is src/optim/adamw8bit.cpp;
-// both use the arithmetic in src/optim/blockwise8_math.h.
+// both use the arithmetic in src/quant/blockwise8_math.h.
 #pragma once
 #include <cstdint>
 
-#include "optim/blockwise8_math.h"
+#include "quant/blockwise8_math.h"
 
 namespace ptrain::kernels {
 

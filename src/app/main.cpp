@@ -150,7 +150,7 @@ int cmd_check(const Args& a) {
     std::cout << m.to_json() << "\n";
     return 0;
   }
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(c);
+  const PrecisionPolicy policy = precision_policy(c);
   const auto& s = c.model.shape;
   std::cout << "# resolved config (" << c.source_file << ")\n" << to_toml(c) << "\n"
             << "# plan\nmodel: " << log::grouped(static_cast<double>(s.total_params())) << " parameters ("

@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +26,10 @@ class HfCheckpoint {
   explicit HfCheckpoint(const std::string& dir);
   // The stored tensor (any dtype, read-only view over the mapping).
   at::Tensor tensor(const std::string& name) const;
+  // tensor() as a function, for FsdpModel::load (valid while this checkpoint is).
+  std::function<at::Tensor(const std::string&)> by_name() const {
+    return [this](const std::string& name) { return tensor(name); };
+  }
 
  private:
   std::string dir_;

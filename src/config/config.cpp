@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "checkpoint/hf.h"
+#include "parallel/precision.h"
 
 namespace ptrain {
 
@@ -448,6 +449,27 @@ std::string to_toml(const Config& config) {
         << "\n";
   }
   return out.str();
+}
+
+PrecisionPolicy precision_policy(const Config& c) {
+  PrecisionPolicy p;
+  p.mode = c.precision.mode;
+  auto dtype = [](const std::string& name, c10::ScalarType fallback) {
+    if (name == "float32") return c10::kFloat;
+    if (name == "bfloat16") return c10::kBFloat16;
+    return fallback;
+  };
+  if (p.mode != "fp32") p.logits_dtype = dtype(c.precision.logits_dtype, c10::kFloat);
+  if (p.mode == "mixed") {
+    p.compute_dtype = dtype(c.precision.param_dtype, c10::kBFloat16);
+    p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kFloat);
+  } else if (p.mode == "bf16") {
+    p.master_dtype = p.compute_dtype = p.optim_dtype = c10::kBFloat16;
+    p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kBFloat16);
+    p.stochastic_rounding = c.precision.stochastic_rounding;
+  }
+  p.optim_8bit = c.optimizer.name == "adamw8bit";
+  return p;
 }
 
 }  // namespace ptrain

@@ -13,6 +13,8 @@
 
 namespace ptrain {
 
+struct PrecisionPolicy;
+
 struct Config {
   struct Run {
     std::string name = "ptrain";  // run name; also the default output directory's last part
@@ -128,6 +130,9 @@ void validate(const Config& config, const Environment& env, std::vector<ConfigPr
 
 // The fully resolved config as TOML (written to config.resolved.toml, printed by check).
 std::string to_toml(const Config& config);
+
+// Which dtype each class of tensor lives in, from [precision] (and optimizer.name for 8-bit state).
+PrecisionPolicy precision_policy(const Config& config);
 
 // Every known key as "section.key" (for tests and suggestions).
 std::vector<std::string> known_keys();

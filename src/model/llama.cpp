@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "model/gemm.h"
-#include "quant/linear4bit.h"
+#include "model/linear4bit.h"
 
 namespace ptrain {
 

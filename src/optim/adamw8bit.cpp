@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "optim/blockwise8.h"
-#include "optim/blockwise8_math.h"
+#include "quant/blockwise8.h"
+#include "quant/blockwise8_math.h"
 #include "optim/sr_bits.h"
 
 #ifdef PTRAIN_CUDA

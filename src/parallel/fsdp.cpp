@@ -15,7 +15,6 @@
 #include <optional>
 #include <utility>
 
-#include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/hash.h"
 
@@ -376,7 +375,7 @@ void FsdpModel::init_unit(FlatUnit& u, uint64_t seed) {
   }
 }
 
-void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
+void FsdpModel::load(const TensorByName& tensor) {
   at::NoGradGuard no_grad;
   if (options_.nf4_base) {
     // One matrix group at a time: read it from the memory-mapped files, quantize, drop it; the
@@ -387,7 +386,7 @@ void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
       for (const auto& g : block_matrix_groups(full_layouts_[i])) {
         std::vector<at::Tensor> parts;
         for (const auto& slot : g) {
-          at::Tensor src = ckpt.tensor(slot.name);
+          at::Tensor src = tensor(slot.name);
           if (src.sizes().vec() != slot.shape)
             throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
                                c10::str(c10::IntArrayRef(slot.shape)));
@@ -401,7 +400,7 @@ void FsdpModel::load_hf(const HfCheckpoint& ckpt) {
   for (auto& u : units_) {
     u.shard.zero_();
     for (const auto& slot : u.layout.slots) {
-      at::Tensor src = ckpt.tensor(slot.name);  // a view of the mapped file: only the slice copied is read
+      at::Tensor src = tensor(slot.name);  // a view of the mapped file: only the slice copied is read
       if (src.sizes().vec() != slot.shape)
         throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
                            c10::str(c10::IntArrayRef(slot.shape)));

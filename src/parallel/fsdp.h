@@ -32,7 +32,9 @@
 
 namespace ptrain {
 
-class HfCheckpoint;
+// A model's tensors by Hugging Face name ("model.layers.0.self_attn.q_proj.weight"), any
+// dtype and shape as stored; e.g. HfCheckpoint::by_name(), views of memory-mapped files.
+using TensorByName = std::function<at::Tensor(const std::string& name)>;
 
 struct FlatUnit {
   UnitLayout layout;
@@ -87,9 +89,9 @@ class FsdpModel {
   void init_weights(uint64_t seed);
   // LoRA: A Kaiming-uniform, B zeros (seeded per adapter unit), so the model starts as its base.
   void init_adapters(uint64_t seed);
-  // Copies this rank's slice of every parameter from an HF checkpoint (only those bytes of
-  // the memory-mapped files are read).
-  void load_hf(const HfCheckpoint& ckpt);
+  // Copies this rank's slice of every parameter from `tensor` (of a memory-mapped checkpoint,
+  // only those bytes are read); an NF4 base quantizes one matrix group at a time.
+  void load(const TensorByName& tensor);
   // LoRA: copies this rank's slice of every adapter tensor, by slot name ("model.layers.0.
   // self_attn.q_proj.lora_A.weight"); every adapter slot must be present with its shape.
   void load_adapters(const std::map<std::string, at::Tensor>& tensors);

@@ -2,30 +2,7 @@
 
 #include <sstream>
 
-#include "config/config.h"
-
 namespace ptrain {
-
-PrecisionPolicy PrecisionPolicy::from_config(const Config& c) {
-  PrecisionPolicy p;
-  p.mode = c.precision.mode;
-  auto dtype = [](const std::string& name, c10::ScalarType fallback) {
-    if (name == "float32") return c10::kFloat;
-    if (name == "bfloat16") return c10::kBFloat16;
-    return fallback;
-  };
-  if (p.mode != "fp32") p.logits_dtype = dtype(c.precision.logits_dtype, c10::kFloat);
-  if (p.mode == "mixed") {
-    p.compute_dtype = dtype(c.precision.param_dtype, c10::kBFloat16);
-    p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kFloat);
-  } else if (p.mode == "bf16") {
-    p.master_dtype = p.compute_dtype = p.optim_dtype = c10::kBFloat16;
-    p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kBFloat16);
-    p.stochastic_rounding = c.precision.stochastic_rounding;
-  }
-  p.optim_8bit = c.optimizer.name == "adamw8bit";
-  return p;
-}
 
 double PrecisionPolicy::state_bytes_per_param() const {
   // grads are kept in the master dtype after reduction

@@ -1,13 +1,11 @@
 // PrecisionPolicy: which dtype each class of tensor lives in (docs/design.md, "Precision modes"),
-// resolved once from [precision].
+// resolved once from [precision] (precision_policy in config/config.h).
 #pragma once
 #include <c10/core/ScalarType.h>
 
 #include <string>
 
 namespace ptrain {
-
-struct Config;
 
 struct PrecisionPolicy {
   std::string mode = "fp32";
@@ -20,7 +18,6 @@ struct PrecisionPolicy {
   bool stochastic_rounding = false;             // bf16 parameter updates rounded stochastically
   bool optim_8bit = false;                      // adamw8bit: moments as uint8 codes + fp32 absmax per 256
 
-  static PrecisionPolicy from_config(const Config& config);
   // Bytes of persistent state per parameter: master + grad + optimizer moments (8-bit: 2 code
   // bytes + 8/256 absmax bytes, before float32 moments of tensors under 4096 elements).
   double state_bytes_per_param() const;

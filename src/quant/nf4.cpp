@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "optim/blockwise8.h"
-#include "optim/blockwise8_math.h"
+#include "quant/blockwise8.h"
+#include "quant/blockwise8_math.h"
 #include "quant/nf4_math.h"
 
 #ifdef PTRAIN_CUDA

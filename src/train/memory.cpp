@@ -58,7 +58,7 @@ MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim) {
 }
 
 MemoryReport predict_memory(const Config& config, int world_size) {
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(config);
+  const PrecisionPolicy policy = precision_policy(config);
   MemoryReport r;
   r.world_size = world_size;
   // Every rank holds shard_numel() elements of each trainable unit (the last ones zero-padded).
@@ -141,7 +141,7 @@ int64_t PeakPlan::peak_bytes() const {
 ActivationInputs activation_inputs(const Config& c) {
   ActivationInputs in;
   in.tokens = c.data.micro_batch_size * c.data.seq_len;
-  in.compute_bytes = static_cast<int64_t>(c10::elementSize(PrecisionPolicy::from_config(c).compute_dtype));
+  in.compute_bytes = static_cast<int64_t>(c10::elementSize(precision_policy(c).compute_dtype));
   in.checkpointing = c.memory.activation_checkpointing == "full";
   in.offloading = c.memory.activation_offloading;
   in.offload_in_flight = c.training.device == "cpu" ? 0 : ActivationOffloader::kInFlight;
@@ -157,7 +157,7 @@ ActivationInputs activation_inputs(const Config& c) {
 }
 
 PeakPlan predict_peak(const Config& c, int world_size) {
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(c);
+  const PrecisionPolicy policy = precision_policy(c);
   const auto& s = c.model.shape;
   PeakPlan p;
   p.state = predict_memory(c, world_size);

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <vector>
 
-#include "optim/clip.h"
 #include "optim/optimizer.h"
 #include "parallel/collectives.h"
 #include "parallel/fsdp.h"
+#include "parallel/grad_norm.h"
 
 namespace ptrain {
 
@@ -44,9 +44,9 @@ StepResult train_step_in_backward(FsdpModel& model, Optimizer& optim, const Micr
                                   const StepOptions& options) {
   model.zero_grad();
   optim.begin_step();
-  at::Tensor grad_sq = at::zeros({1}, at::kDouble);
+  GradNorm norm;
   model.on_grad_ready = [&](size_t unit, const at::Tensor& g) {
-    grad_sq += at::linalg_vector_norm(g, 2, {}, false, at::kDouble).pow(2).cpu();
+    norm.add(g);
     optim.update({{unit, g}}, lr);
   };
   StepResult r;
@@ -57,8 +57,7 @@ StepResult train_step_in_backward(FsdpModel& model, Optimizer& optim, const Micr
     throw;
   }
   model.on_grad_ready = nullptr;
-  if (model.comm().world_size() > 1) model.comm().all_reduce_sum(grad_sq);
-  r.grad_norm = std::sqrt(grad_sq.item<double>());
+  r.grad_norm = norm.total(&model.comm());
   return r;
 }
 

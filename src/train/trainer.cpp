@@ -92,12 +92,12 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   o.lora_dropout = c.lora.dropout;
   o.nf4_base = c.quant.base == "nf4";
   o.double_quant = c.quant.double_quant;
-  auto model = std::make_unique<FsdpModel>(c.model.shape, PrecisionPolicy::from_config(c), device, c.model.init_std,
+  auto model = std::make_unique<FsdpModel>(c.model.shape, precision_policy(c), device, c.model.init_std,
                                            std::move(comm), o);
   if (!c.model.hf_path.empty()) {
     {
       MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
-      model->load_hf(HfCheckpoint(c.model.hf_path));
+      model->load(HfCheckpoint(c.model.hf_path).by_name());
       if (model->lora())
         log::info("loaded ", c.model.hf_path, (c.quant.base == "nf4" ? " (NF4, one matrix group at a time)" : ""),
                   ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),

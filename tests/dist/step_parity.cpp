@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     auto my_rows = [&](int64_t step) { return tokens[step].narrow(0, rank * rows, rows); };
 
     FsdpModel model(read_hf_config(argv[2]), PrecisionPolicy{}, at::kCPU, 0.02, comm);
-    model.load_hf(HfCheckpoint(argv[2]));
+    model.load(HfCheckpoint(argv[2]).by_name());
     const int64_t T = tokens.size(2) - 1;
     std::vector<std::pair<std::string, at::Tensor>> out;
 

@@ -11,7 +11,7 @@
 #include "model/layout.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
-#include "optim/blockwise8.h"
+#include "quant/blockwise8.h"
 #include "test_util.h"
 
 using namespace ptrain;

@@ -107,7 +107,7 @@ void check_hf_parity(const std::string& dir) {
 
   LlamaShape shape = read_hf_config(dir);
   FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-  model.load_hf(HfCheckpoint(dir));
+  model.load(HfCheckpoint(dir).by_name());
   at::Tensor logits = model.logits(tokens).view(logits_ref.sizes());
   const double max_diff = (logits - logits_ref).abs().max().item<double>();
   EXPECT_LE(max_diff, 1e-4) << "max |logits - HF logits| = " << max_diff;

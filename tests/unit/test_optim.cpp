@@ -8,7 +8,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "optim/adamw.h"
-#include "optim/clip.h"
+#include "parallel/grad_norm.h"
 #include "optim/lr_schedule.h"
 #include "test_util.h"
 

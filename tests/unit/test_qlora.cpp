@@ -14,7 +14,7 @@
 #include "common/alloc_meter.h"
 #include "model/layout.h"
 #include "parallel/fsdp.h"
-#include "quant/linear4bit.h"
+#include "model/linear4bit.h"
 #include "quant/nf4.h"
 #include "test_util.h"
 
@@ -121,7 +121,7 @@ TEST(Qlora, HfLoadQuantizesOneGroupAtATime) {
   int64_t peak = 0;
   {
     MeterScope scope;
-    m.load_hf(ckpt);
+    m.load(ckpt.by_name());
     peak = scope.meter().peak.load();
   }
   int64_t matrices = 0, largest = 0;

@@ -144,7 +144,7 @@ TEST(Checkpoint, ExportThenHfImportIsExact) {
   export_hf(ck, dir / "hf");
   EXPECT_EQ(read_hf_config(dir / "hf").ffn_dim, 160);
   FsdpModel imported(read_hf_config(dir / "hf"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-  imported.load_hf(HfCheckpoint(dir / "hf"));
+  imported.load(HfCheckpoint(dir / "hf").by_name());
   SafetensorsFile saved(ck + "/model.rank0.safetensors");
   for (const auto& u : imported.units()) EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;  // ws 1: no padding
 }
@@ -620,7 +620,7 @@ TEST(Lora, MergedExportEqualsTheAdaptedModel) {
     TrainProgress progress;
     load_checkpoint(ck, *adapted, nullptr, progress);
     FsdpModel merged(read_hf_config(dir / "merged"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-    merged.load_hf(HfCheckpoint(dir / "merged"));
+    merged.load(HfCheckpoint(dir / "merged").by_name());
     at::manual_seed(4);
     at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
     at::Tensor want = adapted->logits(tokens), got = merged.logits(tokens);

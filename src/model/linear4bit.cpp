@@ -1,4 +1,4 @@
-#include "quant/linear4bit.h"
+#include "model/linear4bit.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

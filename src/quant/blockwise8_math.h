@@ -1,5 +1,5 @@
 // The arithmetic of bitsandbytes-style blockwise 8-bit quantization and of one 8-bit AdamW
-// element update, shared by the CPU reference (optim/blockwise8.cpp, optim/adamw8bit.cpp)
+// element update, shared by the CPU reference (quant/blockwise8.cpp, optim/adamw8bit.cpp)
 // and the CUDA kernel (kernels/adamw8bit.cu) so both produce the same bits. Header-only, no
 // LibTorch.
 //

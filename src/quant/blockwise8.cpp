@@ -1,4 +1,4 @@
-#include "optim/blockwise8.h"
+#include "quant/blockwise8.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "optim/blockwise8_math.h"
+#include "quant/blockwise8_math.h"
 
 namespace ptrain::q8 {
 
