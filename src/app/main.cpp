@@ -25,6 +25,8 @@
 #include "parallel/precision.h"
 #include "train/compare.h"
 #include "train/memory.h"
+#include "train/export.h"
+#include "train/setup.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;

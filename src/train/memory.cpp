@@ -12,7 +12,7 @@
 #include "model/shape.h"
 #include "optim/adamw8bit.h"
 #include "optim/optimizer.h"
-#include "train/trainer.h"
+#include "train/setup.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
 

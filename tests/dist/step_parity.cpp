@@ -20,7 +20,7 @@
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "train/step.h"
-#include "train/trainer.h"
+#include "train/setup.h"
 
 using namespace ptrain;
 

@@ -25,6 +25,8 @@
 #include "quant/nf4.h"
 #include "test_util.h"
 #include "train/memory.h"
+#include "train/export.h"
+#include "train/setup.h"
 #include "train/trainer.h"
 
 using namespace ptrain;

@@ -1,0 +1,76 @@
+#include "train/export.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/safetensors.h"
+#include "common/error.h"
+#include "config/config.h"
+#include "model/layout.h"
+#include "model/llama.h"
+#include "parallel/collectives.h"
+#include "parallel/dist.h"
+#include "parallel/fsdp.h"
+#include "quant/nf4.h"
+#include "train/setup.h"
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+
+void export_merged(const std::string& checkpoint_dir, const std::string& out_dir) {
+  Environment env = Environment::detect();
+  env.local = false;  // the training run's data files need not be here
+  Config c = load_config((fs::path(checkpoint_dir) / "config.toml").string(), {}, env);
+  if (!c.lora.enabled) throw UsageError("--merge needs a LoRA checkpoint; '" + checkpoint_dir + "' holds a full model (drop --merge)");
+  c.training.device = "cpu";
+  c.checkpoint.resume.clear();
+  // Read the frozen base at its source's full precision (a bf16 run keeps it in bf16); the
+  // adapters convert exactly.
+  c.precision.mode = "fp32";
+  auto model = build_model(c, c10::Device(c10::kCPU), make_collectives(DistEnv{}, "auto", c10::Device(c10::kCPU), 60.0));
+  TrainProgress progress;
+  load_checkpoint(checkpoint_dir, *model, nullptr, progress);
+  at::NoGradGuard no_grad;
+  const LlamaShape& s = c.model.shape;
+  const auto full = llama_units(s, c.model.init_std);
+  const double scale = c.lora.alpha / static_cast<double>(c.lora.rank);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (size_t i = 0; i < full.size(); ++i) {
+    const FlatUnit& u = model->units()[i];
+    at::Tensor flat = at::zeros({full[i].numel}, at::kFloat);
+    // The base: dense units copy over by slot; NF4 groups are dequantized into place.
+    for (const auto& slot : u.layout.slots)
+      flat.narrow(0, full[i].offset_of(slot.name), slot.numel).copy_(u.shard.narrow(0, slot.offset, slot.numel));
+    if (c.quant.base == "nf4" && full[i].kind == UnitKind::block) {
+      const auto groups = block_matrix_groups(full[i]);
+      for (int g = 0; g < 4; ++g) {
+        at::Tensor w = nf4::dequantize(*model->nf4_weight(i, g), at::kFloat).reshape({-1});
+        flat.narrow(0, groups[static_cast<size_t>(g)].front().offset, w.numel()).copy_(w);
+      }
+    }
+    const FlatUnit& a = model->trainable_units()[i];
+    for (const auto& slot : a.layout.slots) {  // W += scale * B @ A, per adapted projection
+      const auto lora_at = slot.name.find(".lora_A.weight");
+      if (lora_at == std::string::npos) continue;
+      const std::string stem = slot.name.substr(0, lora_at);
+      const std::string b_name = stem + ".lora_B.weight";
+      const auto& b_slot = *std::find_if(a.layout.slots.begin(), a.layout.slots.end(), [&](const ParamSlot& x) { return x.name == b_name; });
+      at::Tensor A = slot_view(a.shard, slot).to(at::kFloat);
+      at::Tensor B = slot_view(a.shard, b_slot).to(at::kFloat);
+      const std::string w_name = stem + ".weight";
+      const int64_t off = full[i].offset_of(w_name);
+      flat.narrow(0, off, B.size(0) * A.size(1)).view({B.size(0), A.size(1)}).add_(at::mm(B, A), scale);
+    }
+    for (const auto& slot : full[i].slots) named.emplace_back(slot.name, slot_view(flat, slot));
+  }
+  fs::create_directories(out_dir);
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), named, {{"format", "pt"}});
+  write_hf_config(out_dir, s);
+}
+
+}  // namespace ptrain
