@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/forward.h"
 #include "model/layout.h"
 #include "model/llama.h"
 #include "model/loss.h"
@@ -79,7 +80,9 @@ struct FsdpOptions {
 // holding that group's packed codes and scales as nf4::byte_layout lays them out.
 UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant);
 
-class FsdpModel {
+// The sharded model. As a WeightSource it runs the Llama forward (model/forward.h) with each
+// unit gathered just in time.
+class FsdpModel : public WeightSource {
  public:
   FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
             std::shared_ptr<Collectives> comm, FsdpOptions options = {});
@@ -156,7 +159,7 @@ class FsdpModel {
   void finish_backward();
   // A block is up to three units: its base unit, its NF4 byte unit (NF4 base) and its adapter
   // unit (LoRA); they are gathered, prefetched and released together. fill_block gathers both and returns the trained buffer (the adapter's with
-  // LoRA); block() runs the block on the gathered buffers, with `trained` (when defined) in
+  // LoRA); compute_block() runs the block on the gathered buffers, with `trained` (when defined) in
   // place of the trained one (the recompute restores the RNG state of the forward, so LoRA
   // dropout draws the same masks); reduce_block_grad reduce-scatters the trained unit's
   // gradient and frees the block.
@@ -165,7 +168,7 @@ class FsdpModel {
   void release_block(size_t unit);
   // LoRA: frees block `unit`'s frozen units (base, NF4 bytes) once its backward is done.
   void release_frozen(size_t unit);
-  at::Tensor block(size_t unit, const at::Tensor& x, const at::Tensor& trained = at::Tensor());
+  at::Tensor compute_block(size_t unit, const at::Tensor& x, const at::Tensor& trained = at::Tensor());
   at::Tensor reduce_block_grad(size_t unit, const at::Tensor& grad);
   // Most gathered units whose storage was alive at once since construction (memory truth for
   // the prefetch schedule; 0 when gathers alias the shards).
@@ -182,10 +185,16 @@ class FsdpModel {
     at::Tensor shard_grad, input;
     std::unique_ptr<PendingCollective> op;
   };
-  // Final hidden states [B*T, dim] and the output weight, in the compute dtype. `run_head`
-  // receives them while the head's weights are gathered.
-  template <class Head>
-  auto forward(const at::Tensor& inputs, Head&& run_head);
+  // WeightSource: the forward schedule (fsdp_forward.cpp).
+  at::Tensor embedding() override;
+  void embedding_done() override;
+  at::Tensor block(int64_t layer, const at::Tensor& x, const RopeTables& rope) override;
+  HeadWeights head() override;
+  const OutputAdapter* output_adapter() override;
+  void head_done() override;
+  bool training_ = false;       // this forward builds a graph for backward
+  at::Tensor wte_;              // the embedding table, while a forward runs (tied head)
+  OutputAdapter out_adapter_;   // the output adapter's gathered views, while a forward runs
 
   LlamaShape shape_;
   PrecisionPolicy policy_;

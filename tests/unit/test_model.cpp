@@ -7,6 +7,7 @@
 
 #include "checkpoint/hf.h"
 #include "checkpoint/safetensors.h"
+#include "model/forward.h"
 #include "model/llama.h"
 #include "model/loss.h"
 #include "parallel/fsdp.h"
@@ -99,23 +100,33 @@ TEST(Attention, CausalGqaMatchesExplicitSoftmax) {
 }
 
 namespace {
+// The Llama forward against transformers' logits and loss (tests/fixtures/make_fixtures.py),
+// run twice: over a plain dense holder (model/forward.h, no FSDP anywhere) and over FsdpModel.
 void check_hf_parity(const std::string& dir) {
   SafetensorsFile expected(test::fixture("hf_tiny_expected.safetensors"));
   at::Tensor tokens = expected.tensor("tokens").clone();
   at::Tensor logits_ref = expected.tensor("logits");
   const double loss_ref = expected.tensor("loss").item<double>();
+  at::Tensor in = tokens.narrow(1, 0, 23), tgt = tokens.narrow(1, 1, 23);
 
-  LlamaShape shape = read_hf_config(dir);
+  const LlamaShape shape = read_hf_config(dir);
+  HfCheckpoint ckpt(dir);
+  DenseWeights dense(shape, at::kFloat, at::kCPU);
+  dense.load(ckpt.by_name());
   FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-  model.load(HfCheckpoint(dir).by_name());
-  at::Tensor logits = model.logits(tokens).view(logits_ref.sizes());
-  const double max_diff = (logits - logits_ref).abs().max().item<double>();
-  EXPECT_LE(max_diff, 1e-4) << "max |logits - HF logits| = " << max_diff;
+  model.load(ckpt.by_name());
+
+  at::Tensor dense_logits = llama_logits(dense, shape, dense.rope(tokens.size(1)), tokens).view(logits_ref.sizes());
+  at::Tensor fsdp_logits = model.logits(tokens).view(logits_ref.sizes());
+  for (const auto& [name, logits] : {std::pair{"dense", dense_logits}, std::pair{"fsdp", fsdp_logits}}) {
+    const double max_diff = (logits - logits_ref).abs().max().item<double>();
+    EXPECT_LE(max_diff, 1e-4) << name << ": max |logits - HF logits| = " << max_diff;
+  }
+  EXPECT_TRUE(at::equal(dense_logits, fsdp_logits)) << "one forward, two weight sources";
 
   at::NoGradGuard no_grad;
-  at::Tensor in = tokens.narrow(1, 0, 23), tgt = tokens.narrow(1, 1, 23);
-  at::Tensor loss = model.forward_loss(in, tgt, 7);
-  EXPECT_NEAR(loss.item<double>(), loss_ref, 1e-5);
+  EXPECT_NEAR(llama_loss(dense, shape, dense.rope(23), in, tgt, 7, at::kFloat).item<double>(), loss_ref, 1e-5);
+  EXPECT_NEAR(model.forward_loss(in, tgt, 7).item<double>(), loss_ref, 1e-5);
 }
 }  // namespace
 

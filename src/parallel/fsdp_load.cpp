@@ -1,0 +1,157 @@
+#include "parallel/fsdp.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+
+#include <cmath>
+
+#include "common/error.h"
+#include "common/hash.h"
+
+// Filling an FsdpModel: the seeded init (the same numbers at every world size and device), the
+// load by tensor name (each rank copies only its slice), NF4 quantization of the base, LoRA
+// adapters.
+
+namespace ptrain {
+
+namespace {
+
+// Decorrelated generator seeds per unit.
+uint64_t mix_seed(uint64_t seed, uint64_t stream) { return mix64(seed + kGolden64 * (stream + 1)); }
+
+// Copies the part of `slot` that lies in this rank's shard of `u` from `src` (the whole tensor,
+// any shape); the rest of `src` is never read.
+void copy_rank_slice(FlatUnit& u, const ParamSlot& slot, const at::Tensor& src) {
+  const int64_t a = std::max(u.shard_offset, slot.offset), b = std::min(u.shard_offset + u.owned(), slot.offset + slot.numel);
+  if (a < b) u.shard.detach().narrow(0, a - u.shard_offset, b - a).copy_(src.reshape({-1}).narrow(0, a - slot.offset, b - a));
+}
+
+}  // namespace
+
+void FsdpModel::init_weights(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (!options_.nf4_base || units_[i].layout.kind != UnitKind::block) {
+      init_unit(units_[i], mix_seed(seed, i));
+      continue;
+    }
+    // The same numbers a dense model draws (the full unit), then the matrices are quantized.
+    FlatUnit full;
+    full.layout = full_layouts_[i];
+    full.shard_numel = full.layout.numel;
+    full.shard = at::zeros({full.layout.numel}, at::kFloat);
+    init_unit(full, mix_seed(seed, i));
+    std::vector<at::Tensor> groups;
+    for (const auto& g : block_matrix_groups(full.layout)) {
+      const int64_t begin = g.front().offset, end = g.back().offset + g.back().numel;
+      groups.push_back(full.shard.narrow(0, begin, end - begin).view({-1, g.front().shape[1]}));
+    }
+    quantize_block(i, groups);
+    FlatUnit& u = units_[i];
+    u.shard.zero_();
+    for (const auto& slot : u.layout.slots) {  // the norms
+      copy_rank_slice(u, slot, full.shard.narrow(0, full.layout.offset_of(slot.name), slot.numel));
+    }
+  }
+  init_adapters(seed);
+}
+
+// Every rank quantizes each whole group (double quantization's scales span the group) and keeps
+// the bytes that fall in its shard.
+void FsdpModel::quantize_block(size_t unit, const std::vector<at::Tensor>& groups) {
+  TORCH_CHECK(groups.size() == 4, "a block has 4 matrix groups");
+  FlatUnit& u = nf4_units_.at(unit);
+  u.shard.zero_();
+  for (size_t g = 0; g < 4; ++g) {
+    const nf4::Quantized q = nf4::quantize(groups[g], options_.double_quant);  // on the CPU
+    const ParamSlot& slot = u.layout.slots[g];
+    at::Tensor bytes = at::empty({slot.numel}, at::kByte);
+    nf4::write_bytes(q, bytes);
+    copy_rank_slice(u, slot, bytes);
+    nf4_[unit][g]->offset = q.offset;
+  }
+}
+
+void FsdpModel::init_adapters(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < adapters_.size(); ++i) init_unit(adapters_[i], mix_seed(seed ^ 0x4C6F5241ull, i));
+}
+
+void FsdpModel::init_unit(FlatUnit& u, uint64_t seed) {
+  {
+    // The whole unit is drawn (one unit at a time) so every world size gets the same numbers.
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    at::Tensor flat = at::zeros({u.layout.numel}, at::kFloat);  // alignment padding stays 0
+    for (const auto& slot : u.layout.slots) {
+      at::Tensor part = flat.narrow(0, slot.offset, slot.numel);
+      if (slot.init == SlotInit::kaiming_uniform) {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(slot.shape.back()));
+        part.uniform_(-bound, bound, gen);
+      } else if (slot.init == SlotInit::zeros) {
+        part.zero_();
+      } else if (slot.init_std > 0) {
+        part.normal_(0.0, slot.init_std, gen);
+      } else {
+        part.fill_(1.0);
+      }
+    }
+    u.shard.zero_();
+    if (u.owned() > 0) u.shard.narrow(0, 0, u.owned()).copy_(flat.narrow(0, u.shard_offset, u.owned()));
+  }
+}
+
+void FsdpModel::load(const TensorByName& tensor) {
+  at::NoGradGuard no_grad;
+  if (options_.nf4_base) {
+    // One matrix group at a time: read it from the memory-mapped files, quantize, drop it; the
+    // full-precision model never exists in memory.
+    for (size_t i = 0; i < units_.size(); ++i) {
+      if (units_[i].layout.kind != UnitKind::block) continue;
+      std::vector<at::Tensor> groups;
+      for (const auto& g : block_matrix_groups(full_layouts_[i])) {
+        std::vector<at::Tensor> parts;
+        for (const auto& slot : g) {
+          at::Tensor src = tensor(slot.name);
+          if (src.sizes().vec() != slot.shape)
+            throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
+                               c10::str(c10::IntArrayRef(slot.shape)));
+          parts.push_back(src);
+        }
+        groups.push_back(parts.size() == 1 ? parts[0] : at::cat(parts));
+      }
+      quantize_block(i, groups);
+    }
+  }
+  for (auto& u : units_) {
+    u.shard.zero_();
+    for (const auto& slot : u.layout.slots) {
+      at::Tensor src = tensor(slot.name);  // a view of the mapped file: only the slice copied is read
+      if (src.sizes().vec() != slot.shape)
+        throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
+                           c10::str(c10::IntArrayRef(slot.shape)));
+      copy_rank_slice(u, slot, src);
+    }
+  }
+}
+
+void FsdpModel::load_adapters(const std::map<std::string, at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  size_t used = 0;
+  for (auto& u : adapters_) {
+    u.shard.detach().zero_();
+    for (const auto& slot : u.layout.slots) {
+      auto it = tensors.find(slot.name);
+      if (it == tensors.end()) throw RuntimeError("the adapter has no tensor '" + slot.name + "'; its targets differ from lora.targets");
+      ++used;
+      if (it->second.sizes().vec() != slot.shape)
+        throw RuntimeError("adapter tensor '" + slot.name + "' has shape " + c10::str(it->second.sizes()) + ", lora.rank and the model give " +
+                           c10::str(c10::IntArrayRef(slot.shape)));
+      copy_rank_slice(u, slot, it->second);
+    }
+  }
+  if (used != tensors.size())
+    throw RuntimeError("the adapter holds " + std::to_string(tensors.size() - used) + " tensor(s) for projections lora.targets does not list");
+}
+
+}  // namespace ptrain
