@@ -8,6 +8,7 @@
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "model/layout.h"
 
 namespace ptrain {
 
@@ -16,23 +17,7 @@ using nlohmann::json;
 
 namespace {
 const std::string kPrefix = "base_model.model.";
-const std::vector<std::pair<std::string, std::string>> kModules{{"q", "q_proj"},       {"k", "k_proj"},   {"v", "v_proj"},
-                                                                {"o", "o_proj"},       {"gate", "gate_proj"},
-                                                                {"up", "up_proj"},     {"down", "down_proj"},
-                                                                {"output", "lm_head"}};
 }  // namespace
-
-std::string peft_module(const std::string& target) {
-  for (const auto& [t, m] : kModules)
-    if (t == target) return m;
-  return "";
-}
-
-std::string ptrain_target(const std::string& module) {
-  for (const auto& [t, m] : kModules)
-    if (m == module) return t;
-  return "";
-}
 
 PeftAdapter read_peft(const std::string& dir) {
   const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
@@ -48,7 +33,7 @@ PeftAdapter read_peft(const std::string& dir) {
     a.dropout = cfg.value("lora_dropout", 0.0);
     a.base_model = cfg.value("base_model_name_or_path", "");
     for (const auto& m : cfg.at("target_modules")) {
-      const std::string t = ptrain_target(m.get<std::string>());
+      const std::string t = target_of_peft_module(m.get<std::string>());
       if (t.empty()) throw RuntimeError(cfg_path + ": target module '" + m.get<std::string>() + "' is not a Llama projection ptrain adapts");
       a.targets.push_back(t);
     }

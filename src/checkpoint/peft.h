@@ -27,8 +27,5 @@ struct PeftAdapter {
 PeftAdapter read_peft(const std::string& dir);
 void write_peft(const std::string& dir, const PeftAdapter& adapter);
 
-// "q" <-> "q_proj", "gate" <-> "gate_proj", ...; "" when unknown.
-std::string peft_module(const std::string& target);
-std::string ptrain_target(const std::string& module);
 
 }  // namespace ptrain

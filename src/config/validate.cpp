@@ -6,12 +6,12 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "checkpoint/peft.h"
 #include "common/fs_util.h"
 #include "config/config.h"
 #include "data/token_file.h"
+#include "model/layout.h"
 
 namespace ptrain {
 
@@ -250,9 +250,10 @@ const std::vector<Rule>& rules() {
          return c.lora.dropout >= 0 && c.lora.dropout < 1 ? "" : "must be in [0, 1)";
        }},
       {"lora.targets", [](const Config& c, const Environment&) -> std::string {
-         static const std::set<std::string> ok{"q", "k", "v", "o", "gate", "up", "down", "output"};
+         std::string names;
+         for (const auto& known : lora_targets()) names += (names.empty() ? "" : ", ") + std::string(known.name);
          for (const auto& t : c.lora.targets)
-           if (!ok.count(t)) return "unknown target '" + t + "'; use q, k, v, o, gate, up, down, output";
+           if (peft_module(t).empty()) return "unknown target '" + t + "'; use " + names;
          return std::string();
        }},
       {"lora.targets", [](const Config& c, const Environment&) -> std::string {

@@ -118,11 +118,36 @@ std::vector<std::vector<ParamSlot>> block_matrix_groups(const UnitLayout& block)
   return groups;
 }
 
+const std::vector<LoraTarget>& lora_targets() {
+  static const std::vector<LoraTarget> kTargets{{"q", "self_attn.q_proj"}, {"k", "self_attn.k_proj"}, {"v", "self_attn.v_proj"},
+                                                {"o", "self_attn.o_proj"}, {"gate", "mlp.gate_proj"},  {"up", "mlp.up_proj"},
+                                                {"down", "mlp.down_proj"}, {"output", "lm_head"}};
+  return kTargets;
+}
+
+namespace {
+std::string last_part(const std::string& module) { return module.substr(module.rfind('.') + 1); }
+}  // namespace
+
+std::string peft_module(const std::string& target) {
+  for (const auto& t : lora_targets())
+    if (target == t.name) return last_part(t.module);
+  return "";
+}
+
+std::string target_of_peft_module(const std::string& module) {
+  for (const auto& t : lora_targets())
+    if (module == last_part(t.module)) return t.name;
+  return "";
+}
+
 std::vector<Projection> block_projections(const LlamaShape& s) {
-  return {{"q", "self_attn.q_proj", s.dim, s.q_dim()},     {"k", "self_attn.k_proj", s.dim, s.kv_dim()},
-          {"v", "self_attn.v_proj", s.dim, s.kv_dim()},    {"o", "self_attn.o_proj", s.q_dim(), s.dim},
-          {"gate", "mlp.gate_proj", s.dim, s.ffn_dim},     {"up", "mlp.up_proj", s.dim, s.ffn_dim},
-          {"down", "mlp.down_proj", s.ffn_dim, s.dim}};
+  // (in, out) of each block projection, in lora_targets() order (the output is not a block's).
+  const std::pair<int64_t, int64_t> sizes[7] = {{s.dim, s.q_dim()},   {s.dim, s.kv_dim()},  {s.dim, s.kv_dim()}, {s.q_dim(), s.dim},
+                                                {s.dim, s.ffn_dim},   {s.dim, s.ffn_dim},   {s.ffn_dim, s.dim}};
+  std::vector<Projection> out;
+  for (size_t i = 0; i < 7; ++i) out.push_back({lora_targets()[i].name, lora_targets()[i].module, sizes[i].first, sizes[i].second});
+  return out;
 }
 
 std::vector<UnitLayout> lora_units(const LlamaShape& s, const std::vector<std::string>& targets, int64_t rank) {

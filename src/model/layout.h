@@ -69,6 +69,18 @@ std::vector<std::vector<ParamSlot>> block_matrix_groups(const UnitLayout& block)
 // aligned group; with the target "output" the head unit gets lm_head.lora_A/B ([rank, dim],
 // [vocab, rank]). The embedding unit's layout is empty.
 std::vector<UnitLayout> lora_units(const LlamaShape& shape, const std::vector<std::string>& targets, int64_t rank);
+// Every projection LoRA can adapt, in block order then the output: the name lora.targets uses
+// ("q" ... "down", "output") and the Hugging Face module path ("self_attn.q_proj" ..., "lm_head"),
+// whose last part is the name PEFT's target_modules uses. The one table of LoRA targets.
+struct LoraTarget {
+  const char* name;
+  const char* module;
+};
+const std::vector<LoraTarget>& lora_targets();
+// The HF module path's last part ("q_proj", "lm_head") of a target; "" when unknown, and back.
+std::string peft_module(const std::string& target);
+std::string target_of_peft_module(const std::string& module);
+
 // The projection names in block order and their (in, out) sizes.
 struct Projection {
   std::string target;  // q, k, v, o, gate, up, down
