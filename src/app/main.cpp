@@ -43,7 +43,7 @@ usage:
   ptrain compare --config FILE --modes LIST [--steps N] [--out DIR] [--set ...]
   ptrain export  --checkpoint DIR --out DIR [--merge]
   ptrain tokenize --in TEXT --out FILE.bin [--token-bytes 2|4]
-  ptrain --help | --version
+  ptrain --help | --version | --config-reference
 
   train     trains as configured; writes config.resolved.toml, metrics.jsonl, memory.json and
             checkpoints/step_N/ under run.output_dir (default runs/<run.name>)
@@ -319,6 +319,10 @@ int main(int argc, char** argv) {
   try {
     if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help"))) {
       std::cout << kUsage;
+      return 0;
+    }
+    if (argc >= 2 && !std::strcmp(argv[1], "--config-reference")) {  // docs/config.md, from the key table
+      std::cout << config_reference();
       return 0;
     }
     if (argc >= 2 && !std::strcmp(argv[1], "--version")) {

@@ -131,6 +131,9 @@ void validate(const Config& config, const Environment& env, std::vector<ConfigPr
 // The fully resolved config as TOML (written to config.resolved.toml, printed by check).
 std::string to_toml(const Config& config);
 
+// docs/config.md: every key with its default and meaning, rendered from the key table.
+std::string config_reference();
+
 // Which dtype each class of tensor lives in, from [precision] (and optimizer.name for 8-bit state).
 PrecisionPolicy precision_policy(const Config& config);
 
