@@ -165,7 +165,7 @@ int cmd_check(const Args& a) {
   const auto& act = plan.activations;
   std::cout << "predicted peak allocated memory per rank at world size " << ws << " (micro-batch "
             << c.data.micro_batch_size << " x " << c.data.seq_len << " tokens, activation checkpointing "
-            << c.memory.activation_checkpointing << (c.memory.activation_offloading ? " + offloading" : "") << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
+            << name_of(c.memory.activation_checkpointing) << (c.memory.activation_offloading ? " + offloading" : "") << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
             << "  params            " << gib(m.param_bytes) << "\n"
             << "  grads             " << gib(m.grad_bytes) << "\n"
             << "  optimizer state   " << gib(m.optimizer_state_bytes) << "\n"
@@ -203,15 +203,15 @@ int cmd_check(const Args& a) {
     int world_size;
   };
   std::vector<Change> changes;
-  if (c.memory.activation_checkpointing != "full")
+  if (c.memory.activation_checkpointing != Checkpointing::full)
     changes.push_back({"--set memory.activation_checkpointing=full", {"memory.activation_checkpointing=\"full\""}, ws});
   if (!c.memory.activation_offloading)
-    changes.push_back({std::string(c.memory.activation_checkpointing != "full" ? "--set memory.activation_checkpointing=full " : "") +
+    changes.push_back({std::string(c.memory.activation_checkpointing != Checkpointing::full ? "--set memory.activation_checkpointing=full " : "") +
                            "--set memory.activation_offloading=true",
                        {"memory.activation_checkpointing=\"full\"", "memory.activation_offloading=true"}, ws});
-  if (c.optimizer.name != "adamw8bit" && !c.optimizer.in_backward)
+  if (c.optimizer.name != OptimizerName::adamw8bit && !c.optimizer.in_backward)
     changes.push_back({"--set optimizer.name=adamw8bit", {"optimizer.name=\"adamw8bit\""}, ws});
-  if (c.precision.mode != "bf16" && !c.lora.enabled)
+  if (c.precision.mode != PrecisionMode::bf16 && !c.lora.enabled)
     changes.push_back({"--set precision.mode=bf16", {"precision.mode=\"bf16\""}, ws});
   if (c.data.micro_batch_size > 1)
     changes.push_back({"--set data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2) + " (and double grad_accum_steps)",
@@ -242,7 +242,7 @@ int cmd_eval(const Args& a) {
   Config c = config_of(a);
   const std::string path = a.options.count("--data") ? a.options.at("--data") : c.data.path;
   if (!fs::is_regular_file(path)) throw UsageError("no such data file '" + path + "'");
-  std::string format = c.data.format;
+  std::string format = name_of(c.data.format);
   if (a.options.count("--data")) {
     // Explicit files are identified by content: token files carry a magic header.
     char magic[8] = {};

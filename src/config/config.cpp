@@ -9,6 +9,8 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
+#include <type_traits>
 #include <variant>
 
 #include "checkpoint/hf.h"
@@ -17,6 +19,16 @@
 namespace ptrain {
 
 namespace fs = std::filesystem;
+
+template <> const std::vector<std::string>& enum_names<DataFormat>() { static const std::vector<std::string> n{"text", "tokens"}; return n; }
+template <> const std::vector<std::string>& enum_names<DeviceChoice>() { static const std::vector<std::string> n{"auto", "cpu", "cuda"}; return n; }
+template <> const std::vector<std::string>& enum_names<OptimizerName>() { static const std::vector<std::string> n{"adamw", "adamw8bit"}; return n; }
+template <> const std::vector<std::string>& enum_names<Decay>() { static const std::vector<std::string> n{"cosine", "linear", "constant"}; return n; }
+template <> const std::vector<std::string>& enum_names<PrecisionMode>() { static const std::vector<std::string> n{"fp32", "mixed", "bf16"}; return n; }
+template <> const std::vector<std::string>& enum_names<DtypeName>() { static const std::vector<std::string> n{"", "float32", "bfloat16"}; return n; }
+template <> const std::vector<std::string>& enum_names<Backend>() { static const std::vector<std::string> n{"auto", "nccl", "mpi", "gloo"}; return n; }
+template <> const std::vector<std::string>& enum_names<Checkpointing>() { static const std::vector<std::string> n{"none", "full"}; return n; }
+template <> const std::vector<std::string>& enum_names<QuantBase>() { static const std::vector<std::string> n{"none", "nf4"}; return n; }
 
 std::string Config::output_dir() const {
   return run.output_dir.empty() ? "runs/" + run.name : run.output_dir;
@@ -50,13 +62,39 @@ const char* type_name(Type t) {
   return "?";
 }
 
-template <class T> constexpr Type type_of();
+template <class T> constexpr Type type_of() { return Type::String; }  // the enums: a name
 template <> constexpr Type type_of<int64_t>() { return Type::Int; }
 template <> constexpr Type type_of<double>() { return Type::Float; }
 template <> constexpr Type type_of<bool>() { return Type::Bool; }
 template <> constexpr Type type_of<std::string>() { return Type::String; }
 template <> constexpr Type type_of<std::vector<double>>() { return Type::FloatList; }
 template <> constexpr Type type_of<std::vector<std::string>>() { return Type::StringList; }
+
+// A name that is not one of an enum's: reported at the key's line with the names allowed.
+struct UnknownName : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <class T> T from_value(const Value& v) {
+  if constexpr (std::is_enum_v<T>) {
+    const std::string& name = std::get<std::string>(v);
+    const auto& names = enum_names<T>();
+    for (size_t i = 0; i < names.size(); ++i)
+      if (names[i] == name) return static_cast<T>(i);
+    std::string allowed;
+    for (const auto& n : names) allowed += (allowed.empty() ? "\"" : ", \"") + n + "\"";
+    throw UnknownName("unknown value \"" + name + "\"; use one of " + allowed);
+  } else {
+    return std::get<T>(v);
+  }
+}
+
+template <class T> Value to_value(const T& x) {
+  if constexpr (std::is_enum_v<T>)
+    return Value(name_of(x));
+  else
+    return Value(x);
+}
 
 struct Key {
   std::string section;
@@ -74,8 +112,8 @@ struct Key {
 // from this table). Defaults live in the Config struct initialisers (config.h).
 #define PTRAIN_KEY(SEC, NAME, MEMBER, DEFAULT, DOC)                                       \
   Key{SEC, NAME, type_of<std::decay_t<decltype(Config{}.MEMBER)>>(),                      \
-      [](Config& c, const Value& v) { c.MEMBER = std::get<std::decay_t<decltype(c.MEMBER)>>(v); }, \
-      [](const Config& c) { return Value(c.MEMBER); }, false, DEFAULT, DOC}
+      [](Config& c, const Value& v) { c.MEMBER = from_value<std::decay_t<decltype(c.MEMBER)>>(v); }, \
+      [](const Config& c) { return to_value(c.MEMBER); }, false, DEFAULT, DOC}
 #define PTRAIN_DIM(NAME, MEMBER, DEFAULT, DOC)                 \
   [] {                                                         \
     Key k = PTRAIN_KEY("model", NAME, MEMBER, DEFAULT, DOC);   \
@@ -535,11 +573,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     collect_override(overrides[i], static_cast<int>(i + 1), assignments, problems);
 
   // Model shape: preset or hf_path first, then explicit per-dimension keys on top.
-  for (const auto& a : assignments)
-    if (!a.key->model_dim) {
+  auto assign = [&](const Assignment& a) {
+    try {
       a.key->set(config, a.value);
       config.origins[a.key->full()] = a.origin;
+    } catch (const UnknownName& e) {
+      problems.push_back({a.origin.file, a.origin.line, a.key->full(), e.what()});
     }
+  };
+  for (const auto& a : assignments)
+    if (!a.key->model_dim) assign(a);
   if (!config.model.hf_path.empty()) {
     try {
       config.model.shape = read_hf_config(config.model.hf_path);
@@ -568,8 +611,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                             "the shape comes from model.hf_path's config.json; remove this key"});
         continue;
       }
-      a.key->set(config, a.value);
-      config.origins[a.key->full()] = a.origin;
+      assign(a);
     }
   auto& s = config.model.shape;
   if (!head_dim_set && config.model.hf_path.empty() && s.n_heads > 0) s.head_dim = s.dim / s.n_heads;
@@ -659,22 +701,23 @@ std::string to_toml(const Config& config) {
 
 PrecisionPolicy precision_policy(const Config& c) {
   PrecisionPolicy p;
-  p.mode = c.precision.mode;
-  auto dtype = [](const std::string& name, c10::ScalarType fallback) {
-    if (name == "float32") return c10::kFloat;
-    if (name == "bfloat16") return c10::kBFloat16;
+  p.mode = name_of(c.precision.mode);
+  auto dtype = [](DtypeName name, c10::ScalarType fallback) {
+    if (name == DtypeName::float32) return c10::kFloat;
+    if (name == DtypeName::bfloat16) return c10::kBFloat16;
     return fallback;
   };
-  if (p.mode != "fp32") p.logits_dtype = dtype(c.precision.logits_dtype, c10::kFloat);
-  if (p.mode == "mixed") {
+  const PrecisionMode mode = c.precision.mode;
+  if (mode != PrecisionMode::fp32) p.logits_dtype = dtype(c.precision.logits_dtype, c10::kFloat);
+  if (mode == PrecisionMode::mixed) {
     p.compute_dtype = dtype(c.precision.param_dtype, c10::kBFloat16);
     p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kFloat);
-  } else if (p.mode == "bf16") {
+  } else if (mode == PrecisionMode::bf16) {
     p.master_dtype = p.compute_dtype = p.optim_dtype = c10::kBFloat16;
     p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kBFloat16);
     p.stochastic_rounding = c.precision.stochastic_rounding;
   }
-  p.optim_8bit = c.optimizer.name == "adamw8bit";
+  p.optim_8bit = c.optimizer.name == OptimizerName::adamw8bit;
   return p;
 }
 

@@ -15,6 +15,22 @@ namespace ptrain {
 
 struct PrecisionPolicy;
 
+// The options that take one of a few names, parsed once when the config loads; enum_names<E>()
+// lists the names as TOML spells them, in enumerator order (an unknown name is a config error
+// at its line, listing them).
+enum class DataFormat { text, tokens };
+enum class DeviceChoice { automatic, cpu, cuda };  // "auto", "cpu", "cuda"
+enum class OptimizerName { adamw, adamw8bit };
+enum class Decay { cosine, linear, constant };
+enum class PrecisionMode { fp32, mixed, bf16 };
+enum class DtypeName { from_mode, float32, bfloat16 };  // "" (the mode decides), "float32", "bfloat16"
+enum class Backend { automatic, nccl, mpi, gloo };      // "auto", ...
+enum class Checkpointing { none, full };
+enum class QuantBase { none, nf4 };
+
+template <class E> const std::vector<std::string>& enum_names();
+template <class E> const std::string& name_of(E value) { return enum_names<E>().at(static_cast<size_t>(value)); }
+
 struct Config {
   struct Run {
     std::string name = "ptrain";  // run name; also the default output directory's last part
@@ -29,7 +45,7 @@ struct Config {
   } model;
   struct Data {
     std::string path;             // text file (byte-level tokens) or .bin token file
-    std::string format = "text";  // text | tokens
+    DataFormat format = DataFormat::text;
     int64_t seq_len = 128;        // tokens per training sequence
     int64_t micro_batch_size = 8; // sequences per forward/backward per rank
     double val_fraction = 0.05;   // tail of the data held out for validation
@@ -41,11 +57,11 @@ struct Config {
     int64_t log_every = 10;        // console + metrics.jsonl cadence (steps)
     int64_t eval_every = 100;      // validation cadence (steps); 0 disables
     int64_t eval_batches = 4;      // micro-batches per validation
-    std::string device = "auto";   // auto | cpu | cuda
+    DeviceChoice device = DeviceChoice::automatic;
     int64_t threads = 0;           // CPU intra-op threads; 0 = LibTorch default
   } training;
   struct Optimizer {
-    std::string name = "adamw";            // adamw | adamw8bit
+    OptimizerName name = OptimizerName::adamw;
     double lr = 3e-4;                      // peak learning rate
     std::vector<double> betas{0.9, 0.95};  // Adam beta1, beta2
     double eps = 1e-8;
@@ -54,26 +70,26 @@ struct Config {
   } optimizer;
   struct LrSchedule {
     int64_t warmup_steps = 20;     // linear warmup from lr/warmup to lr
-    std::string decay = "cosine";  // cosine | linear | constant (after warmup)
+    Decay decay = Decay::cosine;   // after warmup
     double min_lr_ratio = 0.1;     // final lr = lr * min_lr_ratio (cosine, linear)
   } lr_schedule;
   struct Precision {
-    std::string mode = "fp32";      // fp32 | mixed | bf16
-    std::string param_dtype;        // compute/all-gather dtype; "" = from mode
-    std::string reduce_dtype;       // gradient reduction dtype; "" = from mode
-    std::string logits_dtype = "float32";  // float32 | bfloat16 (with allow_bf16_logits)
+    PrecisionMode mode = PrecisionMode::fp32;
+    DtypeName param_dtype = DtypeName::from_mode;   // compute/all-gather dtype
+    DtypeName reduce_dtype = DtypeName::from_mode;  // gradient reduction dtype
+    DtypeName logits_dtype = DtypeName::float32;    // bfloat16 only with allow_bf16_logits
     bool allow_bf16_logits = false;         // explicit opt-in for bfloat16 logits
-    std::string rope_dtype = "float32";
+    DtypeName rope_dtype = DtypeName::float32;      // must be float32 (stated, checked)
     bool stochastic_rounding = false;
   } precision;
   struct Parallel {
-    std::string backend = "auto";       // auto | nccl | mpi | gloo
+    Backend backend = Backend::automatic;
     bool reshard_after_forward = true;  // ZeRO-3 (true) or keep gathered for backward
     bool prefetch = true;               // gather the next unit ahead of time (overlaps compute)
     double timeout_s = 600.0;           // collective timeout before a rank is declared dead
   } parallel;
   struct Memory {
-    std::string activation_checkpointing = "none";  // none | full (recompute each block in backward)
+    Checkpointing activation_checkpointing = Checkpointing::none;  // full: recompute each block in backward
     bool activation_offloading = false;  // full checkpointing's kept block inputs live in host memory
     int64_t loss_chunk_tokens = 0;  // tokens per cross-entropy chunk; 0 = auto
   } memory;
@@ -93,7 +109,7 @@ struct Config {
     std::string adapter_path;  // "" | a PEFT adapter directory to start from
   } lora;
   struct Quant {
-    std::string base = "none";  // none | nf4
+    QuantBase base = QuantBase::none;
     bool double_quant = true;
   } quant;
 

@@ -30,15 +30,6 @@ struct Rule {
   std::function<std::string(const Config&, const Environment&)> check;
 };
 
-std::string one_of(const std::string& value, std::initializer_list<const char*> allowed) {
-  std::string list;
-  for (const char* a : allowed) {
-    if (value == a) return "";
-    list += std::string(list.empty() ? "" : ", ") + "\"" + a + "\"";
-  }
-  return "'" + value + "' is not valid; use one of " + list;
-}
-
 std::string positive(double v, const char* what = "must be > 0") {
   return v > 0 ? "" : std::string(what) + " (got " + std::to_string(v) + ")";
 }
@@ -47,7 +38,6 @@ std::string at_least(int64_t v, int64_t min) {
   return v >= min ? "" : "must be >= " + std::to_string(min) + " (got " + std::to_string(v) + ")";
 }
 
-bool is_dtype(const std::string& d) { return d.empty() || d == "float32" || d == "bfloat16"; }
 
 // Data file problems: existence, size, and (for token files) the header.
 std::string check_data(const Config& c) {
@@ -55,7 +45,7 @@ std::string check_data(const Config& c) {
   if (!fs::is_regular_file(c.data.path))
     return "no such file '" + c.data.path + "' (run launch/setup.sh to build the tiny corpus, or fix the path)";
   const int64_t window = c.data.seq_len + 1;
-  if (c.data.format == "tokens") {
+  if (c.data.format == DataFormat::tokens) {
     try {
       TokenFileHeader h = read_token_header(c.data.path);
       if (h.vocab_size > static_cast<uint64_t>(c.model.shape.vocab_size))
@@ -112,9 +102,8 @@ const std::vector<Rule>& rules() {
                     ? "" : "needs rope_high_freq_factor > rope_low_freq_factor and rope_original_max_seq_len > 0";
        }},
       {"data.path", [](const Config& c, const Environment& env) -> std::string { return env.local ? check_data(c) : ""; }},
-      {"data.format", [](const Config& c, const Environment&) -> std::string { return one_of(c.data.format, {"text", "tokens"}); }},
       {"data.format", [](const Config& c, const Environment&) -> std::string {
-         return c.data.format == "text" && c.model.shape.vocab_size < 256
+         return c.data.format == DataFormat::text && c.model.shape.vocab_size < 256
                     ? "text is tokenized to bytes (256 symbols) but model.vocab_size is " + std::to_string(c.model.shape.vocab_size)
                     : "";
        }},
@@ -136,12 +125,10 @@ const std::vector<Rule>& rules() {
       {"training.eval_every", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_every, 0); }},
       {"training.eval_batches", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_batches, 1); }},
       {"training.threads", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.threads, 0); }},
-      {"training.device", [](const Config& c, const Environment&) -> std::string { return one_of(c.training.device, {"auto", "cpu", "cuda"}); }},
       {"training.device", [](const Config& c, const Environment& env) -> std::string {
-         return c.training.device == "cuda" && env.local && !env.cuda_available
+         return c.training.device == DeviceChoice::cuda && env.local && !env.cuda_available
                     ? "\"cuda\" requested but no CUDA GPU is visible; use \"cpu\" or \"auto\"" : "";
        }},
-      {"optimizer.name", [](const Config& c, const Environment&) -> std::string { return one_of(c.optimizer.name, {"adamw", "adamw8bit"}); }},
       {"optimizer.lr", [](const Config& c, const Environment&) -> std::string { return positive(c.optimizer.lr); }},
       {"optimizer.betas", [](const Config& c, const Environment&) -> std::string {
          const auto& b = c.optimizer.betas;
@@ -162,75 +149,58 @@ const std::vector<Rule>& rules() {
                     ? "global-norm clipping needs every gradient before any step; set training.max_grad_norm = 0 or in_backward = false"
                     : "";
        }},
-      {"lr_schedule.decay", [](const Config& c, const Environment&) -> std::string {
-         return one_of(c.lr_schedule.decay, {"cosine", "linear", "constant"});
-       }},
       {"lr_schedule.warmup_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.lr_schedule.warmup_steps, 0); }},
       {"lr_schedule.min_lr_ratio", [](const Config& c, const Environment&) -> std::string {
          return c.lr_schedule.min_lr_ratio >= 0 && c.lr_schedule.min_lr_ratio <= 1 ? "" : "must be in [0, 1]";
        }},
-      {"precision.mode", [](const Config& c, const Environment&) -> std::string { return one_of(c.precision.mode, {"fp32", "mixed", "bf16"}); }},
       {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == "bf16" && c.precision.param_dtype == "float32"
+         return c.precision.mode == PrecisionMode::bf16 && c.precision.param_dtype == DtypeName::float32
                     ? "mode \"bf16\" stores bfloat16 parameters; float32 compute over them gains nothing — use mode = \"mixed\" for float32 master weights"
                     : "";
        }},
       {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
-         return is_dtype(c.precision.param_dtype) ? "" : "'" + c.precision.param_dtype + "' is not a dtype; use \"float32\" or \"bfloat16\"";
-       }},
-      {"precision.reduce_dtype", [](const Config& c, const Environment&) -> std::string {
-         return is_dtype(c.precision.reduce_dtype) ? "" : "'" + c.precision.reduce_dtype + "' is not a dtype; use \"float32\" or \"bfloat16\"";
-       }},
-      {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == "fp32" && c.precision.param_dtype == "bfloat16"
+         return c.precision.mode == PrecisionMode::fp32 && c.precision.param_dtype == DtypeName::bfloat16
                     ? "mode \"fp32\" computes in float32; remove param_dtype or use mode = \"mixed\"" : "";
        }},
       {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == "mixed" && c.precision.param_dtype == "float32"
+         return c.precision.mode == PrecisionMode::mixed && c.precision.param_dtype == DtypeName::float32
                     ? "mode \"mixed\" computes in bfloat16 over float32 master weights; float32 compute is mode = \"fp32\"" : "";
        }},
       {"precision.reduce_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == "fp32" && c.precision.reduce_dtype == "bfloat16"
+         return c.precision.mode == PrecisionMode::fp32 && c.precision.reduce_dtype == DtypeName::bfloat16
                     ? "mode \"fp32\" reduces gradients in float32; remove reduce_dtype or use mode = \"mixed\"" : "";
        }},
       {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
-         return is_dtype(c.precision.logits_dtype) ? "" : "'" + c.precision.logits_dtype + "' is not a dtype; use \"float32\" or \"bfloat16\"";
-       }},
-      {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == "fp32" && c.precision.logits_dtype == "bfloat16"
+         return c.precision.mode == PrecisionMode::fp32 && c.precision.logits_dtype == DtypeName::bfloat16
                     ? "mode \"fp32\" computes logits in float32; remove logits_dtype or use mode = \"mixed\" or \"bf16\"" : "";
        }},
       {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode != "fp32" && c.precision.logits_dtype == "bfloat16" && !c.precision.allow_bf16_logits
+         return c.precision.mode != PrecisionMode::fp32 && c.precision.logits_dtype == DtypeName::bfloat16 && !c.precision.allow_bf16_logits
                     ? "bfloat16 logits save at most one loss chunk (memory.loss_chunk_tokens) and round the loss; set "
                       "logits_dtype = \"float32\", or opt in with precision.allow_bf16_logits = true"
                     : "";
        }},
       {"precision.allow_bf16_logits", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.allow_bf16_logits && c.precision.logits_dtype != "bfloat16"
+         return c.precision.allow_bf16_logits && c.precision.logits_dtype != DtypeName::bfloat16
                     ? "only meaningful with logits_dtype = \"bfloat16\"; remove it" : "";
        }},
       {"precision.rope_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.rope_dtype == "float32" ? "" : "RoPE is computed in float32 in every mode; set rope_dtype = \"float32\"";
+         return c.precision.rope_dtype == DtypeName::float32 ? "" : "RoPE is computed in float32 in every mode; set rope_dtype = \"float32\"";
        }},
       {"precision.stochastic_rounding", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.stochastic_rounding && c.precision.mode != "bf16"
+         return c.precision.stochastic_rounding && c.precision.mode != PrecisionMode::bf16
                     ? "stochastic rounding applies to bf16 parameters only (mode = \"bf16\"); set it to false" : "";
        }},
-      {"parallel.backend", [](const Config& c, const Environment&) -> std::string { return one_of(c.parallel.backend, {"auto", "nccl", "mpi", "gloo"}); }},
       {"parallel.backend", [](const Config& c, const Environment&) -> std::string {
-         return c.parallel.backend == "gloo" ? "the torch 2.11.0 wheel ships no gloo headers; use \"mpi\" for CPU collectives" : "";
+         return c.parallel.backend == Backend::gloo ? "the torch 2.11.0 wheel ships no gloo headers; use \"mpi\" for CPU collectives" : "";
        }},
       {"parallel.backend", [](const Config& c, const Environment& env) -> std::string {
-         const bool cpu = c.training.device == "cpu" || (c.training.device == "auto" && env.local && !env.cuda_available);
-         return c.parallel.backend == "nccl" && cpu ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\"" : "";
+         const bool cpu = c.training.device == DeviceChoice::cpu || (c.training.device == DeviceChoice::automatic && env.local && !env.cuda_available);
+         return c.parallel.backend == Backend::nccl && cpu ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\"" : "";
        }},
       {"parallel.timeout_s", [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
-      {"memory.activation_checkpointing", [](const Config& c, const Environment&) -> std::string {
-         return one_of(c.memory.activation_checkpointing, {"none", "full"});
-       }},
       {"memory.activation_offloading", [](const Config& c, const Environment&) -> std::string {
-         return c.memory.activation_offloading && c.memory.activation_checkpointing != "full"
+         return c.memory.activation_offloading && c.memory.activation_checkpointing != Checkpointing::full
                     ? "offloading moves the inputs full activation checkpointing keeps; set memory.activation_checkpointing = \"full\" "
                       "or memory.activation_offloading = false"
                     : "";
@@ -288,9 +258,8 @@ const std::vector<Rule>& rules() {
          }
          return "";
        }},
-      {"quant.base", [](const Config& c, const Environment&) -> std::string { return one_of(c.quant.base, {"none", "nf4"}); }},
       {"quant.base", [](const Config& c, const Environment&) -> std::string {
-         return c.quant.base == "nf4" && !c.lora.enabled
+         return c.quant.base == QuantBase::nf4 && !c.lora.enabled
                     ? "an NF4 base is frozen, so nothing would train; set lora.enabled = true or quant.base = \"none\"" : "";
        }},
 

@@ -27,11 +27,11 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   env.local = false;  // the training run's data files need not be here
   Config c = load_config((fs::path(checkpoint_dir) / "config.toml").string(), {}, env);
   if (!c.lora.enabled) throw UsageError("--merge needs a LoRA checkpoint; '" + checkpoint_dir + "' holds a full model (drop --merge)");
-  c.training.device = "cpu";
+  c.training.device = DeviceChoice::cpu;
   c.checkpoint.resume.clear();
   // Read the frozen base at its source's full precision (a bf16 run keeps it in bf16); the
   // adapters convert exactly.
-  c.precision.mode = "fp32";
+  c.precision.mode = PrecisionMode::fp32;
   auto model = build_model(c, c10::Device(c10::kCPU), make_collectives(DistEnv{}, "auto", c10::Device(c10::kCPU), 60.0));
   TrainProgress progress;
   load_checkpoint(checkpoint_dir, *model, nullptr, progress);
@@ -46,7 +46,7 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
     // The base: dense units copy over by slot; NF4 groups are dequantized into place.
     for (const auto& slot : u.layout.slots)
       flat.narrow(0, full[i].offset_of(slot.name), slot.numel).copy_(u.shard.narrow(0, slot.offset, slot.numel));
-    if (c.quant.base == "nf4" && full[i].kind == UnitKind::block) {
+    if (c.quant.base == QuantBase::nf4 && full[i].kind == UnitKind::block) {
       const auto groups = block_matrix_groups(full[i]);
       for (int g = 0; g < 4; ++g) {
         at::Tensor w = nf4::dequantize(*model->nf4_weight(i, g), at::kFloat).reshape({-1});

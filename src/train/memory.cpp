@@ -63,7 +63,7 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   r.world_size = world_size;
   // Every rank holds shard_numel() elements of each trainable unit (the last ones zero-padded).
   const auto& s = config.model.shape;
-  const bool nf4 = config.lora.enabled && config.quant.base == "nf4";
+  const bool nf4 = config.lora.enabled && config.quant.base == QuantBase::nf4;
   const auto full = llama_units(s, config.model.init_std);
   const auto base = nf4 ? llama_units_without_block_matrices(s, config.model.init_std) : full;
   const auto trainable = config.lora.enabled ? lora_units(s, config.lora.targets, config.lora.rank) : base;
@@ -83,7 +83,7 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   r.param_bytes = r.num_params * master;
   r.grad_bytes = config.optimizer.in_backward ? 0 : r.num_params * master;  // in-backward: never a full set
   r.optimizer_state_bytes = 2 * r.num_params * optim;
-  if (config.optimizer.name == "adamw8bit") {  // this rank's (rank 0's) blocks, as the optimizer lays them out
+  if (config.optimizer.name == OptimizerName::adamw8bit) {  // this rank's (rank 0's) blocks, as the optimizer lays them out
     r.optimizer_state_bytes = 0;
     for (const auto& u : trainable)
       r.optimizer_state_bytes += Blocking::of(u, 0, shard_numel(u.numel, world_size), kMin8bitNumel).state_bytes();
@@ -142,10 +142,10 @@ ActivationInputs activation_inputs(const Config& c) {
   ActivationInputs in;
   in.tokens = c.data.micro_batch_size * c.data.seq_len;
   in.compute_bytes = static_cast<int64_t>(c10::elementSize(precision_policy(c).compute_dtype));
-  in.checkpointing = c.memory.activation_checkpointing == "full";
+  in.checkpointing = c.memory.activation_checkpointing == Checkpointing::full;
   in.offloading = c.memory.activation_offloading;
-  in.offload_in_flight = c.training.device == "cpu" ? 0 : ActivationOffloader::kInFlight;
-  in.fused_norm = c.training.device != "cpu";  // the plan is for GPUs unless the config says CPU
+  in.offload_in_flight = c.training.device == DeviceChoice::cpu ? 0 : ActivationOffloader::kInFlight;
+  in.fused_norm = c.training.device != DeviceChoice::cpu;  // the plan is for GPUs unless the config says CPU
   const auto& t = c.lora.targets;
   auto targeted = [&](const std::string& name) { return c.lora.enabled && std::find(t.begin(), t.end(), name) != t.end(); };
   in.lora = c.lora.enabled;
@@ -167,7 +167,7 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   p.activations = predict_activations(s, in);
   // A unit gathered whole: a buffer of shard_numel x world_size elements, nothing when one rank
   // uses its shard in place (same dtype: a LoRA base is stored in the compute dtype).
-  const bool nf4 = lora && c.quant.base == "nf4";
+  const bool nf4 = lora && c.quant.base == QuantBase::nf4;
   auto gathered = [&](int64_t numel, bool stored_in_compute_dtype, int64_t bytes_per_element) -> int64_t {
     if (world_size == 1 && stored_in_compute_dtype) return 0;
     return shard_numel(numel, world_size) * world_size * bytes_per_element;

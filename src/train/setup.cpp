@@ -23,7 +23,7 @@
 namespace ptrain {
 
 c10::Device resolve_device(const Config& c, const DistEnv& env) {
-  if (c.training.device == "cuda" || (c.training.device == "auto" && torch::cuda::is_available()))
+  if (c.training.device == DeviceChoice::cuda || (c.training.device == DeviceChoice::automatic && torch::cuda::is_available()))
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   return c10::Device(c10::kCPU);
 }
@@ -40,13 +40,13 @@ std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const 
       at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / per_node));
     }
   }
-  return make_collectives(env, c.parallel.backend, device, c.parallel.timeout_s);
+  return make_collectives(env, name_of(c.parallel.backend), device, c.parallel.timeout_s);
 }
 
 std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
   FsdpOptions o;
   o.reshard_after_forward = c.parallel.reshard_after_forward;
-  o.activation_checkpointing = c.memory.activation_checkpointing == "full";
+  o.activation_checkpointing = c.memory.activation_checkpointing == Checkpointing::full;
   o.activation_offloading = c.memory.activation_offloading;
   o.prefetch = c.parallel.prefetch;
   o.lora = c.lora.enabled;
@@ -54,7 +54,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   o.lora_rank = c.lora.rank;
   o.lora_alpha = c.lora.alpha;
   o.lora_dropout = c.lora.dropout;
-  o.nf4_base = c.quant.base == "nf4";
+  o.nf4_base = c.quant.base == QuantBase::nf4;
   o.double_quant = c.quant.double_quant;
   auto model = std::make_unique<FsdpModel>(c.model.shape, precision_policy(c), device, c.model.init_std,
                                            std::move(comm), o);
@@ -63,7 +63,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
       MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
       model->load(HfCheckpoint(c.model.hf_path).by_name());
       if (model->lora())
-        log::info("loaded ", c.model.hf_path, (c.quant.base == "nf4" ? " (NF4, one matrix group at a time)" : ""),
+        log::info("loaded ", c.model.hf_path, (c.quant.base == QuantBase::nf4 ? " (NF4, one matrix group at a time)" : ""),
                   ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),
                   " (the checkpoint's full-precision weights: ", log::bytes(4.0 * static_cast<double>(model->num_params())),
                   " in float32)");
@@ -80,7 +80,7 @@ std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& mode
   const auto& o = c.optimizer;
   const bool sr = model.policy().stochastic_rounding;
   const auto seed = static_cast<uint64_t>(c.run.seed);
-  if (o.name == "adamw8bit") {
+  if (o.name == OptimizerName::adamw8bit) {
     std::vector<Blocking> blocking;
     for (const auto& u : model.trainable_units())
       blocking.push_back(Blocking::of(u.layout, u.shard_offset, u.shard_numel, kMin8bitNumel));
