@@ -1,0 +1,40 @@
+// Hugging Face tokenizer.json for byte-level BPE models (the Llama 3 / 3.1 / 3.2 family):
+// added (special) tokens matched literally first, then the pre-tokenizer's Split regex
+// (PCRE2 with Unicode properties), the byte-level mapping of each piece's UTF-8 bytes to
+// printable characters, and BPE merges by rank (whole pieces found in the vocabulary first,
+// as `ignore_merges` says). Decoding maps the byte-level characters back to bytes. Identical
+// ids to HF `tokenizers` (Tokenizer.ParityWithHfTokenizers). Other tokenizer types
+// (sentencepiece / Unigram / WordPiece, normalizers) are refused at load, naming the type.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ptrain {
+
+class Tokenizer {
+ public:
+  // `path`: a tokenizer.json, or a directory holding one (an HF model directory). Throws
+  // RuntimeError naming the file and what is unsupported or malformed.
+  explicit Tokenizer(const std::string& path);
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // Token ids of `text`; added tokens written in the text (e.g. "<|eot_id|>") become their ids.
+  std::vector<int32_t> encode(const std::string& text) const;
+  // The text of `ids` (added tokens as written); throws on an id outside the vocabulary.
+  std::string decode(const std::vector<int32_t>& ids) const;
+  // The id of a token as written ("<|eot_id|>", or a vocabulary entry), if it has one.
+  std::optional<int32_t> id_of(const std::string& token) const;
+  int64_t vocab_size() const;  // largest id + 1
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ptrain

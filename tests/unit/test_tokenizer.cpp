@@ -1,0 +1,61 @@
+// The byte-level BPE tokenizer against HF `tokenizers` (tests/fixtures/make_tokenizer_fixtures.py
+// trains one set up as Llama 3's tokenizer.json and saves the ids it gives a varied text set):
+// identical ids for every text, and decoding gives the text back exactly. Unsupported
+// tokenizer types are refused at load, naming the type.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/fs_util.h"
+#include "data/tokenizer.h"
+#include "test_util.h"
+
+using namespace ptrain;
+
+TEST(Tokenizer, ParityWithHfTokenizers) {
+  Tokenizer tok(test::fixture("tokenizer_bpe"));  // the directory, as an HF model directory holds it
+  const auto expected = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_bpe_expected.json")));
+  const auto& texts = expected.at("texts");
+  ASSERT_GE(texts.size(), 20u);
+  size_t same = 0, tokens = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string text = texts[i].get<std::string>();
+    const auto want = expected.at("ids")[i].get<std::vector<int32_t>>();
+    const auto got = tok.encode(text);
+    EXPECT_EQ(got, want) << "text " << i << ": '" << text << "'";
+    same += got == want;
+    tokens += want.size();
+    EXPECT_EQ(tok.decode(got), text) << "text " << i;
+  }
+  std::cout << same << " of " << texts.size() << " texts (" << tokens << " tokens) tokenized as HF tokenizers does\n";
+  EXPECT_EQ(tok.vocab_size(), 1006);
+  EXPECT_EQ(tok.id_of("<|eot_id|>"), tok.encode("<|eot_id|>").at(0));
+}
+
+TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
+  test::TempDir dir;
+  auto refused = [&](const std::string& json_text, const std::string& needle) {
+    const std::string path = dir / "tokenizer.json";
+    test::write_text(path, json_text);
+    try {
+      Tokenizer t(path);
+      ADD_FAILURE() << "accepted: " << json_text;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"model": {"type": "Unigram", "vocab": []}, "normalizer": null, "pre_tokenizer": null})", "'Unigram' is not supported");
+  refused(R"({"model": {"type": "WordPiece"}, "normalizer": null})", "'WordPiece' is not supported");
+  refused(R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []}, "normalizer": null,
+              "pre_tokenizer": {"type": "Metaspace"}})", "byte_fallback");
+  refused(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "normalizer": null,
+              "pre_tokenizer": {"type": "Metaspace"}})", "pre-tokenizer 'Metaspace' is not supported");
+  refused("{not json", "not valid JSON");
+  try {
+    Tokenizer t(dir / "missing");
+    ADD_FAILURE() << "accepted a missing file";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("no tokenizer file"), std::string::npos) << e.what();
+  }
+}
