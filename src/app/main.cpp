@@ -5,6 +5,7 @@
 
 #include <torch/version.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
@@ -42,7 +44,7 @@ usage:
   ptrain eval    --config FILE [--set ...] [--checkpoint DIR] [--data PATH] [--json]
   ptrain compare --config FILE --modes LIST [--steps N] [--out DIR] [--set ...]
   ptrain export  --checkpoint DIR --out DIR [--merge]
-  ptrain tokenize --in TEXT --out FILE.bin [--token-bytes 2|4]
+  ptrain tokenize --in TEXT|FILE.jsonl --out FILE.bin [--tokenizer DIR] [--token-bytes 2|4]
   ptrain --help | --version | --config-reference
 
   train     trains as configured; writes config.resolved.toml, metrics.jsonl, memory.json and
@@ -57,7 +59,9 @@ usage:
   export    writes a Hugging Face Llama directory (config.json + model.safetensors), or for a
             LoRA checkpoint the adapters in PEFT's format (adapter_config.json +
             adapter_model.safetensors); --merge writes the base with the adapters merged in
-  tokenize  converts text to a byte-level token file (see docs/data.md)
+  tokenize  converts text to a token file: byte-level, or with --tokenizer an HF tokenizer.json
+            (byte-level BPE, e.g. Llama 3's; a .jsonl input holds {"text": ...} documents, each
+            followed by <|end_of_text|>), with progress and tokens/s (see docs/data.md)
 
 exit codes: 0 success · 2 bad usage or invalid config (every problem listed) · 1 runtime failure
 )";
@@ -82,7 +86,7 @@ Args parse_args(int argc, char** argv) {
       throw UsageError("unknown command '" + a.command + "' (see ptrain --help)");
   }
   static const std::vector<std::string> valued{"--config", "--set", "--world-size", "--gpu-memory", "--checkpoint",
-                                                 "--data", "--out", "--in", "--token-bytes", "--modes", "--steps"};
+                                                 "--data", "--out", "--in", "--token-bytes", "--modes", "--steps", "--tokenizer"};
   for (; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -304,12 +308,40 @@ int cmd_compare(const Args& a) {
 
 int cmd_tokenize(const Args& a) {
   const std::string in = required(a, "--in"), out = required(a, "--out");
-  const int64_t width = int_option(a, "--token-bytes", 2, 2);
+  if (!fs::is_regular_file(in)) throw UsageError("no such input file '" + in + "'");
+  if (!a.options.count("--tokenizer")) {  // byte-level: each byte one token
+    const int64_t width = int_option(a, "--token-bytes", 2, 2);
+    if (width != 2 && width != 4) throw UsageError("--token-bytes must be 2 or 4");
+    auto ids = byte_tokenize(read_text_file(in));
+    write_token_file(out, ids, 256, static_cast<uint32_t>(width));
+    log::info("wrote ", ids.size(), " byte-level tokens (vocab 256, ", width, " bytes each) to ", out);
+    return 0;
+  }
+  const Tokenizer tok(a.options.at("--tokenizer"));
+  const int64_t width = int_option(a, "--token-bytes", tok.vocab_size() > 65536 ? 4 : 2, 2);
   if (width != 2 && width != 4) throw UsageError("--token-bytes must be 2 or 4");
-  if (!fs::is_regular_file(in)) throw UsageError("no such text file '" + in + "'");
-  auto ids = byte_tokenize(read_text_file(in));
-  write_token_file(out, ids, 256, static_cast<uint32_t>(width));
-  log::info("wrote ", ids.size(), " byte-level tokens (vocab 256, ", width, " bytes each) to ", out);
+  if (width == 2 && tok.vocab_size() > 65536)
+    throw UsageError("the tokenizer has " + std::to_string(tok.vocab_size()) + " tokens; ids need --token-bytes 4");
+  const bool jsonl = fs::path(in).extension() == ".jsonl";
+  const auto eod = jsonl ? tok.id_of("<|end_of_text|>") : std::nullopt;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  double last_report = 0;
+  auto ids = tokenize_file(tok, in, jsonl, eod ? *eod : -1, [&](int64_t done, int64_t total, int64_t tokens) {
+    const double s = seconds();
+    if (s - last_report < 1.0 && done < total) return;
+    last_report = s;
+    log::info("tokenize: ", log::bytes(static_cast<double>(done)), " of ", log::bytes(static_cast<double>(total)), " (",
+              log::fixed(100.0 * static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), 1), "%), ",
+              log::grouped(static_cast<double>(tokens)), " tokens, ", log::grouped(static_cast<double>(tokens) / std::max(s, 1e-9)),
+              " tokens/s");
+  });
+  const double s = seconds();
+  write_token_file(out, ids, static_cast<uint32_t>(tok.vocab_size()), static_cast<uint32_t>(width));
+  log::info("wrote ", log::grouped(static_cast<double>(ids.size())), " tokens (vocab ", tok.vocab_size(), ", ", width,
+            " bytes each", jsonl ? std::string(eod ? ", <|end_of_text|> after each document" : ", no end-of-text token") : "",
+            ") to ", out, " in ", log::fixed(s, 2), " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)),
+            " tokens/s (wall clock, one thread)");
   return 0;
 }
 

@@ -332,6 +332,53 @@ std::optional<int32_t> Tokenizer::id_of(const std::string& token) const {
   return std::nullopt;
 }
 
+std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl, int32_t end_of_document,
+                                    const std::function<void(int64_t, int64_t, int64_t)>& progress, size_t chunk_bytes) {
+  const std::string data = read_text_file(path);
+  const auto total = static_cast<int64_t>(data.size());
+  std::vector<uint32_t> out;
+  auto append = [&](const std::vector<int32_t>& ids) { out.insert(out.end(), ids.begin(), ids.end()); };
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  size_t pos = 0;
+  int64_t line = 0;
+  while (pos < data.size()) {
+    size_t end = data.size();
+    if (jsonl) {
+      end = data.find('\n', pos);
+      end = end == std::string::npos ? data.size() : end + 1;
+      ++line;
+      const std::string record = data.substr(pos, end - pos);
+      if (record.find_first_not_of(" \t\r\n") != std::string::npos) {
+        std::string text;
+        try {
+          const json j = json::parse(record);
+          if (!j.is_object() || !j.contains("text") || !j.at("text").is_string())
+            throw RuntimeError(path + ":" + std::to_string(line) + ": a JSONL record needs a string field \"text\"");
+          text = j.at("text").get<std::string>();
+        } catch (const json::exception& e) {
+          throw RuntimeError(path + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
+        }
+        append(tokenizer.encode(text));
+        if (end_of_document >= 0) out.push_back(static_cast<uint32_t>(end_of_document));
+      }
+    } else if (data.size() - pos > chunk_bytes) {
+      // The first newline after chunk_bytes that a non-space follows (else the rest).
+      for (size_t i = pos + chunk_bytes; i + 1 < data.size(); ++i)
+        if (data[i] == '\n' && !is_space(data[i + 1])) {
+          end = i + 1;
+          break;
+        }
+      append(tokenizer.encode(data.substr(pos, end - pos)));
+    } else {
+      append(tokenizer.encode(data.substr(pos)));
+    }
+    pos = end;
+    if (progress && (!jsonl || line % 1000 == 0 || pos == data.size()))
+      progress(static_cast<int64_t>(pos), total, static_cast<int64_t>(out.size()));
+  }
+  return out;
+}
+
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->max_id) + 1; }
 const std::string& Tokenizer::path() const { return impl_->path; }
 

@@ -7,6 +7,7 @@
 // (sentencepiece / Unigram / WordPiece, normalizers) are refused at load, naming the type.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,5 +37,16 @@ class Tokenizer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Tokenizes a corpus file: plain text, or JSONL with one {"text": "..."} document per line
+// (each followed by `end_of_document` when >= 0). Plain text goes in chunks of about
+// `chunk_bytes`, each cut after a newline that a non-space follows — where no pre-token can
+// span the cut, so the ids equal encode() of the whole text. `progress(bytes_done, bytes_total,
+// tokens)` is called after each chunk. A malformed JSONL line throws RuntimeError naming
+// file:line.
+std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,
+                                    int32_t end_of_document,
+                                    const std::function<void(int64_t, int64_t, int64_t)>& progress,
+                                    size_t chunk_bytes = 1 << 20);
 
 }  // namespace ptrain

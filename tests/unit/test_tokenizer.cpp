@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "common/fs_util.h"
@@ -57,5 +59,43 @@ TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
     ADD_FAILURE() << "accepted a missing file";
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("no tokenizer file"), std::string::npos) << e.what();
+  }
+}
+
+// A corpus file tokenizes in chunks cut only where no pre-token spans the cut: the same ids as
+// encoding the whole text at once; JSONL documents each end with <|end_of_text|>, and a
+// malformed line is an error naming file:line.
+TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
+  Tokenizer tok(test::fixture("tokenizer_bpe"));
+  const auto expected = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_bpe_expected.json")));
+  std::string text;
+  for (int rep = 0; rep < 3; ++rep)
+    for (const auto& t : expected.at("texts")) text += t.get<std::string>() + "\n";
+  test::TempDir dir;
+  test::write_text(dir / "corpus.txt", text);
+  const auto whole = tok.encode(text);
+  int64_t calls = 0;
+  const auto chunked = tokenize_file(tok, dir / "corpus.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++calls; }, 64);
+  EXPECT_EQ(std::vector<uint32_t>(whole.begin(), whole.end()), chunked);
+  EXPECT_GT(calls, 10) << "the small chunk size must cut the text many times";
+
+  const int32_t eot = tok.id_of("<|end_of_text|>").value();
+  test::write_text(dir / "docs.jsonl", "{\"text\": \"Hello world!\"}\n\n{\"text\": \"caf\u00e9 12345\"}\n");
+  std::vector<uint32_t> want;
+  for (const std::string doc : {"Hello world!", "caf\u00e9 12345"}) {
+    for (int32_t id : tok.encode(doc)) want.push_back(static_cast<uint32_t>(id));
+    want.push_back(static_cast<uint32_t>(eot));
+  }
+  EXPECT_EQ(tokenize_file(tok, dir / "docs.jsonl", true, eot, nullptr), want);
+  for (const auto& [line, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"text\": \"ok\"}\n{\"txt\": \"no text field\"}\n", "docs_bad.jsonl:2: a JSONL record needs a string field"},
+           {"{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{broken\n", "docs_bad.jsonl:3: not valid JSON"}}) {
+    test::write_text(dir / "docs_bad.jsonl", line);
+    try {
+      tokenize_file(tok, dir / "docs_bad.jsonl", true, eot, nullptr);
+      ADD_FAILURE() << "accepted " << line;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
   }
 }
