@@ -1,16 +1,22 @@
 // The byte-level BPE tokenizer against HF `tokenizers` (tests/fixtures/make_tokenizer_fixtures.py
 // trains one set up as Llama 3's tokenizer.json and saves the ids it gives a varied text set):
 // identical ids for every text, and decoding gives the text back exactly. Unsupported
-// tokenizer types are refused at load, naming the type.
+// tokenizer types are refused at load, naming the type. Chats render and mask as transformers'
+// apply_chat_template does, with transformers' loss.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "data/chat.h"
 #include "data/tokenizer.h"
+#include "model/forward.h"
 #include "test_util.h"
 
 using namespace ptrain;
@@ -97,5 +103,46 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
     } catch (const RuntimeError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
+  }
+}
+
+// A chat rendered as Llama 3 Instruct's template renders it (transformers' apply_chat_template
+// in tests/fixtures/make_tokenizer_fixtures.py): the same ids; the loss mask trains only the
+// assistant replies; and the model's loss with the prompt masked (-100) equals transformers'
+// loss on the same model (tests/fixtures/hf_chat) — computed here by the model forward alone,
+// without FSDP.
+TEST(Chat, RendersAndMasksAsTransformersAndGivesItsLoss) {
+  Tokenizer tok(test::fixture("tokenizer_bpe"));
+  const auto expected = nlohmann::json::parse(read_text_file(test::fixture("hf_chat_expected.json")));
+  std::vector<ChatMessage> messages;
+  for (const auto& m : expected.at("messages")) messages.push_back({m.at("role"), m.at("content")});
+  const Sample s = render_chat(tok, messages, false);
+  EXPECT_EQ(s.ids, expected.at("ids").get<std::vector<int32_t>>());
+  const auto labels = expected.at("labels").get<std::vector<int64_t>>();
+  ASSERT_EQ(s.trained.size(), labels.size());
+  for (size_t t = 0; t < labels.size(); ++t) EXPECT_EQ(s.trained[t] != 0, labels[t] != -100) << "position " << t;
+
+  const std::string dir = test::fixture("hf_chat");
+  const LlamaShape shape = read_hf_config(dir);
+  DenseWeights model(shape, at::kFloat, at::kCPU);
+  model.load(HfCheckpoint(dir).by_name());
+  const auto n = static_cast<int64_t>(s.ids.size());
+  at::Tensor ids = at::tensor(std::vector<int64_t>(s.ids.begin(), s.ids.end()), at::kLong).view({1, n});
+  at::Tensor targets = at::tensor(s.targets(), at::kLong).view({1, n - 1});
+  at::NoGradGuard no_grad;
+  const double loss = llama_loss(model, shape, model.rope(n), ids.narrow(1, 0, n - 1), targets, 0, at::kFloat).item<double>();
+  EXPECT_NEAR(loss, expected.at("loss").get<double>(), 1e-5);
+  std::cout << "chat: " << n << " tokens, " << std::count(s.trained.begin(), s.trained.end(), 1) << " trained; loss " << loss
+            << " (transformers " << expected.at("loss").get<double>() << ")\n";
+
+  // Everything trained with train_on_prompt; an unknown role is refused, naming it.
+  const Sample all = render_chat(tok, messages, true);
+  EXPECT_EQ(all.ids, s.ids);
+  EXPECT_EQ(std::count(all.trained.begin(), all.trained.end(), 1), n);
+  try {
+    render_chat(tok, {{"narrator", "hi"}}, false);
+    ADD_FAILURE() << "accepted an unknown role";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown role 'narrator'"), std::string::npos) << e.what();
   }
 }
