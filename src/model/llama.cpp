@@ -84,7 +84,10 @@ at::Tensor rope_inv_freq(const LlamaShape& s) {
 RopeTables rope_tables(const LlamaShape& s, int64_t seq_len, const at::Device& device) {
   at::Tensor t = at::arange(seq_len, at::kLong).to(at::kFloat);
   at::Tensor freqs = at::outer(t, rope_inv_freq(s));  // [T, head_dim/2], float32
-  return {freqs.cos().to(device), freqs.sin().to(device)};
+  RopeTables r;
+  r.cos = freqs.cos().to(device);
+  r.sin = freqs.sin().to(device);
+  return r;
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -93,12 +96,38 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
 }
 
+RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids) {
+  TORCH_CHECK(doc_ids.dim() == 2, "doc_ids must be [batch, seq]");
+  const at::Tensor docs = doc_ids.to(at::kCPU, at::kLong).contiguous();
+  const int64_t B = docs.size(0), T = docs.size(1);
+  at::Tensor positions = at::empty({B, T}, at::kLong);
+  const int64_t* d = docs.data_ptr<int64_t>();
+  int64_t* p = positions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) p[b * T + t] = t > 0 && d[b * T + t] == d[b * T + t - 1] ? p[b * T + t - 1] + 1 : 0;
+  TORCH_CHECK(positions.max().item<int64_t>() < tables.cos.size(0), "a document is longer than the RoPE tables");
+  RopeTables r = tables;
+  const auto device = tables.cos.device();
+  r.positions = positions.to(device);
+  const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1));                   // [B, T, T]
+  const at::Tensor causal = at::ones({T, T}, at::kBool).tril();                        // j <= i
+  r.doc_mask = same.logical_and(causal).unsqueeze(1).to(device);                      // [B, 1, T, T]
+  return r;
+}
+
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
-  const int64_t T = x.size(1), half = x.size(3) / 2;
+  const int64_t B = x.size(0), T = x.size(1), half = x.size(3) / 2;
   auto halves = x.to(at::kFloat).chunk(2, -1);  // split's backward writes once, narrow's zero-fills
   const at::Tensor &x1 = halves[0], &x2 = halves[1];
-  at::Tensor c = rope.cos.narrow(0, 0, T).view({1, T, 1, half});
-  at::Tensor s = rope.sin.narrow(0, 0, T).view({1, T, 1, half});
+  at::Tensor c, s;
+  if (rope.positions.defined()) {  // packed documents: each token at its position in its document
+    const at::Tensor idx = rope.positions.reshape({-1});
+    c = rope.cos.index_select(0, idx).view({B, T, 1, half});
+    s = rope.sin.index_select(0, idx).view({B, T, 1, half});
+  } else {
+    c = rope.cos.narrow(0, 0, T).view({1, T, 1, half});
+    s = rope.sin.narrow(0, 0, T).view({1, T, 1, half});
+  }
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1).to(x.scalar_type());
 }
 
@@ -190,9 +219,13 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
   at::Tensor q = apply_rope(qkv[0].reshape({B, T, s.n_heads, hd}), rope).transpose(1, 2);
   at::Tensor k = apply_rope(qkv[1].reshape({B, T, s.n_kv_heads, hd}), rope).transpose(1, 2);
   at::Tensor v = qkv[2].reshape({B, T, s.n_kv_heads, hd}).transpose(1, 2);
-  at::Tensor attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                     /*is_causal=*/true, /*scale=*/std::nullopt,
-                                                     /*enable_gqa=*/s.n_kv_heads != s.n_heads);
+  // Packed documents attend within their own document (causal inside it); else plain causal.
+  at::Tensor attn = rope.doc_mask.defined()
+                        ? at::scaled_dot_product_attention(q, k, v, rope.doc_mask, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                                           /*scale=*/std::nullopt, /*enable_gqa=*/s.n_kv_heads != s.n_heads)
+                        : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                           /*is_causal=*/true, /*scale=*/std::nullopt,
+                                                           /*enable_gqa=*/s.n_kv_heads != s.n_heads);
   at::Tensor ao = attn.transpose(1, 2).reshape({B, T, Q});
   at::Tensor h = x + with_lora(base_linear(w, 1, ao), lora, 3, ao);
 

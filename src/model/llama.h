@@ -18,7 +18,16 @@ struct Quantized;
 struct RopeTables {
   at::Tensor cos;
   at::Tensor sin;
+  // Packed sequences (packed_positions): each token's position in its own document [B, T]
+  // and the attention mask [B, 1, T, T] (true: causal and within the same document).
+  // Undefined: positions 0..T-1 and plain causal attention.
+  at::Tensor positions;
+  at::Tensor doc_mask;
 };
+// `tables` for a batch of packed documents: doc_ids [B, T] numbers each token's document
+// (consecutive tokens of one document share an id); positions restart at 0 in each document,
+// and attention never crosses a document boundary.
+RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids);
 at::Tensor rope_inv_freq(const LlamaShape& shape);
 RopeTables rope_tables(const LlamaShape& shape, int64_t seq_len, const at::Device& device);
 

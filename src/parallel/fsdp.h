@@ -100,7 +100,10 @@ class FsdpModel : public WeightSource {
   void load_adapters(const std::map<std::string, at::Tensor>& tensors);
 
   // Mean cross-entropy over unmasked targets of this rank's batch. inputs/targets: [B, T].
-  at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk);
+  // doc_ids [B, T] (optional): the batch packs several documents per row; positions restart and
+  // attention stays within each document (packed_positions in model/llama.h).
+  at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
+                          const at::Tensor& doc_ids = at::Tensor());
   // Summed loss over this rank's batch, no autograd.
   LossSum eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk);
   // Logits [B*T, vocab] in float32, no autograd (tests, inspection: materialises them all).
@@ -229,6 +232,8 @@ class FsdpModel : public WeightSource {
   RopeTables rope_;
   int64_t rope_len_ = 0;
   std::unique_ptr<ActivationOffloader> offloader_;
+  RopeTables batch_rope_;  // the tables (and packing) of the forward in progress, for recomputed blocks
+  const RopeTables& batch_rope(const at::Tensor& inputs, const at::Tensor& doc_ids);
 };
 
 }  // namespace ptrain

@@ -172,7 +172,7 @@ at::Tensor FsdpModel::compute_block(size_t unit, const at::Tensor& x, const at::
                              options_.lora_alpha / static_cast<double>(options_.lora_rank), options_.lora_dropout, true);
   const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit).data())
                                             : BlockWeights::from_flat(w, units_[unit].layout, shape_);
-  return block_forward(bw, x, rope(x.size(1)), shape_, lora ? &l : nullptr);
+  return block_forward(bw, x, batch_rope_, shape_, lora ? &l : nullptr);
 }
 
 const RopeTables& FsdpModel::rope(int64_t seq_len) {
@@ -251,14 +251,20 @@ void FsdpModel::head_done() {
   out_adapter_ = OutputAdapter{};
 }
 
-at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
-  return llama_loss(*this, shape_, rope(inputs.size(1)), inputs, targets, loss_chunk, policy_.logits_dtype);
+const RopeTables& FsdpModel::batch_rope(const at::Tensor& inputs, const at::Tensor& doc_ids) {
+  batch_rope_ = doc_ids.defined() ? packed_positions(rope(inputs.size(1)), doc_ids) : rope(inputs.size(1));
+  return batch_rope_;
+}
+
+at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
+                                   const at::Tensor& doc_ids) {
+  return llama_loss(*this, shape_, batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
 }
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
-  return llama_loss_sum(*this, shape_, rope(inputs.size(1)), inputs, targets, loss_chunk, policy_.logits_dtype);
+  return llama_loss_sum(*this, shape_, batch_rope(inputs, at::Tensor()), inputs, targets, loss_chunk, policy_.logits_dtype);
 }
 
-at::Tensor FsdpModel::logits(const at::Tensor& inputs) { return llama_logits(*this, shape_, rope(inputs.size(1)), inputs); }
+at::Tensor FsdpModel::logits(const at::Tensor& inputs) { return llama_logits(*this, shape_, batch_rope(inputs, at::Tensor()), inputs); }
 
 }  // namespace ptrain
