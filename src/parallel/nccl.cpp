@@ -94,6 +94,7 @@ class NcclCollectives final : public Collectives {
     opts->timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, world_size_, opts);
     pg_->setBoundDeviceId(device);
+    device_ = device;
   }
   ~NcclCollectives() override {
     if (pg_) pg_->shutdown();
@@ -118,9 +119,13 @@ class NcclCollectives final : public Collectives {
     ++stats.calls;
     return std::make_unique<Work>(std::move(work), std::vector<at::Tensor>{o, i});
   }
+  // NCCL reduces device memory only: a host tensor (a step's loss, token counts, the stop flag)
+  // goes through the rank's device and back.
   void all_reduce_sum(const at::Tensor& t) override {
-    std::vector<at::Tensor> ts{t};
+    const bool host = t.is_cpu();
+    std::vector<at::Tensor> ts{host ? t.to(device_) : t};
     pg_->allreduce(ts)->wait();
+    if (host) t.copy_(ts[0]);
     stats.all_reduce_bytes += t.nbytes();
     ++stats.calls;
   }
@@ -128,6 +133,7 @@ class NcclCollectives final : public Collectives {
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+  c10::Device device_{c10::kCUDA};
 };
 
 }  // namespace
