@@ -96,6 +96,14 @@ if [ ! -s "$CORPUS" ]; then
   say "built $CORPUS ($(wc -c < "$CORPUS") bytes)"
 fi
 
+# --- 3b. tiny chat dataset for configs/tiny_chat_qlora.toml: generated, seeded -----------
+CHATS="$ROOT/data/tiny_chat.jsonl"
+if [ ! -s "$CHATS" ]; then
+  python3 "$ROOT/launch/make_chat_data.py" "$CHATS.tmp" >/dev/null
+  mv "$CHATS.tmp" "$CHATS"
+  say "built $CHATS ($(wc -l < "$CHATS") chats)"
+fi
+
 [ "$DEPS_ONLY" = 1 ] && exit 0
 
 # --- 4. configure + build (incremental; ccache across clones) ---------------------------

@@ -18,7 +18,7 @@
 #include "common/fs_util.h"
 #include "common/log.h"
 #include "config/config.h"
-#include "data/dataset.h"
+#include "data/rows.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "parallel/collectives.h"
@@ -164,6 +164,10 @@ int cmd_check(const Args& a) {
             << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
             << log::grouped(static_cast<double>(s.head_params())) << ")\n"
             << policy.table();
+  if (env.local) {  // the dataset as training will read it (JSONL: tokenized now)
+    std::cout << "# data\n";
+    for (const auto& line : open_data(c).report) std::cout << line << "\n";
+  }
   const PeakPlan plan = predict_peak(c, ws);
   const auto gib = [](int64_t bytes) { return log::fixed(static_cast<double>(bytes) / (1024.0 * 1024 * 1024), 2) + " GiB"; };
   const auto& act = plan.activations;
@@ -244,15 +248,20 @@ int cmd_check(const Args& a) {
 
 int cmd_eval(const Args& a) {
   Config c = config_of(a);
-  const std::string path = a.options.count("--data") ? a.options.at("--data") : c.data.path;
-  if (!fs::is_regular_file(path)) throw UsageError("no such data file '" + path + "'");
-  std::string format = name_of(c.data.format);
   if (a.options.count("--data")) {
-    // Explicit files are identified by content: token files carry a magic header.
+    // Explicit files are identified by content: token files carry a magic header, JSONL files
+    // end in .jsonl (and are tokenized with data.tokenizer / model.hf_path).
+    c.data.path = a.options.at("--data");
+    if (!fs::is_regular_file(c.data.path)) throw UsageError("no such data file '" + c.data.path + "'");
     char magic[8] = {};
-    std::ifstream(path, std::ios::binary).read(magic, 8);
-    format = std::memcmp(magic, kTokenMagic, 8) == 0 ? "tokens" : "text";
+    std::ifstream(c.data.path, std::ios::binary).read(magic, 8);
+    c.data.format = std::memcmp(magic, kTokenMagic, 8) == 0 ? DataFormat::tokens
+                    : fs::path(c.data.path).extension() == ".jsonl" ? DataFormat::jsonl : DataFormat::text;
+    if (c.data.format == DataFormat::jsonl && c.tokenizer_path().empty())
+      throw UsageError("'" + c.data.path + "' is JSONL: set data.tokenizer (or model.hf_path) to tokenize it");
   }
+  const std::string& path = c.data.path;
+  const RunData data = open_data(c, /*eval_only=*/true);
   const DistEnv env = DistEnv::detect();
   const c10::Device device = resolve_device(c, env);
   auto model = build_model(c, device, connect(c, env, device));
@@ -263,20 +272,20 @@ int cmd_eval(const Args& a) {
     load_checkpoint(a.options.at("--checkpoint"), *model, nullptr, progress);
     source = a.options.at("--checkpoint");
   }
-  TokenData data(path, format);
-  if (format == "tokens" && data.vocab_size() > c.model.shape.vocab_size)
-    throw RuntimeError("'" + path + "' has vocabulary " + std::to_string(data.vocab_size()) + " > model.vocab_size");
-  EvalResult r = evaluate(*model, data, 0, data.size(), c.data.seq_len, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
-  if (r.windows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");
+  EvalResult r = evaluate(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
+  if (r.rows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");
   if (!print) return 0;
+  const bool windows = c.data.format != DataFormat::jsonl;
   if (a.json) {
-    nlohmann::ordered_json j = {{"data", path}, {"model", source}, {"seq_len", c.data.seq_len}, {"windows", r.windows},
+    nlohmann::ordered_json j = {{"data", path}, {"model", source}, {"seq_len", c.data.seq_len}, {windows ? "windows" : "rows", r.rows},
                                 {"tokens", r.tokens}, {"mean_loss", r.mean_loss}, {"perplexity", r.perplexity}};
     std::cout << j.dump() << "\n";
   } else {
     std::cout << "eval " << path << " with " << source << ": mean_loss " << log::fixed(r.mean_loss, 6)
-              << " nats/token | perplexity " << log::fixed(r.perplexity, 4) << " | " << r.tokens << " tokens in "
-              << r.windows << " windows of " << c.data.seq_len + 1 << "\n";
+              << " nats/token | perplexity " << log::fixed(r.perplexity, 4) << " | " << r.tokens
+              << (windows ? " tokens in " + std::to_string(r.rows) + " windows of " + std::to_string(c.data.seq_len + 1)
+                          : " trained tokens in " + std::to_string(r.rows) + " rows of " + std::to_string(c.data.seq_len))
+              << "\n";
   }
   return 0;
 }

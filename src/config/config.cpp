@@ -20,7 +20,8 @@ namespace ptrain {
 
 namespace fs = std::filesystem;
 
-template <> const std::vector<std::string>& enum_names<DataFormat>() { static const std::vector<std::string> n{"text", "tokens"}; return n; }
+template <> const std::vector<std::string>& enum_names<DataFormat>() { static const std::vector<std::string> n{"text", "tokens", "jsonl"}; return n; }
+template <> const std::vector<std::string>& enum_names<Truncation>() { static const std::vector<std::string> n{"truncate", "drop"}; return n; }
 template <> const std::vector<std::string>& enum_names<DeviceChoice>() { static const std::vector<std::string> n{"auto", "cpu", "cuda"}; return n; }
 template <> const std::vector<std::string>& enum_names<OptimizerName>() { static const std::vector<std::string> n{"adamw", "adamw8bit"}; return n; }
 template <> const std::vector<std::string>& enum_names<Decay>() { static const std::vector<std::string> n{"cosine", "linear", "constant"}; return n; }
@@ -33,6 +34,8 @@ template <> const std::vector<std::string>& enum_names<QuantBase>() { static con
 std::string Config::output_dir() const {
   return run.output_dir.empty() ? "runs/" + run.name : run.output_dir;
 }
+
+std::string Config::tokenizer_path() const { return data.tokenizer.empty() ? model.hf_path : data.tokenizer; }
 
 std::string Config::checkpoint_dir() const {
   return checkpoint.dir.empty() ? output_dir() + "/checkpoints" : checkpoint.dir;
@@ -188,10 +191,22 @@ const std::vector<Key>& keys() {
                  R"(Llama-3.1 scaling parameter)"),
       PTRAIN_KEY("data", "path", data.path,
                  R"(— (required))",
-                 R"(text file or token file (`docs/data.md`))"),
+                 R"(text file, token file or JSONL file (`docs/data.md`))"),
       PTRAIN_KEY("data", "format", data.format,
                  R"(`"text"`)",
-                 R"(`text` (byte-level tokens, vocab 256) or `tokens` (`.bin` made by `ptrain tokenize`))"),
+                 R"(`text` (byte-level tokens, vocab 256), `tokens` (`.bin` made by `ptrain tokenize`) or `jsonl` (text, chat or prompt/completion records, tokenized as they load))"),
+      PTRAIN_KEY("data", "tokenizer", data.tokenizer,
+                 R"(`model.hf_path`)",
+                 R"(jsonl: `tokenizer.json`, or the HF model directory holding it)"),
+      PTRAIN_KEY("data", "packing", data.packing,
+                 R"(`false`)",
+                 R"(jsonl: pack several samples into each row (attention and positions stay inside each sample); `false` pads one sample per row)"),
+      PTRAIN_KEY("data", "train_on_prompt", data.train_on_prompt,
+                 R"(`false`)",
+                 R"(jsonl: also train on system/user turns and prompts (by default only replies and completions are))"),
+      PTRAIN_KEY("data", "truncation", data.truncation,
+                 R"(`"truncate"`)",
+                 R"(jsonl: a sample longer than `seq_len + 1` tokens is cut to its start (`truncate`) or left out (`drop`); both are counted and reported)"),
       PTRAIN_KEY("data", "seq_len", data.seq_len,
                  R"(`128`)",
                  R"(tokens per sequence; windows hold `seq_len + 1` tokens)"),
@@ -200,7 +215,7 @@ const std::vector<Key>& keys() {
                  R"(sequences per forward/backward)"),
       PTRAIN_KEY("data", "val_fraction", data.val_fraction,
                  R"(`0.05`)",
-                 R"(tail of the data held out for validation (0 to 0.5))"),
+                 R"(held out for validation (0 to 0.5): the tail of a token stream; jsonl: that share of the samples, drawn with a fixed seed)"),
       PTRAIN_KEY("training", "steps", training.steps,
                  R"(`200`)",
                  R"(optimizer steps (>= 1))"),

@@ -18,7 +18,8 @@ struct PrecisionPolicy;
 // The options that take one of a few names, parsed once when the config loads; enum_names<E>()
 // lists the names as TOML spells them, in enumerator order (an unknown name is a config error
 // at its line, listing them).
-enum class DataFormat { text, tokens };
+enum class DataFormat { text, tokens, jsonl };
+enum class Truncation { truncate, drop };
 enum class DeviceChoice { automatic, cpu, cuda };  // "auto", "cpu", "cuda"
 enum class OptimizerName { adamw, adamw8bit };
 enum class Decay { cosine, linear, constant };
@@ -44,11 +45,15 @@ struct Config {
     double init_std = 0.02;       // N(0, init_std) init of matrices; output projections / sqrt(2L)
   } model;
   struct Data {
-    std::string path;             // text file (byte-level tokens) or .bin token file
+    std::string path;             // text file (byte-level tokens), .bin token file or .jsonl records
     DataFormat format = DataFormat::text;
+    std::string tokenizer;        // jsonl: tokenizer.json or its directory (default: model.hf_path)
+    bool packing = false;         // jsonl: several samples per row
+    bool train_on_prompt = false; // jsonl: train on prompts too, not only on replies / completions
+    Truncation truncation = Truncation::truncate;  // jsonl: samples longer than a row
     int64_t seq_len = 128;        // tokens per training sequence
     int64_t micro_batch_size = 8; // sequences per forward/backward per rank
-    double val_fraction = 0.05;   // tail of the data held out for validation
+    double val_fraction = 0.05;   // held out for validation: the tail of a token stream; jsonl: samples
   } data;
   struct Training {
     int64_t steps = 200;           // optimizer steps
@@ -123,6 +128,7 @@ struct Config {
 
   std::string output_dir() const;      // run.output_dir or runs/<name>
   std::string checkpoint_dir() const;  // checkpoint.dir or <output_dir>/checkpoints
+  std::string tokenizer_path() const;  // data.tokenizer or model.hf_path
   bool is_set(const std::string& key) const { return origins.count(key) > 0; }
   Origin origin(const std::string& key) const;
 };

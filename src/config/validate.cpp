@@ -11,6 +11,7 @@
 #include "common/fs_util.h"
 #include "config/config.h"
 #include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "model/layout.h"
 
 namespace ptrain {
@@ -41,7 +42,7 @@ std::string at_least(int64_t v, int64_t min) {
 
 // Data file problems: existence, size, and (for token files) the header.
 std::string check_data(const Config& c) {
-  if (c.data.path.empty()) return "no data file; set data.path to a text file or a .bin token file";
+  if (c.data.path.empty()) return "no data file; set data.path to a text file, a .bin token file or a .jsonl dataset";
   if (!fs::is_regular_file(c.data.path))
     return "no such file '" + c.data.path + "' (run launch/setup.sh to build the tiny corpus, or fix the path)";
   const int64_t window = c.data.seq_len + 1;
@@ -56,6 +57,8 @@ std::string check_data(const Config& c) {
     } catch (const std::exception& e) {
       return e.what();
     }
+  } else if (c.data.format == DataFormat::jsonl) {
+    if (fs::file_size(c.data.path) == 0) return "'" + c.data.path + "' is empty; a JSONL dataset holds one record per line";
   } else if (static_cast<int64_t>(fs::file_size(c.data.path)) < 2 * window) {
     return "text file is shorter than two windows of seq_len+1 bytes";
   }
@@ -106,6 +109,36 @@ const std::vector<Rule>& rules() {
          return c.data.format == DataFormat::text && c.model.shape.vocab_size < 256
                     ? "text is tokenized to bytes (256 symbols) but model.vocab_size is " + std::to_string(c.model.shape.vocab_size)
                     : "";
+       }},
+      {"data.tokenizer", [](const Config& c, const Environment& env) -> std::string {
+         if (c.data.format != DataFormat::jsonl)
+           return !c.data.tokenizer.empty() ? "applies to data.format = \"jsonl\" only (token files are tokenized already; "
+                                               "text is read as bytes)" : "";
+         if (!env.local) return "";  // --plan: no files are read
+         if (c.tokenizer_path().empty())
+           return "data.format = \"jsonl\" needs a tokenizer: set data.tokenizer to a tokenizer.json (or the HF model "
+                  "directory holding it), or model.hf_path to a model directory that has one";
+         try {
+           const Tokenizer tok(c.tokenizer_path());
+           if (tok.vocab_size() > c.model.shape.vocab_size)
+             return "the tokenizer's ids reach " + std::to_string(tok.vocab_size() - 1) + " but model.vocab_size is " +
+                    std::to_string(c.model.shape.vocab_size) + "; use the model's own tokenizer";
+         } catch (const std::exception& e) {
+           return e.what();
+         }
+         return "";
+       }},
+      {"data.packing", [](const Config& c, const Environment&) -> std::string {
+         return c.data.packing && c.data.format != DataFormat::jsonl
+                    ? "applies to data.format = \"jsonl\" only (token streams already fill every row)" : "";
+       }},
+      {"data.train_on_prompt", [](const Config& c, const Environment&) -> std::string {
+         return c.data.train_on_prompt && c.data.format != DataFormat::jsonl
+                    ? "applies to data.format = \"jsonl\" only (text and token files train on every token)" : "";
+       }},
+      {"data.truncation", [](const Config& c, const Environment&) -> std::string {
+         return c.data.truncation == Truncation::drop && c.data.format != DataFormat::jsonl
+                    ? "applies to data.format = \"jsonl\" only (token streams are cut into windows)" : "";
        }},
       {"data.seq_len", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.seq_len, 1); }},
       {"data.seq_len", [](const Config& c, const Environment&) -> std::string {

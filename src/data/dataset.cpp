@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "common/hash.h"
 #include "data/token_file.h"
 
 namespace ptrain {
@@ -81,10 +80,6 @@ Split val_split(const TokenData& data, double val_fraction, int64_t seq_len) {
   return {data.size() - val_tokens(data, val_fraction, seq_len), data.size()};
 }
 
-namespace {
-uint64_t splitmix64(uint64_t& state) { return mix64(state += kGolden64); }
-}  // namespace
-
 WindowSampler::WindowSampler(Split split, int64_t seq_len, uint64_t seed)
     : split_(split), seq_len_(seq_len), seed_(seed), n_windows_((split.size() - 1) / seq_len) {
   if (n_windows_ < 1)
@@ -95,14 +90,7 @@ WindowSampler::WindowSampler(Split split, int64_t seq_len, uint64_t seed)
 int64_t WindowSampler::window_start(uint64_t k) {
   const int64_t epoch = static_cast<int64_t>(k / static_cast<uint64_t>(n_windows_));
   if (epoch != epoch_) {
-    // Fisher-Yates with a splitmix64 stream seeded by (seed, epoch): same order on every platform.
-    order_.resize(n_windows_);
-    for (int64_t i = 0; i < n_windows_; ++i) order_[i] = i;
-    uint64_t state = seed_ ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(epoch + 1));
-    for (int64_t i = n_windows_ - 1; i > 0; --i) {
-      const int64_t j = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(i + 1));
-      std::swap(order_[i], order_[j]);
-    }
+    order_ = epoch_order(n_windows_, seed_, epoch);
     epoch_ = epoch;
   }
   return split_.begin + order_[k % static_cast<uint64_t>(n_windows_)] * seq_len_;
@@ -119,6 +107,27 @@ at::Tensor sample_batch(const TokenData& data, WindowSampler& sampler, uint64_t 
   std::vector<int64_t> starts(count);
   for (int64_t i = 0; i < count; ++i) starts[i] = sampler.window_start(first + i);
   return windows_at(data, starts, seq_len + 1);
+}
+
+TokenRows::TokenRows(std::shared_ptr<const TokenData> data, Split train, Split val, int64_t seq_len, uint64_t seed)
+    : data_(std::move(data)), train_(train), val_(val), seq_len_(seq_len) {
+  if (train_.size() > 0) sampler_ = std::make_unique<WindowSampler>(train_, seq_len_, seed);
+}
+
+Batch TokenRows::train_rows(uint64_t first, int64_t count) {
+  if (!sampler_) throw RuntimeError("no training split");
+  return Batch::of_windows(sample_batch(*data_, *sampler_, first, count, seq_len_));
+}
+
+RowFill TokenRows::train_fill() const {
+  const int64_t rows = sampler_ ? sampler_->windows_per_epoch() : 0;
+  return {rows, rows * seq_len_, rows * seq_len_};
+}
+
+Batch TokenRows::val_batch(int64_t first, int64_t count) const {
+  std::vector<int64_t> starts;
+  for (int64_t w = first; w < std::min(first + count, val_rows()); ++w) starts.push_back(val_.begin + w * (seq_len_ + 1));
+  return Batch::of_windows(windows_at(*data_, starts, seq_len_ + 1));
 }
 
 }  // namespace ptrain

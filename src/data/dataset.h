@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "data/rows.h"
+
 namespace ptrain {
 
 class TokenData {
@@ -64,5 +66,25 @@ at::Tensor sample_batch(const TokenData& data, WindowSampler& sampler, uint64_t 
                         int64_t seq_len);
 // [count, len] int64 tensor of windows at the given token starts.
 at::Tensor windows_at(const TokenData& data, const std::vector<int64_t>& starts, int64_t len);
+
+// A token stream as rows: training windows from `train` (WindowSampler), and validation
+// windows that tile `val` without overlap, in order: window i covers tokens
+// [val.begin + i*(seq_len+1), +seq_len+1) and predicts its last seq_len from the ones before.
+// An empty `train` serves validation only (`ptrain eval`).
+class TokenRows final : public RowSource {
+ public:
+  TokenRows(std::shared_ptr<const TokenData> data, Split train, Split val, int64_t seq_len, uint64_t seed);
+  int64_t seq_len() const override { return seq_len_; }
+  Batch train_rows(uint64_t first, int64_t count) override;
+  RowFill train_fill() const override;
+  int64_t val_rows() const override { return val_.size() / (seq_len_ + 1); }
+  Batch val_batch(int64_t first, int64_t count) const override;
+
+ private:
+  std::shared_ptr<const TokenData> data_;
+  Split train_, val_;
+  int64_t seq_len_;
+  std::unique_ptr<WindowSampler> sampler_;
+};
 
 }  // namespace ptrain

@@ -105,7 +105,8 @@ class FsdpModel : public WeightSource {
   at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                           const at::Tensor& doc_ids = at::Tensor());
   // Summed loss over this rank's batch, no autograd.
-  LossSum eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk);
+  LossSum eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
+                    const at::Tensor& doc_ids = at::Tensor());
   // Logits [B*T, vocab] in float32, no autograd (tests, inspection: materialises them all).
   at::Tensor logits(const at::Tensor& inputs);
 

@@ -261,8 +261,8 @@ at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& t
   return llama_loss(*this, shape_, batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
 }
 
-LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
-  return llama_loss_sum(*this, shape_, batch_rope(inputs, at::Tensor()), inputs, targets, loss_chunk, policy_.logits_dtype);
+LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk, const at::Tensor& doc_ids) {
+  return llama_loss_sum(*this, shape_, batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
 }
 
 at::Tensor FsdpModel::logits(const at::Tensor& inputs) { return llama_logits(*this, shape_, batch_rope(inputs, at::Tensor()), inputs); }

@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -12,7 +13,12 @@
 #include "checkpoint/peft.h"
 #include "common/alloc_meter.h"
 #include "common/log.h"
+#include "common/error.h"
 #include "config/config.h"
+#include "data/dataset.h"
+#include "data/rows.h"
+#include "data/samples.h"
+#include "data/tokenizer.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "parallel/collectives.h"
@@ -74,6 +80,91 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   }
   if (!c.lora.adapter_path.empty()) model->load_adapters(read_peft(c.lora.adapter_path).tensors);
   return model;
+}
+
+namespace {
+
+std::string percent(double fraction) { return log::fixed(100.0 * fraction, 1) + "%"; }
+
+RunData token_stream(const Config& c, bool eval_only) {
+  auto data = std::make_shared<TokenData>(c.data.path, name_of(c.data.format));
+  if (data->vocab_size() > c.model.shape.vocab_size)
+    throw RuntimeError("'" + c.data.path + "' has vocabulary " + std::to_string(data->vocab_size()) + " > model.vocab_size (" +
+                       std::to_string(c.model.shape.vocab_size) + ")");
+  const int64_t T = c.data.seq_len;
+  const Split train = eval_only ? Split{0, 0} : train_split(*data, c.data.val_fraction, T);
+  const Split val = eval_only ? Split{0, data->size()} : val_split(*data, c.data.val_fraction, T);
+  RunData d;
+  d.rows = std::make_unique<TokenRows>(data, train, val, T, static_cast<uint64_t>(c.run.seed));
+  d.report.push_back("data: " + c.data.path + ": " + log::grouped(static_cast<double>(data->size())) + " tokens (train " +
+                     log::grouped(static_cast<double>(train.size())) + ", validation " + log::grouped(static_cast<double>(val.size())) +
+                     ") | " + log::grouped(static_cast<double>(d.rows->train_fill().rows)) + " training windows of " +
+                     std::to_string(T + 1) + " tokens per epoch, " + log::grouped(static_cast<double>(d.rows->val_rows())) +
+                     " validation windows");
+  return d;
+}
+
+RunData jsonl_samples(const Config& c, bool eval_only) {
+  const Tokenizer tok(c.tokenizer_path());
+  SampleOptions o;
+  o.max_ids = c.data.seq_len + 1;
+  o.drop_too_long = c.data.truncation == Truncation::drop;
+  o.train_on_prompt = c.data.train_on_prompt;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  double last = 0;
+  auto set = std::make_shared<SampleSet>(SampleSet::from_jsonl(c.data.path, tok, o, [&](int64_t done, int64_t total, int64_t ids) {
+    if (seconds() - last < 1.0 || done == total) return;
+    last = seconds();
+    log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)), " | ",
+              log::grouped(static_cast<double>(ids)), " tokens | ", log::grouped(static_cast<double>(ids) / last), " tokens/s");
+  }));
+  const double took = seconds();
+  const SampleStats& st = set->stats;
+  if (set->size() == 0)
+    throw RuntimeError("'" + c.data.path + "' has no usable sample: " + std::to_string(st.records) + " records, " +
+                       std::to_string(st.dropped_too_long) + " longer than seq_len+1 = " + std::to_string(o.max_ids) +
+                       " tokens and dropped, " + std::to_string(st.dropped_untrained) + " with nothing to train" +
+                       (st.records == 0 ? " (the file holds only blank lines)" : ""));
+  if (set->max_id() >= c.model.shape.vocab_size)
+    throw RuntimeError("'" + c.data.path + "' tokenizes to id " + std::to_string(set->max_id()) + " but model.vocab_size is " +
+                       std::to_string(c.model.shape.vocab_size) + "; use the model's own tokenizer");
+  SampleSplit split = eval_only ? SampleSplit{{}, std::vector<int64_t>(static_cast<size_t>(set->size()))}
+                                : split_samples(set->size(), c.data.val_fraction);
+  if (eval_only)
+    for (int64_t i = 0; i < set->size(); ++i) split.val[i] = i;
+  if (!eval_only && split.train.empty()) throw RuntimeError("'" + c.data.path + "' leaves no training sample after the validation split");
+  auto rows = std::make_unique<SampleRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed), c.data.packing);
+  RunData d;
+  const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
+  d.report.push_back("data: " + c.data.path + ": " + n(st.records) + " records (" + n(st.text) + " text, " + n(st.chat) + " chat, " +
+                     n(st.prompt_completion) + " prompt/completion) tokenized with " + tok.path() + " in " + log::fixed(took, 2) +
+                     " s (" + n(static_cast<int64_t>(static_cast<double>(set->total_ids()) / std::max(took, 1e-9))) + " tokens/s)");
+  d.report.push_back("samples: " + n(set->size()) + " (train " + n(static_cast<int64_t>(split.train.size())) + ", validation " +
+                     n(static_cast<int64_t>(split.val.size())) + ") | " + n(set->total_ids()) + " tokens | trained on " +
+                     n(set->total_trained()) + " = " +
+                     percent(static_cast<double>(set->total_trained()) / static_cast<double>(set->total_ids() - set->size())) +
+                     " of the predicted tokens" + (c.data.train_on_prompt ? " (train_on_prompt)" : " (replies / completions)"));
+  d.report.push_back("longer than seq_len+1 = " + std::to_string(o.max_ids) + " tokens: " + n(st.truncated) + " truncated, " +
+                     n(st.dropped_too_long) + " dropped | nothing to train: " + n(st.dropped_untrained) + " dropped");
+  const int64_t T = c.data.seq_len;
+  const RowFill tf = rows->train_fill(), vf = rows->val_fill();
+  d.report.push_back(std::string(c.data.packing ? "packing" : "padding (one sample per row)") + ": " + n(tf.rows) +
+                     " training rows of " + std::to_string(T) + " per epoch, " + percent(tf.fraction(T)) + " filled | " +
+                     n(vf.rows) + " validation rows, " + percent(vf.fraction(T)) + " filled");
+  d.rows = std::move(rows);
+  return d;
+}
+
+}  // namespace
+
+RunData open_data(const Config& c, bool eval_only) {
+  try {
+    return c.data.format == DataFormat::jsonl ? jsonl_samples(c, eval_only) : token_stream(c, eval_only);
+  } catch (const RuntimeError& e) {
+    const Config::Origin o = c.origin("data.path");
+    throw ConfigError({{o.file, o.line, "data.path", e.what()}});
+  }
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& model, std::vector<OptimTarget> targets) {

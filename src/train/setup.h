@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace ptrain {
@@ -15,6 +16,7 @@ struct DistEnv;
 class Collectives;
 class FsdpModel;
 class Optimizer;
+class RowSource;
 struct OptimTarget;
 
 // Tensors under this many elements keep float32 moments with adamw8bit (bitsandbytes' default).
@@ -35,6 +37,18 @@ std::unique_ptr<FsdpModel> build_model(const Config& config, const c10::Device& 
 // One optimizer target per trainable unit: its shard, the decayed prefix of the shard, and the
 // shard's first element in a model-wide numbering (stochastic-rounding bits).
 std::vector<OptimTarget> optim_targets(FsdpModel& model);
+
+// The rows a run reads and what they hold, for the log and `ptrain check`.
+struct RunData {
+  std::unique_ptr<RowSource> rows;
+  std::vector<std::string> report;  // lines: samples/tokens, what was cut or left out, row fill
+};
+// data.path as data.format says: windows of a token stream, or the records of a JSONL file
+// tokenized now (with data.tokenizer; progress logged each second), one per row or packed.
+// `eval_only`: every window / sample is validation (`ptrain eval`). A data file that cannot be
+// used — a malformed record (FILE:LINE), an unknown role, no usable sample — is a ConfigError
+// on data.path: nothing has started.
+RunData open_data(const Config& config, bool eval_only = false);
 
 // optimizer.name's optimizer over the model's shards (targets[i] = unit i's shard).
 std::unique_ptr<Optimizer> make_optimizer(const Config& config, const FsdpModel& model, std::vector<OptimTarget> targets);

@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <numeric>
 #include <vector>
 
+#include "common/error.h"
 #include "optim/optimizer.h"
 #include "parallel/collectives.h"
 #include "parallel/fsdp.h"
@@ -13,18 +15,37 @@
 namespace ptrain {
 
 namespace {
-// Forward and backward of every micro-batch; returns this rank's mean loss.
-double accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o) {
-  double loss_sum = 0.0;
+struct Accumulated {
+  double loss = 0.0;  // mean over the step's trained tokens, all ranks
+  int64_t tokens = 0;
+};
+
+// Forward and backward of every micro-batch. Micro-batch a's mean loss is weighted by its share
+// of the step's trained tokens, times the world size that the gradients' reduce-scatter
+// averages over; so the gradient is that of the mean over all the step's trained tokens.
+Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o) {
+  std::vector<Batch> batches;
+  std::vector<int64_t> counts;
   for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
-    const at::Tensor batch = micro_batch(a);
-    const int64_t T = batch.size(1) - 1;
-    at::Tensor loss = model.forward_loss(batch.narrow(1, 0, T), batch.narrow(1, 1, T), o.loss_chunk);
-    (loss / static_cast<double>(o.grad_accum_steps)).backward();
-    model.finish_backward();  // normally a no-op: the embedding's reduce-scatter completes the last one
-    loss_sum += loss.item<double>();
+    batches.push_back(micro_batch(a));
+    counts.push_back(batches.back().trained_tokens());
   }
-  return loss_sum / static_cast<double>(o.grad_accum_steps);
+  Collectives& comm = model.comm();
+  at::Tensor total = at::tensor({static_cast<double>(std::accumulate(counts.begin(), counts.end(), int64_t{0}))}, at::kDouble);
+  comm.all_reduce_sum(total);
+  const double n = total.item<double>();
+  if (n <= 0) throw RuntimeError("a training step has no trained tokens (every target is masked); check the data's loss mask");
+  at::Tensor loss_sum = at::zeros({1}, at::kDouble);
+  for (size_t a = 0; a < batches.size(); ++a) {
+    const Batch& b = batches[a];
+    at::Tensor loss = model.forward_loss(b.inputs, b.targets, o.loss_chunk, b.doc_ids);
+    const double weight = static_cast<double>(counts[a]) * comm.world_size() / n;
+    if (weight > 0) (loss * weight).backward();
+    model.finish_backward();  // normally a no-op: the embedding's reduce-scatter completes the last one
+    loss_sum += loss.item<double>() * static_cast<double>(counts[a]);
+  }
+  comm.all_reduce_sum(loss_sum);
+  return {loss_sum.item<double>() / n, static_cast<int64_t>(n)};
 }
 }  // namespace
 
@@ -32,7 +53,9 @@ StepResult train_step(FsdpModel& model, Optimizer& optim, const MicroBatchFn& mi
                       const StepOptions& options) {
   model.zero_grad();
   StepResult r;
-  r.loss = accumulate(model, micro_batch, options);
+  const Accumulated acc = accumulate(model, micro_batch, options);
+  r.loss = acc.loss;
+  r.trained_tokens = acc.tokens;
   std::vector<at::Tensor> grads;
   for (auto& u : model.trainable_units()) grads.push_back(u.shard.grad());
   r.grad_norm = clip_grad_norm(grads, options.max_grad_norm, &model.comm());
@@ -51,7 +74,9 @@ StepResult train_step_in_backward(FsdpModel& model, Optimizer& optim, const Micr
   };
   StepResult r;
   try {
-    r.loss = accumulate(model, micro_batch, options);
+    const Accumulated acc = accumulate(model, micro_batch, options);
+    r.loss = acc.loss;
+    r.trained_tokens = acc.tokens;
   } catch (...) {
     model.on_grad_ready = nullptr;
     throw;

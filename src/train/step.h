@@ -1,11 +1,16 @@
 // One optimizer step — the data flow every training run repeats: for each micro-batch,
 // forward through the FSDP units -> chunked loss -> backward (reduce-scatters into the shard
 // gradients); then global-norm clip and the optimizer step on this rank's shards.
+//
+// The step's loss is the mean over every trained token of the step — all micro-batches of all
+// ranks — so a token weighs the same whichever micro-batch holds it (masked chat data gives
+// micro-batches different numbers of trained tokens; token windows give equal ones, where this
+// is the plain mean of the micro-batch means).
 #pragma once
-#include <ATen/Tensor.h>
-
 #include <cstdint>
 #include <functional>
+
+#include "data/batch.h"
 
 namespace ptrain {
 
@@ -13,8 +18,9 @@ class FsdpModel;
 class Optimizer;
 
 struct StepResult {
-  double loss = 0.0;       // this rank's mean loss over its micro-batches (nats/token)
-  double grad_norm = 0.0;  // global L2 norm of the gradients before clipping, over all ranks
+  double loss = 0.0;           // mean loss over the step's trained tokens, all ranks (nats/token)
+  double grad_norm = 0.0;      // global L2 norm of the gradients before clipping, over all ranks
+  int64_t trained_tokens = 0;  // the step's trained tokens, all ranks
 };
 
 struct StepOptions {
@@ -23,9 +29,9 @@ struct StepOptions {
   int64_t loss_chunk = 1024;     // tokens per chunk of the output projection + loss
 };
 
-// `micro_batch(a)` gives micro-batch a (0 <= a < grad_accum_steps) of this rank: token ids
-// [B, T+1] on the model's device; inputs are [:, :T], targets [:, 1:].
-using MicroBatchFn = std::function<at::Tensor(int64_t)>;
+// `micro_batch(a)` gives micro-batch a (0 <= a < grad_accum_steps) of this rank on the model's
+// device. A step whose micro-batches train no token at all is an error.
+using MicroBatchFn = std::function<Batch(int64_t)>;
 
 // The common step: gradients accumulate in the shards' .grad(), then clip, then step at `lr`.
 StepResult train_step(FsdpModel& model, Optimizer& optim, const MicroBatchFn& micro_batch, double lr,

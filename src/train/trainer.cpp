@@ -14,7 +14,7 @@
 #include "common/fs_util.h"
 #include "common/log.h"
 #include "config/config.h"
-#include "data/dataset.h"
+#include "data/rows.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/collectives.h"
@@ -69,7 +69,7 @@ void sync(const c10::Device& device) {
 // One step as every rank agrees on it.
 struct StepRecord {
   StepResult result;   // this rank's loss, the global gradient norm
-  double loss = 0.0;   // mean over ranks
+  double loss = 0.0;   // mean over the step's trained tokens, all ranks
   double lr = 0.0;
   double seconds = 0.0;
   CommStats comm;      // this step's collectives
@@ -89,10 +89,8 @@ class Run {
         ws_(comm_->world_size()),
         out_dir_(c.output_dir()),
         schedule_{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, name_of(c.lr_schedule.decay), c.lr_schedule.min_lr_ratio},
-        data_(c.data.path, name_of(c.data.format)),
-        train_part_(train_split(data_, c.data.val_fraction, c.data.seq_len)),
-        val_part_(val_split(data_, c.data.val_fraction, c.data.seq_len)),
-        sampler_(train_part_, c.data.seq_len, static_cast<uint64_t>(c.run.seed)) {
+        data_(open_data(c)) {
+    for (const auto& line : data_.report) log::info(line);
     if (rank_ == 0) {
       fs::create_directories(out_dir_);
       write_file_atomic(out_dir_ + "/config.resolved.toml", to_toml(c));
@@ -113,7 +111,7 @@ class Run {
     log::info("ptrain ", PTRAIN_VERSION, " | model ", log::grouped(model_->num_params()), " params | ", name_of(c.precision.mode), " on ",
               device_.str(), " x ", ws_, " rank(s) (", comm_->name(), ") | ", at::get_num_threads(), " threads/rank | global batch ",
               B, "x", T, " x", c.training.grad_accum_steps, " accum x", ws_, " ranks = ", tokens_per_step_, " tokens/step | ",
-              sampler_.windows_per_epoch(), " windows/epoch");
+              data_.rows->train_fill().rows, " rows/epoch");
     if (model_->policy().logits_dtype != at::kFloat)
       log::warn("precision.logits_dtype = \"bfloat16\": logits are rounded to bfloat16 before the loss; this saves at most "
                 "one loss chunk of memory and costs loss accuracy (float32 is the default)");
@@ -128,23 +126,23 @@ class Run {
     const double t0 = now_s();
     comm_->stats.reset();
     s.lr = schedule_.lr(progress.step);
-    const int64_t B = c_.data.micro_batch_size, T = c_.data.seq_len;
-    // Global sample order: micro-batch a of rank r takes samples (a*ws + r)*B ... of this step.
+    const int64_t B = c_.data.micro_batch_size;
+    // Global row order: micro-batch a of rank r takes rows (a*ws + r)*B ... of this step.
     auto micro_batch = [&](int64_t a) {
-      return sample_batch(data_, sampler_, progress.samples + static_cast<uint64_t>((a * ws_ + rank_) * B), B, T).to(device_);
+      return data_.rows->train_rows(progress.samples + static_cast<uint64_t>((a * ws_ + rank_) * B), B).to(device_);
     };
     const StepOptions options{c_.training.grad_accum_steps, c_.training.max_grad_norm, c_.memory.loss_chunk_tokens};
     s.result = c_.optimizer.in_backward ? train_step_in_backward(*model_, *optim_, micro_batch, s.lr, options)
                                         : train_step(*model_, *optim_, micro_batch, s.lr, options);
     progress.samples += static_cast<uint64_t>(B * c_.training.grad_accum_steps * ws_);
     ++progress.step;
-    at::Tensor agree = at::tensor({s.result.loss, g_stop_signal.load() ? 1.0 : 0.0}, at::kDouble);
+    at::Tensor agree = at::tensor({g_stop_signal.load() ? 1.0 : 0.0}, at::kDouble);
     comm_->all_reduce_sum(agree);
     sync(device_);
     s.seconds = now_s() - t0;
     s.comm = comm_->stats;
-    s.loss = agree[0].item<double>() / ws_;
-    s.stop = agree[1].item<double>() > 0;
+    s.loss = s.result.loss;  // the step's mean over all ranks' trained tokens
+    s.stop = agree[0].item<double>() > 0;
     if (!std::isfinite(s.loss))
       throw RuntimeError("loss became " + std::to_string(s.loss) + " at step " + std::to_string(progress.step) +
                          "; lower optimizer.lr or check the data");
@@ -172,6 +170,7 @@ class Run {
                        {"peak_mem_source", peak.source},
                        {"world_size", static_cast<int64_t>(ws_)},
                        {"tokens_seen", static_cast<int64_t>(progress.samples) * c_.data.seq_len},
+                       {"trained_tokens", s.result.trained_tokens},
                        {"comm_all_gather_bytes", s.comm.all_gather_bytes},
                        {"comm_reduce_scatter_bytes", s.comm.reduce_scatter_bytes},
                        {"comm_all_reduce_bytes", s.comm.all_reduce_bytes},
@@ -183,9 +182,9 @@ class Run {
   }
 
   void eval() {
-    const int64_t T = c_.data.seq_len, B = c_.data.micro_batch_size;
-    if (val_part_.size() <= T) return;
-    EvalResult e = evaluate(*model_, data_, val_part_.begin, val_part_.end, T, B, c_.memory.loss_chunk_tokens, c_.training.eval_batches * B);
+    const int64_t B = c_.data.micro_batch_size;
+    if (data_.rows->val_rows() == 0) return;
+    EvalResult e = evaluate(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, c_.training.eval_batches * B);
     if (metrics_) metrics_->write({{"step", progress.step}, {"val_loss", e.mean_loss}, {"val_ppl", e.perplexity}, {"val_tokens", e.tokens}});
     log::info("eval  step ", progress.step, " | val_loss ", log::fixed(e.mean_loss, 4), " | val_ppl ", log::fixed(e.perplexity, 2),
               " | ", e.tokens, " tokens");
@@ -221,9 +220,7 @@ class Run {
   int rank_ = 0, ws_ = 1;
   std::string out_dir_;
   LrSchedule schedule_;
-  TokenData data_;
-  Split train_part_, val_part_;
-  WindowSampler sampler_;
+  RunData data_;
   std::unique_ptr<FsdpModel> model_;
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<MetricsWriter> metrics_;
@@ -252,22 +249,18 @@ int train(const Config& c) {
   return run.done();
 }
 
-EvalResult evaluate(FsdpModel& model, const TokenData& data, int64_t begin, int64_t end, int64_t seq_len, int64_t batch,
-                    int64_t loss_chunk, int64_t max_windows) {
-  const int64_t stride = seq_len + 1;
-  int64_t n = (end - begin) / stride;
-  if (max_windows >= 0) n = std::min(n, max_windows);
+EvalResult evaluate(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk, int64_t max_rows) {
+  int64_t n = data.val_rows();
+  if (max_rows >= 0) n = std::min(n, max_rows);
   EvalResult r;
   double sum = 0.0;
   for (int64_t first = 0; first < n; first += batch) {
-    std::vector<int64_t> starts;
-    for (int64_t w = first; w < std::min(n, first + batch); ++w) starts.push_back(begin + w * stride);
-    at::Tensor win = windows_at(data, starts, stride).to(model.device());
-    LossSum s = model.eval_loss(win.narrow(1, 0, seq_len), win.narrow(1, 1, seq_len), loss_chunk);
+    const Batch b = data.val_batch(first, std::min(batch, n - first)).to(model.device());
+    LossSum s = model.eval_loss(b.inputs, b.targets, loss_chunk, b.doc_ids);
     sum += s.sum;
     r.tokens += s.tokens;
   }
-  r.windows = n;
+  r.rows = n;
   r.mean_loss = r.tokens ? sum / static_cast<double>(r.tokens) : 0.0;
   r.perplexity = std::exp(r.mean_loss);
   return r;

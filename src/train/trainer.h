@@ -1,4 +1,4 @@
-// The training loop (`ptrain train`) and evaluation over held-out windows.
+// The training loop (`ptrain train`) and evaluation over held-out rows.
 #pragma once
 #include <cstdint>
 
@@ -6,7 +6,7 @@ namespace ptrain {
 
 struct Config;
 class FsdpModel;
-class TokenData;
+class RowSource;
 
 // Runs training as configured on every rank; returns the process exit code (0, or 130 when
 // stopped by SIGINT/SIGTERM after writing a checkpoint).
@@ -15,13 +15,11 @@ int train(const Config& config);
 struct EvalResult {
   double mean_loss = 0.0;  // nats per token
   double perplexity = 0.0;
-  int64_t tokens = 0;      // predicted tokens scored
-  int64_t windows = 0;
+  int64_t tokens = 0;      // predicted (trained) tokens scored
+  int64_t rows = 0;
 };
-// Scores every consecutive non-overlapping window of seq_len+1 tokens in [begin, end), in
-// order, `batch` windows at a time (collective: every rank scores the same windows).
-// max_windows < 0 means all.
-EvalResult evaluate(FsdpModel& model, const TokenData& data, int64_t begin, int64_t end, int64_t seq_len,
-                    int64_t batch, int64_t loss_chunk, int64_t max_windows = -1);
+// Scores the validation rows of `data` in order, `batch` rows at a time (collective: every rank
+// scores the same rows); the loss is the mean over their trained targets. max_rows < 0: all.
+EvalResult evaluate(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk, int64_t max_rows = -1);
 
 }  // namespace ptrain

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Every config in tests/configs/bad/ makes the real binary exit 2, before anything starts,
+# Every config in tests/configs/bad/ makes the real binary exit 2, before anything starts
+# (a JSONL file's content is found bad when `check` reads the dataset),
 # with `error: FILE:LINE: KEY:` for the key named in the file's "# expect: KEY LINE" header.
 set -u
 bin=$1; dir=$2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 head -c 20000 /dev/zero | tr '\0' 'a' > "$tmp/corpus.txt"
+# The JSONL datasets and tokenizers the data.* cases name (relative to the config).
+ln -s "$(cd "$dir" && pwd)/data" "$tmp/data"
 has_gpu=0; command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
 pass=0; fail=0; skipped=0
 for f in "$dir"/*.toml; do

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     const StepOptions options{1, std::stod(meta.at("max_grad_norm")), 37};
     at::Tensor losses = at::zeros({tokens.size(0)}, at::kDouble);
     for (int64_t step = 0; step < tokens.size(0); ++step) {
-      const StepResult r = train_step(model, optim, [&](int64_t) { return my_rows(step); }, lrs[step].item<double>(), options);
+      const StepResult r = train_step(model, optim, [&](int64_t) { return Batch::of_windows(my_rows(step)); }, lrs[step].item<double>(), options);
       losses[step] = r.loss / static_cast<double>(ws);
     }
     comm->all_reduce_sum(losses);

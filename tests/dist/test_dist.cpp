@@ -367,6 +367,21 @@ TEST(Dist, LoraMatchesAcrossWorldSizes) {
   expect_same_curve(runs, 8, 1e-5);
 }
 
+// A JSONL chat dataset, padded and packed: a step's loss is the mean over the trained tokens of
+// all ranks, so np = 1, 2 and 3 (whose ranks hold different numbers of trained tokens) train
+// the same losses.
+TEST(Dist, JsonlChatsTrainTheSameLossesAtAnyWorldSize) {
+  for (const char* packing : {"false", "true"}) {
+    SCOPED_TRACE(std::string("packing = ") + packing);
+    test::TempDir dir;
+    const std::string data = test::chat_jsonl(dir / "chats.jsonl", 150);
+    auto runs = runs_at(dir, "--set data.format=jsonl --set data.path=" + data + " --set data.packing=" + packing +
+                                 " --set data.seq_len=96 --set training.steps=6 --set optimizer.lr=1e-2",
+                        {1, 2, 3}, "hf_path = \"" + test::fixture("hf_chat") + "\"\n");
+    expect_same_curve(runs, 6, 1e-5);
+  }
+}
+
 // QLoRA with the NF4 base sharded like every unit: np = 1, 2 and 3 train the same losses; each
 // rank holds 1/np of the 4-bit bytes (plus alignment padding), as `ptrain check` predicts; and
 // the all-gathers carry each block's 4-bit bytes, not its matrices in the compute dtype.

@@ -8,17 +8,21 @@
 #include <regex>
 
 #include "config/config.h"
+#include "data/rows.h"
 #include "test_util.h"
+#include "train/setup.h"
 
 using namespace ptrain;
 namespace fs = std::filesystem;
 
 namespace {
-// Loads `path` from inside a temp dir holding corpus.txt (the bad configs' relative data
-// path); data.path is supplied by override when the file does not set it.
+// Loads `path` from inside a temp dir holding corpus.txt and data/ (the bad configs' relative
+// data paths) and then opens its data, as `ptrain check` does; data.path is supplied by override
+// when the file does not set it.
 std::vector<ConfigProblem> problems_of(const std::string& path, const Environment& env) {
   test::TempDir dir;
   test::write_text(dir / "corpus.txt", test::synthetic_corpus(20000));
+  fs::create_directory_symlink(fs::path(path).parent_path() / "data", dir / "data");
   const auto cwd = fs::current_path();
   fs::current_path(dir.path);
   std::ifstream in(path);
@@ -27,7 +31,8 @@ std::vector<ConfigProblem> problems_of(const std::string& path, const Environmen
   if (!std::regex_search(text, std::regex("(^|\n)path *="))) sets.push_back("data.path=corpus.txt");
   std::vector<ConfigProblem> out;
   try {
-    load_config(path, sets, env);
+    const Config c = load_config(path, sets, env);
+    open_data(c);
   } catch (const ConfigError& e) {
     out = e.problems;
   }

@@ -58,6 +58,31 @@ inline std::string synthetic_corpus(size_t bytes, uint32_t seed = 7) {
   return out;
 }
 
+// n seeded chats as JSONL ({"messages": ...} per line) of varied lengths: an optional system
+// turn, one to three exchanges, replies of 1 to 12 words; trained tokens per sample vary.
+inline std::string chat_jsonl(const std::string& path, int n, uint32_t seed = 3) {
+  static const std::vector<std::string> words{"the", "model", "trains", "shards", "gradient", "memory", "rank", "token",
+                                              "layer", "weights", "12", "345", "café", "日本語"};
+  std::mt19937 rng(seed);
+  auto sentence = [&](int k) {
+    std::string s;
+    for (int i = 0; i < k; ++i) s += (i ? " " : "") + words[rng() % words.size()];
+    return s;
+  };
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    out += "{\"messages\": [";
+    if (rng() % 2) out += "{\"role\": \"system\", \"content\": \"Answer briefly.\"}, ";
+    const int turns = 1 + static_cast<int>(rng() % 3);
+    for (int t = 0; t < turns; ++t)
+      out += std::string(t ? ", " : "") + "{\"role\": \"user\", \"content\": \"" + sentence(1 + static_cast<int>(rng() % 6)) +
+             "?\"}, {\"role\": \"assistant\", \"content\": \"" + sentence(1 + static_cast<int>(rng() % 12)) + ".\"}";
+    out += "]}\n";
+  }
+  write_text(path, out);
+  return path;
+}
+
 // The [model] section of the small test model: dim 64, 2 layers, GQA 4/2.
 inline const std::string kSmallModel =
     "preset = \"tiny\"\ndim = 64\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_dim = 160\n";

@@ -1,0 +1,21 @@
+// One micro-batch as the model takes it: inputs and next-token targets, and for packed rows the
+// document each position belongs to.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+
+namespace ptrain {
+
+struct Batch {
+  at::Tensor inputs;   // [B, T] token ids (int64)
+  at::Tensor targets;  // [B, T] the id each position predicts, -100 where nothing is trained
+  at::Tensor doc_ids;  // [B, T] document of each position (packed rows), or undefined
+  // Positions whose target is trained (not -100).
+  int64_t trained_tokens() const;
+  Batch to(const c10::Device& device) const;
+  // Inputs [:, :T] and targets [:, 1:] of windows [B, T+1] of a token stream.
+  static Batch of_windows(const at::Tensor& windows);
+};
+
+}  // namespace ptrain

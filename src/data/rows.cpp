@@ -1,0 +1,160 @@
+#include "data/rows.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "common/hash.h"
+#include "data/samples.h"
+#include "model/loss.h"
+
+namespace ptrain {
+
+namespace {
+constexpr uint64_t kSplitSeed = 0x7A1D5EEDull;  // the train/val draw: fixed, not run.seed
+}  // namespace
+
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  uint64_t state = seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(epoch + 1));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(mix64(state += kGolden64) % static_cast<uint64_t>(i + 1));
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
+
+SampleSplit split_samples(int64_t n, double val_fraction) {
+  int64_t n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * val_fraction));
+  if (val_fraction > 0 && n >= 2) n_val = std::max<int64_t>(n_val, 1);
+  n_val = std::min(n_val, n - 1);
+  if (n_val < 0) n_val = 0;
+  const std::vector<int64_t> order = epoch_order(n, kSplitSeed, 0);
+  SampleSplit s;
+  s.val.assign(order.begin(), order.begin() + n_val);
+  s.train.assign(order.begin() + n_val, order.end());
+  std::sort(s.val.begin(), s.val.end());
+  std::sort(s.train.begin(), s.train.end());
+  return s;
+}
+
+SampleRows::SampleRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed, bool packing)
+    : set_(std::move(set)), split_(std::move(split)), seq_len_(seq_len), seed_(seed), packing_(packing) {
+  for (int64_t i = 0; i < set_->size(); ++i)
+    if (set_->length(i) - 1 > seq_len_)
+      throw RuntimeError(set_->source() + ":" + std::to_string(set_->line(i)) + ": a sample of " + std::to_string(set_->length(i)) +
+                         " ids does not fit a row of seq_len " + std::to_string(seq_len_));
+  val_starts_ = row_starts(split_.val);
+  val_fill_ = fill(split_.val, val_starts_);
+  if (!split_.train.empty()) {
+    load_epoch(0);
+    train_fill_ = fill(order_, starts_);
+  }
+}
+
+std::vector<int64_t> SampleRows::row_starts(const std::vector<int64_t>& samples) const {
+  std::vector<int64_t> starts{0};
+  int64_t used = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const int64_t n = set_->length(samples[i]) - 1;
+    if (i > 0 && (!packing_ || used + n > seq_len_)) {
+      starts.push_back(static_cast<int64_t>(i));
+      used = 0;
+    }
+    used += n;
+  }
+  if (!samples.empty()) starts.push_back(static_cast<int64_t>(samples.size()));
+  return starts;
+}
+
+RowFill SampleRows::fill(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts) const {
+  RowFill f;
+  f.rows = static_cast<int64_t>(starts.size()) - 1;
+  for (int64_t s : samples) {
+    f.positions += set_->length(s) - 1;
+    const uint8_t* t = set_->trained(s);
+    for (int64_t i = 1; i < set_->length(s); ++i) f.trained += t[i];
+  }
+  return f;
+}
+
+void SampleRows::load_epoch(int64_t epoch) {
+  if (epoch == epoch_) return;
+  const std::vector<int64_t> order = epoch_order(static_cast<int64_t>(split_.train.size()), seed_, epoch);
+  order_.resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) order_[i] = split_.train[order[i]];
+  starts_ = row_starts(order_);
+  epoch_ = epoch;
+  if (static_cast<int64_t>(epoch_rows_.size()) == epoch) epoch_rows_.push_back(static_cast<int64_t>(starts_.size()) - 1);
+}
+
+Batch SampleRows::train_rows(uint64_t first, int64_t count) {
+  if (split_.train.empty()) throw RuntimeError(set_->source() + ": no training samples");
+  std::vector<std::pair<int64_t, int64_t>> where;  // (epoch, row) of each requested row
+  for (int64_t r = 0; r < count; ++r) {
+    auto k = static_cast<int64_t>(first) + r;
+    int64_t epoch = 0;
+    for (;; ++epoch) {
+      if (epoch >= static_cast<int64_t>(epoch_rows_.size())) load_epoch(epoch);  // counts its rows
+      if (k < epoch_rows_[epoch]) break;
+      k -= epoch_rows_[epoch];
+    }
+    where.emplace_back(epoch, k);
+  }
+  // The rows of one batch lie in at most two epochs; gather them epoch by epoch.
+  std::vector<Batch> parts;
+  for (size_t i = 0; i < where.size();) {
+    load_epoch(where[i].first);
+    std::vector<int64_t> which;
+    size_t j = i;
+    for (; j < where.size() && where[j].first == where[i].first; ++j) which.push_back(where[j].second);
+    parts.push_back(rows(order_, starts_, which));
+    i = j;
+  }
+  if (parts.size() == 1) return parts[0];
+  std::vector<at::Tensor> in, tg, dc;
+  for (auto& p : parts) {
+    in.push_back(p.inputs);
+    tg.push_back(p.targets);
+    if (p.doc_ids.defined()) dc.push_back(p.doc_ids);
+  }
+  return {at::cat(in), at::cat(tg), dc.empty() ? at::Tensor() : at::cat(dc)};
+}
+
+Batch SampleRows::val_batch(int64_t first, int64_t count) const {
+  std::vector<int64_t> which;
+  for (int64_t r = first; r < std::min(first + count, val_rows()); ++r) which.push_back(r);
+  return rows(split_.val, val_starts_, which);
+}
+
+Batch SampleRows::rows(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts,
+                       const std::vector<int64_t>& which) const {
+  const auto B = static_cast<int64_t>(which.size());
+  const int64_t T = seq_len_;
+  at::Tensor inputs = at::zeros({B, T}, at::kLong), targets = at::full({B, T}, kIgnoreIndex, at::kLong);
+  at::Tensor docs = packing_ ? at::empty({B, T}, at::kLong) : at::Tensor();
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* tg = targets.data_ptr<int64_t>();
+  int64_t* dc = packing_ ? docs.data_ptr<int64_t>() : nullptr;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t pos = b * T, doc = 0;
+    for (int64_t i = starts[which[b]]; i < starts[which[b] + 1]; ++i, ++doc) {
+      const int64_t s = samples[i], n = set_->length(s);
+      const int32_t* ids = set_->ids(s);
+      const uint8_t* trained = set_->trained(s);
+      for (int64_t t = 0; t + 1 < n; ++t, ++pos) {
+        in[pos] = ids[t];
+        if (trained[t + 1]) tg[pos] = ids[t + 1];
+        if (dc) dc[pos] = doc;
+      }
+    }
+    if (dc)
+      for (; pos < (b + 1) * T; ++pos) dc[pos] = doc;  // padding: a document of its own
+  }
+  return {inputs, targets, docs};
+}
+
+}  // namespace ptrain

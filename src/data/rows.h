@@ -1,0 +1,87 @@
+// Rows: what training and evaluation read. A row is seq_len positions, each an input id and
+// the id it predicts (or -100). Row k of the training order is a pure function of the data,
+// the seed and k — epochs follow one another, each in an order drawn from (seed, epoch) — so
+// the checkpointed row counter is the whole data position and resume is exact, at any world
+// size. Two sources: windows of a token stream (TokenRows, dataset.h) and samples of a JSONL
+// file (SampleRows), one per row or packed.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/batch.h"
+
+namespace ptrain {
+
+class SampleSet;
+
+// 0..n-1 in the order of epoch `epoch`: Fisher-Yates with a splitmix64 stream seeded by
+// (seed, epoch), identical on every platform.
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
+
+// How full the rows are: real positions / (rows * seq_len).
+struct RowFill {
+  int64_t rows = 0;
+  int64_t positions = 0;  // positions holding a sample's token (the rest is padding)
+  int64_t trained = 0;    // positions whose target is trained
+  double fraction(int64_t seq_len) const {
+    return rows ? static_cast<double>(positions) / static_cast<double>(rows * seq_len) : 0.0;
+  }
+};
+
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  virtual int64_t seq_len() const = 0;
+  // Training rows first .. first+count-1 of the run, on the host.
+  virtual Batch train_rows(uint64_t first, int64_t count) = 0;
+  virtual RowFill train_fill() const = 0;  // of the first epoch
+  // The validation rows, in a fixed order.
+  virtual int64_t val_rows() const = 0;
+  virtual Batch val_batch(int64_t first, int64_t count) const = 0;
+};
+
+// The validation samples: round(n * val_fraction) of them, at least one when val_fraction > 0
+// and n >= 2, drawn with a fixed seed — the same for every run over the same file, whatever
+// run.seed — and the rest for training; both in file order.
+struct SampleSplit {
+  std::vector<int64_t> train, val;
+};
+SampleSplit split_samples(int64_t n, double val_fraction);
+
+// Samples as rows. Without packing each row holds one sample, padded. With packing, each
+// epoch's order is cut into rows next-fit: samples are added to a row while they fit, and a
+// sample never spans two rows; positions restart in each sample and attention stays inside it
+// (Batch::doc_ids). A sample of n ids takes n-1 positions: inputs ids[0..n-2], targets ids[1..].
+class SampleRows final : public RowSource {
+ public:
+  SampleRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed, bool packing);
+  int64_t seq_len() const override { return seq_len_; }
+  Batch train_rows(uint64_t first, int64_t count) override;
+  RowFill train_fill() const override { return train_fill_; }
+  int64_t val_rows() const override { return static_cast<int64_t>(val_starts_.size()) - 1; }
+  Batch val_batch(int64_t first, int64_t count) const override;
+  RowFill val_fill() const { return val_fill_; }
+  const SampleSplit& split() const { return split_; }
+
+ private:
+  // Rows over `samples` (in order): row r holds samples[starts[r] .. starts[r+1]).
+  std::vector<int64_t> row_starts(const std::vector<int64_t>& samples) const;
+  RowFill fill(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts) const;
+  void load_epoch(int64_t epoch);
+  Batch rows(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts, const std::vector<int64_t>& which) const;
+
+  std::shared_ptr<const SampleSet> set_;
+  SampleSplit split_;
+  int64_t seq_len_;
+  uint64_t seed_;
+  bool packing_;
+  std::vector<int64_t> epoch_rows_;  // rows of each epoch computed so far
+  int64_t epoch_ = -1;                // the epoch held below
+  std::vector<int64_t> order_, starts_;
+  std::vector<int64_t> val_starts_;
+  RowFill train_fill_, val_fill_;
+};
+
+}  // namespace ptrain

@@ -1,0 +1,131 @@
+#include "data/samples.h"
+
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "common/error.h"
+#include "common/fs_util.h"
+#include "data/tokenizer.h"
+
+namespace ptrain {
+
+using nlohmann::json;
+
+namespace {
+
+const std::string& string_field(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_string()) throw RuntimeError(std::string("\"") + key + "\" must be a string");
+  return v.get_ref<const std::string&>();
+}
+
+std::vector<ChatMessage> messages_of(const json& j) {
+  const json& list = j.at("messages");
+  if (!list.is_array() || list.empty()) throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
+  std::vector<ChatMessage> out;
+  for (const json& m : list) {
+    if (!m.is_object() || !m.contains("role") || !m.contains("content"))
+      throw RuntimeError("each message needs \"role\" and \"content\"");
+    out.push_back({string_field(m, "role"), string_field(m, "content")});
+  }
+  return out;
+}
+
+// <|begin_of_text|> parts... <|end_of_text|>, each part trained or not; the markers are left
+// out where the tokenizer has none.
+Sample document(const Tokenizer& tok, const std::vector<std::pair<std::string, bool>>& parts, bool train_all) {
+  Sample s;
+  auto add = [&](const std::vector<int32_t>& ids, bool trained) {
+    s.ids.insert(s.ids.end(), ids.begin(), ids.end());
+    s.trained.insert(s.trained.end(), ids.size(), trained || train_all);
+  };
+  if (auto bos = tok.id_of("<|begin_of_text|>")) add({*bos}, false);
+  for (const auto& [text, trained] : parts) add(tok.encode(text), trained);
+  if (auto eos = tok.id_of("<|end_of_text|>")) add({*eos}, true);
+  return s;
+}
+
+}  // namespace
+
+Sample render_record(const Tokenizer& tok, const std::string& line, bool train_on_prompt, SampleStats& stats) {
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const json::exception& e) {
+    throw RuntimeError(std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) throw RuntimeError("a record must be a JSON object");
+  if (j.contains("messages")) {
+    ++stats.chat;
+    return render_chat(tok, messages_of(j), train_on_prompt);
+  }
+  if (j.contains("prompt") || j.contains("completion")) {
+    if (!j.contains("prompt") || !j.contains("completion"))
+      throw RuntimeError("a prompt/completion record needs both \"prompt\" and \"completion\"");
+    ++stats.prompt_completion;
+    return document(tok, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}}, train_on_prompt);
+  }
+  if (j.contains("text")) {
+    ++stats.text;
+    return document(tok, {{string_field(j, "text"), true}}, true);
+  }
+  std::string keys;
+  for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+  throw RuntimeError("a record needs \"text\", \"messages\", or \"prompt\" and \"completion\" (it has: " +
+                     (keys.empty() ? std::string("nothing") : keys) + ")");
+}
+
+bool SampleSet::add(const Sample& s, int64_t line) {
+  int64_t trained = 0;
+  for (size_t t = 1; t < s.ids.size(); ++t) trained += s.trained[t] ? 1 : 0;
+  if (trained == 0) {
+    ++stats.dropped_untrained;
+    return false;
+  }
+  ids_.insert(ids_.end(), s.ids.begin(), s.ids.end());
+  trained_.insert(trained_.end(), s.trained.begin(), s.trained.end());
+  offsets_.push_back(static_cast<int64_t>(ids_.size()));
+  lines_.push_back(line);
+  total_trained_ += trained;
+  for (int32_t id : s.ids) max_id_ = std::max(max_id_, id);
+  return true;
+}
+
+SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, const SampleOptions& o,
+                                const std::function<void(int64_t, int64_t, int64_t)>& progress) {
+  const std::string data = read_text_file(path);
+  SampleSet set;
+  set.source_ = path;
+  size_t pos = 0;
+  int64_t line = 0;
+  while (pos < data.size()) {
+    size_t end = data.find('\n', pos);
+    end = end == std::string::npos ? data.size() : end + 1;
+    ++line;
+    const std::string record = data.substr(pos, end - pos);
+    pos = end;
+    if (record.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+    ++set.stats.records;
+    Sample s;
+    try {
+      s = render_record(tok, record, o.train_on_prompt, set.stats);
+    } catch (const std::exception& e) {
+      throw RuntimeError(path + ":" + std::to_string(line) + ": " + e.what());
+    }
+    if (o.max_ids > 0 && static_cast<int64_t>(s.ids.size()) > o.max_ids) {
+      if (o.drop_too_long) {
+        ++set.stats.dropped_too_long;
+        continue;
+      }
+      ++set.stats.truncated;
+      s.ids.resize(o.max_ids);
+      s.trained.resize(o.max_ids);
+    }
+    set.add(s, line);
+    if (progress && (set.stats.records % 1000 == 0)) progress(static_cast<int64_t>(pos), static_cast<int64_t>(data.size()), set.total_ids());
+  }
+  if (progress) progress(static_cast<int64_t>(data.size()), static_cast<int64_t>(data.size()), set.total_ids());
+  return set;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,69 @@
+// Training samples from a JSONL file, tokenized as the file is read: each line one record,
+//   {"text": "..."}                        <|begin_of_text|> text <|end_of_text|>, all trained
+//   {"messages": [{"role", "content"}..]}   Llama 3 Instruct's chat template (chat.h); only the
+//                                          assistant replies are trained
+//   {"prompt": "...", "completion": "..."}  <|begin_of_text|> prompt completion <|end_of_text|>;
+//                                          the completion and <|end_of_text|> are trained
+// (`train_on_prompt` trains every token). A sample longer than `max_ids` is cut to its first
+// `max_ids` ids or dropped; one with nothing left to train is dropped. Both are counted.
+// A malformed record or an unknown role throws RuntimeError naming FILE:LINE.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "data/chat.h"
+
+namespace ptrain {
+
+class Tokenizer;
+
+struct SampleOptions {
+  int64_t max_ids = 0;  // seq_len + 1: the ids one row holds (its seq_len predictions)
+  bool drop_too_long = false;
+  bool train_on_prompt = false;
+};
+
+struct SampleStats {
+  int64_t records = 0;  // non-blank lines
+  int64_t text = 0, chat = 0, prompt_completion = 0;
+  int64_t truncated = 0;          // kept, cut to max_ids
+  int64_t dropped_too_long = 0;   // data.truncation = "drop"
+  int64_t dropped_untrained = 0;  // nothing trained (e.g. a chat without a reply, or cut before it)
+};
+
+class SampleSet {
+ public:
+  // `progress(bytes_done, bytes_total, ids)` every 1000 records and at the end.
+  static SampleSet from_jsonl(const std::string& path, const Tokenizer& tokenizer, const SampleOptions& options,
+                              const std::function<void(int64_t, int64_t, int64_t)>& progress = nullptr);
+
+  // Appends a sample (already within max_ids); returns false, counting it, when it trains nothing.
+  bool add(const Sample& sample, int64_t line);
+
+  int64_t size() const { return static_cast<int64_t>(lines_.size()); }
+  int64_t length(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }  // ids
+  const int32_t* ids(int64_t i) const { return ids_.data() + offsets_[i]; }
+  const uint8_t* trained(int64_t i) const { return trained_.data() + offsets_[i]; }
+  int64_t line(int64_t i) const { return lines_[i]; }  // 1-based line of the source file
+  int64_t total_ids() const { return static_cast<int64_t>(ids_.size()); }
+  int64_t total_trained() const { return total_trained_; }  // trained targets over all samples
+  int32_t max_id() const { return max_id_; }
+  const std::string& source() const { return source_; }
+  SampleStats stats;
+
+ private:
+  std::string source_;
+  std::vector<int32_t> ids_;
+  std::vector<uint8_t> trained_;
+  std::vector<int64_t> offsets_{0};
+  std::vector<int64_t> lines_;
+  int64_t total_trained_ = 0;
+  int32_t max_id_ = -1;
+};
+
+// One JSONL record as a sample (before truncation). Throws RuntimeError (without location).
+Sample render_record(const Tokenizer& tokenizer, const std::string& json_line, bool train_on_prompt, SampleStats& stats);
+
+}  // namespace ptrain

@@ -1,0 +1,249 @@
+// JSONL samples (text / chat / prompt-completion records, the loss mask, truncation, bad
+// records) and the rows made of them (padding, packing, the split, the seeded order). Also
+// built under AddressSanitizer: the JSONL reader takes untrusted input.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "common/error.h"
+#include "data/chat.h"
+#include "data/rows.h"
+#include "data/samples.h"
+#include "data/tokenizer.h"
+#include "model/loss.h"
+#include "test_util.h"
+
+using namespace ptrain;
+
+namespace {
+
+const Tokenizer& tok() {
+  static const Tokenizer t(test::fixture("tokenizer_bpe"));
+  return t;
+}
+int32_t id(const std::string& token) { return tok().id_of(token).value(); }
+
+std::vector<int32_t> cat(std::initializer_list<std::vector<int32_t>> parts) {
+  std::vector<int32_t> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+SampleSet load(const std::string& path, SampleOptions o = {}) { return SampleSet::from_jsonl(path, tok(), o); }
+
+std::vector<int32_t> ids_of(const SampleSet& s, int64_t i) { return {s.ids(i), s.ids(i) + s.length(i)}; }
+std::vector<uint8_t> trained_of(const SampleSet& s, int64_t i) { return {s.trained(i), s.trained(i) + s.length(i)}; }
+
+// A JSONL file of n chats whose lengths vary (1 to 3 turns, words of varying count).
+std::string chats_file(const test::TempDir& dir, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    out += R"({"messages": [{"role": "user", "content": "question )" + std::to_string(i) + R"("})";
+    for (int t = 0; t < 1 + i % 3; ++t)
+      out += R"(, {"role": "assistant", "content": ")" + std::string(static_cast<size_t>(1 + (i * 7) % 11), 'a') +
+             R"( answer"}, {"role": "user", "content": "more"})";
+    out += R"(, {"role": "assistant", "content": "done"}]})" "\n";
+  }
+  test::write_text(dir / "chats.jsonl", out);
+  return dir / "chats.jsonl";
+}
+
+}  // namespace
+
+TEST(Samples, EachRecordKindRendersWithItsLossMask) {
+  test::TempDir dir;
+  test::write_text(dir / "d.jsonl",
+                   "{\"text\": \"the model trains\"}\n"
+                   "\n"  // blank lines are skipped
+                   "{\"prompt\": \"What is 2+2?\", \"completion\": \" 4\"}\n"
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hello\"}]}\n");
+  const int32_t bos = id("<|begin_of_text|>"), eos = id("<|end_of_text|>");
+  for (bool on_prompt : {false, true}) {
+    SampleOptions o;
+    o.train_on_prompt = on_prompt;
+    const SampleSet s = load(dir / "d.jsonl", o);
+    ASSERT_EQ(s.size(), 3);
+    EXPECT_EQ(s.stats.records, 3);
+    EXPECT_EQ(s.stats.text, 1);
+    EXPECT_EQ(s.stats.prompt_completion, 1);
+    EXPECT_EQ(s.stats.chat, 1);
+    EXPECT_EQ(s.line(0), 1);
+    EXPECT_EQ(s.line(1), 3);
+    EXPECT_EQ(s.line(2), 4);
+    // text: <|begin_of_text|> text <|end_of_text|>, every prediction trained.
+    const auto text = tok().encode("the model trains");
+    EXPECT_EQ(ids_of(s, 0), cat({{bos}, text, {eos}}));
+    // prompt/completion: the two encoded apart (the mask boundary is exact), only the
+    // completion and <|end_of_text|> trained unless train_on_prompt.
+    const auto prompt = tok().encode("What is 2+2?"), completion = tok().encode(" 4");
+    EXPECT_EQ(ids_of(s, 1), cat({{bos}, prompt, completion, {eos}}));
+    std::vector<uint8_t> mask(1 + prompt.size(), on_prompt ? 1 : 0);
+    mask[0] = on_prompt;
+    mask.insert(mask.end(), completion.size() + 1, 1);
+    EXPECT_EQ(trained_of(s, 1), mask);
+    // chat: exactly render_chat's (equal to transformers' apply_chat_template, Chat.* tests).
+    const Sample chat = render_chat(tok(), {{"user", "hi"}, {"assistant", "hello"}}, on_prompt);
+    EXPECT_EQ(ids_of(s, 2), chat.ids);
+    EXPECT_EQ(trained_of(s, 2), chat.trained);
+    int64_t trained = 0;
+    for (int64_t i = 0; i < s.size(); ++i)
+      for (int64_t t = 1; t < s.length(i); ++t) trained += s.trained(i)[t];
+    EXPECT_EQ(s.total_trained(), trained);
+  }
+}
+
+TEST(Samples, BadRecordsNameTheFileAndLine) {
+  test::TempDir dir;
+  const std::string good = "{\"text\": \"ok\"}\n";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"{\"text\": \"unterminated}\n", "not valid JSON"},
+      {"[1, 2]\n", "must be a JSON object"},
+      {"{\"txt\": \"typo\"}\n", "(it has: txt)"},
+      {"{\"text\": 42}\n", "\"text\" must be a string"},
+      {"{\"prompt\": \"only a prompt\"}\n", "needs both \"prompt\" and \"completion\""},
+      {"{\"messages\": []}\n", "non-empty array"},
+      {"{\"messages\": [{\"role\": \"user\"}]}\n", "needs \"role\" and \"content\""},
+      {"{\"messages\": [{\"role\": \"robot\", \"content\": \"beep\"}]}\n", "unknown role 'robot'"},
+  };
+  for (const auto& [line, why] : cases) {
+    test::write_text(dir / "bad.jsonl", good + "\n" + line + good);
+    try {
+      load(dir / "bad.jsonl");
+      ADD_FAILURE() << "accepted: " << line;
+    } catch (const RuntimeError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(dir / "bad.jsonl:3: "), std::string::npos) << msg;
+      EXPECT_NE(msg.find(why), std::string::npos) << msg;
+    }
+  }
+  EXPECT_THROW(load(dir / "missing.jsonl"), RuntimeError);
+}
+
+TEST(Samples, LongSamplesAreTruncatedOrDroppedAndCounted) {
+  test::TempDir dir;
+  // A long text, a chat whose reply starts after the cut, and a short text.
+  const std::string long_text(400, 'x');
+  test::write_text(dir / "d.jsonl", "{\"text\": \"" + long_text + "\"}\n"
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"" + std::string(200, 'q') + " " + std::string(200, 'w') +
+                   "\"}, {\"role\": \"assistant\", \"content\": \"late\"}]}\n"
+                   "{\"text\": \"short\"}\n");
+  const auto full = tok().encode(long_text);
+  SampleOptions o;
+  o.max_ids = 17;
+  ASSERT_GT(static_cast<int64_t>(full.size()) + 2, o.max_ids);
+  const SampleSet cut = load(dir / "d.jsonl", o);
+  EXPECT_EQ(cut.stats.truncated, 2);          // the long text, and the chat...
+  EXPECT_EQ(cut.stats.dropped_untrained, 1);  // ...whose reply was cut off: nothing left to train
+  ASSERT_EQ(cut.size(), 2);
+  EXPECT_EQ(cut.length(0), 17);
+  EXPECT_EQ(ids_of(cut, 0), cat({{id("<|begin_of_text|>")}, std::vector<int32_t>(full.begin(), full.begin() + 16)}));
+  EXPECT_EQ(cut.line(1), 3);
+
+  o.drop_too_long = true;
+  const SampleSet dropped = load(dir / "d.jsonl", o);
+  EXPECT_EQ(dropped.stats.dropped_too_long, 2);
+  EXPECT_EQ(dropped.stats.truncated, 0);
+  ASSERT_EQ(dropped.size(), 1);
+  EXPECT_EQ(dropped.line(0), 3);
+}
+
+TEST(Rows, PaddedRowsHoldOneSampleAndItsTargets) {
+  test::TempDir dir;
+  auto set = std::make_shared<SampleSet>(load(chats_file(dir, 9)));
+  int64_t longest = 0;
+  for (int64_t i = 0; i < set->size(); ++i) longest = std::max(longest, set->length(i));
+  const int64_t T = longest - 1 + 3;  // odd: room left over in every row
+  SampleSplit split{{0, 1, 2, 3, 4, 5, 6}, {7, 8}};
+  SampleRows rows(set, split, T, 11, /*packing=*/false);
+  EXPECT_EQ(rows.train_fill().rows, 7);
+  EXPECT_EQ(rows.val_rows(), 2);
+  const Batch b = rows.val_batch(0, 2);
+  EXPECT_FALSE(b.doc_ids.defined());
+  for (int64_t r = 0; r < 2; ++r) {
+    const int64_t s = split.val[r], n = set->length(s);
+    Sample sample{ids_of(*set, s), trained_of(*set, s)};
+    const std::vector<int64_t> targets = sample.targets();
+    for (int64_t t = 0; t < T; ++t) {
+      EXPECT_EQ(b.inputs[r][t].item<int64_t>(), t < n - 1 ? sample.ids[t] : 0) << r << "," << t;
+      EXPECT_EQ(b.targets[r][t].item<int64_t>(), t < n - 1 ? targets[t] : kIgnoreIndex) << r << "," << t;
+    }
+  }
+  // One epoch of training rows is the training samples, each once.
+  std::multiset<int64_t> firsts, expected;
+  const Batch epoch = rows.train_rows(0, 7);
+  for (int64_t r = 0; r < 7; ++r) firsts.insert(epoch.targets[r].ne(kIgnoreIndex).sum().item<int64_t>());
+  for (int64_t s : split.train) {
+    int64_t n = 0;
+    for (int64_t t = 1; t < set->length(s); ++t) n += set->trained(s)[t];
+    expected.insert(n);
+  }
+  EXPECT_EQ(firsts, expected);
+}
+
+TEST(Rows, PackingIsNextFitSeededAndResumesAtAnyRow) {
+  test::TempDir dir;
+  auto set = std::make_shared<SampleSet>(load(chats_file(dir, 40)));
+  const SampleSplit split = split_samples(set->size(), 0.1);
+  int64_t longest = 0;
+  for (int64_t i = 0; i < set->size(); ++i) longest = std::max(longest, set->length(i));
+  const int64_t T = longest + 24;  // the longest sample and a bit: rows hold one to a few samples
+  SampleRows rows(set, split, T, 3, /*packing=*/true);
+  int64_t positions = 0, trained = 0;
+  for (int64_t s : split.train) {
+    positions += set->length(s) - 1;
+    for (int64_t t = 1; t < set->length(s); ++t) trained += set->trained(s)[t];
+  }
+  // Every epoch holds every training position once; rows are filled next-fit.
+  const RowFill f = rows.train_fill();
+  EXPECT_EQ(f.positions, positions);
+  EXPECT_EQ(f.trained, trained);
+  EXPECT_LT(f.rows, static_cast<int64_t>(split.train.size()));  // packing did pack
+  const Batch epoch0 = rows.train_rows(0, f.rows);
+  EXPECT_EQ(epoch0.targets.ne(kIgnoreIndex).sum().item<int64_t>(), trained);
+  for (int64_t r = 0; r < f.rows; ++r) {
+    // Documents are numbered 0, 1, ... along the row, and no document is cut off: a target
+    // is never the next document's token.
+    const at::Tensor d = epoch0.doc_ids[r];
+    EXPECT_TRUE(d.diff().ge(0).all().item<bool>());
+    EXPECT_TRUE(d.diff().le(1).all().item<bool>());
+    EXPECT_EQ(d[0].item<int64_t>(), 0);
+  }
+  // Row k is a function of (data, seed, k): a fresh source asked for rows in another order,
+  // across the epoch boundary, gives the same rows; another seed gives another order.
+  SampleRows again(set, split, T, 3, true);
+  const uint64_t k = static_cast<uint64_t>(f.rows) + 2;  // epoch 1
+  const Batch late = again.train_rows(k - 3, 5);        // rows spanning epochs 0 and 1
+  const Batch direct = rows.train_rows(k - 3, 5);
+  EXPECT_TRUE(at::equal(late.inputs, direct.inputs));
+  EXPECT_TRUE(at::equal(late.targets, direct.targets));
+  EXPECT_TRUE(at::equal(late.doc_ids, direct.doc_ids));
+  EXPECT_TRUE(at::equal(again.train_rows(0, 2).inputs, epoch0.inputs.narrow(0, 0, 2)));
+  SampleRows other(set, split, T, 4, true);
+  EXPECT_FALSE(at::equal(other.train_rows(0, 2).inputs, epoch0.inputs.narrow(0, 0, 2)));
+  // Validation rows pack the validation samples in file order.
+  EXPECT_EQ(rows.val_fill().positions, [&] {
+    int64_t p = 0;
+    for (int64_t s : split.val) p += set->length(s) - 1;
+    return p;
+  }());
+}
+
+TEST(Rows, TheSplitIsBySampleFixedAndDisjoint) {
+  for (int64_t n : {1, 2, 7, 100, 1001}) {
+    for (double fraction : {0.0, 0.05, 0.5}) {
+      const SampleSplit s = split_samples(n, fraction);
+      std::set<int64_t> all(s.train.begin(), s.train.end());
+      all.insert(s.val.begin(), s.val.end());
+      EXPECT_EQ(static_cast<int64_t>(all.size()), n);
+      EXPECT_EQ(static_cast<int64_t>(s.train.size() + s.val.size()), n);
+      EXPECT_TRUE(std::is_sorted(s.val.begin(), s.val.end()));
+      EXPECT_GE(s.train.size(), 1u);
+      const int64_t want = fraction == 0 || n < 2 ? 0 : std::max<int64_t>(1, std::llround(static_cast<double>(n) * fraction));
+      EXPECT_EQ(static_cast<int64_t>(s.val.size()), std::min(want, n - 1)) << n << " " << fraction;
+      EXPECT_EQ(split_samples(n, fraction).val, s.val);  // the same draw every time
+    }
+  }
+}
