@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 
 #include "common/error.h"
 #include "common/hash.h"
@@ -47,27 +48,45 @@ SampleRows::SampleRows(std::shared_ptr<const SampleSet> set, SampleSplit split, 
     if (set_->length(i) - 1 > seq_len_)
       throw RuntimeError(set_->source() + ":" + std::to_string(set_->line(i)) + ": a sample of " + std::to_string(set_->length(i)) +
                          " ids does not fit a row of seq_len " + std::to_string(seq_len_));
-  val_starts_ = row_starts(split_.val);
-  val_fill_ = fill(split_.val, val_starts_);
+  val_ = pack(split_.val);
+  val_fill_ = fill(val_.samples, val_.starts);
   if (!split_.train.empty()) {
     load_epoch(0);
-    train_fill_ = fill(order_, starts_);
+    train_fill_ = fill(epoch_rows_of_.samples, epoch_rows_of_.starts);
   }
 }
 
-std::vector<int64_t> SampleRows::row_starts(const std::vector<int64_t>& samples) const {
-  std::vector<int64_t> starts{0};
-  int64_t used = 0;
-  for (size_t i = 0; i < samples.size(); ++i) {
-    const int64_t n = set_->length(samples[i]) - 1;
-    if (i > 0 && (!packing_ || used + n > seq_len_)) {
-      starts.push_back(static_cast<int64_t>(i));
-      used = 0;
-    }
-    used += n;
+SampleRows::Packed SampleRows::pack(const std::vector<int64_t>& order) const {
+  Packed p;
+  p.starts.push_back(0);
+  if (!packing_) {
+    p.samples = order;
+    for (size_t i = 0; i < order.size(); ++i) p.starts.push_back(static_cast<int64_t>(i) + 1);
+    return p;
   }
-  if (!samples.empty()) starts.push_back(static_cast<int64_t>(samples.size()));
-  return starts;
+  struct Open {
+    std::vector<int64_t> members;
+    int64_t used = 0;
+  };
+  std::deque<Open> open;
+  auto emit = [&] {
+    p.samples.insert(p.samples.end(), open.front().members.begin(), open.front().members.end());
+    p.starts.push_back(static_cast<int64_t>(p.samples.size()));
+    open.pop_front();
+  };
+  for (int64_t s : order) {
+    const int64_t n = set_->length(s) - 1;
+    auto row = std::find_if(open.begin(), open.end(), [&](const Open& o) { return o.used + n <= seq_len_; });
+    if (row != open.end()) {
+      row->members.push_back(s);
+      row->used += n;
+      continue;
+    }
+    if (static_cast<int>(open.size()) == kOpenRows) emit();
+    open.push_back({{s}, n});
+  }
+  while (!open.empty()) emit();
+  return p;
 }
 
 RowFill SampleRows::fill(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts) const {
@@ -84,11 +103,11 @@ RowFill SampleRows::fill(const std::vector<int64_t>& samples, const std::vector<
 void SampleRows::load_epoch(int64_t epoch) {
   if (epoch == epoch_) return;
   const std::vector<int64_t> order = epoch_order(static_cast<int64_t>(split_.train.size()), seed_, epoch);
-  order_.resize(order.size());
-  for (size_t i = 0; i < order.size(); ++i) order_[i] = split_.train[order[i]];
-  starts_ = row_starts(order_);
+  std::vector<int64_t> samples(order.size());
+  for (size_t i = 0; i < order.size(); ++i) samples[i] = split_.train[order[i]];
+  epoch_rows_of_ = pack(samples);
   epoch_ = epoch;
-  if (static_cast<int64_t>(epoch_rows_.size()) == epoch) epoch_rows_.push_back(static_cast<int64_t>(starts_.size()) - 1);
+  if (static_cast<int64_t>(epoch_rows_.size()) == epoch) epoch_rows_.push_back(static_cast<int64_t>(epoch_rows_of_.starts.size()) - 1);
 }
 
 Batch SampleRows::train_rows(uint64_t first, int64_t count) {
@@ -111,7 +130,7 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
     std::vector<int64_t> which;
     size_t j = i;
     for (; j < where.size() && where[j].first == where[i].first; ++j) which.push_back(where[j].second);
-    parts.push_back(rows(order_, starts_, which));
+    parts.push_back(rows(epoch_rows_of_.samples, epoch_rows_of_.starts, which));
     i = j;
   }
   if (parts.size() == 1) return parts[0];
@@ -127,7 +146,7 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
 Batch SampleRows::val_batch(int64_t first, int64_t count) const {
   std::vector<int64_t> which;
   for (int64_t r = first; r < std::min(first + count, val_rows()); ++r) which.push_back(r);
-  return rows(split_.val, val_starts_, which);
+  return rows(val_.samples, val_.starts, which);
 }
 
 Batch SampleRows::rows(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts,

@@ -51,23 +51,29 @@ struct SampleSplit {
 SampleSplit split_samples(int64_t n, double val_fraction);
 
 // Samples as rows. Without packing each row holds one sample, padded. With packing, each
-// epoch's order is cut into rows next-fit: samples are added to a row while they fit, and a
-// sample never spans two rows; positions restart in each sample and attention stays inside it
-// (Batch::doc_ids). A sample of n ids takes n-1 positions: inputs ids[0..n-2], targets ids[1..].
+// epoch's order is packed first-fit into a window of kOpenRows open rows: a sample goes into
+// the first open row it fits, else opens a row, the oldest open row being closed (emitted) when
+// there are too many; a sample never spans two rows. Positions restart in each sample and
+// attention stays inside it (Batch::doc_ids). A sample of n ids takes n-1 positions: inputs
+// ids[0..n-2], targets ids[1..].
 class SampleRows final : public RowSource {
  public:
+  static constexpr int kOpenRows = 8;
   SampleRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed, bool packing);
   int64_t seq_len() const override { return seq_len_; }
   Batch train_rows(uint64_t first, int64_t count) override;
   RowFill train_fill() const override { return train_fill_; }
-  int64_t val_rows() const override { return static_cast<int64_t>(val_starts_.size()) - 1; }
+  int64_t val_rows() const override { return static_cast<int64_t>(val_.starts.size()) - 1; }
   Batch val_batch(int64_t first, int64_t count) const override;
   RowFill val_fill() const { return val_fill_; }
   const SampleSplit& split() const { return split_; }
 
  private:
-  // Rows over `samples` (in order): row r holds samples[starts[r] .. starts[r+1]).
-  std::vector<int64_t> row_starts(const std::vector<int64_t>& samples) const;
+  // Rows over `order`: row r holds samples[starts[r] .. starts[r+1]).
+  struct Packed {
+    std::vector<int64_t> samples, starts;
+  };
+  Packed pack(const std::vector<int64_t>& order) const;
   RowFill fill(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts) const;
   void load_epoch(int64_t epoch);
   Batch rows(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts, const std::vector<int64_t>& which) const;
@@ -79,8 +85,8 @@ class SampleRows final : public RowSource {
   bool packing_;
   std::vector<int64_t> epoch_rows_;  // rows of each epoch computed so far
   int64_t epoch_ = -1;                // the epoch held below
-  std::vector<int64_t> order_, starts_;
-  std::vector<int64_t> val_starts_;
+  Packed epoch_rows_of_;   // the held epoch's rows
+  Packed val_;
   RowFill train_fill_, val_fill_;
 };
 

@@ -183,7 +183,7 @@ TEST(Rows, PaddedRowsHoldOneSampleAndItsTargets) {
   EXPECT_EQ(firsts, expected);
 }
 
-TEST(Rows, PackingIsNextFitSeededAndResumesAtAnyRow) {
+TEST(Rows, PackingIsFirstFitSeededAndResumesAtAnyRow) {
   test::TempDir dir;
   auto set = std::make_shared<SampleSet>(load(chats_file(dir, 40)));
   const SampleSplit split = split_samples(set->size(), 0.1);
@@ -196,7 +196,7 @@ TEST(Rows, PackingIsNextFitSeededAndResumesAtAnyRow) {
     positions += set->length(s) - 1;
     for (int64_t t = 1; t < set->length(s); ++t) trained += set->trained(s)[t];
   }
-  // Every epoch holds every training position once; rows are filled next-fit.
+  // Every epoch holds every training position once, packed into fewer rows than samples.
   const RowFill f = rows.train_fill();
   EXPECT_EQ(f.positions, positions);
   EXPECT_EQ(f.trained, trained);
