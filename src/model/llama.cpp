@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <limits>
 
 #include "model/gemm.h"
 #include "model/linear4bit.h"
@@ -96,7 +97,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
 }
 
-RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids) {
+RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids, c10::ScalarType mask_dtype) {
   TORCH_CHECK(doc_ids.dim() == 2, "doc_ids must be [batch, seq]");
   const at::Tensor docs = doc_ids.to(at::kCPU, at::kLong).contiguous();
   const int64_t B = docs.size(0), T = docs.size(1);
@@ -109,9 +110,17 @@ RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids)
   RopeTables r = tables;
   const auto device = tables.cos.device();
   r.positions = positions.to(device);
+  // Gathered once for every block (gathering in each block's RoPE would save a copy per block).
+  const int64_t half = tables.cos.size(1);
+  const at::Tensor idx = r.positions.reshape({-1});
+  r.token_cos = tables.cos.index_select(0, idx).view({B, T, 1, half});
+  r.token_sin = tables.sin.index_select(0, idx).view({B, T, 1, half});
   const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1));                   // [B, T, T]
   const at::Tensor causal = at::ones({T, T}, at::kBool).tril();                        // j <= i
-  r.doc_mask = same.logical_and(causal).unsqueeze(1).to(device);                      // [B, 1, T, T]
+  const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);                    // [B, 1, T, T]
+  r.doc_mask = at::zeros(allowed.sizes(), at::TensorOptions(mask_dtype))
+                   .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity())
+                   .to(device);
   return r;
 }
 
@@ -120,10 +129,9 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   auto halves = x.to(at::kFloat).chunk(2, -1);  // split's backward writes once, narrow's zero-fills
   const at::Tensor &x1 = halves[0], &x2 = halves[1];
   at::Tensor c, s;
-  if (rope.positions.defined()) {  // packed documents: each token at its position in its document
-    const at::Tensor idx = rope.positions.reshape({-1});
-    c = rope.cos.index_select(0, idx).view({B, T, 1, half});
-    s = rope.sin.index_select(0, idx).view({B, T, 1, half});
+  if (rope.token_cos.defined()) {  // packed documents: each token at its position in its document
+    c = rope.token_cos;
+    s = rope.token_sin;
   } else {
     c = rope.cos.narrow(0, 0, T).view({1, T, 1, half});
     s = rope.sin.narrow(0, 0, T).view({1, T, 1, half});

@@ -19,15 +19,19 @@ struct RopeTables {
   at::Tensor cos;
   at::Tensor sin;
   // Packed sequences (packed_positions): each token's position in its own document [B, T]
-  // and the attention mask [B, 1, T, T] (true: causal and within the same document).
+  // and the additive attention mask [B, 1, T, T] (0: causal and within the same document,
+  // -inf elsewhere), one tensor every block's attention reads — a boolean mask would be
+  // converted, and saved for backward, by each of them.
   // Undefined: positions 0..T-1 and plain causal attention.
   at::Tensor positions;
   at::Tensor doc_mask;
+  at::Tensor token_cos, token_sin;  // packed: cos/sin at each token's position [B, T, 1, head_dim/2]
 };
 // `tables` for a batch of packed documents: doc_ids [B, T] numbers each token's document
 // (consecutive tokens of one document share an id); positions restart at 0 in each document,
-// and attention never crosses a document boundary.
-RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids);
+// and attention never crosses a document boundary. The mask is in `mask_dtype` (attention's
+// dtype: the compute dtype).
+RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids, c10::ScalarType mask_dtype = c10::kFloat);
 at::Tensor rope_inv_freq(const LlamaShape& shape);
 RopeTables rope_tables(const LlamaShape& shape, int64_t seq_len, const at::Device& device);
 

@@ -252,7 +252,7 @@ void FsdpModel::head_done() {
 }
 
 const RopeTables& FsdpModel::batch_rope(const at::Tensor& inputs, const at::Tensor& doc_ids) {
-  batch_rope_ = doc_ids.defined() ? packed_positions(rope(inputs.size(1)), doc_ids) : rope(inputs.size(1));
+  batch_rope_ = doc_ids.defined() ? packed_positions(rope(inputs.size(1)), doc_ids, policy_.compute_dtype) : rope(inputs.size(1));
   return batch_rope_;
 }
 

@@ -69,6 +69,42 @@ TEST(Memory, SavedActivationsMatchPrediction) {
   }
 }
 
+// Packed rows keep one attention mask, the positions and the per-token RoPE cos/sin for all
+// blocks, on top of what the same unpacked batch keeps: as the planner counts them.
+TEST(Memory, PackedRowsKeepOneMaskAsPredicted) {
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    const LlamaShape s = shape(96, 3, 6, 2, 211, 300);
+    PrecisionPolicy policy;
+    if (bf16) policy.compute_dtype = at::kBFloat16;
+    FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm());
+    model.init_weights(1);
+    const int64_t B = 3, T = 40;
+    at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
+    at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
+    at::Tensor docs = at::arange(T, at::kLong).div(7, "floor").expand({B, T}).contiguous();  // documents of 7 tokens
+    model.forward_loss(in, tgt, 50).backward();  // the RoPE tables
+    model.zero_grad();
+    auto saved = [&](const at::Tensor& doc_ids) {
+      MeterScope scope;
+      at::Tensor loss = model.forward_loss(in, tgt, 50, doc_ids);
+      const int64_t net = scope.meter().net.load();
+      loss.backward();
+      model.zero_grad();
+      return net;
+    };
+    const int64_t plain = saved(at::Tensor());
+    const int64_t packed = saved(docs);
+    ActivationInputs a;
+    a.tokens = B * T;
+    a.compute_bytes = bf16 ? 2 : 4;
+    a.packed_rows = B, a.packed_len = T;
+    const int64_t predicted = predict_activations(s, a).mask_bytes;
+    std::cout << "packed rows: " << packed - plain << " B more than unpacked, predicted " << predicted << " B\n";
+    EXPECT_EQ(packed - plain, predicted);
+  }
+}
+
 // Activation offloading (memory.activation_offloading) for a full fine-tune and for QLoRA: the
 // same losses bit for bit as checkpointing alone (the recompute reads the same values, brought
 // back from the host); forward leaves on the device only what the planner says (the head's
