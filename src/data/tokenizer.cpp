@@ -352,6 +352,10 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
         std::string text;
         try {
           const json j = json::parse(record);
+          if (j.is_object() && (j.contains("messages") || j.contains("prompt")))
+            throw RuntimeError(path + ":" + std::to_string(line) +
+                               ": a chat or prompt/completion record has a loss mask, which a token file cannot hold; "
+                               "train on the JSONL file itself (data.format = \"jsonl\")");
           if (!j.is_object() || !j.contains("text") || !j.at("text").is_string())
             throw RuntimeError(path + ":" + std::to_string(line) + ": a JSONL record needs a string field \"text\"");
           text = j.at("text").get<std::string>();

@@ -48,6 +48,17 @@ expect 2 "data.path: token file .* shorter than its 32-byte header" -- "$bin" ch
 expect 1 "not a complete checkpoint" -- "$bin" eval --config "$tmp/ok.toml" --checkpoint "$tmp/nowhere"
 mkdir -p "$tmp/ck/step_1"; echo '{"format_version": 1' > "$tmp/ck/step_1/meta.json"
 expect 1 "meta.json is corrupt" -- "$bin" export --checkpoint "$tmp/ck/step_1" --out "$tmp/x"
+# JSONL datasets: check reports them, eval scores their trained tokens, tokenize refuses the
+# records whose loss mask a token file would lose.
+for i in $(seq 40); do
+  echo "{\"messages\": [{\"role\": \"user\", \"content\": \"What is $i + $i?\"}, {\"role\": \"assistant\", \"content\": \"$i + $i = $((i+i)).\"}]}"
+done > "$tmp/chats.jsonl"
+chat=(--config "$src/configs/tiny_chat_qlora.toml" --set model.hf_path="$src/tests/fixtures/hf_chat" --set data.path="$tmp/chats.jsonl" --set training.device=cpu)
+expect 0 "samples: 40 \(train 38, validation 2\).*trained on" -- bash -c "'$bin' check ${chat[*]} 2>&1 | tr '\\n' ' '"
+expect 0 "packing: [0-9]+ training rows of 256 per epoch, [0-9.]+% filled" -- "$bin" check "${chat[@]}"
+expect 0 "trained tokens in [0-9]+ rows of 256" -- "$bin" eval "${chat[@]}" --data "$tmp/chats.jsonl"
+expect 1 "chats.jsonl:1: a chat or prompt/completion record has a loss mask" -- "$bin" tokenize --tokenizer "$src/tests/fixtures/hf_chat" --in "$tmp/chats.jsonl" --out "$tmp/chats.bin"
+expect 2 "data.path: no such file 'data/chats.jsonl'" -- "$bin" check --config "$src/configs/llama3_8b_qlora.toml"
 # tokenize -> eval on the token file gives the same numbers as eval on the text.
 expect 0 "byte-level tokens" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$tmp/corpus.bin"
 a=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.txt" --json 2>/dev/null | sed 's/"data":"[^"]*",//')
