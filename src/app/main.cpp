@@ -248,19 +248,21 @@ int cmd_check(const Args& a) {
 }
 
 int cmd_eval(const Args& a) {
-  Config c = config_of(a);
+  if (a.config.empty()) throw UsageError("ptrain eval needs --config FILE");
+  std::vector<std::string> sets = a.sets;
   if (a.options.count("--data")) {
-    // Explicit files are identified by content: token files carry a magic header, JSONL files
-    // end in .jsonl (and are tokenized with data.tokenizer / model.hf_path).
-    c.data.path = a.options.at("--data");
-    if (!fs::is_regular_file(c.data.path)) throw UsageError("no such data file '" + c.data.path + "'");
+    // An explicit file replaces data.path before the config is checked, and is identified by
+    // content: token files carry a magic header, JSONL files end in .jsonl (tokenized with
+    // data.tokenizer / model.hf_path), anything else is text.
+    const std::string& data = a.options.at("--data");
+    if (!fs::is_regular_file(data)) throw UsageError("no such data file '" + data + "'");
     char magic[8] = {};
-    std::ifstream(c.data.path, std::ios::binary).read(magic, 8);
-    c.data.format = std::memcmp(magic, kTokenMagic, 8) == 0 ? DataFormat::tokens
-                    : fs::path(c.data.path).extension() == ".jsonl" ? DataFormat::jsonl : DataFormat::text;
-    if (c.data.format == DataFormat::jsonl && c.tokenizer_path().empty())
-      throw UsageError("'" + c.data.path + "' is JSONL: set data.tokenizer (or model.hf_path) to tokenize it");
+    std::ifstream(data, std::ios::binary).read(magic, 8);
+    const char* format = std::memcmp(magic, kTokenMagic, 8) == 0 ? "tokens" : fs::path(data).extension() == ".jsonl" ? "jsonl" : "text";
+    sets.push_back("data.path=" + data);
+    sets.push_back(std::string("data.format=") + format);
   }
+  const Config c = load_config(a.config, sets);
   const std::string& path = c.data.path;
   const RunData data = open_data(c, /*eval_only=*/true);
   const DistEnv env = DistEnv::detect();

@@ -181,8 +181,8 @@ TEST(Dist, BytesCommunicatedPerStepMatchTheSchedule) {
     EXPECT_EQ(step["comm_all_gather_bytes"].get<int64_t>(), all_units + (reshard ? blocks : 0)) << k.name;
     // one reduce-scatter of every unit's gradient
     EXPECT_EQ(step["comm_reduce_scatter_bytes"].get<int64_t>(), all_units);
-    // grad-norm (1 double) and loss + stop flag (2 doubles)
-    EXPECT_EQ(step["comm_all_reduce_bytes"].get<int64_t>(), 3 * 8);
+    // one double each: the step's trained-token count, its loss sum, the grad norm, the stop flag
+    EXPECT_EQ(step["comm_all_reduce_bytes"].get<int64_t>(), 4 * 8);
   }
 }
 
