@@ -23,29 +23,15 @@ import sys
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+from chat_labels import chat_ids_and_labels  # noqa: E402  (the fixture scripts' reference)
+
 
 def run(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} -> rc {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
     return r.stdout
-
-
-def labels_of(tok, messages):
-    """Labels -100 everywhere but the assistant replies' content and <|eot_id|>."""
-    def render(msgs):
-        out = tok.apply_chat_template(msgs, tokenize=True)
-        return list(out["input_ids"]) if hasattr(out, "keys") else list(out)
-    ids = render(messages)
-    header = tok.encode("<|start_header_id|>assistant<|end_header_id|>\n\n", add_special_tokens=False)
-    labels = [-100] * len(ids)
-    for k, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        before, upto = render(messages[:k]), render(messages[:k + 1])
-        for t in range(len(before) + len(header), len(upto)):
-            labels[t] = ids[t]
-    return ids, labels
 
 
 def main():
@@ -75,7 +61,7 @@ def main():
     total, tokens = 0.0, 0
     with open(held_out) as f:
         for line in f:
-            ids, labels = labels_of(tok, json.loads(line)["messages"])
+            ids, labels = chat_ids_and_labels(tok, json.loads(line)["messages"])
             n = sum(1 for l in labels[1:] if l != -100)
             with torch.no_grad():
                 loss = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.item()
