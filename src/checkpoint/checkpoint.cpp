@@ -163,6 +163,7 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
     json meta = {{"format_version", kFormatVersion},
                  {"step", progress.step},
                  {"samples", progress.samples},
+                 {"data", progress.data},
                  {"optimizer_steps", optim.steps()},
                  {"world_size", comm.world_size()},
                  {"precision", model.policy().mode},
@@ -240,6 +241,7 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
     gen.set_state(rng.tensor("cpu").clone());
     progress.step = meta.at("step").get<int64_t>();
     progress.samples = meta.at("samples").get<uint64_t>();
+    progress.data = meta.value("data", std::string());  // absent in checkpoints of earlier versions
   } catch (const json::exception& e) {
     throw RuntimeError("checkpoint '" + dir + "': meta.json lacks a field: " + e.what());
   }

@@ -23,7 +23,8 @@ class Optimizer;
 
 struct TrainProgress {
   int64_t step = 0;      // optimizer steps completed
-  uint64_t samples = 0;  // global samples consumed (data position)
+  uint64_t samples = 0;  // global rows consumed (data position)
+  std::string data;      // fingerprint of the rows read (RowSource::fingerprint); "" if unknown
 };
 
 // Writes <root>/step_<progress.step> (collective: every rank calls it); keeps the newest

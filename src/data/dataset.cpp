@@ -124,6 +124,15 @@ RowFill TokenRows::train_fill() const {
   return {rows, rows * seq_len_, rows * seq_len_};
 }
 
+std::string TokenRows::fingerprint() const {
+  const int64_t n = data_->size(), k = std::min<int64_t>(n, 65536);
+  const int64_t shape[] = {n, seq_len_, train_.size(), val_.size()};
+  std::vector<int64_t> ends(static_cast<size_t>(2 * k));
+  data_->read(0, k, ends.data());
+  data_->read(n - k, k, ends.data() + k);
+  return hex_fingerprint("tokens", hash_values(hash_values(0, shape, 4), ends.data(), 2 * k));
+}
+
 Batch TokenRows::val_batch(int64_t first, int64_t count) const {
   std::vector<int64_t> starts;
   for (int64_t w = first; w < std::min(first + count, val_rows()); ++w) starts.push_back(val_.begin + w * (seq_len_ + 1));

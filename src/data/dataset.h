@@ -79,6 +79,9 @@ class TokenRows final : public RowSource {
   RowFill train_fill() const override;
   int64_t val_rows() const override { return val_.size() / (seq_len_ + 1); }
   Batch val_batch(int64_t first, int64_t count) const override;
+  // The token count, seq_len and the first and last 64Ki tokens (a whole-file hash would cost a
+  // read of every token at each start).
+  std::string fingerprint() const override;
 
  private:
   std::shared_ptr<const TokenData> data_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 
 #include "common/error.h"
@@ -26,6 +27,20 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
     std::swap(order[i], order[j]);
   }
   return order;
+}
+
+template <class T> uint64_t hash_values(uint64_t h, const T* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h = mix64(h ^ (static_cast<uint64_t>(values[i]) + kGolden64));
+  return h;
+}
+template uint64_t hash_values<int32_t>(uint64_t, const int32_t*, int64_t);
+template uint64_t hash_values<uint8_t>(uint64_t, const uint8_t*, int64_t);
+template uint64_t hash_values<int64_t>(uint64_t, const int64_t*, int64_t);
+
+std::string hex_fingerprint(const char* kind, uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return std::string(kind) + ":" + buf;
 }
 
 SampleSplit split_samples(int64_t n, double val_fraction) {
@@ -141,6 +156,16 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
     if (p.doc_ids.defined()) dc.push_back(p.doc_ids);
   }
   return {at::cat(in), at::cat(tg), dc.empty() ? at::Tensor() : at::cat(dc)};
+}
+
+std::string SampleRows::fingerprint() const {
+  const int64_t shape[] = {seq_len_, packing_ ? 1 : 0, static_cast<int64_t>(split_.train.size()), set_->size()};
+  uint64_t h = hash_values(0, shape, 4);
+  for (int64_t i = 0; i < set_->size(); ++i) {
+    h = hash_values(h, set_->ids(i), set_->length(i));
+    h = hash_values(h, set_->trained(i), set_->length(i));
+  }
+  return hex_fingerprint("samples", h);
 }
 
 Batch SampleRows::val_batch(int64_t first, int64_t count) const {

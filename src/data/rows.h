@@ -40,7 +40,15 @@ class RowSource {
   // The validation rows, in a fixed order.
   virtual int64_t val_rows() const = 0;
   virtual Batch val_batch(int64_t first, int64_t count) const = 0;
+  // Identifies the rows (the data and how it is cut into rows), kept in checkpoints so a resume
+  // on other data is noticed.
+  virtual std::string fingerprint() const = 0;
 };
+
+// Folds `n` values into a running splitmix64-based hash.
+template <class T> uint64_t hash_values(uint64_t h, const T* values, int64_t n);
+// "KIND:<16 hex digits>".
+std::string hex_fingerprint(const char* kind, uint64_t h);
 
 // The validation samples: round(n * val_fraction) of them, at least one when val_fraction > 0
 // and n >= 2, drawn with a fixed seed — the same for every run over the same file, whatever
@@ -66,6 +74,7 @@ class SampleRows final : public RowSource {
   int64_t val_rows() const override { return static_cast<int64_t>(val_.starts.size()) - 1; }
   Batch val_batch(int64_t first, int64_t count) const override;
   RowFill val_fill() const { return val_fill_; }
+  std::string fingerprint() const override;
   const SampleSplit& split() const { return split_; }
 
  private:

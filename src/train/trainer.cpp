@@ -100,10 +100,15 @@ class Run {
     const std::string resume = c.checkpoint.resume == "auto" ? latest_checkpoint(c.checkpoint_dir()) : c.checkpoint.resume;
     if (!resume.empty()) {
       load_checkpoint(resume, *model_, optim_.get(), progress);
-      log::info("resumed from ", resume, " at step ", progress.step, " (", progress.samples, " samples consumed)");
+      log::info("resumed from ", resume, " at step ", progress.step, " (", progress.samples, " rows consumed)");
+      if (!progress.data.empty() && progress.data != data_.rows->fingerprint())
+        log::warn("the data differs from the checkpoint's (", progress.data, " then, ", data_.rows->fingerprint(),
+                  " now: another file, or a changed data.seq_len / data.packing / data.val_fraction / tokenizer); "
+                  "training goes on from row ", progress.samples, " of these rows, so it is not an exact continuation");
     } else if (c.checkpoint.resume == "auto") {
       log::info("no checkpoint in ", c.checkpoint_dir(), "; starting fresh");
     }
+    progress.data = data_.rows->fingerprint();
     if (rank_ == 0) metrics_ = std::make_unique<MetricsWriter>(out_dir_ + "/metrics.jsonl", progress.step > 0);
     const int64_t T = c.data.seq_len, B = c.data.micro_batch_size;
     tokens_per_step_ = B * T * c.training.grad_accum_steps * ws_;  // global

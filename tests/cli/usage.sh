@@ -58,6 +58,10 @@ expect 0 "samples: 40 \(train 38, validation 2\).*trained on" -- bash -c "'$bin'
 expect 0 "packing: [0-9]+ training rows of 256 per epoch, [0-9.]+% filled" -- "$bin" check "${chat[@]}"
 expect 0 "trained tokens in [0-9]+ rows of 256" -- "$bin" eval "${chat[@]}" --data "$tmp/chats.jsonl"
 expect 1 "chats.jsonl:1: a chat or prompt/completion record has a loss mask" -- "$bin" tokenize --tokenizer "$src/tests/fixtures/hf_chat" --in "$tmp/chats.jsonl" --out "$tmp/chats.bin"
+# Resuming on other data is said, not silent: the checkpoint keeps the rows' fingerprint.
+expect 0 "" -- "$bin" "${chat[@]}" --set training.steps=2 --set training.eval_every=0 --set run.output_dir="$tmp/chatrun"
+expect 0 "\"data\": \"samples:[0-9a-f]{16}\"" -- cat "$tmp/chatrun/checkpoints/step_2/meta.json"
+expect 0 "the data differs from the checkpoint's" -- "$bin" "${chat[@]}" --set training.steps=3 --set training.eval_every=0 --set run.output_dir="$tmp/chatrun" --set checkpoint.resume=auto --set data.packing=false
 expect 2 "data.path: no such file 'data/chats.jsonl'" -- "$bin" check --config "$src/configs/llama3_8b_qlora.toml"
 # tokenize -> eval on the token file gives the same numbers as eval on the text.
 expect 0 "byte-level tokens" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$tmp/corpus.bin"
