@@ -67,7 +67,7 @@ SampleRows::SampleRows(std::shared_ptr<const SampleSet> set, SampleSplit split, 
   val_fill_ = fill(val_.samples, val_.starts);
   if (!split_.train.empty()) {
     load_epoch(0);
-    train_fill_ = fill(epoch_rows_of_.samples, epoch_rows_of_.starts);
+    train_fill_ = fill(held_rows_.samples, held_rows_.starts);
   }
 }
 
@@ -120,9 +120,9 @@ void SampleRows::load_epoch(int64_t epoch) {
   const std::vector<int64_t> order = epoch_order(static_cast<int64_t>(split_.train.size()), seed_, epoch);
   std::vector<int64_t> samples(order.size());
   for (size_t i = 0; i < order.size(); ++i) samples[i] = split_.train[order[i]];
-  epoch_rows_of_ = pack(samples);
+  held_rows_ = pack(samples);
   epoch_ = epoch;
-  if (static_cast<int64_t>(epoch_rows_.size()) == epoch) epoch_rows_.push_back(static_cast<int64_t>(epoch_rows_of_.starts.size()) - 1);
+  if (static_cast<int64_t>(rows_per_epoch_.size()) == epoch) rows_per_epoch_.push_back(static_cast<int64_t>(held_rows_.starts.size()) - 1);
 }
 
 Batch SampleRows::train_rows(uint64_t first, int64_t count) {
@@ -132,9 +132,9 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
     auto k = static_cast<int64_t>(first) + r;
     int64_t epoch = 0;
     for (;; ++epoch) {
-      if (epoch >= static_cast<int64_t>(epoch_rows_.size())) load_epoch(epoch);  // counts its rows
-      if (k < epoch_rows_[epoch]) break;
-      k -= epoch_rows_[epoch];
+      if (epoch >= static_cast<int64_t>(rows_per_epoch_.size())) load_epoch(epoch);  // counts its rows
+      if (k < rows_per_epoch_[epoch]) break;
+      k -= rows_per_epoch_[epoch];
     }
     where.emplace_back(epoch, k);
   }
@@ -145,7 +145,7 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
     std::vector<int64_t> which;
     size_t j = i;
     for (; j < where.size() && where[j].first == where[i].first; ++j) which.push_back(where[j].second);
-    parts.push_back(rows(epoch_rows_of_.samples, epoch_rows_of_.starts, which));
+    parts.push_back(rows(held_rows_.samples, held_rows_.starts, which));
     i = j;
   }
   if (parts.size() == 1) return parts[0];

@@ -92,9 +92,9 @@ class SampleRows final : public RowSource {
   int64_t seq_len_;
   uint64_t seed_;
   bool packing_;
-  std::vector<int64_t> epoch_rows_;  // rows of each epoch computed so far
+  std::vector<int64_t> rows_per_epoch_;  // rows of each epoch computed so far
   int64_t epoch_ = -1;                // the epoch held below
-  Packed epoch_rows_of_;   // the held epoch's rows
+  Packed held_rows_;   // the held epoch's rows
   Packed val_;
   RowFill train_fill_, val_fill_;
 };

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 
 #include "checkpoint/hf.h"
@@ -129,10 +130,13 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
   if (set->max_id() >= c.model.shape.vocab_size)
     throw RuntimeError("'" + c.data.path + "' tokenizes to id " + std::to_string(set->max_id()) + " but model.vocab_size is " +
                        std::to_string(c.model.shape.vocab_size) + "; use the model's own tokenizer");
-  SampleSplit split = eval_only ? SampleSplit{{}, std::vector<int64_t>(static_cast<size_t>(set->size()))}
-                                : split_samples(set->size(), c.data.val_fraction);
-  if (eval_only)
-    for (int64_t i = 0; i < set->size(); ++i) split.val[i] = i;
+  SampleSplit split;
+  if (eval_only) {  // every sample is scored
+    split.val.resize(static_cast<size_t>(set->size()));
+    std::iota(split.val.begin(), split.val.end(), int64_t{0});
+  } else {
+    split = split_samples(set->size(), c.data.val_fraction);
+  }
   if (!eval_only && split.train.empty()) throw RuntimeError("'" + c.data.path + "' leaves no training sample after the validation split");
   auto rows = std::make_unique<SampleRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed), c.data.packing);
   RunData d;
