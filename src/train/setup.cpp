@@ -7,14 +7,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
 
 #include "checkpoint/hf.h"
 #include "checkpoint/peft.h"
 #include "common/alloc_meter.h"
-#include "common/log.h"
 #include "common/error.h"
+#include "common/fs_util.h"
+#include "common/log.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/rows.h"
@@ -28,6 +31,8 @@
 #include "parallel/precision.h"
 
 namespace ptrain {
+
+namespace fs = std::filesystem;
 
 c10::Device resolve_device(const Config& c, const DistEnv& env) {
   if (c.training.device == DeviceChoice::cuda || (c.training.device == DeviceChoice::automatic && torch::cuda::is_available()))
@@ -105,8 +110,30 @@ RunData token_stream(const Config& c, bool eval_only) {
   return d;
 }
 
+// The chat template a model directory ships, when it is not the one render_chat() writes
+// (Llama 3 Instruct's): Llama 3.1 / 3.2's add a default system header with dates.
+void warn_on_other_chat_template(const Tokenizer& tok) {
+  // transformers writes the template into tokenizer_config.json, or (since 4.5x) beside it.
+  const fs::path dir = fs::path(tok.path()).parent_path();
+  std::string template_text;
+  if (fs::is_regular_file(dir / "chat_template.jinja")) template_text = read_text_file((dir / "chat_template.jinja").string());
+  try {
+    if (fs::is_regular_file(dir / "tokenizer_config.json")) {
+      const auto j = nlohmann::json::parse(read_text_file((dir / "tokenizer_config.json").string()));
+      if (j.contains("chat_template") && j["chat_template"].is_string()) template_text += j["chat_template"].get<std::string>();
+    }
+  } catch (const std::exception&) {
+    // not ours to validate: the tokenizer itself loaded
+  }
+  if (template_text.find("Cutting Knowledge Date") != std::string::npos)
+    log::warn(dir.string(), ": the chat template adds a default system header (\"Cutting Knowledge Date ...\", Llama 3.1 / "
+              "3.2); ptrain renders chats with Llama 3 Instruct's template, which has none: put such a system message in "
+              "your data where you want the model to see it");
+}
+
 RunData jsonl_samples(const Config& c, bool eval_only) {
   const Tokenizer tok(c.tokenizer_path());
+  warn_on_other_chat_template(tok);
   SampleOptions o;
   o.max_ids = c.data.seq_len + 1;
   o.drop_too_long = c.data.truncation == Truncation::drop;
