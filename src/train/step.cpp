@@ -40,7 +40,7 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
     const Batch& b = batches[a];
     at::Tensor loss = model.forward_loss(b.inputs, b.targets, o.loss_chunk, b.doc_ids);
     const double weight = static_cast<double>(counts[a]) * comm.world_size() / n;
-    if (weight > 0) (loss * weight).backward();
+    (loss * weight).backward();  // also at weight 0: every rank takes part in the reduce-scatters
     model.finish_backward();  // normally a no-op: the embedding's reduce-scatter completes the last one
     loss_sum += loss.item<double>() * static_cast<double>(counts[a]);
   }
