@@ -33,6 +33,8 @@ json shape_json(const LlamaShape& s) {
           {"n_kv_heads", s.n_kv_heads}, {"head_dim", s.head_dim}, {"ffn_dim", s.ffn_dim},
           {"vocab_size", s.vocab_size}, {"max_seq_len", s.max_seq_len}, {"rope_theta", s.rope_theta},
           {"norm_eps", s.norm_eps}, {"tie_embeddings", s.tie_embeddings},
+          {"family", traits(s.family).name}, {"attention_bias", s.attention_bias}, {"mlp_bias", s.mlp_bias},
+          {"sliding_window", s.sliding_window},
           {"rope_scaling", {{"factor", s.rope_scaling.factor},
                             {"low_freq_factor", s.rope_scaling.low_freq_factor},
                             {"high_freq_factor", s.rope_scaling.high_freq_factor},
@@ -52,6 +54,14 @@ LlamaShape shape_from_json(const json& j) {
   s.rope_theta = j.at("rope_theta");
   s.norm_eps = j.at("norm_eps");
   s.tie_embeddings = j.at("tie_embeddings");
+  // Checkpoints from before the families hold Llamas without biases.
+  const std::string family = j.value("family", std::string("llama"));
+  const auto f = family_named(family);
+  if (!f) throw UnsupportedInput("checkpoint meta.json: model family \"" + family + "\" is not one ptrain implements (" + family_names() + ")");
+  s.family = *f;
+  s.attention_bias = j.value("attention_bias", false);
+  s.mlp_bias = j.value("mlp_bias", false);
+  s.sliding_window = j.value("sliding_window", int64_t{0});
   const auto& r = j.at("rope_scaling");
   s.rope_scaling = {r.at("factor"), r.at("low_freq_factor"), r.at("high_freq_factor"), r.at("original_max_seq_len")};
   return s;

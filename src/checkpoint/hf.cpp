@@ -1,10 +1,15 @@
 #include "checkpoint/hf.h"
 
+#include <ATen/ATen.h>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "model/layout.h"
+#include "model/llama.h"
 
 namespace ptrain {
 
@@ -19,63 +24,187 @@ json read_json(const std::string& path) {
     throw RuntimeError("'" + path + "' is not valid JSON: " + e.what());
   }
 }
+
+// config.json keys every family reads.
+const std::set<std::string>& common_keys() {
+  static const std::set<std::string> k{"architectures",     "model_type",          "hidden_size",  "num_hidden_layers",
+                                       "num_attention_heads", "num_key_value_heads", "head_dim",     "intermediate_size",
+                                       "vocab_size",        "max_position_embeddings", "rope_theta", "rope_parameters",
+                                       "rope_scaling",      "rms_norm_eps",        "tie_word_embeddings", "hidden_act",
+                                       "attention_dropout"};
+  return k;
+}
+
+// Keys that describe the files, the tokenizer, generation or the Python runtime — not the
+// network's computation. (PretrainedConfig's own attributes, which transformers 4.x wrote into
+// every config.json.)
+const std::set<std::string>& metadata_keys() {
+  static const std::set<std::string> k{
+      "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "dtype", "torch_dtype",
+      "transformers_version", "use_cache", "initializer_range", "_name_or_path", "name_or_path", "output_attentions",
+      "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "tokenizer_class", "prefix",
+      "task_specific_params", "finetuning_task", "is_encoder_decoder", "is_decoder", "add_cross_attention",
+      "tie_encoder_decoder", "cross_attention_hidden_size", "chunk_size_feed_forward", "torchscript", "pruned_heads",
+      "tf_legacy_loss", "use_bfloat16", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+      "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+      "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+      "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+      "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "_attn_implementation_autoset"};
+  return k;
+}
+
+// Keys some families' configs carry that change nothing at this value (and are refused at any other).
+bool neutral(const std::string& key, const json& v) {
+  if (key == "partial_rotary_factor") return v.is_number() && v.get<double>() == 1.0;
+  if (key == "attn_logit_softcapping" || key == "final_logit_softcapping") return v.is_null();
+  if (key == "attention_bias" || key == "mlp_bias" || key == "use_sliding_window") return v.is_boolean() && !v.get<bool>();
+  if (key == "sliding_window") return v.is_null();
+  return false;
+}
+
+// Why a key ptrain does not read would make it a different network, where a word helps.
+std::string refusal_hint(const std::string& key) {
+  if (key == "quantization_config")
+    return "the checkpoint is quantized; ptrain loads full-precision weights (use the unquantized model, with "
+           "quant.base = \"nf4\" for QLoRA)";
+  if (key == "auto_map") return "the model ships its own modeling code, which ptrain cannot check against its families";
+  if (key.find("expert") != std::string::npos || key.find("moe") != std::string::npos)
+    return "mixture-of-experts layers are not implemented";
+  if (key.find("softcap") != std::string::npos) return "logit soft-capping is not implemented";
+  if (key == "partial_rotary_factor") return "partial rotary embeddings are not implemented";
+  return "ptrain does not implement it, so the network would differ from the one this key describes";
+}
+
+std::string family_list() {
+  std::string out;
+  for (const auto& f : families())
+    out += std::string(out.empty() ? "" : ", ") + f.name + " (" + f.architecture + ")";
+  return out;
+}
+
+void read_rope(const json& c, LlamaShape& s, const std::string& path) {
+  // transformers < 5 writes "rope_theta" + "rope_scaling"; 5.x writes "rope_parameters" holding both.
+  if (c.contains("rope_theta")) s.rope_theta = c["rope_theta"].get<double>();
+  const json* rope = nullptr;
+  std::string key;
+  for (const char* k : {"rope_parameters", "rope_scaling"})
+    if (c.contains(k) && !c[k].is_null()) {
+      if (!c[k].is_object()) throw UnsupportedInput(path + ": \"" + k + "\" must be an object or null");
+      rope = &c[k];
+      key = k;
+      break;
+    }
+  if (!rope) return;
+  const json& r = *rope;
+  const std::string type = r.value("rope_type", r.value("type", std::string("default")));
+  std::set<std::string> known{"rope_type", "type", "rope_theta"};
+  if (type == "llama3") {
+    s.rope_scaling.factor = r.at("factor").get<double>();
+    s.rope_scaling.low_freq_factor = r.at("low_freq_factor").get<double>();
+    s.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
+    s.rope_scaling.original_max_seq_len = r.at("original_max_position_embeddings").get<int64_t>();
+    known.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  } else if (type != "default") {
+    throw UnsupportedInput(path + ": " + key + ".rope_type \"" + type +
+                           "\" is not implemented (ptrain implements \"default\" and \"llama3\")");
+  }
+  if (r.contains("rope_theta")) s.rope_theta = r["rope_theta"].get<double>();
+  for (auto it = r.begin(); it != r.end(); ++it)
+    if (!known.count(it.key()) && !neutral(it.key(), it.value()))
+      throw UnsupportedInput(path + ": " + key + "." + it.key() + " is not part of RoPE type \"" + type +
+                             "\" as ptrain implements it; " + refusal_hint(it.key()));
+}
+
+// Qwen's sliding-window keys: a window only where use_sliding_window is true, which ptrain refuses.
+void read_qwen_window(const json& c, LlamaShape& s, const std::string& path) {
+  if (c.value("use_sliding_window", false))
+    throw UnsupportedInput(path + ": use_sliding_window = true: sliding-window attention is not implemented for " +
+                           traits(s.family).name + " (released Qwen models set it false)");
+  if (c.contains("layer_types") && !c["layer_types"].is_null()) {
+    const json& types = c["layer_types"];
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != s.n_layers)
+      throw UnsupportedInput(path + ": layer_types must list one type per layer (" + std::to_string(s.n_layers) + ")");
+    for (const auto& t : types)
+      if (t != "full_attention")
+        throw UnsupportedInput(path + ": layer_types holds " + t.dump() + "; ptrain implements \"full_attention\" layers only");
+  }
+}
+
+// Mistral: the window applies to every layer; transformers' default is 4096 when the key is absent.
+void read_mistral_window(const json& c, LlamaShape& s) {
+  s.sliding_window = traits(s.family).default_sliding_window;
+  if (c.contains("sliding_window")) s.sliding_window = c["sliding_window"].is_null() ? 0 : c["sliding_window"].get<int64_t>();
+}
 }  // namespace
 
 LlamaShape read_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
-  if (!fs::is_regular_file(path)) throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face Llama directory)");
+  if (!fs::is_regular_file(path))
+    throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face model directory: " + family_list() + ")");
   json c = read_json(path);
+  if (!c.is_object()) throw UnsupportedInput(path + ": not a JSON object");
+  if (!c.contains("model_type") || !c["model_type"].is_string())
+    throw UnsupportedInput(path + ": no \"model_type\"; ptrain implements " + family_list());
+  const std::string model_type = c["model_type"].get<std::string>();
+  const auto family = family_named(model_type);
+  if (!family)
+    throw UnsupportedInput(path + ": model_type \"" + model_type + "\" is not a family ptrain implements (" + family_list() +
+                           "); see docs/models.md");
+  const FamilyTraits& f = traits(*family);
+  if (c.contains("architectures") && !c["architectures"].is_null() && c["architectures"] != json::array({f.architecture}))
+    throw UnsupportedInput(path + ": architectures " + c["architectures"].dump() + " is not [\"" + f.architecture +
+                           "\"]: ptrain trains the causal language model of family " + f.name);
+  // Every key is read, metadata, or neutral at its value; the first other one is refused.
+  for (auto it = c.begin(); it != c.end(); ++it) {
+    const std::string& k = it.key();
+    const bool own = std::find(f.own_keys.begin(), f.own_keys.end(), k) != f.own_keys.end();
+    if (common_keys().count(k) || metadata_keys().count(k) || own || neutral(k, it.value())) continue;
+    throw UnsupportedInput(path + ": key \"" + k + "\" (= " + it.value().dump() + ") is not one ptrain reads for " + f.name +
+                           ": " + refusal_hint(k) + ". See docs/models.md for what each family supports");
+  }
   auto need = [&](const char* key) -> const json& {
-    if (!c.contains(key) || c[key].is_null()) throw RuntimeError(path + ": missing \"" + key + "\"");
+    if (!c.contains(key) || c[key].is_null()) throw UnsupportedInput(path + ": missing \"" + key + "\"");
     return c[key];
+  };
+  auto number_or = [&](const char* key, auto fallback) {
+    return c.contains(key) && !c[key].is_null() ? c[key].get<decltype(fallback)>() : fallback;
   };
   try {
     LlamaShape s;
+    s.family = *family;
     s.dim = need("hidden_size").get<int64_t>();
     s.n_layers = need("num_hidden_layers").get<int64_t>();
     s.n_heads = need("num_attention_heads").get<int64_t>();
-    s.n_kv_heads = c.value("num_key_value_heads", s.n_heads);
-    s.head_dim = c.contains("head_dim") && !c["head_dim"].is_null() ? c["head_dim"].get<int64_t>()
-                                                                     : (s.n_heads ? s.dim / s.n_heads : 0);
+    s.n_kv_heads = number_or("num_key_value_heads", f.default_kv_heads ? f.default_kv_heads : s.n_heads);
+    s.head_dim = number_or("head_dim", f.default_head_dim ? f.default_head_dim : (s.n_heads ? s.dim / s.n_heads : int64_t{0}));
     s.ffn_dim = need("intermediate_size").get<int64_t>();
     s.vocab_size = need("vocab_size").get<int64_t>();
-    s.max_seq_len = c.value("max_position_embeddings", int64_t{2048});
-    s.rope_theta = c.value("rope_theta", 10000.0);
-    s.norm_eps = c.value("rms_norm_eps", 1e-6);
-    s.tie_embeddings = c.value("tie_word_embeddings", false);
-    // transformers < 5 writes "rope_theta" + "rope_scaling"; 5.x writes "rope_parameters"
-    // holding both.
-    const json* rope = nullptr;
-    if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
-      rope = &c["rope_parameters"];
-      s.rope_theta = rope->value("rope_theta", s.rope_theta);
-    } else if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) {
-      rope = &c["rope_scaling"];
-    }
-    if (rope) {
-      const auto& r = *rope;
-      const std::string type = r.value("rope_type", r.value("type", std::string("default")));
-      if (type == "llama3") {
-        s.rope_scaling.factor = r.at("factor").get<double>();
-        s.rope_scaling.low_freq_factor = r.at("low_freq_factor").get<double>();
-        s.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
-        s.rope_scaling.original_max_seq_len = r.at("original_max_position_embeddings").get<int64_t>();
-      } else if (type != "default") {
-        throw RuntimeError(path + ": rope type \"" + type + "\" is not supported (only \"default\" and \"llama3\")");
-      }
-    }
+    s.max_seq_len = number_or("max_position_embeddings", f.default_max_positions);
+    s.norm_eps = number_or("rms_norm_eps", 1e-6);
+    s.rope_theta = 10000.0;  // transformers' default_theta
+    s.tie_embeddings = number_or("tie_word_embeddings", false);
+    s.attention_bias = number_or("attention_bias", false);
+    s.mlp_bias = number_or("mlp_bias", false);
+    read_rope(c, s, path);
     if (c.value("hidden_act", std::string("silu")) != "silu")
-      throw RuntimeError(path + ": hidden_act must be \"silu\" for a Llama model");
+      throw UnsupportedInput(path + ": hidden_act \"" + c["hidden_act"].get<std::string>() +
+                             "\": ptrain's MLP is SwiGLU (\"silu\")");
+    if (number_or("attention_dropout", 0.0) != 0.0)
+      throw UnsupportedInput(path + ": attention_dropout " + c["attention_dropout"].dump() +
+                             ": attention dropout is not implemented (it must be 0)");
+    if (f.family == Family::mistral) read_mistral_window(c, s);
+    if (f.family == Family::qwen2 || f.family == Family::qwen3) read_qwen_window(c, s, path);
     return s;
   } catch (const json::exception& e) {
-    throw RuntimeError(path + ": unexpected value: " + e.what());
+    throw UnsupportedInput(path + ": unexpected value: " + e.what());
   }
 }
 
 void write_hf_config(const std::string& dir, const LlamaShape& s) {
+  const FamilyTraits& f = traits(s.family);
   json c = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {f.architecture}},
+      {"model_type", f.name},
       {"hidden_size", s.dim},
       {"num_hidden_layers", s.n_layers},
       {"num_attention_heads", s.n_heads},
@@ -88,10 +217,15 @@ void write_hf_config(const std::string& dir, const LlamaShape& s) {
       {"rms_norm_eps", s.norm_eps},
       {"tie_word_embeddings", s.tie_embeddings},
       {"hidden_act", "silu"},
-      {"attention_bias", false},
-      {"mlp_bias", false},
+      {"attention_dropout", 0.0},
       {"torch_dtype", "float32"},
   };
+  for (const auto& key : f.own_keys) {
+    if (key == "attention_bias") c[key] = s.attention_bias;
+    if (key == "mlp_bias") c[key] = s.mlp_bias;
+    if (key == "use_sliding_window") c[key] = false;
+    if (key == "sliding_window") c[key] = s.sliding_window > 0 ? json(s.sliding_window) : json(nullptr);
+  }
   if (s.rope_scaling.factor > 0)
     c["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", s.rope_scaling.factor},
@@ -111,12 +245,12 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
     if (it != files_.end()) return it->second;
     const fs::path p = fs::path(dir) / file;
     if (fs::path(file).has_parent_path() || !fs::is_regular_file(p))
-      throw RuntimeError("'" + dir + "': weight file '" + file + "' is missing");
+      throw RuntimeError("'" + dir + "': weight file '" + file + "' is missing (the shard index names it)");
     return files_[file] = std::make_shared<SafetensorsFile>(p.string());
   };
   if (fs::is_regular_file(index)) {
     json j = read_json(index.string());
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw RuntimeError(index.string() + ": missing \"weight_map\"");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it->is_string()) throw RuntimeError(index.string() + ": weight_map value for '" + it.key() + "' is not a file name");
@@ -125,11 +259,25 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
         throw RuntimeError(index.string() + " maps '" + it.key() + "' to " + it->get<std::string>() + ", which lacks it");
       where_[it.key()] = file;
     }
+    // A tensor a shard holds but the index does not map would be silently left out.
+    for (const auto& [name, file] : files_)
+      for (const auto& e : file->entries()) {
+        auto w = where_.find(e.name);
+        if (w == where_.end() || w->second != file)
+          throw RuntimeError(index.string() + ": shard " + name + " holds tensor '" + e.name + "', which the index " +
+                             (w == where_.end() ? "does not list" : "maps to another file"));
+      }
   } else if (fs::is_regular_file(single)) {
     auto file = open("model.safetensors");
     for (const auto& e : file->entries()) where_[e.name] = file;
   } else {
-    throw RuntimeError("'" + dir + "' has neither model.safetensors nor model.safetensors.index.json");
+    std::string others;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string ext = e.path().extension().string();
+      if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".gguf") others = e.path().filename().string();
+    }
+    throw RuntimeError("'" + dir + "' has neither model.safetensors nor model.safetensors.index.json" +
+                       (others.empty() ? std::string() : " (found " + others + ": ptrain reads safetensors only)"));
   }
 }
 
@@ -137,6 +285,72 @@ at::Tensor HfCheckpoint::tensor(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) throw RuntimeError("HF checkpoint '" + dir_ + "' has no tensor '" + name + "'");
   return it->second->tensor(name);
+}
+
+const SafetensorsEntry& HfCheckpoint::entry(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) throw RuntimeError("HF checkpoint '" + dir_ + "' has no tensor '" + name + "'");
+  return it->second->entry(name);
+}
+
+std::vector<std::string> HfCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, file] : where_) out.push_back(name);
+  return out;
+}
+
+void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, bool compare_values) {
+  std::map<std::string, std::vector<int64_t>> expected;
+  for (const auto& unit : llama_units(shape, 0.0))
+    for (const auto& slot : unit.slots) expected[slot.name] = slot.shape;
+  // Redundant copies: accepted when equal to what they duplicate.
+  std::map<std::string, std::vector<int64_t>> redundant;
+  if (shape.tie_embeddings) redundant["lm_head.weight"] = {shape.vocab_size, shape.dim};
+  for (int64_t l = 0; l < shape.n_layers; ++l)
+    redundant["model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq"] = {shape.head_dim / 2};
+  std::vector<std::string> problems;
+  const std::set<std::string> floats{"F32", "BF16", "F16"};
+  std::set<std::string> present;
+  for (const auto& name : ckpt.names()) {
+    present.insert(name);
+    const SafetensorsEntry& e = ckpt.entry(name);
+    auto want = expected.find(name);
+    const bool extra = want == expected.end();
+    if (extra && !redundant.count(name)) {
+      problems.push_back("tensor '" + name + "' is not part of a " + traits(shape.family).name +
+                         " model of this config (config.json describes no such tensor; ptrain would leave it unused)");
+      continue;
+    }
+    const auto& shape_wanted = extra ? redundant[name] : want->second;
+    if (e.shape != shape_wanted)
+      problems.push_back("tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) + ", config.json gives " +
+                         c10::str(c10::IntArrayRef(shape_wanted)));
+    else if (!floats.count(e.dtype))
+      problems.push_back("tensor '" + name + "' is stored as " + e.dtype +
+                         " (ptrain loads F32, BF16 or F16 weights; a quantized checkpoint is not supported)");
+  }
+  for (const auto& [name, dims] : expected)
+    if (!present.count(name)) problems.push_back("tensor '" + name + "' is missing (a " + traits(shape.family).name +
+                                                 " model of this config needs it)");
+  if (problems.empty() && compare_values) {
+    if (shape.tie_embeddings && present.count("lm_head.weight") &&
+        !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat), ckpt.tensor("model.embed_tokens.weight").to(at::kFloat)))
+      problems.push_back("tensor 'lm_head.weight' differs from model.embed_tokens.weight although tie_word_embeddings is "
+                         "true: the checkpoint describes an untied model");
+    const at::Tensor inv_freq = rope_inv_freq(shape);
+    for (int64_t l = 0; l < shape.n_layers; ++l) {
+      const std::string name = "model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq";
+      if (present.count(name) && !at::allclose(ckpt.tensor(name).to(at::kFloat), inv_freq, 1e-5, 0.0))
+        problems.push_back("tensor '" + name + "' holds RoPE frequencies other than config.json's (rope_theta " +
+                           std::to_string(shape.rope_theta) + ")");
+    }
+  }
+  if (problems.empty()) return;
+  std::string msg = "the weights do not match the model config.json describes:";
+  constexpr size_t kShown = 12;
+  for (size_t i = 0; i < std::min(problems.size(), kShown); ++i) msg += "\n  " + problems[i];
+  if (problems.size() > kShown) msg += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
+  throw UnsupportedInput(msg);
 }
 
 }  // namespace ptrain

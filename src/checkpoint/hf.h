@@ -1,5 +1,12 @@
-// Hugging Face Llama directories: config.json -> LlamaShape, and the tensors of
-// model.safetensors or of the shards listed in model.safetensors.index.json.
+// Hugging Face model directories of the families in model/family.h: config.json -> LlamaShape,
+// and the tensors of model.safetensors or of the shards listed in model.safetensors.index.json.
+//
+// Strict both ways: every config.json key is one ptrain implements, one that describes the
+// files rather than the network (token ids, dtype, versions), or one whose value is checked to
+// change nothing; every tensor in the files is one the model consumes and every tensor the model
+// needs is there with its shape and a floating-point dtype. Anything else is refused naming the
+// key or tensor (UnsupportedInput, exit 2) — a model ptrain does not fully understand is never
+// trained as a different network.
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -14,18 +21,23 @@
 
 namespace ptrain {
 
-// Reads DIR/config.json (LlamaForCausalLM). Throws RuntimeError naming the missing field.
+// Reads DIR/config.json. Throws UnsupportedInput naming the key (unknown family, a key that
+// changes the computation in a way ptrain does not implement) or RuntimeError (no file, bad JSON).
 LlamaShape read_hf_config(const std::string& dir);
 
-// Writes DIR/config.json for `shape` (fp32 weights, LlamaForCausalLM).
+// Writes DIR/config.json for `shape` in its family's format (float32 weights).
 void write_hf_config(const std::string& dir, const LlamaShape& shape);
 
 class HfCheckpoint {
  public:
-  // Opens model.safetensors, or every shard named by model.safetensors.index.json.
+  // Opens model.safetensors, or every shard named by model.safetensors.index.json (headers
+  // only: no tensor data is read). The index and the shards must agree: every tensor the index
+  // maps lies in its file, and every tensor of a shard is mapped there.
   explicit HfCheckpoint(const std::string& dir);
   // The stored tensor (any dtype, read-only view over the mapping).
   at::Tensor tensor(const std::string& name) const;
+  const SafetensorsEntry& entry(const std::string& name) const;
+  std::vector<std::string> names() const;
   // tensor() as a function, for FsdpModel::load (valid while this checkpoint is).
   std::function<at::Tensor(const std::string&)> by_name() const {
     return [this](const std::string& name) { return tensor(name); };
@@ -36,5 +48,13 @@ class HfCheckpoint {
   std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;  // by file name
   std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;  // tensor -> file
 };
+
+// Checks that `ckpt` holds exactly the tensors a model of `shape` consumes, each with its shape
+// and a floating-point dtype (F32, BF16, F16). Two redundant tensors are accepted when they
+// say nothing new: lm_head.weight of a tied model equal to the embedding, and the
+// rotary_emb.inv_freq buffers older transformers saved, equal to the frequencies `shape` gives —
+// their values are compared when `compare_values` (it reads them; `ptrain check` reads headers
+// only). Throws UnsupportedInput listing every problem.
+void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, bool compare_values);
 
 }  // namespace ptrain

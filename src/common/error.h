@@ -1,4 +1,4 @@
-// Error types and their exit codes: UsageError/ConfigError -> 2 (nothing started),
+// Error types and their exit codes: UsageError/UnsupportedInput/ConfigError -> 2 (nothing started),
 // everything else -> 1. Messages say what went wrong and what to do about it.
 #pragma once
 #include <stdexcept>
@@ -10,6 +10,12 @@ namespace ptrain {
 // Bad command line. Exit code 2.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// Input ptrain does not fully understand — a model's config.json key or checkpoint tensor, a
+// tokenizer component, ... — refused by name rather than half-used. Exit code 2.
+struct UnsupportedInput : UsageError {
+  using UsageError::UsageError;
 };
 
 // One problem in a config: printed as `error: FILE:LINE: section.key: reason`.

@@ -30,6 +30,14 @@ template <> const std::vector<std::string>& enum_names<DtypeName>() { static con
 template <> const std::vector<std::string>& enum_names<Backend>() { static const std::vector<std::string> n{"auto", "nccl", "mpi", "gloo"}; return n; }
 template <> const std::vector<std::string>& enum_names<Checkpointing>() { static const std::vector<std::string> n{"none", "full"}; return n; }
 template <> const std::vector<std::string>& enum_names<QuantBase>() { static const std::vector<std::string> n{"none", "nf4"}; return n; }
+template <> const std::vector<std::string>& enum_names<Family>() {
+  static const std::vector<std::string> n = [] {
+    std::vector<std::string> names;
+    for (const auto& f : families()) names.push_back(f.name);  // the table lists them in enumerator order
+    return names;
+  }();
+  return n;
+}
 
 std::string Config::output_dir() const {
   return run.output_dir.empty() ? "runs/" + run.name : run.output_dir;
@@ -137,13 +145,22 @@ const std::vector<Key>& keys() {
                  R"(seeds weight init (per unit) and the data order)"),
       PTRAIN_KEY("model", "preset", model.preset,
                  R"(`"tiny"`)",
-                 R"(`tiny` (~12M, CPU demo), `llama3_2_1b` (1.24B, tied), `llama3_8b`, `llama3_70b`)"),
+                 R"(`tiny` (~12M, CPU demo), `llama3_2_1b` (1.24B, tied), `llama3_8b`, `llama3_70b`, `qwen2_5_0_5b`, `qwen2_5_1_5b`, `qwen2_5_7b`, `qwen3_0_6b`, `qwen3_8b`, `mistral_7b` (v0.3) — the published shapes, initialised from `run.seed` (set `hf_path` to fine-tune released weights))"),
       PTRAIN_KEY("model", "hf_path", model.hf_path,
                  R"(`""`)",
-                 R"(Hugging Face Llama directory (`config.json` + `model.safetensors` or sharded with `model.safetensors.index.json`); the shape comes from its `config.json` and setting shape keys too is an error)"),
+                 R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name)"),
       PTRAIN_KEY("model", "init_std", model.init_std,
                  R"(`0.02`)",
                  R"(std of the normal init of matrices; `o_proj`/`down_proj` use `init_std / sqrt(2 * n_layers)`; norms start at 1)"),
+      PTRAIN_DIM("family", model.shape.family,
+                 R"(preset (`"llama"`))",
+                 R"(`llama`, `mistral`, `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm): the decoder's variations, `docs/models.md`)"),
+      PTRAIN_DIM("attention_bias", model.shape.attention_bias,
+                 R"(`false`)",
+                 R"(`llama`, `qwen3`: biases on the q/k/v/o projections)"),
+      PTRAIN_DIM("mlp_bias", model.shape.mlp_bias,
+                 R"(`false`)",
+                 R"(`llama`: biases on the gate/up/down projections)"),
       PTRAIN_DIM("dim", model.shape.dim,
                  R"(preset)",
                  R"(hidden size)"),

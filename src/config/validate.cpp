@@ -7,6 +7,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/hf.h"
 #include "checkpoint/peft.h"
 #include "common/fs_util.h"
 #include "config/config.h"
@@ -97,6 +98,26 @@ const std::vector<Rule>& rules() {
        }},
       {"model.rope_theta", [](const Config& c, const Environment&) -> std::string { return positive(c.model.shape.rope_theta); }},
       {"model.norm_eps", [](const Config& c, const Environment&) -> std::string { return positive(c.model.shape.norm_eps); }},
+      {"model.attention_bias", [](const Config& c, const Environment&) -> std::string {
+         const FamilyTraits& f = traits(c.model.shape.family);
+         const bool read = f.qkv_bias == BiasRule::attention_bias || f.o_bias == BiasRule::attention_bias;
+         return !c.model.shape.attention_bias || read ? "" : std::string("family ") + f.name + " has no attention_bias flag (docs/models.md)";
+       }},
+      {"model.mlp_bias", [](const Config& c, const Environment&) -> std::string {
+         const FamilyTraits& f = traits(c.model.shape.family);
+         return !c.model.shape.mlp_bias || f.mlp_bias == BiasRule::mlp_bias ? "" : std::string("family ") + f.name + " has no mlp_bias flag (docs/models.md)";
+       }},
+      {"model.hf_path", [](const Config& c, const Environment& env) -> std::string {
+         // The weights as training will load them, headers only: every tensor present, consumed,
+         // of its shape and a float dtype; the shard index consistent with the files.
+         if (c.model.hf_path.empty() || !env.local) return "";
+         try {
+           verify_hf_tensors(HfCheckpoint(c.model.hf_path), c.model.shape, false);
+         } catch (const std::exception& e) {
+           return e.what();
+         }
+         return "";
+       }},
       {"model.rope_scaling_factor", [](const Config& c, const Environment&) -> std::string {
          const auto& r = c.model.shape.rope_scaling;
          if (r.factor == 0) return std::string();
@@ -144,6 +165,13 @@ const std::vector<Rule>& rules() {
       {"data.seq_len", [](const Config& c, const Environment&) -> std::string {
          return c.data.seq_len <= c.model.shape.max_seq_len ? "" : "seq_len (" + std::to_string(c.data.seq_len) +
                                                                       ") exceeds model.max_seq_len (" + std::to_string(c.model.shape.max_seq_len) + ")";
+       }},
+      {"data.seq_len", [](const Config& c, const Environment&) -> std::string {
+         // Sliding-window attention is not implemented: a window is sound only where it never applies.
+         const int64_t w = c.model.shape.sliding_window;
+         return w == 0 || c.data.seq_len <= w ? "" : "the model's attention slides over the last " + std::to_string(w) +
+                    " positions (config.json sliding_window), which ptrain does not implement; sequences must fit in the "
+                    "window: set data.seq_len <= " + std::to_string(w);
        }},
       {"data.micro_batch_size", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.micro_batch_size, 1); }},
       {"data.val_fraction", [](const Config& c, const Environment&) -> std::string {

@@ -72,7 +72,7 @@ at::Tensor DenseWeights::embedding() { return embedding_weight(flats_.front(), l
 
 at::Tensor DenseWeights::block(int64_t layer, const at::Tensor& x, const RopeTables& rope) {
   const auto unit = static_cast<size_t>(layer + 1);
-  return block_forward(BlockWeights::from_flat(flats_[unit], layouts_[unit], shape_), x, rope, shape_);
+  return block_forward(BlockWeights::from_flat(flats_[unit], layouts_[unit]), x, rope, shape_);
 }
 
 HeadWeights DenseWeights::head() {

@@ -10,11 +10,12 @@ bool widen_on_cpu(const at::Tensor& t) {
 }
 }  // namespace
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w) {
-  if (!widen_on_cpu(x) && !widen_on_cpu(w)) return at::linear(x, w);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  if (!widen_on_cpu(x) && !widen_on_cpu(w)) return at::linear(x, w, bias);
   // Autograd sees the casts: the incoming gradient is widened exactly, both input gradients
   // are computed in float32 and rounded once to the operands' dtype, as a bf16 GEMM would.
-  return at::linear(x.to(at::kFloat), w.to(at::kFloat)).to(x.scalar_type());
+  const at::Tensor b = bias.defined() ? bias.to(at::kFloat) : bias;
+  return at::linear(x.to(at::kFloat), w.to(at::kFloat), b).to(x.scalar_type());
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype) {

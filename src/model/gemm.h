@@ -13,8 +13,9 @@
 
 namespace ptrain::gemm {
 
-// x [..., in] @ w[out, in]^T, differentiable, result in x's dtype.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w);
+// x [..., in] @ w[out, in]^T (+ bias [out], added before the result is rounded, as a GPU's
+// GEMM epilogue does), differentiable, result in x's dtype.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = at::Tensor());
 
 // a [n, k] @ b [k, m] with float32 accumulation, result in `out_dtype` (no autograd).
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype);

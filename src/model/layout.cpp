@@ -29,24 +29,24 @@ void add(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool decay
 }
 }  // namespace
 
-std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
-  std::vector<UnitLayout> units;
-  UnitLayout embed;
-  embed.name = "embed";
-  embed.kind = UnitKind::embedding;
-  group(embed);
-  add(embed, "model.embed_tokens.weight", {s.vocab_size, s.dim}, true, init_std);
-  group(embed);
-  embed.group_begins.pop_back();
-  units.push_back(embed);
+namespace {
+// A bias or norm slot: no weight decay; biases start at zero, norm weights at one.
+void add_vector(UnitLayout& u, std::string name, int64_t size, SlotInit init) {
+  add(u, std::move(name), {size}, false, 0.0);
+  u.slots.back().init = init;
+}
 
+// One block: the four matrix groups (decayed), then the norms and the family's biases and q/k
+// norms, each group aligned. Fused groups keep their tensors adjacent (q/k/v rows and biases,
+// gate/up rows and biases) so the forward reads each as one tensor.
+UnitLayout block_unit(const LlamaShape& s, int64_t layer, double init_std, bool matrices) {
   const double out_std = init_std / std::sqrt(2.0 * static_cast<double>(s.n_layers));
-  for (int64_t i = 0; i < s.n_layers; ++i) {
-    UnitLayout b;
-    b.name = "block." + std::to_string(i);
-    b.kind = UnitKind::block;
-    b.layer = i;
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+  UnitLayout b;
+  b.name = "block." + std::to_string(layer);
+  b.kind = UnitKind::block;
+  b.layer = layer;
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  if (matrices) {
     group(b);
     add(b, p + "self_attn.q_proj.weight", {s.q_dim(), s.dim}, true, init_std);
     add(b, p + "self_attn.k_proj.weight", {s.kv_dim(), s.dim}, true, init_std);
@@ -58,14 +58,51 @@ std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
     add(b, p + "mlp.up_proj.weight", {s.ffn_dim, s.dim}, true, init_std);
     group(b);
     add(b, p + "mlp.down_proj.weight", {s.dim, s.ffn_dim}, true, out_std);
-    group(b);
-    add(b, p + "input_layernorm.weight", {s.dim}, false, 0.0);
-    group(b);
-    add(b, p + "post_attention_layernorm.weight", {s.dim}, false, 0.0);
-    group(b);
-    b.group_begins.pop_back();  // the final call only pads
-    units.push_back(b);
   }
+  group(b);
+  add_vector(b, p + "input_layernorm.weight", s.dim, SlotInit::by_std);
+  group(b);
+  add_vector(b, p + "post_attention_layernorm.weight", s.dim, SlotInit::by_std);
+  if (s.qkv_bias()) {
+    group(b);
+    add_vector(b, p + "self_attn.q_proj.bias", s.q_dim(), SlotInit::zeros);
+    add_vector(b, p + "self_attn.k_proj.bias", s.kv_dim(), SlotInit::zeros);
+    add_vector(b, p + "self_attn.v_proj.bias", s.kv_dim(), SlotInit::zeros);
+  }
+  if (s.o_bias()) {
+    group(b);
+    add_vector(b, p + "self_attn.o_proj.bias", s.dim, SlotInit::zeros);
+  }
+  if (s.mlp_biased()) {
+    group(b);
+    add_vector(b, p + "mlp.gate_proj.bias", s.ffn_dim, SlotInit::zeros);
+    add_vector(b, p + "mlp.up_proj.bias", s.ffn_dim, SlotInit::zeros);
+    group(b);
+    add_vector(b, p + "mlp.down_proj.bias", s.dim, SlotInit::zeros);
+  }
+  if (s.qk_norm()) {
+    group(b);
+    add_vector(b, p + "self_attn.q_norm.weight", s.head_dim, SlotInit::by_std);
+    group(b);
+    add_vector(b, p + "self_attn.k_norm.weight", s.head_dim, SlotInit::by_std);
+  }
+  group(b);
+  b.group_begins.pop_back();  // the final call only pads
+  return b;
+}
+
+std::vector<UnitLayout> units(const LlamaShape& s, double init_std, bool block_matrices) {
+  std::vector<UnitLayout> units;
+  UnitLayout embed;
+  embed.name = "embed";
+  embed.kind = UnitKind::embedding;
+  group(embed);
+  add(embed, "model.embed_tokens.weight", {s.vocab_size, s.dim}, true, init_std);
+  group(embed);
+  embed.group_begins.pop_back();
+  units.push_back(embed);
+
+  for (int64_t i = 0; i < s.n_layers; ++i) units.push_back(block_unit(s, i, init_std, block_matrices));
 
   UnitLayout head;
   head.name = "head";
@@ -81,40 +118,31 @@ std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) {
   units.push_back(head);
   return units;
 }
+}  // namespace
+
+std::vector<UnitLayout> llama_units(const LlamaShape& s, double init_std) { return units(s, init_std, true); }
 
 std::vector<UnitLayout> llama_units_without_block_matrices(const LlamaShape& s, double init_std) {
-  std::vector<UnitLayout> out;
-  for (auto& full : llama_units(s, init_std)) {
-    if (full.kind != UnitKind::block) {
-      out.push_back(std::move(full));
-      continue;
-    }
-    UnitLayout u;
-    u.name = full.name;
-    u.kind = full.kind;
-    u.layer = full.layer;
-    for (const auto& slot : full.slots) {
-      if (slot.shape.size() != 1) continue;
-      group(u);
-      add(u, slot.name, slot.shape, slot.decay, slot.init_std);
-    }
-    group(u);
-    u.group_begins.pop_back();
-    out.push_back(std::move(u));
+  return units(s, init_std, false);
+}
+
+std::vector<std::vector<ParamSlot>> slot_groups(const UnitLayout& unit) {
+  std::vector<std::vector<ParamSlot>> groups;
+  for (size_t g = 0; g < unit.group_begins.size(); ++g) {
+    const int64_t begin = unit.group_begins[g];
+    const int64_t end = g + 1 < unit.group_begins.size() ? unit.group_begins[g + 1] : unit.numel;
+    std::vector<ParamSlot> slots;
+    for (const auto& s : unit.slots)
+      if (s.offset >= begin && s.offset < end) slots.push_back(s);
+    if (!slots.empty()) groups.push_back(std::move(slots));
   }
-  return out;
+  return groups;
 }
 
 std::vector<std::vector<ParamSlot>> block_matrix_groups(const UnitLayout& block) {
   std::vector<std::vector<ParamSlot>> groups;
-  for (size_t g = 0; g < block.group_begins.size(); ++g) {
-    const int64_t begin = block.group_begins[g];
-    const int64_t end = g + 1 < block.group_begins.size() ? block.group_begins[g + 1] : block.numel;
-    std::vector<ParamSlot> slots;
-    for (const auto& s : block.slots)
-      if (s.offset >= begin && s.offset < end && s.shape.size() == 2) slots.push_back(s);
-    if (!slots.empty()) groups.push_back(std::move(slots));
-  }
+  for (auto& g : slot_groups(block))
+    if (g.front().shape.size() == 2) groups.push_back(std::move(g));
   return groups;
 }
 

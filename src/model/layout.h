@@ -20,6 +20,13 @@ namespace ptrain {
 
 constexpr int64_t kUnitAlign = 256;
 
+// A block's four matrix groups in layout order: fused q/k/v rows, o, fused gate/up rows, down.
+enum class MatrixGroup : int { qkv, o, gate_up, down };
+constexpr int kMatrixGroups = 4;
+// A block's seven projections, in lora_targets() order.
+enum class Proj : int { q, k, v, o, gate, up, down };
+constexpr int kProjections = 7;
+
 enum class SlotInit {
   by_std,           // N(0, init_std), or ones when init_std == 0 (norm weights)
   kaiming_uniform,  // LoRA A: U(-1/sqrt(in), 1/sqrt(in)) (PEFT's init)
@@ -58,9 +65,12 @@ int64_t shard_numel(int64_t unit_numel, int64_t world_size);
 // of each block get init_std / sqrt(2 * n_layers)).
 std::vector<UnitLayout> llama_units(const LlamaShape& shape, double init_std);
 // The same units with the four matrix groups of every block (q/k/v, o, gate/up, down) left out:
-// an NF4 base keeps those quantized beside the units, and only the norms stay in the blocks.
+// an NF4 base keeps those quantized beside the units, and only the norms (and the family's
+// biases and q/k norms) stay in the blocks, grouped as in the full layout.
 std::vector<UnitLayout> llama_units_without_block_matrices(const LlamaShape& shape, double init_std);
-// Block matrix groups in BlockWeights order: q/k/v, o, gate/up, down; each the slots it fuses.
+// The slots of each aligned tensor group of a unit, in layout order.
+std::vector<std::vector<ParamSlot>> slot_groups(const UnitLayout& unit);
+// Block matrix groups in MatrixGroup order: q/k/v, o, gate/up, down; each the slots it fuses.
 std::vector<std::vector<ParamSlot>> block_matrix_groups(const UnitLayout& block);
 
 // LoRA adapters, one layout per base unit (same order; "<unit>.lora"): for each targeted

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "model/gemm.h"
@@ -125,7 +126,7 @@ RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids,
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
-  const int64_t B = x.size(0), T = x.size(1), half = x.size(3) / 2;
+  const int64_t T = x.size(1), half = x.size(3) / 2;
   auto halves = x.to(at::kFloat).chunk(2, -1);  // split's backward writes once, narrow's zero-fills
   const at::Tensor &x1 = halves[0], &x2 = halves[1];
   at::Tensor c, s;
@@ -139,23 +140,56 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1).to(x.scalar_type());
 }
 
-BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& s) {
-  const int64_t D = s.dim, Q = s.q_dim(), KV = s.kv_dim(), F = s.ffn_dim;
-  // The block layout's groups (model/layout.cpp): q,k,v | o | gate,up | down | norms.
-  const std::vector<std::vector<int64_t>> shapes{{Q + 2 * KV, D}, {D, Q}, {2 * F, D}, {D, F}, {D}, {D}};
-  const std::vector<int64_t> offsets{layout.offset_of("self_attn.q_proj.weight"), layout.offset_of("self_attn.o_proj.weight"),
-                                     layout.offset_of("mlp.gate_proj.weight"),    layout.offset_of("mlp.down_proj.weight"),
-                                     layout.offset_of("input_layernorm.weight"),  layout.offset_of("post_attention_layernorm.weight")};
-  TORCH_CHECK(flat.numel() == layout.numel, "block flat buffer has ", flat.numel(), " elements, layout needs ", layout.numel);
-  auto v = SplitFlat::apply(flat, offsets, shapes);
-  return {v[0], v[1], v[2], v[3], v[4], v[5]};
+namespace {
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
-BlockWeights BlockWeights::from_nf4(const at::Tensor& flat, const UnitLayout& layout, const nf4::Quantized* const q4[4]) {
+// Where a block's tensor group goes in BlockWeights, by its first tensor's name; null if it has
+// no place in the forward (a layout the forward does not know).
+at::Tensor* piece_of(BlockWeights& w, const std::string& first) {
+  static const std::pair<const char*, MatrixGroup> kGroups[] = {{"self_attn.q_proj", MatrixGroup::qkv},
+                                                                {"self_attn.o_proj", MatrixGroup::o},
+                                                                {"mlp.gate_proj", MatrixGroup::gate_up},
+                                                                {"mlp.down_proj", MatrixGroup::down}};
+  for (const auto& [module, g] : kGroups) {
+    const std::string m(module);
+    if (ends_with(first, (m + ".weight").c_str())) return &w.matrix[static_cast<int>(g)];
+    if (ends_with(first, (m + ".bias").c_str())) return &w.bias[static_cast<int>(g)];
+  }
+  if (ends_with(first, "input_layernorm.weight")) return &w.attn_norm;
+  if (ends_with(first, "post_attention_layernorm.weight")) return &w.ffn_norm;
+  if (ends_with(first, "self_attn.q_norm.weight")) return &w.q_norm;
+  if (ends_with(first, "self_attn.k_norm.weight")) return &w.k_norm;
+  return nullptr;
+}
+}  // namespace
+
+BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout) {
+  TORCH_CHECK(flat.numel() == layout.numel, "block flat buffer has ", flat.numel(), " elements, layout needs ", layout.numel);
   BlockWeights w;
-  w.attn_norm = slot_view(flat, layout.slots.at(0));
-  w.ffn_norm = slot_view(flat, layout.slots.at(1));
-  for (int i = 0; i < 4; ++i) w.q4[i] = q4[i];
+  std::vector<int64_t> offsets;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<at::Tensor*> pieces;
+  for (const auto& group : slot_groups(layout)) {  // one piece per group: fused tensors stacked by rows
+    std::vector<int64_t> shape = group.front().shape;
+    for (size_t i = 1; i < group.size(); ++i) shape[0] += group[i].shape[0];
+    at::Tensor* piece = piece_of(w, group.front().name);
+    TORCH_CHECK(piece, "block tensor ", group.front().name, " has no place in the forward");
+    offsets.push_back(group.front().offset);
+    shapes.push_back(std::move(shape));
+    pieces.push_back(piece);
+  }
+  auto v = SplitFlat::apply(flat, offsets, shapes);
+  for (size_t i = 0; i < pieces.size(); ++i) *pieces[i] = v[i];
+  return w;
+}
+
+BlockWeights BlockWeights::from_nf4(const at::Tensor& flat, const UnitLayout& layout,
+                                    const nf4::Quantized* const q4[kMatrixGroups]) {
+  BlockWeights w = from_flat(flat, layout);
+  for (int g = 0; g < kMatrixGroups; ++g) w.q4[g] = q4[g];
   return w;
 }
 
@@ -194,25 +228,36 @@ BlockLora BlockLora::from_flat(const at::Tensor& flat, const UnitLayout& layout,
   return l;
 }
 
-at::Tensor BlockLora::delta(int p, const at::Tensor& x) const {
-  if (!a[p].defined()) return at::Tensor();
+at::Tensor BlockLora::delta(Proj p, const at::Tensor& x) const {
+  const auto i = static_cast<int>(p);
+  if (!a[i].defined()) return at::Tensor();
   at::Tensor in = training && dropout > 0 ? at::dropout(x, dropout, true) : x;
-  return gemm::linear(gemm::linear(in, a[p]), b[p]) * scale;
+  return gemm::linear(gemm::linear(in, a[i]), b[i]) * scale;
 }
 
 namespace {
-// The frozen base's projection g (0 q/k/v, 1 o, 2 gate/up, 3 down): dense or 4-bit.
-at::Tensor base_linear(const BlockWeights& w, int g, const at::Tensor& x) {
-  if (w.q4[g]) return linear4bit(x, *w.q4[g]);
-  const at::Tensor* dense[4] = {&w.wqkv, &w.wo, &w.w_gate_up, &w.w_down};
-  return gemm::linear(x, *dense[g]);
+// The base's matrix group g (dense or 4-bit), with its bias where the family has one.
+at::Tensor base_linear(const BlockWeights& w, MatrixGroup g, const at::Tensor& x) {
+  const auto i = static_cast<int>(g);
+  if (!w.q4[i]) return gemm::linear(x, w.matrix[i], w.bias[i]);
+  at::Tensor y = linear4bit(x, *w.q4[i]);
+  return w.bias[i].defined() ? y + w.bias[i] : y;
 }
 
-// base + adapter delta of projection p (in place of the base output when it is a temporary).
-at::Tensor with_lora(at::Tensor base, const BlockLora* lora, int p, const at::Tensor& x) {
+// base + adapter delta of projection p.
+at::Tensor with_lora(at::Tensor base, const BlockLora* lora, Proj p, const at::Tensor& x) {
   if (!lora) return base;
   at::Tensor d = lora->delta(p, x);
   return d.defined() ? base + d : base;
+}
+
+// [B, T, heads * head_dim] -> [B, heads, T, head_dim]: per-head RMSNorm (when the family has
+// one), then RoPE.
+at::Tensor heads_with_rope(const at::Tensor& x, int64_t heads, const at::Tensor& norm, const RopeTables& rope,
+                           const LlamaShape& s) {
+  at::Tensor h = x.reshape({x.size(0), x.size(1), heads, s.head_dim});
+  if (norm.defined()) h = rms_norm(h, norm, s.norm_eps);
+  return apply_rope(h, rope).transpose(1, 2);
 }
 }  // namespace
 
@@ -222,10 +267,10 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
   const int64_t Q = s.q_dim(), KV = s.kv_dim();
 
   at::Tensor hn = rms_norm(x, w.attn_norm, s.norm_eps);
-  auto qkv = base_linear(w, 0, hn).split_with_sizes({Q, KV, KV}, -1);
-  for (int p = 0; p < 3; ++p) qkv[p] = with_lora(qkv[p], lora, p, hn);
-  at::Tensor q = apply_rope(qkv[0].reshape({B, T, s.n_heads, hd}), rope).transpose(1, 2);
-  at::Tensor k = apply_rope(qkv[1].reshape({B, T, s.n_kv_heads, hd}), rope).transpose(1, 2);
+  auto qkv = base_linear(w, MatrixGroup::qkv, hn).split_with_sizes({Q, KV, KV}, -1);
+  for (Proj p : {Proj::q, Proj::k, Proj::v}) qkv[static_cast<size_t>(p)] = with_lora(qkv[static_cast<size_t>(p)], lora, p, hn);
+  at::Tensor q = heads_with_rope(qkv[0], s.n_heads, w.q_norm, rope, s);
+  at::Tensor k = heads_with_rope(qkv[1], s.n_kv_heads, w.k_norm, rope, s);
   at::Tensor v = qkv[2].reshape({B, T, s.n_kv_heads, hd}).transpose(1, 2);
   // Packed documents attend within their own document (causal inside it); else plain causal.
   at::Tensor attn = rope.doc_mask.defined()
@@ -235,14 +280,14 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
                                                            /*is_causal=*/true, /*scale=*/std::nullopt,
                                                            /*enable_gqa=*/s.n_kv_heads != s.n_heads);
   at::Tensor ao = attn.transpose(1, 2).reshape({B, T, Q});
-  at::Tensor h = x + with_lora(base_linear(w, 1, ao), lora, 3, ao);
+  at::Tensor h = x + with_lora(base_linear(w, MatrixGroup::o, ao), lora, Proj::o, ao);
 
   at::Tensor hn2 = rms_norm(h, w.ffn_norm, s.norm_eps);
-  auto gate_up = base_linear(w, 2, hn2).chunk(2, -1);
-  gate_up[0] = with_lora(gate_up[0], lora, 4, hn2);
-  gate_up[1] = with_lora(gate_up[1], lora, 5, hn2);
+  auto gate_up = base_linear(w, MatrixGroup::gate_up, hn2).chunk(2, -1);
+  gate_up[0] = with_lora(gate_up[0], lora, Proj::gate, hn2);
+  gate_up[1] = with_lora(gate_up[1], lora, Proj::up, hn2);
   at::Tensor act = at::silu(gate_up[0]) * gate_up[1];
-  return h + with_lora(base_linear(w, 3, act), lora, 6, act);
+  return h + with_lora(base_linear(w, MatrixGroup::down, act), lora, Proj::down, act);
 }
 
 }  // namespace ptrain

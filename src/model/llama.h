@@ -41,19 +41,22 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // x: [B, T, heads, head_dim]; rotates (first half, second half) pairs in float32.
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 
-// Views of one block's flat buffer.
+// Views of one block's flat buffer (in the compute dtype), by matrix group (MatrixGroup).
 struct BlockWeights {
-  at::Tensor wqkv;       // [q_dim + 2*kv_dim, dim]  (q, k, v rows stacked)
-  at::Tensor wo;         // [dim, q_dim]
-  at::Tensor w_gate_up;  // [2*ffn_dim, dim]         (gate rows, then up rows)
-  at::Tensor w_down;     // [dim, ffn_dim]
+  // [q_dim + 2*kv_dim, dim] (q, k, v rows stacked), [dim, q_dim], [2*ffn_dim, dim] (gate rows,
+  // then up rows), [dim, ffn_dim]
+  at::Tensor matrix[kMatrixGroups];
+  // Their biases, stacked the same way; undefined where the family has none.
+  at::Tensor bias[kMatrixGroups];
   at::Tensor attn_norm;  // [dim]
   at::Tensor ffn_norm;   // [dim]
-  // NF4 base: the four matrices (same order) are these frozen 4-bit weights instead.
-  const nf4::Quantized* q4[4] = {nullptr, nullptr, nullptr, nullptr};
-  static BlockWeights from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& shape);
-  // flat holds only the norms (llama_units_without_block_matrices); q4 the four NF4 matrices.
-  static BlockWeights from_nf4(const at::Tensor& flat, const UnitLayout& layout, const nf4::Quantized* const q4[4]);
+  at::Tensor q_norm, k_norm;  // [head_dim] (qwen3), else undefined
+  // NF4 base: the four matrices are these frozen 4-bit weights instead.
+  const nf4::Quantized* q4[kMatrixGroups] = {nullptr, nullptr, nullptr, nullptr};
+  // Every tensor of the block unit's layout (a full llama_units() block, or one without the
+  // matrices: then q4 holds the four NF4 matrices).
+  static BlockWeights from_flat(const at::Tensor& flat, const UnitLayout& layout);
+  static BlockWeights from_nf4(const at::Tensor& flat, const UnitLayout& layout, const nf4::Quantized* const q4[kMatrixGroups]);
 };
 
 // One tensor of a unit's flat buffer, shaped as the slot says (a view: it shares storage and
@@ -74,20 +77,22 @@ struct HeadWeights {
 // The embedding table [vocab, dim] in the embedding unit's flat buffer.
 at::Tensor embedding_weight(const at::Tensor& embed_flat, const UnitLayout& embed_layout);
 
-// LoRA adapters of one block: views of its adapter unit's flat buffer. Index order q, k, v, o,
-// gate, up, down (model/layout.h block_projections); undefined where not targeted.
+// LoRA adapters of one block: views of its adapter unit's flat buffer, indexed by Proj;
+// undefined where not targeted.
 struct BlockLora {
-  at::Tensor a[7], b[7];
+  at::Tensor a[kProjections], b[kProjections];
   double scale = 1.0, dropout = 0.0;
   bool training = false;
   static BlockLora from_flat(const at::Tensor& flat, const UnitLayout& layout, const LlamaShape& shape, double scale,
                              double dropout, bool training);
   // dropout(x) @ A^T @ B^T * scale of projection p, or undefined when p has no adapter.
-  at::Tensor delta(int p, const at::Tensor& x) const;
+  at::Tensor delta(Proj p, const at::Tensor& x) const;
 };
 
-// One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x: [B, T, dim]. With `lora`,
-// each targeted projection adds its adapter's delta to the frozen base's output.
+// One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x: [B, T, dim]. The family's
+// variations come from the weights present: projection biases, and (qwen3) an RMSNorm over each
+// head of q and k before RoPE. With `lora`, each targeted projection adds its adapter's delta to
+// the frozen base's output (its bias included).
 at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope,
                          const LlamaShape& shape, const BlockLora* lora = nullptr);
 

@@ -5,7 +5,8 @@ namespace ptrain {
 int64_t LlamaShape::block_params() const {
   const int64_t attn = dim * q_dim() + 2 * dim * kv_dim() + q_dim() * dim;
   const int64_t mlp = 3 * dim * ffn_dim;
-  return attn + mlp + 2 * dim;  // + two RMSNorm weights
+  const int64_t biases = (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? dim : 0) + (mlp_biased() ? 2 * ffn_dim + dim : 0);
+  return attn + mlp + 2 * dim + biases + (qk_norm() ? 2 * head_dim : 0);  // + RMSNorm weights
 }
 
 int64_t LlamaShape::total_params() const {
@@ -26,6 +27,23 @@ LlamaShape llama3(int64_t dim, int64_t layers, int64_t heads, int64_t ffn) {
   s.rope_theta = 500000.0;
   s.norm_eps = 1e-5;
   s.rope_scaling = RopeScaling{8.0, 1.0, 4.0, 8192};
+  return s;
+}
+LlamaShape qwen(Family family, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+               int64_t ffn, int64_t vocab, bool tied, int64_t max_positions) {
+  LlamaShape s;
+  s.family = family;
+  s.dim = dim;
+  s.n_layers = layers;
+  s.n_heads = heads;
+  s.n_kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.ffn_dim = ffn;
+  s.vocab_size = vocab;
+  s.max_seq_len = max_positions;
+  s.rope_theta = 1000000.0;
+  s.norm_eps = 1e-6;
+  s.tie_embeddings = tied;
   return s;
 }
 }  // namespace
@@ -54,9 +72,28 @@ std::optional<LlamaShape> preset_shape(const std::string& name) {
     s.rope_scaling.factor = 32.0;
     return s;
   }
+  // Qwen2.5 (q/k/v biases; the small sizes tie their embeddings) and Qwen3 (q/k norms, head_dim
+  // 128 whatever the width) as their config.json files on the Hugging Face Hub give them.
+  if (name == "qwen2_5_0_5b") return qwen(Family::qwen2, 896, 24, 14, 2, 64, 4864, 151936, true, 32768);
+  if (name == "qwen2_5_1_5b") return qwen(Family::qwen2, 1536, 28, 12, 2, 128, 8960, 151936, true, 32768);
+  if (name == "qwen2_5_7b") return qwen(Family::qwen2, 3584, 28, 28, 4, 128, 18944, 152064, false, 32768);
+  if (name == "qwen3_0_6b") return qwen(Family::qwen3, 1024, 28, 16, 8, 128, 3072, 151936, true, 40960);
+  if (name == "qwen3_8b") return qwen(Family::qwen3, 4096, 36, 32, 8, 128, 12288, 151936, false, 40960);
+  if (name == "mistral_7b") {  // Mistral 7B v0.3: vocabulary 32768, no sliding window
+    LlamaShape s = llama3(4096, 32, 32, 14336);
+    s.family = Family::mistral;
+    s.vocab_size = 32768;
+    s.max_seq_len = 32768;
+    s.rope_theta = 1000000.0;
+    s.rope_scaling = RopeScaling{};
+    return s;
+  }
   return std::nullopt;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "llama3_2_1b", "llama3_8b", "llama3_70b"}; }
+std::vector<std::string> preset_names() {
+  return {"tiny",         "llama3_2_1b", "llama3_8b",  "llama3_70b", "qwen2_5_0_5b",
+          "qwen2_5_1_5b", "qwen2_5_7b",  "qwen3_0_6b", "qwen3_8b",   "mistral_7b"};
+}
 
 }  // namespace ptrain

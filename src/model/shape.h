@@ -1,9 +1,13 @@
-// Llama architecture hyper-parameters and the named presets (Meta's published Llama 3 / 3.2 configurations).
+// Decoder hyper-parameters — the Llama block and the variations of its family
+// (model/family.h) — and the named presets (the published Llama 3 / 3.2, Qwen2.5, Qwen3 and
+// Mistral configurations).
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "model/family.h"
 
 namespace ptrain {
 
@@ -28,6 +32,18 @@ struct LlamaShape {
   double norm_eps = 1e-5;
   RopeScaling rope_scaling;
   bool tie_embeddings = false;
+  Family family = Family::llama;
+  bool attention_bias = false;  // config.json "attention_bias" (llama, qwen3: biases on q/k/v/o)
+  bool mlp_bias = false;        // config.json "mlp_bias" (llama: biases on gate/up/down)
+  // Attention limited to the last W positions (mistral, qwen2/3); 0: none. ptrain accepts a
+  // window only where it never applies: data.seq_len <= W.
+  int64_t sliding_window = 0;
+
+  // The family's variations (model/family.h), resolved against the flags above.
+  bool qkv_bias() const { return has(traits(family).qkv_bias); }
+  bool o_bias() const { return has(traits(family).o_bias); }
+  bool mlp_biased() const { return has(traits(family).mlp_bias); }
+  bool qk_norm() const { return traits(family).qk_norm; }
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
@@ -38,9 +54,15 @@ struct LlamaShape {
   int64_t total_params() const;
   // Non-embedding parameters, for the 6N FLOPs/token estimate (output projection included).
   int64_t flops_params() const { return total_params() - embedding_params(); }
+
+ private:
+  bool has(BiasRule rule) const {
+    return rule == BiasRule::always || (rule == BiasRule::attention_bias && attention_bias) ||
+           (rule == BiasRule::mlp_bias && mlp_bias);
+  }
 };
 
-// Known presets: "tiny" (CPU demo), "llama3_8b", "llama3_70b". Empty when unknown.
+// Known presets (preset_names()). Empty when unknown.
 std::optional<LlamaShape> preset_shape(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -73,7 +73,9 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   if (!c.model.hf_path.empty()) {
     {
       MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
-      model->load(HfCheckpoint(c.model.hf_path).by_name());
+      const HfCheckpoint ckpt(c.model.hf_path);
+      verify_hf_tensors(ckpt, c.model.shape, /*compare_values=*/true);
+      model->load(ckpt.by_name());
       if (model->lora())
         log::info("loaded ", c.model.hf_path, (c.quant.base == QuantBase::nf4 ? " (NF4, one matrix group at a time)" : ""),
                   ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),

@@ -1,11 +1,12 @@
-// Step-parity harness, run under mpirun at any world size by Dist.StepParity*: loads the HF
-// Llama of tests/fixtures/make_step_fixtures.py into FSDP units (float32), then
+// Step-parity harness, run under mpirun at any world size by Dist.StepParity*: loads an HF
+// model of tests/fixtures/make_step_fixtures.py (any family) into FSDP units (float32), then
 //   1. one forward/backward on step 0's global batch (each rank its rows): writes every
 //      parameter's gradient, all-gathered from the shards and named as HF names it;
 //   2. ten train_step()s — the trainer's step — with the fixture's lr, AdamW and clipping:
 //      writes each step's loss (mean over ranks).
-// Usage: step_parity EXPECTED.safetensors HF_DIR OUT.safetensors. Rank 0 writes OUT; the
-// comparison with the reference is the test's.
+// Usage: step_parity EXPECTED.safetensors HF_DIR OUT.safetensors [--checkpointing]. Rank 0
+// writes OUT; the comparison with the reference is the test's. --checkpointing recomputes each
+// block in backward (memory.activation_checkpointing = "full").
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -25,8 +26,9 @@
 using namespace ptrain;
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: step_parity EXPECTED.safetensors HF_DIR OUT.safetensors\n";
+  const bool checkpointing = argc == 5 && std::string(argv[4]) == "--checkpointing";
+  if (argc != 4 && !checkpointing) {
+    std::cerr << "usage: step_parity EXPECTED.safetensors HF_DIR OUT.safetensors [--checkpointing]\n";
     return 2;
   }
   try {
@@ -40,8 +42,13 @@ int main(int argc, char** argv) {
     if (rows * ws != tokens.size(1)) throw std::runtime_error("the global batch does not divide by the world size");
     auto my_rows = [&](int64_t step) { return tokens[step].narrow(0, rank * rows, rows); };
 
-    FsdpModel model(read_hf_config(argv[2]), PrecisionPolicy{}, at::kCPU, 0.02, comm);
-    model.load(HfCheckpoint(argv[2]).by_name());
+    FsdpOptions fsdp;
+    fsdp.activation_checkpointing = checkpointing;
+    const LlamaShape shape = read_hf_config(argv[2]);
+    const HfCheckpoint hf(argv[2]);
+    verify_hf_tensors(hf, shape, true);
+    FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, comm, fsdp);
+    model.load(hf.by_name());
     const int64_t T = tokens.size(2) - 1;
     std::vector<std::pair<std::string, at::Tensor>> out;
 

@@ -419,44 +419,51 @@ TEST(Dist, QloraShardsTheNf4BaseAcrossRanks) {
   EXPECT_EQ(runs[2].second[2]["comm_all_gather_bytes"].get<int64_t>(), expected);
 }
 
-// llm.c-style step parity on a shape nothing is aligned to (hidden 96, 6/2 heads, vocabulary
-// 300, FFN 211): every parameter gradient after one forward/backward, and the losses of ten
-// clipped AdamW steps, against transformers + torch.optim (tests/fixtures/make_step_fixtures.py),
-// at 1, 2 and 3 ranks.
-TEST(Dist, StepParityWithTransformersAtOneTwoAndThreeRanks) {
+// llm.c-style step parity for every model family on shapes nothing is aligned to (odd
+// vocabularies, GQA, head_dim != hidden / heads; biases and q/k norms where the family has them):
+// every parameter gradient after one forward/backward, and the losses of ten clipped AdamW steps,
+// against transformers + torch.optim (tests/fixtures/make_step_fixtures.py), at 1, 2 and 3 ranks,
+// with and without activation checkpointing.
+TEST(Dist, StepParityWithTransformersForEveryFamilyAtOneTwoAndThreeRanks) {
   test::TempDir dir;
-  const std::string expected_path = test::fixture("hf_odd_step_expected.safetensors");
-  SafetensorsFile expected(expected_path);
-  for (int np : {1, 2, 3}) {
-    const std::string out = dir / ("np" + std::to_string(np) + ".safetensors");
-    Proc r = sh(mpirun(np) + PTRAIN_STEP_PARITY_PATH + " " + expected_path + " " + test::fixture("hf_odd") + " " + out);
-    ASSERT_EQ(r.rc, 0) << r.output;
-    SafetensorsFile got(out);
-    EXPECT_LE(rel(got.tensor("loss0").item<double>(), expected.tensor("loss0").item<double>()), 1e-6) << "np=" << np;
-    double worst_grad = 0;
+  for (const std::string model : {"hf_odd", "hf_llama_bias", "hf_qwen2", "hf_qwen3", "hf_mistral"}) {
+    const std::string expected_path = test::fixture(model + "_step_expected.safetensors");
+    SafetensorsFile expected(expected_path);
+    double worst_grad = 0, worst_loss = 0;
     std::string worst_name;
-    int64_t grads = 0;
-    for (const auto& entry : expected.entries()) {
-      const std::string& name = entry.name;
-      if (name.rfind("grad.", 0) != 0) continue;
-      ++grads;
-      at::Tensor ref = expected.tensor(name), g = got.tensor(name);
-      ASSERT_EQ(g.sizes(), ref.sizes()) << name;
-      // Largest elementwise difference relative to the tensor's largest gradient.
-      const double d = (g - ref).abs().max().item<double>() / ref.abs().max().item<double>();
-      if (d > worst_grad) worst_grad = d, worst_name = name;
-      EXPECT_LE(d, 1e-5) << name << " np=" << np;
-    }
-    EXPECT_EQ(grads, 3 * 9 + 3) << "every parameter's gradient is compared";
-    at::Tensor losses = got.tensor("losses"), ref_losses = expected.tensor("losses");
-    double worst_loss = 0;
-    for (int64_t s = 0; s < ref_losses.size(0); ++s) {
-      const double d = rel(losses[s].item<double>(), ref_losses[s].item<double>());
-      worst_loss = std::max(worst_loss, d);
-      EXPECT_LE(d, 1e-5) << "step " << s + 1 << " np=" << np;
-    }
-    std::cout << "np=" << np << ": worst gradient difference " << worst_grad << " (" << worst_name
-              << "), worst loss difference over 10 steps " << worst_loss << "\n";
+    for (int np : {1, 2, 3})
+      for (bool checkpointing : {false, true}) {
+        const std::string what = model + " np=" + std::to_string(np) + (checkpointing ? " checkpointing" : "");
+        const std::string out = dir / (model + std::to_string(np) + std::to_string(checkpointing) + ".safetensors");
+        Proc r = sh(mpirun(np) + PTRAIN_STEP_PARITY_PATH + " " + expected_path + " " + test::fixture(model) + " " + out +
+                    (checkpointing ? " --checkpointing" : ""));
+        ASSERT_EQ(r.rc, 0) << what << "\n" << r.output;
+        SafetensorsFile got(out);
+        EXPECT_LE(rel(got.tensor("loss0").item<double>(), expected.tensor("loss0").item<double>()), 1e-6) << what;
+        int64_t grads = 0, got_grads = 0;
+        for (const auto& entry : got.entries()) got_grads += entry.name.rfind("grad.", 0) == 0;
+        for (const auto& entry : expected.entries()) {
+          const std::string& name = entry.name;
+          if (name.rfind("grad.", 0) != 0) continue;
+          ++grads;
+          ASSERT_TRUE(got.contains(name)) << name << " " << what;
+          at::Tensor ref = expected.tensor(name), g = got.tensor(name);
+          ASSERT_EQ(g.sizes(), ref.sizes()) << name;
+          // Largest elementwise difference relative to the tensor's largest gradient.
+          const double d = (g - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+          if (d > worst_grad) worst_grad = d, worst_name = name;
+          EXPECT_LE(d, 1e-5) << name << " " << what;
+        }
+        EXPECT_EQ(got_grads, grads) << "every parameter of the model, and only those, has its gradient compared: " << what;
+        at::Tensor losses = got.tensor("losses"), ref_losses = expected.tensor("losses");
+        for (int64_t s = 0; s < ref_losses.size(0); ++s) {
+          const double d = rel(losses[s].item<double>(), ref_losses[s].item<double>());
+          worst_loss = std::max(worst_loss, d);
+          EXPECT_LE(d, 1e-5) << "step " << s + 1 << " " << what;
+        }
+      }
+    std::cout << model << " (np 1-3, with and without checkpointing): worst gradient difference " << worst_grad << " ("
+              << worst_name << "), worst loss difference over 10 steps " << worst_loss << "\n";
   }
 }
 

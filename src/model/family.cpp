@@ -1,0 +1,43 @@
+#include "model/family.h"
+
+#include <stdexcept>
+
+namespace ptrain {
+
+const std::vector<FamilyTraits>& families() {
+  // From transformers 5.x's modeling files: LlamaAttention/LlamaMLP (bias flags), Mistral (the
+  // Llama decoder with a sliding window), Qwen2Attention (q/k/v bias=True, o bias=False),
+  // Qwen3Attention (q_norm/k_norm over head_dim, bias=attention_bias; Qwen3MLP has none).
+  static const std::vector<FamilyTraits> kFamilies = {
+      // pretraining_tp: read by no transformers 5 module (it only split matmuls in older ones).
+      {Family::llama, "llama", "LlamaForCausalLM", BiasRule::attention_bias, BiasRule::attention_bias, BiasRule::mlp_bias,
+       false, 0, 0, 0, 2048, {"attention_bias", "mlp_bias", "pretraining_tp"}},
+      {Family::mistral, "mistral", "MistralForCausalLM", BiasRule::never, BiasRule::never, BiasRule::never, false, 8, 0,
+       4096, 131072, {"sliding_window"}},
+      {Family::qwen2, "qwen2", "Qwen2ForCausalLM", BiasRule::always, BiasRule::never, BiasRule::never, false, 32, 0, 0,
+       32768, {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}},
+      {Family::qwen3, "qwen3", "Qwen3ForCausalLM", BiasRule::attention_bias, BiasRule::attention_bias, BiasRule::never, true,
+       32, 128, 0, 32768, {"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}},
+  };
+  return kFamilies;
+}
+
+const FamilyTraits& traits(Family family) {
+  for (const auto& f : families())
+    if (f.family == family) return f;
+  throw std::logic_error("family missing from the family table");
+}
+
+std::optional<Family> family_named(const std::string& name) {
+  for (const auto& f : families())
+    if (name == f.name) return f.family;
+  return std::nullopt;
+}
+
+std::string family_names() {
+  std::string out;
+  for (const auto& f : families()) out += (out.empty() ? "" : ", ") + std::string(f.name);
+  return out;
+}
+
+}  // namespace ptrain
