@@ -1,5 +1,5 @@
-// Model pieces against closed-form expectations, and the whole forward against the saved
-// outputs of transformers' LlamaForCausalLM (tests/fixtures/make_fixtures.py).
+// Model pieces against closed-form expectations, and the whole forward of every family against
+// the saved outputs of transformers (tests/fixtures/make_fixtures.py, make_step_fixtures.py).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -133,6 +133,53 @@ void check_hf_parity(const std::string& dir) {
 TEST(HfParity, LogitsAndLossMatchTransformers) { check_hf_parity(test::fixture("hf_tiny")); }
 TEST(HfParity, ShardedCheckpointLoadsTheSame) { check_hf_parity(test::fixture("hf_tiny_sharded")); }
 
+// Every family's forward against transformers' logits, over the dense holder and FsdpModel
+// (tests/fixtures/make_step_fixtures.py: odd vocabularies, GQA, head_dim != hidden / heads,
+// random biases and q/k norm weights).
+TEST(HfParity, EveryFamilysLogitsMatchTransformers) {
+  for (const std::string name : {"hf_odd", "hf_llama_bias", "hf_qwen2", "hf_qwen3", "hf_mistral"}) {
+    SafetensorsFile expected(test::fixture(name + "_step_expected.safetensors"));
+    const at::Tensor tokens = expected.tensor("tokens")[0].narrow(1, 0, 16).clone();
+    const at::Tensor logits_ref = expected.tensor("logits");
+    const std::string dir = test::fixture(name);
+    const LlamaShape shape = read_hf_config(dir);
+    HfCheckpoint ckpt(dir);
+    verify_hf_tensors(ckpt, shape, true);
+    DenseWeights dense(shape, at::kFloat, at::kCPU);
+    dense.load(ckpt.by_name());
+    FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
+    model.load(ckpt.by_name());
+    const at::Tensor dense_logits = llama_logits(dense, shape, dense.rope(16), tokens).view(logits_ref.sizes());
+    const at::Tensor fsdp_logits = model.logits(tokens).view(logits_ref.sizes());
+    const double diff = (dense_logits - logits_ref).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-4) << name;
+    EXPECT_TRUE(at::equal(dense_logits, fsdp_logits)) << name << ": one forward, two weight sources";
+    std::cout << name << " (" << traits(shape.family).name << "): max |logits - transformers| = " << diff << "\n";
+  }
+}
+
+TEST(HfConfig, ReadsEachFamilysVariations) {
+  const LlamaShape qwen2 = read_hf_config(test::fixture("hf_qwen2"));
+  EXPECT_EQ(qwen2.family, Family::qwen2);
+  EXPECT_TRUE(qwen2.qkv_bias() && !qwen2.o_bias() && !qwen2.mlp_biased() && !qwen2.qk_norm());
+  EXPECT_TRUE(qwen2.tie_embeddings);
+  EXPECT_DOUBLE_EQ(qwen2.rope_theta, 1000000.0);
+  const LlamaShape qwen3 = read_hf_config(test::fixture("hf_qwen3"));
+  EXPECT_TRUE(qwen3.qk_norm() && !qwen3.qkv_bias());
+  EXPECT_EQ(qwen3.head_dim, 20);  // not 64 / 6
+  const LlamaShape bias = read_hf_config(test::fixture("hf_llama_bias"));
+  EXPECT_TRUE(bias.qkv_bias() && bias.o_bias() && bias.mlp_biased());
+  const LlamaShape mistral = read_hf_config(test::fixture("hf_mistral"));
+  EXPECT_EQ(mistral.family, Family::mistral);
+  EXPECT_EQ(mistral.sliding_window, 32);
+  for (const auto& s : {qwen2, qwen3, bias, mistral}) {  // the parameter count is the layout's
+    int64_t slots = 0;
+    for (const auto& u : llama_units(s, 0.02))
+      for (const auto& slot : u.slots) slots += slot.numel;
+    EXPECT_EQ(s.total_params(), slots) << traits(s.family).name;
+  }
+}
+
 TEST(HfConfig, ReadsLlama3RopeScaling) {
   LlamaShape s = read_hf_config(test::fixture("hf_tiny"));
   EXPECT_EQ(s.dim, 64);
@@ -151,6 +198,22 @@ TEST(Shape, PresetParameterCounts) {
   EXPECT_EQ(s70.total_params(), 70553706496);
   // Llama 3.2 1B: 1,235,814,400 parameters (tied 128256 x 2048 embedding, 16 blocks).
   EXPECT_EQ(preset_shape("llama3_2_1b").value().total_params(), 1235814400);
+  // The published sizes of the other families (model cards: total and non-embedding parameters
+  // in billions, within one unit of the last digit printed there — the cards round some and
+  // truncate others; Mistral's card gives the total only).
+  struct Card {
+    const char* preset;
+    double total, non_embedding;
+  };
+  for (const Card& card : {Card{"qwen2_5_0_5b", 0.49, 0.36}, Card{"qwen2_5_1_5b", 1.54, 1.31}, Card{"qwen2_5_7b", 7.61, 6.53},
+                           Card{"qwen3_0_6b", 0.6, 0.44}, Card{"qwen3_8b", 8.2, 6.95}, Card{"mistral_7b", 7.25, -1}}) {
+    const LlamaShape s = preset_shape(card.preset).value();
+    const int64_t embeddings = s.embedding_params() * (s.tie_embeddings ? 1 : 2);
+    const double unit = std::string(card.preset).rfind("qwen3", 0) == 0 ? 0.1 : 0.01;  // Qwen3's cards: one decimal
+    EXPECT_NEAR(static_cast<double>(s.total_params()) / 1e9, card.total, unit) << card.preset;
+    if (card.non_embedding > 0)
+      EXPECT_NEAR(static_cast<double>(s.total_params() - embeddings) / 1e9, card.non_embedding, 0.01) << card.preset;
+  }
   auto tiny = preset_shape("tiny").value();
   EXPECT_GE(tiny.total_params(), 10'000'000);
   EXPECT_LE(tiny.total_params(), 30'000'000);
