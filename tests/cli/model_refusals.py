@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Models ptrain does not fully understand are refused by name, never trained.
+
+Each case copies a committed family fixture (tests/fixtures/make_step_fixtures.py), damages it
+one way — a config.json key that changes the network, a tensor too many or too few, a wrong
+shape or dtype, a missing or truncated shard, no weights at all — and checks that both
+`ptrain check` and `ptrain train` exit 2 naming the key, tensor or file, and that the training
+run wrote nothing (no metrics.jsonl, no checkpoint).
+
+Usage: model_refusals.py PTRAIN_BINARY FIXTURES_DIR WORK_DIR
+Prints one line per check and `N passed, N failed`; exit 1 when any failed.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+passed, failed = 0, 0
+
+
+def check(ok, what, detail=""):
+    global passed, failed
+    passed, failed = passed + ok, failed + (not ok)
+    print(("PASS " if ok else "FAIL ") + what + ("" if ok else "\n" + detail), flush=True)
+
+
+def write_tokens(path, n, vocab):
+    """ptrain's token file: 32-byte header (magic, version 1, width 2, count, vocab), uint16 ids."""
+    ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(3)).to(torch.int16)
+    with open(path, "wb") as f:
+        f.write(b"PTRAINTK" + struct.pack("<IIQI", 1, 2, n, vocab) + bytes(4))
+        f.write(ids.numpy().tobytes())
+
+
+def edit_config(d, **changes):
+    with open(f"{d}/config.json") as f:
+        c = json.load(f)
+    for k, v in changes.items():
+        if v is KeyError:
+            c.pop(k, None)
+        else:
+            c[k] = v
+    with open(f"{d}/config.json", "w") as f:
+        json.dump(c, f, indent=2)
+
+
+def edit_tensors(d, fn):
+    t = load_file(f"{d}/model.safetensors")
+    fn(t)
+    save_file(t, f"{d}/model.safetensors", metadata={"format": "pt"})
+
+
+def shard(d):
+    """Re-saves d's weights as two shards with an index, as transformers does."""
+    t = load_file(f"{d}/model.safetensors")
+    os.remove(f"{d}/model.safetensors")
+    names = sorted(t)
+    half = len(names) // 2
+    weight_map = {}
+    for i, part in enumerate([names[:half], names[half:]]):
+        file = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({n: t[n] for n in part}, f"{d}/{file}", metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    with open(f"{d}/model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
+def main():
+    binary, fixtures, work = (os.path.abspath(a) for a in sys.argv[1:4])
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    write_tokens(f"{work}/train.bin", 4000, 131)  # 131: the smallest fixture vocabulary
+
+    def case(name, fixture, damage, *patterns, seq_len=16, check_too=True):
+        d = f"{work}/{name}"
+        shutil.copytree(f"{fixtures}/{fixture}", d)
+        damage(d)
+        cfg = f"{d}.toml"
+        with open(cfg, "w") as f:
+            f.write(f'[run]\noutput_dir = "{d}.run"\n[model]\nhf_path = "{d}"\n'
+                    f'[data]\npath = "{work}/train.bin"\nformat = "tokens"\nseq_len = {seq_len}\nmicro_batch_size = 2\n'
+                    f'[training]\nsteps = 2\ndevice = "cpu"\n')
+        for command in (["check"] if check_too else []) + ["train"]:
+            p = subprocess.run([binary, command, "--config", cfg], capture_output=True, text=True)
+            out = p.stdout + p.stderr
+            missing = [x for x in patterns if x not in out]
+            check(p.returncode == 2 and not missing, f"{name}: `ptrain {command}` exits 2 naming {', '.join(patterns)}",
+                  f"exit {p.returncode}; missing {missing} in:\n{out[-2000:]}")
+        trained = os.path.exists(f"{d}.run/metrics.jsonl") or os.path.exists(f"{d}.run/checkpoints")
+        check(not trained, f"{name}: nothing was trained")
+
+    # config.json keys
+    case("gemma", "hf_odd", lambda d: edit_config(d, model_type="gemma"), 'model_type "gemma"', "qwen3")
+    case("no_model_type", "hf_odd", lambda d: edit_config(d, model_type=KeyError), 'no "model_type"')
+    case("classifier", "hf_odd", lambda d: edit_config(d, architectures=["LlamaForSequenceClassification"]),
+         "LlamaForSequenceClassification")
+    case("moe", "hf_mistral", lambda d: edit_config(d, num_local_experts=8), '"num_local_experts"', "mixture-of-experts")
+    case("softcap", "hf_qwen3", lambda d: edit_config(d, final_logit_softcapping=30.0), '"final_logit_softcapping"')
+    case("partial_rotary", "hf_odd", lambda d: edit_config(d, partial_rotary_factor=0.5), '"partial_rotary_factor"')
+    case("yarn", "hf_qwen2", lambda d: edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                                         "rope_theta": 1e6}), '"yarn"')
+    case("rope_extra", "hf_qwen3", lambda d: edit_config(d, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                                               "mrope_section": [2, 2]}), "mrope_section")
+    case("gelu", "hf_odd", lambda d: edit_config(d, hidden_act="gelu"), '"gelu"')
+    case("attention_dropout", "hf_qwen2", lambda d: edit_config(d, attention_dropout=0.1), "attention_dropout")
+    case("quantized", "hf_odd", lambda d: edit_config(d, quantization_config={"quant_method": "bitsandbytes"}),
+         '"quantization_config"')
+    case("remote_code", "hf_qwen2", lambda d: edit_config(d, auto_map={"AutoModelForCausalLM": "x.Y"}), '"auto_map"')
+    case("qwen2_attention_bias", "hf_qwen2", lambda d: edit_config(d, attention_bias=True), '"attention_bias"')
+    case("qwen_sliding", "hf_qwen2", lambda d: edit_config(d, use_sliding_window=True, sliding_window=8),
+         "use_sliding_window")
+    case("qwen3_layer_types", "hf_qwen3", lambda d: edit_config(d, layer_types=["full_attention", "sliding_attention"]),
+         "layer_types", "sliding_attention")
+    case("mistral_window", "hf_mistral", lambda d: edit_config(d, sliding_window=8), "data.seq_len", "sliding_window")
+    # tensors
+    case("unconsumed_bias", "hf_odd",
+         lambda d: edit_tensors(d, lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(96)})),
+         "'model.layers.0.self_attn.q_proj.bias' is not part of")
+    case("missing_bias", "hf_qwen2", lambda d: edit_tensors(d, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias")),
+         "'model.layers.1.self_attn.k_proj.bias' is missing")
+    case("missing_q_norm", "hf_qwen3", lambda d: edit_tensors(d, lambda t: t.pop("model.layers.0.self_attn.q_norm.weight")),
+         "'model.layers.0.self_attn.q_norm.weight' is missing")
+    case("wrong_shape", "hf_qwen3",
+         lambda d: edit_tensors(d, lambda t: t.update({"model.layers.0.self_attn.k_norm.weight": torch.ones(16)})),
+         "'model.layers.0.self_attn.k_norm.weight' has shape [16]")
+    case("int8_tensor", "hf_llama_bias",
+         lambda d: edit_tensors(d, lambda t: t.update({"model.norm.weight": torch.ones(72, dtype=torch.int8)})),
+         "'model.norm.weight' is stored as I8")
+    # a tied model whose lm_head differs from the embedding: its header is fine, the values are not
+    case("tied_lm_head_differs", "hf_qwen2",
+         lambda d: edit_tensors(d, lambda t: t.update({"lm_head.weight": torch.randn(311, 84)})),
+         "'lm_head.weight' differs", check_too=False)
+    # files
+    def missing_shard(d):
+        shard(d)
+        os.remove(f"{d}/model-00002-of-00002.safetensors")
+    case("missing_shard", "hf_qwen2", missing_shard, "model-00002-of-00002.safetensors", "missing")
+
+    def truncated_shard(d):
+        shard(d)
+        path = f"{d}/model-00001-of-00002.safetensors"
+        os.truncate(path, os.path.getsize(path) - 100)
+    case("truncated_shard", "hf_qwen3", truncated_shard, "model-00001-of-00002.safetensors", "out of bounds")
+
+    def unlisted(d):
+        shard(d)
+        with open(f"{d}/model.safetensors.index.json") as f:
+            index = json.load(f)
+        index["weight_map"].pop(sorted(index["weight_map"])[0])
+        with open(f"{d}/model.safetensors.index.json", "w") as f:
+            json.dump(index, f)
+    case("index_omits_a_tensor", "hf_mistral", unlisted, "which the index does not list")
+    case("no_weights", "hf_odd", lambda d: os.remove(f"{d}/model.safetensors"), "neither model.safetensors")
+
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
