@@ -74,7 +74,7 @@ def main():
     binary, fixtures, work = (os.path.abspath(a) for a in sys.argv[1:4])
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    write_tokens(f"{work}/train.bin", 4000, 131)  # 131: the smallest fixture vocabulary
+    write_tokens(f"{work}/train.bin", 4000, 257)  # 257: the smallest fixture vocabulary
 
     def case(name, fixture, damage, *patterns, seq_len=16, check_too=True):
         d = f"{work}/{name}"
