@@ -113,7 +113,16 @@ ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInpu
   const int64_t mlp = (ad[GATE] && ad[UP] ? 0 : c * 2 * F) + (ad[GATE] ? c * F : 0) + (ad[UP] ? c * F : 0) + c * F + act;
   int64_t adapters = 0;  // x A^T [tokens, rank] per adapter
   for (bool a : ad) adapters += a ? c * in.lora_rank : 0;
-  const int64_t full_block = N * (2 * norm + hn + hn2 + attention + mlp + adapters);
+  // Qwen3's per-head q/k RMSNorm: a float32 rstd per head; the CPU's composite norm also the
+  // float32 normalized q/k when its weights are trained; an adapted q or k is a tensor of its
+  // own, kept as the norm's input (else the input is a view of the q/k/v output, kept anyway).
+  // (Exact for full fine-tuning and for adapters on both q and k; with an adapter on only one of
+  // them, the first block keeps less and the others may keep the q/k/v output whole.)
+  const int64_t qk = s.q_dim() + s.kv_dim();
+  const int64_t qk_norm = !s.qk_norm() ? 0
+                                       : 4 * (s.n_heads + s.n_kv_heads) + (!in.fused_norm && trained ? 4 * qk : 0) +
+                                             (ad[Q] ? c * q : 0) + (ad[K] ? c * kv : 0);
+  const int64_t full_block = N * (2 * norm + hn + hn2 + attention + mlp + adapters + qk_norm);
   ActivationEstimate e;
   e.layers = s.n_layers;
   e.per_block_bytes = in.checkpointing ? N * c * d : full_block;  // checkpointing: the block's input

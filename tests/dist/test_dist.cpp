@@ -154,6 +154,27 @@ TEST(Dist, StateBytesPerRankMatchCheckPrediction) {
   }
 }
 
+// The families' extra tensors (biases, q/k norms) are state the planner counts: memory.json at
+// np 3 equals `ptrain check --json` for a full fine-tune of each family, with AdamW8bit for
+// Qwen3, and for QLoRA over the biased Llama (its biases stay in the frozen base units).
+TEST(Dist, FamilyStateBytesMatchCheckPrediction) {
+  const std::string qlora = "--set lora.enabled=true --set lora.rank=4 --set quant.base=nf4 "
+                            "--set lora.targets='[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]'";
+  for (const auto& [family, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"hf_llama_bias", ""}, {"hf_qwen2", ""}, {"hf_qwen3", "--set optimizer.name=adamw8bit --set precision.mode=bf16"},
+           {"hf_mistral", ""}, {"hf_llama_bias", qlora}}) {
+    SCOPED_TRACE(family + " " + flags);
+    test::TempDir dir;
+    const std::string model = "hf_path = \"" + test::fixture(family) + "\"\n", out = dir / "np3";
+    Proc r = train(dir, 3, out, "--set training.steps=1 " + flags, model);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    Proc check = sh(bin() + " check --config " + test::small_config(dir, "", 60000, model) + " --world-size 3 --json " + flags +
+                    " --set data.micro_batch_size=4");
+    ASSERT_EQ(check.rc, 0) << check.output;
+    EXPECT_EQ(json::parse(read_text_file(out + "/memory.json")), json::parse(check.output.substr(check.output.find('{'))));
+  }
+}
+
 TEST(Dist, BytesCommunicatedPerStepMatchTheSchedule) {
   test::TempDir dir;
   const LlamaShape shape = test::small_shape();

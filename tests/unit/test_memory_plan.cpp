@@ -29,6 +29,12 @@ LlamaShape shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv, int64_t
   s.vocab_size = vocab, s.tie_embeddings = tied;
   return s;
 }
+
+LlamaShape family(LlamaShape s, Family f, bool biases = false) {
+  s.family = f;
+  s.attention_bias = s.mlp_bias = biases;
+  return s;
+}
 }  // namespace
 
 TEST(Memory, SavedActivationsMatchPrediction) {
@@ -36,7 +42,11 @@ TEST(Memory, SavedActivationsMatchPrediction) {
                                                                {"odd96", shape(96, 3, 6, 2, 211, 300)},
                                                                {"mha_tied", shape(80, 1, 5, 5, 130, 77, true)},
                                                                {"wide", shape(256, 2, 8, 1, 688, 1000)},
-                                                               {"head_dim24", shape(72, 2, 4, 2, 190, 131)}};
+                                                               {"head_dim24", shape(72, 2, 4, 2, 190, 131)},
+                                                               {"llama_bias", family(shape(72, 2, 4, 2, 190, 131), Family::llama, true)},
+                                                               {"qwen2", family(shape(84, 2, 6, 2, 150, 311, true), Family::qwen2)},
+                                                               {"qwen3", family(shape(72, 2, 4, 2, 130, 257), Family::qwen3)},
+                                                               {"mistral", family(shape(96, 2, 6, 3, 200, 333), Family::mistral)}};
   for (const auto& [name, s] : shapes) {
     for (bool checkpointing : {false, true}) {
       SCOPED_TRACE(name + (checkpointing ? " checkpointing" : ""));
@@ -67,6 +77,49 @@ TEST(Memory, SavedActivationsMatchPrediction) {
       loss.backward();
     }
   }
+}
+
+// Qwen3's per-head q/k RMSNorm under LoRA keeps its adapted q and k (tensors of their own
+// rather than views of the fused q/k/v output) and a float32 rstd per head, as the planner counts
+// (full fine-tuning: Memory.SavedActivationsMatchPrediction).
+TEST(Memory, QkNormActivationsUnderLoraMatchPrediction) {
+  const LlamaShape s = family(shape(72, 2, 4, 2, 130, 257), Family::qwen3);
+  for (const auto& targets : {std::vector<std::string>{"q", "k", "v", "o", "gate", "up", "down"},
+                              std::vector<std::string>{"q", "k"}}) {
+      const std::string what = "lora targets " + std::to_string(targets.size());
+      SCOPED_TRACE(what);
+      PrecisionPolicy policy;
+      FsdpOptions o;
+      o.lora = !targets.empty();
+      o.lora_targets = targets;
+      o.lora_rank = 4;
+      FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm(), o);
+      model.init_weights(1);
+      const int64_t B = 3, T = 40;
+      at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
+      at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
+      model.forward_loss(in, tgt, 50).backward();  // the RoPE tables
+      model.zero_grad();
+      int64_t measured = 0;
+      {
+        MeterScope scope;
+        at::Tensor loss = model.forward_loss(in, tgt, 50);
+        measured = scope.meter().net.load() - static_cast<int64_t>(loss.nbytes());
+        loss.backward();
+        model.finish_backward();
+      }
+      ActivationInputs a;
+      a.tokens = B * T;
+      a.fused_norm = false;
+      a.lora = o.lora;
+      a.lora_rank = 4;
+      const auto projections = block_projections(s);
+      for (size_t i = 0; i < projections.size(); ++i)
+        a.adapted[i] = std::find(targets.begin(), targets.end(), projections[i].target) != targets.end();
+      const int64_t predicted = predict_activations(s, a).saved_bytes();
+      std::cout << what << ": measured " << measured << " B, predicted " << predicted << " B\n";
+      EXPECT_EQ(predicted, measured);
+    }
 }
 
 // Packed rows keep one attention mask, the positions and the per-token RoPE cos/sin for all
