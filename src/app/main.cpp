@@ -56,7 +56,7 @@ usage:
             a text or token file (default: data.path), in order
   compare   trains each mode (fp32, mixed, bf16, bf16-sr, bf16-adam8bit) from the same init on the
             same data; writes DIR/<mode>/metrics.jsonl, summary.md, summary.csv, loss.svg
-  export    writes a Hugging Face Llama directory (config.json + model.safetensors), or for a
+  export    writes a Hugging Face model directory of the run's family (config.json + model.safetensors), or for a
             LoRA checkpoint the adapters in PEFT's format (adapter_config.json +
             adapter_model.safetensors); --merge writes the base with the adapters merged in
   tokenize  converts text to a token file: byte-level, or with --tokenizer an HF tokenizer.json
@@ -159,7 +159,7 @@ int cmd_check(const Args& a) {
   const PrecisionPolicy policy = precision_policy(c);
   const auto& s = c.model.shape;
   std::cout << "# resolved config (" << c.source_file << ")\n" << to_toml(c) << "\n"
-            << "# plan\nmodel: " << log::grouped(static_cast<double>(s.total_params())) << " parameters ("
+            << "# plan\nmodel: " << s.describe() << ", " << log::grouped(static_cast<double>(s.total_params())) << " parameters ("
             << s.n_layers << " blocks of " << log::grouped(static_cast<double>(s.block_params())) << ", embedding "
             << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
             << log::grouped(static_cast<double>(s.head_params())) << ")\n"

@@ -41,7 +41,7 @@ std::string latest_checkpoint(const std::string& root);
 // must be the same.
 void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim, TrainProgress& progress);
 
-// Writes an HF Llama directory (config.json + model.safetensors, float32) from a checkpoint.
+// Writes an HF model directory of the checkpoint's family (config.json + model.safetensors, float32) from a checkpoint.
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir);
 
 }  // namespace ptrain

@@ -634,8 +634,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   }
   // Without a shape the dimension rules would only echo the problem above.
   if (config.model.shape.dim == 0) throw ConfigError(std::move(problems));
-  const bool head_dim_set = std::any_of(assignments.begin(), assignments.end(),
-                                        [](const Assignment& a) { return a.key->name == "head_dim"; });
+  auto assigned = [&](const char* name) {
+    return std::any_of(assignments.begin(), assignments.end(),
+                       [&](const Assignment& a) { return a.key->model_dim && a.key->name == name; });
+  };
   for (const auto& a : assignments)
     if (a.key->model_dim) {
       if (!config.model.hf_path.empty()) {
@@ -646,7 +648,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
       assign(a);
     }
   auto& s = config.model.shape;
-  if (!head_dim_set && config.model.hf_path.empty() && s.n_heads > 0) s.head_dim = s.dim / s.n_heads;
+  // A resized preset derives head_dim from its new width; a preset's own head_dim (Qwen3's 128
+  // whatever the width) stands unless dim or n_heads changes.
+  if (!assigned("head_dim") && (assigned("dim") || assigned("n_heads")) && config.model.hf_path.empty() && s.n_heads > 0)
+    s.head_dim = s.dim / s.n_heads;
 
   validate(config, env, problems);
   if (!problems.empty()) throw ConfigError(std::move(problems));

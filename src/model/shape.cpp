@@ -9,6 +9,18 @@ int64_t LlamaShape::block_params() const {
   return attn + mlp + 2 * dim + biases + (qk_norm() ? 2 * head_dim : 0);  // + RMSNorm weights
 }
 
+std::string LlamaShape::describe() const {
+  std::vector<std::string> parts;
+  if (qkv_bias()) parts.push_back(o_bias() ? "q/k/v/o biases" : "q/k/v biases");
+  if (mlp_biased()) parts.push_back("MLP biases");
+  if (qk_norm()) parts.push_back("per-head q/k RMSNorm");
+  if (tie_embeddings) parts.push_back("tied embedding");
+  if (sliding_window > 0) parts.push_back("sliding window " + std::to_string(sliding_window) + " (sequences fit in it)");
+  std::string out = traits(family).name;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : " (") + parts[i] + (i + 1 == parts.size() ? ")" : "");
+  return out;
+}
+
 int64_t LlamaShape::total_params() const {
   return embedding_params() + n_layers * block_params() + head_params();
 }

@@ -44,6 +44,8 @@ struct LlamaShape {
   bool o_bias() const { return has(traits(family).o_bias); }
   bool mlp_biased() const { return has(traits(family).mlp_bias); }
   bool qk_norm() const { return traits(family).qk_norm; }
+  // "qwen3 (per-head q/k RMSNorm)": the family and what it adds to the Llama block.
+  std::string describe() const;
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }

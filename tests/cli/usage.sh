@@ -87,6 +87,18 @@ expect 2 "data.path: no such file" -- "$bin" check --config "$src/configs/llama3
 # Llama 3 70B QLoRA (NF4 base sharded across ranks, block inputs offloaded) fits two 24 GB GPUs;
 # on one it exits 2 and names more ranks.
 expect 0 "fits: [0-9.]+ of 24 GiB per GPU" -- "$bin" check --plan --config "$src/configs/llama3_70b_qlora.toml" --world-size 2 --gpu-memory 24
+# The other families' configs plan as docs/models.md shows, naming their family.
+for c in qwen2_5_0_5b_mixed qwen2_5_1_5b_mixed qwen3_0_6b_mixed; do
+  expect 0 "fits: [0-9.]+ of 80 GiB per GPU" -- "$bin" check --plan --config "$src/configs/$c.toml" --gpu-memory 80
+done
+for c in qwen2_5_7b_bf16 qwen3_8b_bf16 mistral_7b_bf16; do
+  expect 0 "fits: [0-9.]+ of 80 GiB per GPU" -- "$bin" check --plan --config "$src/configs/$c.toml" --world-size 8 --gpu-memory 80
+done
+for c in qwen2_5_7b_qlora qwen3_8b_qlora mistral_7b_qlora; do
+  expect 0 "fits: [0-9.]+ of 24 GiB per GPU" -- "$bin" check --plan --config "$src/configs/$c.toml" --gpu-memory 24
+done
+expect 0 "model: qwen3 \(per-head q/k RMSNorm\), 8,190,735,360 parameters" -- "$bin" check --plan --config "$src/configs/qwen3_8b_qlora.toml"
+expect 0 "model: qwen2 \(q/k/v biases, tied embedding\), 494,032,768 parameters" -- "$bin" check --plan --config "$src/configs/qwen2_5_0_5b_mixed.toml"
 expect 0 "NF4 0.51[0-9]+ B per 4-bit weight, 1/2 on each rank" -- "$bin" check --plan --config "$src/configs/llama3_70b_qlora.toml" --world-size 2
 expect 2 "does not fit in --gpu-memory 24 GiB.*--world-size 2: [0-9.]+ GiB — fits" -- bash -c "'$bin' check --plan --config '$src/configs/llama3_70b_qlora.toml' --world-size 1 --gpu-memory 24 2>&1 | tr '\\n' ' '; exit \${PIPESTATUS[0]}"
 # configs/tiny_qlora.toml: QLoRA over the fixture's HF model trains on the CPU (loss falls).

@@ -116,6 +116,22 @@ TEST(Config, OverridesPresetAndResolvedTomlRoundTrips) {
   EXPECT_EQ(to_toml(again), to_toml(c));
 }
 
+// A preset through the config is the preset: its own head_dim (Qwen3's 128 at any width) and
+// family survive resolution, and the resolved TOML reloads to the same shape.
+TEST(Config, EveryPresetResolvesToItsShape) {
+  test::TempDir dir;
+  for (const auto& name : preset_names()) {
+    SCOPED_TRACE(name);
+    const Config c = load_config(test::small_config(dir, "", 60000, ""), {"model.preset=\"" + name + "\""}, Environment{});
+    const LlamaShape want = preset_shape(name).value();
+    EXPECT_EQ(c.model.shape.head_dim, want.head_dim);
+    EXPECT_EQ(c.model.shape.family, want.family);
+    EXPECT_EQ(c.model.shape.total_params(), want.total_params());
+    test::write_text(dir / "resolved.toml", to_toml(c));
+    EXPECT_EQ(load_config(dir / "resolved.toml", {}, Environment{}).model.shape.total_params(), want.total_params());
+  }
+}
+
 // docs/config.md is what the key table renders (each key's default and meaning live beside
 // its definition), and it documents every key.
 TEST(Config, DocsAreGeneratedFromTheKeyTable) {
