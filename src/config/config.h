@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "model/shape.h"
+#include "optim/lr_schedule.h"
 
 namespace ptrain {
 
@@ -22,7 +23,6 @@ enum class DataFormat { text, tokens, jsonl };
 enum class Truncation { truncate, drop };
 enum class DeviceChoice { automatic, cpu, cuda };  // "auto", "cpu", "cuda"
 enum class OptimizerName { adamw, adamw8bit };
-enum class Decay { cosine, linear, constant };
 enum class PrecisionMode { fp32, mixed, bf16 };
 enum class DtypeName { from_mode, float32, bfloat16 };  // "" (the mode decides), "float32", "bfloat16"
 enum class Backend { automatic, nccl, mpi, gloo };      // "auto", ...
