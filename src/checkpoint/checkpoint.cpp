@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/log.h"
+#include "model/plan.h"
 #include "optim/optimizer.h"
 #include "parallel/collectives.h"
 #include "parallel/fsdp.h"
@@ -259,34 +260,33 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
 
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
   json meta = read_meta(checkpoint_dir);
-  const LlamaShape shape = shape_from_json(meta.at("shape"));
-  if (meta.value("lora", false)) {  // adapters only: PEFT's format
+  PlanOptions o;  // the units the checkpoint holds: the trained ones (model/plan.h)
+  o.lora = meta.value("lora", false);
+  PeftAdapter a;
+  if (o.lora) {
     const json& l = meta.at("lora_config");
-    PeftAdapter a;
-    a.rank = l.at("rank").get<int64_t>();
+    o.lora_rank = a.rank = l.at("rank").get<int64_t>();
+    o.lora_targets = a.targets = l.at("targets").get<std::vector<std::string>>();
     a.alpha = l.at("alpha").get<double>();
     a.dropout = l.at("dropout").get<double>();
-    a.targets = l.at("targets").get<std::vector<std::string>>();
-    ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());
-    for (const auto& layout : lora_units(shape, a.targets, a.rank)) {
-      if (layout.numel == 0) continue;
-      at::Tensor flat = at::empty({layout.numel}, at::kFloat);
-      params.copy(layout.name, layout.numel, 0, layout.numel, flat);
-      for (const auto& slot : layout.slots) a.tensors[slot.name] = slot_view(flat, slot).clone();
-    }
+  }
+  const ModelPlan plan = ModelPlan::make(shape_from_json(meta.at("shape")), o);
+  ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& u : plan.trained()) {
+    if (u.layout.numel == 0) continue;
+    at::Tensor flat = at::empty({u.layout.numel}, at::kFloat);
+    params.copy(u.layout.name, u.layout.numel, 0, u.layout.numel, flat);
+    for (const auto& slot : u.layout.slots) named.emplace_back(slot.name, slot_view(flat, slot));
+  }
+  if (o.lora) {  // adapters only: PEFT's format
+    for (const auto& [name, t] : named) a.tensors[name] = t.clone();
     write_peft(out_dir, a);
     return;
   }
-  ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& layout : llama_units(shape, 0.02)) {
-    at::Tensor flat = at::empty({layout.numel}, at::kFloat);
-    params.copy(layout.name, layout.numel, 0, layout.numel, flat);
-    for (const auto& slot : layout.slots) named.emplace_back(slot.name, slot_view(flat, slot));
-  }
   fs::create_directories(out_dir);
   write_safetensors((fs::path(out_dir) / "model.safetensors").string(), named, {{"format", "pt"}});
-  write_hf_config(out_dir, shape);
+  write_hf_config(out_dir, plan.shape);
 }
 
 }  // namespace ptrain

@@ -32,63 +32,48 @@ bool FsdpModel::aliases_shard(size_t unit) const {
   return comm_->world_size() == 1 && at(unit).shard.scalar_type() == at(unit).gathered.scalar_type();
 }
 
-UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant) {
-  static const char* const kGroups[4] = {"qkv", "o", "gate_up", "down"};
-  UnitLayout l;
-  l.name = block.name + ".nf4";
-  l.kind = UnitKind::block;
-  l.layer = block.layer;
-  const auto groups = block_matrix_groups(block);
-  TORCH_CHECK(groups.size() == 4, "a block has 4 matrix groups");
-  for (size_t g = 0; g < 4; ++g) {
-    int64_t n = 0;
-    for (const auto& slot : groups[g]) n += slot.numel;
-    ParamSlot s;
-    s.name = "model.layers." + std::to_string(block.layer) + ".nf4." + kGroups[g];
-    s.numel = nf4::byte_layout(n, double_quant).bytes;
-    s.shape = {s.numel};
-    s.offset = l.numel;
-    l.group_begins.push_back(s.offset);
-    l.numel += s.numel;
-    l.slots.push_back(std::move(s));
-  }
-  return l;
+ModelPlan FsdpModel::plan_for(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std,
+                              const FsdpOptions& options) {
+  PlanOptions o;
+  o.init_std = init_std;
+  o.master_dtype = policy.master_dtype;
+  o.compute_dtype = policy.compute_dtype;
+  o.lora = options.lora;
+  o.lora_targets = options.lora_targets;
+  o.lora_rank = options.lora_rank;
+  o.nf4_base = options.nf4_base;
+  o.double_quant = options.double_quant;
+  return ModelPlan::make(shape, o);
 }
 
 namespace {
-FlatUnit make_unit(UnitLayout layout, int64_t ws, int64_t rank, c10::ScalarType shard_dtype, c10::ScalarType compute_dtype,
-                   const at::Device& device, bool trainable) {
+// The planned unit's shard (this rank's slice, zero-padded) and its gathered buffer.
+FlatUnit make_unit(const PlannedUnit& planned, int64_t ws, int64_t rank, const at::Device& device) {
   FlatUnit u;
-  u.shard_numel = shard_numel(layout.numel, ws);
+  u.shard_numel = shard_numel(planned.layout.numel, ws);
   u.shard_offset = rank * u.shard_numel;
-  u.shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(shard_dtype).device(device));
-  u.shard.set_requires_grad(trainable);
-  u.gathered = at::empty({u.shard_numel * ws}, at::TensorOptions().dtype(compute_dtype).device(device));
+  u.shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(planned.stored).device(device));
+  u.shard.set_requires_grad(planned.trained);
+  u.gathered = at::empty({u.shard_numel * ws}, at::TensorOptions().dtype(planned.gathered).device(device));
   free_storage(u.gathered);  // allocated on demand (never, when the shard is used in place)
-  u.layout = std::move(layout);
+  u.layout = planned.layout;
   return u;
 }
 }  // namespace
 
 FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
                      std::shared_ptr<Collectives> comm, FsdpOptions options)
-    : shape_(shape), policy_(policy), device_(device), comm_(std::move(comm)), options_(options) {
+    : shape_(shape),
+      policy_(policy),
+      device_(device),
+      comm_(std::move(comm)),
+      options_(options),
+      plan_(plan_for(shape, policy, init_std, options)) {
   const int64_t ws = comm_->world_size(), rank = comm_->rank();
-  // A frozen base needs no master copy: it is stored in the compute dtype.
-  const auto base_dtype = options_.lora ? policy.compute_dtype : policy.master_dtype;
-  full_layouts_ = llama_units(shape, init_std);
-  auto layouts = options_.nf4_base ? llama_units_without_block_matrices(shape, init_std) : full_layouts_;
-  for (auto& layout : layouts)
-    units_.push_back(make_unit(std::move(layout), ws, rank, base_dtype, policy.compute_dtype, device, !options_.lora));
-  if (options_.lora)
-    for (auto& layout : lora_units(shape, options_.lora_targets, options_.lora_rank))
-      adapters_.push_back(make_unit(std::move(layout), ws, rank, policy.master_dtype, policy.compute_dtype, device, true));
+  for (const auto& u : plan_.base) units_.push_back(make_unit(u, ws, rank, device));
+  for (const auto& u : plan_.adapters) adapters_.push_back(make_unit(u, ws, rank, device));
+  for (const auto& u : plan_.nf4) nf4_units_.push_back(make_unit(u, ws, rank, device));
   nf4_.resize(units_.size());
-  if (options_.nf4_base)
-    for (const auto& full : full_layouts_) {
-      UnitLayout layout = full.kind == UnitKind::block ? nf4_unit_layout(full, options_.double_quant) : UnitLayout{};
-      nf4_units_.push_back(make_unit(std::move(layout), ws, rank, at::kByte, at::kByte, device, false));
-    }
   gathering_.resize(units_.size() + adapters_.size() + nf4_units_.size());
   if (options_.activation_offloading) {
     TORCH_CHECK(options_.activation_checkpointing, "activation offloading moves the checkpointed blocks' inputs: it needs activation checkpointing");
@@ -98,7 +83,7 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
   // the shard, used in place at one rank, bound once here).
   for (size_t i = 0; i < nf4_units_.size(); ++i) {
     if (!has_nf4(i)) continue;
-    const auto groups = block_matrix_groups(full_layouts_[i]);
+    const auto groups = block_matrix_groups(plan_.full[i]);
     for (size_t g = 0; g < 4; ++g) {
       auto q = std::make_unique<nf4::Quantized>();
       int64_t rows = 0;
@@ -303,7 +288,7 @@ void FsdpModel::zero_grad() {
 
 int64_t FsdpModel::num_params() const {
   int64_t n = 0;
-  for (const auto& u : full_layouts_) n += u.numel;
+  for (const auto& u : plan_.full) n += u.numel;
   return n;
 }
 

@@ -26,6 +26,7 @@
 #include "model/layout.h"
 #include "model/llama.h"
 #include "model/loss.h"
+#include "model/plan.h"
 #include "parallel/collectives.h"
 #include "parallel/offload.h"
 #include "parallel/precision.h"
@@ -75,17 +76,16 @@ struct FsdpOptions {
   bool double_quant = true;
 };
 
-// The byte unit an NF4 base keeps beside block `block` (a full llama_units() block layout):
-// one slot per matrix group (q/k/v, o, gate/up, down) named "<layer prefix>.nf4.<group>",
-// holding that group's packed codes and scales as nf4::byte_layout lays them out.
-UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant);
-
 // The sharded model. As a WeightSource it runs the Llama forward (model/forward.h) with each
 // unit gathered just in time.
 class FsdpModel : public WeightSource {
  public:
   FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
             std::shared_ptr<Collectives> comm, FsdpOptions options = {});
+  // The units a model of these options holds (model/plan.h): what the constructor allocates and
+  // what the memory planner predicts from.
+  static ModelPlan plan_for(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std, const FsdpOptions& options);
+  const ModelPlan& plan() const { return plan_; }
 
   // Seeded per unit (unit i draws from a generator seeded by (seed, i)) on the CPU, one unit
   // at a time, each rank keeping its slice: the same weights for every device and world size.
@@ -205,10 +205,10 @@ class FsdpModel : public WeightSource {
   at::Device device_;
   std::shared_ptr<Collectives> comm_;
   FsdpOptions options_;
+  ModelPlan plan_;
   std::vector<FlatUnit> units_;
   std::vector<FlatUnit> adapters_;  // LoRA: adapters_[i] belongs to units_[i] (may be empty)
   std::vector<FlatUnit> nf4_units_;  // NF4 base: nf4_units_[i] holds block i's matrices (empty elsewhere)
-  std::vector<UnitLayout> full_layouts_;  // every base tensor, matrices included (init, HF load)
   // NF4 base: per unit (blocks only) q/k/v, o, gate/up, down, viewing nf4_units_[i]'s gathered
   // bytes (rebound at each fill); the autograd graph refers to them by address, so they never
   // move.

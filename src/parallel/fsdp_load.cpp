@@ -38,7 +38,7 @@ void FsdpModel::init_weights(uint64_t seed) {
     }
     // The same numbers a dense model draws (the full unit), then the matrices are quantized.
     FlatUnit full;
-    full.layout = full_layouts_[i];
+    full.layout = plan_.full[i];
     full.shard_numel = full.layout.numel;
     full.shard = at::zeros({full.layout.numel}, at::kFloat);
     init_unit(full, mix_seed(seed, i));
@@ -109,7 +109,7 @@ void FsdpModel::load(const TensorByName& tensor) {
     for (size_t i = 0; i < units_.size(); ++i) {
       if (units_[i].layout.kind != UnitKind::block) continue;
       std::vector<at::Tensor> groups;
-      for (const auto& g : block_matrix_groups(full_layouts_[i])) {
+      for (const auto& g : block_matrix_groups(plan_.full[i])) {
         std::vector<at::Tensor> parts;
         for (const auto& slot : g) {
           at::Tensor src = tensor(slot.name);

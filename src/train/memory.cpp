@@ -8,6 +8,7 @@
 
 #include "config/config.h"
 #include "model/layout.h"
+#include "model/plan.h"
 #include "model/loss.h"
 #include "model/shape.h"
 #include "optim/adamw8bit.h"
@@ -58,35 +59,30 @@ MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim) {
 }
 
 MemoryReport predict_memory(const Config& config, int world_size) {
-  const PrecisionPolicy policy = precision_policy(config);
+  // The units the model will allocate (model/plan.h); every rank holds shard_numel() elements
+  // of each (the last ones zero-padded).
+  const ModelPlan plan = model_plan(config);
+  auto shard_bytes = [&](const PlannedUnit& u) { return shard_numel(u.layout.numel, world_size) * c10::elementSize(u.stored); };
   MemoryReport r;
   r.world_size = world_size;
-  // Every rank holds shard_numel() elements of each trainable unit (the last ones zero-padded).
-  const auto& s = config.model.shape;
-  const bool nf4 = config.lora.enabled && config.quant.base == QuantBase::nf4;
-  const auto full = llama_units(s, config.model.init_std);
-  const auto base = nf4 ? llama_units_without_block_matrices(s, config.model.init_std) : full;
-  const auto trainable = config.lora.enabled ? lora_units(s, config.lora.targets, config.lora.rank) : base;
-  for (const auto& u : trainable) r.num_params += shard_numel(u.numel, world_size);
-  if (config.lora.enabled)  // the frozen base, sharded in the compute dtype
-    for (const auto& u : base) r.frozen_base_bytes += shard_numel(u.numel, world_size) * c10::elementSize(policy.compute_dtype);
-  if (nf4) {  // each rank holds its shard of every block's NF4 byte unit (codes + scales)
-    for (const auto& u : full) {
-      if (u.kind != UnitKind::block) continue;
-      for (const auto& g : block_matrix_groups(u))
-        for (const auto& slot : g) r.nf4_params += slot.numel;
-      r.nf4_bytes += shard_numel(nf4_unit_layout(u, config.quant.double_quant).numel, world_size);
+  for (const auto* units : {&plan.base, &plan.adapters, &plan.nf4})
+    for (const auto& u : *units) {
+      if (u.trained) {
+        r.num_params += shard_numel(u.layout.numel, world_size);
+        r.param_bytes += shard_bytes(u);
+        r.grad_bytes += config.optimizer.in_backward ? 0 : shard_bytes(u);  // in-backward: never a full set
+      } else {
+        r.frozen_base_bytes += shard_bytes(u);
+      }
+      if (u.role == UnitRole::nf4) r.nf4_bytes += shard_bytes(u);
     }
-    r.frozen_base_bytes += r.nf4_bytes;
-  }
-  const int64_t master = c10::elementSize(policy.master_dtype), optim = c10::elementSize(policy.optim_dtype);
-  r.param_bytes = r.num_params * master;
-  r.grad_bytes = config.optimizer.in_backward ? 0 : r.num_params * master;  // in-backward: never a full set
-  r.optimizer_state_bytes = 2 * r.num_params * optim;
+  r.nf4_params = plan.nf4_params();
+  const PrecisionPolicy policy = precision_policy(config);
+  r.optimizer_state_bytes = 2 * r.num_params * static_cast<int64_t>(c10::elementSize(policy.optim_dtype));
   if (config.optimizer.name == OptimizerName::adamw8bit) {  // this rank's (rank 0's) blocks, as the optimizer lays them out
     r.optimizer_state_bytes = 0;
-    for (const auto& u : trainable)
-      r.optimizer_state_bytes += Blocking::of(u, 0, shard_numel(u.numel, world_size), kMin8bitNumel).state_bytes();
+    for (const auto& u : plan.trained())
+      r.optimizer_state_bytes += Blocking::of(u.layout, 0, shard_numel(u.layout.numel, world_size), kMin8bitNumel).state_bytes();
   }
   return r;
 }
@@ -178,21 +174,20 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   const ActivationInputs in = activation_inputs(c);
   p.activations = predict_activations(s, in);
   // A unit gathered whole: a buffer of shard_numel x world_size elements, nothing when one rank
-  // uses its shard in place (same dtype: a LoRA base is stored in the compute dtype).
-  const bool nf4 = lora && c.quant.base == QuantBase::nf4;
-  auto gathered = [&](int64_t numel, bool stored_in_compute_dtype, int64_t bytes_per_element) -> int64_t {
-    if (world_size == 1 && stored_in_compute_dtype) return 0;
-    return shard_numel(numel, world_size) * world_size * bytes_per_element;
+  // uses its shard in place (same dtype: a LoRA base is stored in the compute dtype). A block is
+  // its base unit (the norms and biases alone with an NF4 base), its NF4 bytes and its adapters
+  // (model/plan.h).
+  const ModelPlan plan = model_plan(c);
+  const bool nf4 = !plan.nf4.empty();
+  auto gathered_unit = [&](const PlannedUnit& u) {
+    if (world_size == 1 && u.stored == u.gathered) return int64_t{0};
+    return shard_numel(u.layout.numel, world_size) * world_size * static_cast<int64_t>(c10::elementSize(u.gathered));
   };
-  const bool master_computes = policy.master_dtype == policy.compute_dtype;
-  const auto units = llama_units(s, c.model.init_std);
-  // A block: its base unit (the norms alone with an NF4 base), its NF4 bytes, its adapters.
-  int64_t gathered_block =
-      gathered((nf4 ? llama_units_without_block_matrices(s, c.model.init_std) : units).at(1).numel, lora || master_computes, cb);
-  if (nf4) gathered_block += gathered(nf4_unit_layout(units.at(1), c.quant.double_quant).numel, true, 1);
-  if (lora) gathered_block += gathered(lora_units(s, c.lora.targets, c.lora.rank).at(1).numel, master_computes, cb);
-  const int64_t gathered_head = gathered(units.back().numel, lora || master_computes, cb);
-  const int64_t block = units.at(1).numel;
+  int64_t gathered_block = gathered_unit(plan.base.at(1));
+  if (!plan.nf4.empty()) gathered_block += gathered_unit(plan.nf4.at(1));
+  if (!plan.adapters.empty()) gathered_block += gathered_unit(plan.adapters.at(1));
+  const int64_t gathered_head = gathered_unit(plan.base.back());
+  const int64_t block = plan.full.at(1).numel;
   const int64_t chunk = c.memory.loss_chunk_tokens > 0 ? c.memory.loss_chunk_tokens : default_loss_chunk(s.vocab_size);
   const int64_t N = in.tokens;
   // End of forward: the gathered head, one chunk's float32 logits and its probabilities (and

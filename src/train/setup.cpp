@@ -55,7 +55,7 @@ std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const 
   return make_collectives(env, name_of(c.parallel.backend), device, c.parallel.timeout_s);
 }
 
-std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
+FsdpOptions fsdp_options(const Config& c) {
   FsdpOptions o;
   o.reshard_after_forward = c.parallel.reshard_after_forward;
   o.activation_checkpointing = c.memory.activation_checkpointing == Checkpointing::full;
@@ -68,6 +68,15 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   o.lora_dropout = c.lora.dropout;
   o.nf4_base = c.quant.base == QuantBase::nf4;
   o.double_quant = c.quant.double_quant;
+  return o;
+}
+
+ModelPlan model_plan(const Config& c) {
+  return FsdpModel::plan_for(c.model.shape, precision_policy(c), c.model.init_std, fsdp_options(c));
+}
+
+std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
+  const FsdpOptions o = fsdp_options(c);
   auto model = std::make_unique<FsdpModel>(c.model.shape, precision_policy(c), device, c.model.init_std,
                                            std::move(comm), o);
   if (!c.model.hf_path.empty()) {

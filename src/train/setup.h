@@ -18,6 +18,8 @@ class FsdpModel;
 class Optimizer;
 class RowSource;
 struct OptimTarget;
+struct FsdpOptions;
+struct ModelPlan;
 
 // Tensors under this many elements keep float32 moments with adamw8bit (bitsandbytes' default).
 constexpr int64_t kMin8bitNumel = 4096;
@@ -28,6 +30,11 @@ c10::Device resolve_device(const Config& config, const DistEnv& env);
 // The collectives for this process (MPI / NCCL / single process) per parallel.backend; sets
 // the CPU threads per rank.
 std::shared_ptr<Collectives> connect(const Config& config, const DistEnv& env, const c10::Device& device);
+
+// The FSDP options a config asks for, and the model plan they give (model/plan.h): the units
+// build_model allocates, read by the memory planner and export.
+FsdpOptions fsdp_options(const Config& config);
+ModelPlan model_plan(const Config& config);
 
 // Builds the sharded model for `config` on `device`: this rank's slice of the HF weights when
 // model.hf_path is set, else the seeded init. (A checkpoint is loaded on top by the caller.)

@@ -1,0 +1,68 @@
+#include "model/plan.h"
+
+#include <stdexcept>
+
+#include "quant/nf4.h"
+
+namespace ptrain {
+
+UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant) {
+  static const char* const kGroups[kMatrixGroups] = {"qkv", "o", "gate_up", "down"};
+  UnitLayout l;
+  l.name = block.name + ".nf4";
+  l.kind = UnitKind::block;
+  l.layer = block.layer;
+  const auto groups = block_matrix_groups(block);
+  if (groups.size() != kMatrixGroups) throw std::logic_error("a block has 4 matrix groups");
+  for (int g = 0; g < kMatrixGroups; ++g) {
+    int64_t n = 0;
+    for (const auto& slot : groups[static_cast<size_t>(g)]) n += slot.numel;
+    ParamSlot s;
+    s.name = "model.layers." + std::to_string(block.layer) + ".nf4." + kGroups[g];
+    s.numel = nf4::byte_layout(n, double_quant).bytes;
+    s.shape = {s.numel};
+    s.offset = l.numel;
+    l.group_begins.push_back(s.offset);
+    l.numel += s.numel;
+    l.slots.push_back(std::move(s));
+  }
+  return l;
+}
+
+ModelPlan ModelPlan::make(const LlamaShape& shape, const PlanOptions& o) {
+  if (o.nf4_base && !o.lora) throw std::invalid_argument("an NF4 base is frozen: it needs LoRA adapters to train");
+  ModelPlan p;
+  p.shape = shape;
+  p.options = o;
+  p.full = llama_units(shape, o.init_std);
+  // A frozen base needs no master copy: it is stored in the compute dtype.
+  const c10::ScalarType base_stored = o.lora ? o.compute_dtype : o.master_dtype;
+  for (auto& layout : o.nf4_base ? llama_units_without_block_matrices(shape, o.init_std) : p.full)
+    p.base.push_back({std::move(layout), UnitRole::base, base_stored, o.compute_dtype, !o.lora});
+  if (o.lora)
+    for (auto& layout : lora_units(shape, o.lora_targets, o.lora_rank))
+      p.adapters.push_back({std::move(layout), UnitRole::adapter, o.master_dtype, o.compute_dtype, true});
+  if (o.nf4_base)
+    for (const auto& full : p.full)
+      p.nf4.push_back({full.kind == UnitKind::block ? nf4_unit_layout(full, o.double_quant) : UnitLayout{}, UnitRole::nf4,
+                       c10::kByte, c10::kByte, false});
+  return p;
+}
+
+int64_t ModelPlan::num_params() const {
+  int64_t n = 0;
+  for (const auto& u : full) n += u.numel;
+  return n;
+}
+
+int64_t ModelPlan::nf4_params() const {
+  if (!options.nf4_base) return 0;
+  int64_t n = 0;
+  for (const auto& u : full)
+    if (u.kind == UnitKind::block)
+      for (const auto& g : block_matrix_groups(u))
+        for (const auto& slot : g) n += slot.numel;
+  return n;
+}
+
+}  // namespace ptrain

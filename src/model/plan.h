@@ -1,0 +1,65 @@
+// The model plan: every tensor a run holds, decided once from the model's shape and the run's
+// options. It lists the units the sharding engine shards — the base units (embedding, each block,
+// final norm + output), LoRA adapter units beside them, NF4 byte units holding each block's
+// quantized matrices — with each unit's layout (tensor names, shapes, offsets), the dtype its
+// shards are stored in, the dtype it is gathered in, and whether it is trained.
+//
+// FsdpModel allocates exactly these units; the memory planner (`ptrain check`), the loaders and
+// export read the same plan, so a new kind of tensor is one edit here and the predicted bytes
+// cannot disagree with the allocated ones.
+#pragma once
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/layout.h"
+#include "model/shape.h"
+
+namespace ptrain {
+
+struct PlanOptions {
+  double init_std = 0.02;                           // model.init_std (the layouts' init stds)
+  c10::ScalarType master_dtype = c10::kFloat;       // trained parameters' shards
+  c10::ScalarType compute_dtype = c10::kFloat;      // gathered weights; a frozen base's shards
+  bool lora = false;                                // frozen base + trained adapters
+  std::vector<std::string> lora_targets;            // lora_targets() names
+  int64_t lora_rank = 8;
+  bool nf4_base = false;                            // (LoRA) blocks' matrices in NF4
+  bool double_quant = true;                         // NF4 scales double-quantized
+};
+
+enum class UnitRole { base, adapter, nf4 };
+
+struct PlannedUnit {
+  UnitLayout layout;           // numel 0 where a piece has no such unit (the embedding's adapters)
+  UnitRole role = UnitRole::base;
+  c10::ScalarType stored = c10::kFloat;    // dtype of every rank's shard
+  c10::ScalarType gathered = c10::kFloat;  // dtype of the all-gathered buffer
+  bool trained = false;        // has gradients and optimizer state
+};
+
+struct ModelPlan {
+  LlamaShape shape;
+  PlanOptions options;
+  // Every base tensor, the blocks' matrices included, one layout per piece (embedding, blocks,
+  // head): what the seeded init draws, a checkpoint holds and export writes.
+  std::vector<UnitLayout> full;
+  // Per piece, in the same order: the base unit (without the matrices under NF4), and — with
+  // LoRA / an NF4 base — its adapter unit and NF4 byte unit (empty outside the blocks).
+  std::vector<PlannedUnit> base, adapters, nf4;
+
+  static ModelPlan make(const LlamaShape& shape, const PlanOptions& options);
+  // The units the optimizer steps: the adapters with LoRA, else the base.
+  const std::vector<PlannedUnit>& trained() const { return options.lora ? adapters : base; }
+  int64_t num_params() const;  // the model's parameters (full layouts)
+  int64_t nf4_params() const;  // of them, held in 4 bits
+};
+
+// The byte unit an NF4 base keeps beside block `block` (a full block layout): one slot per
+// matrix group (MatrixGroup order) named "<layer prefix>.nf4.<group>", holding that group's
+// packed codes and scales as nf4::byte_layout lays them out.
+UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant);
+
+}  // namespace ptrain
