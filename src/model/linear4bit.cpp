@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "common/saved_ref.h"
 #include "model/gemm.h"
 
 namespace ptrain {
@@ -17,13 +18,13 @@ using torch::autograd::variable_list;
 // The graph refers to the NF4 weight by address: it is the model's own (already resident)
 // storage, which outlives every graph built over it, so "saving" it costs nothing.
 const nf4::Quantized& weight_of(AutogradContext* ctx) {
-  return *reinterpret_cast<const nf4::Quantized*>(ctx->saved_data["w"].toInt());
+  return *saved_ref_of<const nf4::Quantized>(ctx->saved_data["w"]);
 }
 
 class Linear4bitFn : public torch::autograd::Function<Linear4bitFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const nf4::Quantized* w) {
-    ctx->saved_data["w"] = reinterpret_cast<int64_t>(w);
+    ctx->saved_data["w"] = saved_ref(w);
     // Custom Function forward runs with grad mode off: the dequantized temporary is never saved.
     at::Tensor dense = nf4::dequantize(*w, x.scalar_type());
     return gemm::linear(x, dense);

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <optional>
 
+#include "common/saved_ref.h"
+
 // The autograd glue and the forward schedule of FsdpModel: GatherUnit (gather in forward,
 // reduce-scatter in backward), the backward hooks on block activations, activation-checkpointed
 // blocks, and the model's WeightSource methods.
@@ -22,9 +24,7 @@ using torch::autograd::variable_list;
 
 namespace {
 
-FsdpModel* model_of(AutogradContext* ctx) {
-  return reinterpret_cast<FsdpModel*>(ctx->saved_data["model"].toInt());
-}
+FsdpModel* model_of(AutogradContext* ctx) { return saved_ref_of<FsdpModel>(ctx->saved_data["model"]); }
 
 // Shard -> gathered unit in the compute dtype; backward reduce-scatters the unit's gradient.
 class GatherUnit : public torch::autograd::Function<GatherUnit> {
@@ -42,7 +42,7 @@ enum class UnitAction : int64_t { regather, release };
 class OnBackward : public torch::autograd::Function<OnBackward> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit, UnitAction action) {
-    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["model"] = saved_ref(model);
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["action"] = static_cast<int64_t>(action);
     return x.view_as(x);
@@ -89,7 +89,7 @@ class RngStateScope {
 }  // namespace
 
 at::Tensor GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit) {
-  ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+  ctx->saved_data["model"] = saved_ref(model);
   ctx->saved_data["unit"] = unit;
   return model->fill(static_cast<size_t>(unit));
 }
@@ -108,7 +108,7 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   // `trained` is what autograd differentiates besides x: the block's shard, or its adapter shard.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& trained, FsdpModel* model,
                             int64_t unit) {
-    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["model"] = saved_ref(model);
     ctx->saved_data["unit"] = unit;
     if (ActivationOffloader* offloader = model->offloader())
       ctx->saved_data["ticket"] = offloader->offload(x);
