@@ -1,37 +1,27 @@
-// ptrain entry point: parses the command line and dispatches to train | check | eval |
-// export | tokenize. Exit codes: 0 success, 2 usage/config error, 1 runtime failure.
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-
+// ptrain entry point: parses the command line and calls the subcommand's function in the part
+// it belongs to — train (train/trainer.h), check (train/check.h), eval (train/evaluate.h),
+// compare (train/compare.h), export (train/export.h), tokenize (data/tokenize.h). Exit codes:
+// 0 success, 2 usage/config error, 1 runtime failure.
 #include <torch/version.h>
 
-#include <chrono>
 #include <cstring>
-#include <fstream>
-#include <filesystem>
 #include <iostream>
+#include <map>
 #include <sstream>
-#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
-#include "checkpoint/checkpoint.h"
 #include "common/error.h"
-#include "common/fs_util.h"
-#include "common/log.h"
 #include "config/config.h"
-#include "data/rows.h"
-#include "data/token_file.h"
-#include "data/tokenizer.h"
+#include "data/tokenize.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
-#include "parallel/fsdp.h"
-#include "parallel/precision.h"
+#include "train/check.h"
 #include "train/compare.h"
-#include "train/memory.h"
+#include "train/evaluate.h"
 #include "train/export.h"
-#include "train/setup.h"
 #include "train/trainer.h"
 
-namespace fs = std::filesystem;
 using namespace ptrain;
 
 namespace {
@@ -146,164 +136,33 @@ Config config_of(const Args& a) {
 }
 
 int cmd_check(const Args& a) {
-  Environment env = Environment::detect();
-  env.local = !a.plan;
-  if (a.config.empty()) throw UsageError("ptrain check needs --config FILE");
-  Config c = load_config(a.config, a.sets, env);
-  const int ws = static_cast<int>(int_option(a, "--world-size", 1, 1));
-  MemoryReport m = predict_memory(c, ws);
-  if (a.json) {
-    std::cout << m.to_json() << "\n";
-    return 0;
-  }
-  const PrecisionPolicy policy = precision_policy(c);
-  const auto& s = c.model.shape;
-  std::cout << "# resolved config (" << c.source_file << ")\n" << to_toml(c) << "\n"
-            << "# plan\nmodel: " << s.describe() << ", " << log::grouped(static_cast<double>(s.total_params())) << " parameters ("
-            << s.n_layers << " blocks of " << log::grouped(static_cast<double>(s.block_params())) << ", embedding "
-            << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
-            << log::grouped(static_cast<double>(s.head_params())) << ")\n"
-            << policy.table();
-  if (env.local) {  // the dataset as training will read it (JSONL: tokenized now)
-    std::cout << "# data\n";
-    for (const auto& line : open_data(c).report) std::cout << line << "\n";
-  }
-  const PeakPlan plan = predict_peak(c, ws);
-  const auto gib = [](int64_t bytes) { return log::fixed(static_cast<double>(bytes) / (1024.0 * 1024 * 1024), 2) + " GiB"; };
-  const auto& act = plan.activations;
-  std::cout << "predicted peak allocated memory per rank at world size " << ws << " (micro-batch "
-            << c.data.micro_batch_size << " x " << c.data.seq_len << " tokens, activation checkpointing "
-            << name_of(c.memory.activation_checkpointing) << (c.memory.activation_offloading ? " + offloading" : "") << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
-            << "  params            " << gib(m.param_bytes) << "\n"
-            << "  grads             " << gib(m.grad_bytes) << "\n"
-            << "  optimizer state   " << gib(m.optimizer_state_bytes) << "\n"
-            << "  master weights    " << gib(m.master_weight_bytes) << "\n"
-            << (c.lora.enabled ? "  frozen base       " + gib(m.frozen_base_bytes) + " (LoRA: not trained" +
-                                     (m.nf4_params ? "; NF4 " + log::fixed(m.nf4_bytes_per_param(), 4) +
-                                                         " B per 4-bit weight, 1/" + std::to_string(ws) + " on each rank" : std::string()) + ")\n"
-                               : std::string())
-            << "  activations       " << gib(act.saved_bytes()) << " ("
-            << (c.memory.activation_offloading ? "block inputs offloaded: " + gib(act.host_bytes) + " in pinned host memory, " +
-                                                     gib(act.in_flight_bytes) + " awaiting their copy"
-                                               : std::to_string(act.layers) + " blocks x " + gib(act.per_block_bytes))
-            << " + head " << gib(act.head_bytes)
-            << (act.mask_bytes ? " + packed rows' attention mask " + gib(act.mask_bytes) : std::string()) << ")\n"
-            << "  transient         " << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
-            << " (largest of: end of forward " << gib(plan.forward_transient_bytes) << ", a block's backward "
-            << gib(plan.backward_transient_bytes) << ")\n"
-            << "  peak              " << gib(plan.peak_bytes()) << "\n";
-  if (!a.options.count("--gpu-memory")) return 0;
-  double gpu_gib = 0;
-  try {
-    gpu_gib = std::stod(a.options.at("--gpu-memory"));
-  } catch (const std::exception&) {
-  }
-  if (!(gpu_gib > 0)) throw UsageError("--gpu-memory must be a positive number of GiB (got '" + a.options.at("--gpu-memory") + "')");
-  const double peak_gib = static_cast<double>(plan.peak_bytes()) / (1024.0 * 1024 * 1024);
-  if (peak_gib <= gpu_gib) {
-    std::cout << "fits: " << log::fixed(peak_gib, 2) << " of " << gpu_gib << " GiB per GPU (margin "
-              << log::fixed(gpu_gib - peak_gib, 2) << " GiB)\n";
-    return 0;
-  }
-  // What would fit: each change on its own, then all of them together.
-  struct Change {
-    std::string what;
-    std::vector<std::string> sets;
-    int world_size;
-  };
-  std::vector<Change> changes;
-  if (c.memory.activation_checkpointing != Checkpointing::full)
-    changes.push_back({"--set memory.activation_checkpointing=full", {"memory.activation_checkpointing=\"full\""}, ws});
-  if (!c.memory.activation_offloading)
-    changes.push_back({std::string(c.memory.activation_checkpointing != Checkpointing::full ? "--set memory.activation_checkpointing=full " : "") +
-                           "--set memory.activation_offloading=true",
-                       {"memory.activation_checkpointing=\"full\"", "memory.activation_offloading=true"}, ws});
-  if (c.optimizer.name != OptimizerName::adamw8bit && !c.optimizer.in_backward)
-    changes.push_back({"--set optimizer.name=adamw8bit", {"optimizer.name=\"adamw8bit\""}, ws});
-  if (c.precision.mode != PrecisionMode::bf16 && !c.lora.enabled)
-    changes.push_back({"--set precision.mode=bf16", {"precision.mode=\"bf16\""}, ws});
-  if (c.data.micro_batch_size > 1)
-    changes.push_back({"--set data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2) + " (and double grad_accum_steps)",
-                       {"data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2)}, ws});
-  changes.push_back({"--world-size " + std::to_string(2 * ws), {}, 2 * ws});
-  std::cerr << "error: predicted peak " << log::fixed(peak_gib, 2) << " GiB per rank does not fit in --gpu-memory " << gpu_gib
-            << " GiB. Predicted peak with:\n";
-  Change all{"all of the valid ones together", {}, 2 * ws};
-  auto report = [&](const Change& ch) {
-    std::vector<std::string> with = a.sets;
-    with.insert(with.end(), ch.sets.begin(), ch.sets.end());
+  CheckRequest r;
+  r.config = a.config;
+  if (r.config.empty()) throw UsageError("ptrain check needs --config FILE");
+  r.sets = a.sets;
+  r.world_size = static_cast<int>(int_option(a, "--world-size", 1, 1));
+  r.json = a.json;
+  r.plan = a.plan;
+  if (a.options.count("--gpu-memory")) {
     try {
-      const double p = static_cast<double>(predict_peak(load_config(a.config, with, env), ch.world_size).peak_bytes()) / (1024.0 * 1024 * 1024);
-      std::cerr << "  " << ch.what << ": " << log::fixed(p, 2) << " GiB" << (p <= gpu_gib ? " — fits" : "") << "\n";
-      return true;
-    } catch (const ConfigError&) {
-      std::cerr << "  " << ch.what << ": not valid with this config\n";
-      return false;
+      r.gpu_memory_gib = std::stod(a.options.at("--gpu-memory"));
+    } catch (const std::exception&) {
     }
-  };
-  for (const auto& ch : changes)
-    if (report(ch)) all.sets.insert(all.sets.end(), ch.sets.begin(), ch.sets.end());
-  report(all);
-  return 2;
+    if (!(r.gpu_memory_gib > 0))
+      throw UsageError("--gpu-memory must be a positive number of GiB (got '" + a.options.at("--gpu-memory") + "')");
+  }
+  return check(r);
 }
 
 int cmd_eval(const Args& a) {
   if (a.config.empty()) throw UsageError("ptrain eval needs --config FILE");
-  std::vector<std::string> sets = a.sets;
-  if (a.options.count("--data")) {
-    // An explicit file replaces data.path before the config is checked, and is identified by
-    // content: token files carry a magic header, JSONL files end in .jsonl (tokenized with
-    // data.tokenizer / model.hf_path), anything else is text.
-    const std::string& data = a.options.at("--data");
-    if (!fs::is_regular_file(data)) throw UsageError("no such data file '" + data + "'");
-    char magic[8] = {};
-    std::ifstream(data, std::ios::binary).read(magic, 8);
-    const char* format = std::memcmp(magic, kTokenMagic, 8) == 0 ? "tokens" : fs::path(data).extension() == ".jsonl" ? "jsonl" : "text";
-    sets.push_back("data.path=" + data);
-    sets.push_back(std::string("data.format=") + format);
-  }
-  const Config c = load_config(a.config, sets);
-  const std::string& path = c.data.path;
-  const RunData data = open_data(c, /*eval_only=*/true);
-  const DistEnv env = DistEnv::detect();
-  const c10::Device device = resolve_device(c, env);
-  auto model = build_model(c, device, connect(c, env, device));
-  const bool print = model->comm().rank() == 0;
-  std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
-  if (a.options.count("--checkpoint")) {
-    TrainProgress progress;
-    load_checkpoint(a.options.at("--checkpoint"), *model, nullptr, progress);
-    source = a.options.at("--checkpoint");
-  }
-  EvalResult r = evaluate(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
-  if (r.rows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");
-  if (!print) return 0;
-  const bool windows = c.data.format != DataFormat::jsonl;
-  if (a.json) {
-    nlohmann::ordered_json j = {{"data", path}, {"model", source}, {"seq_len", c.data.seq_len}, {windows ? "windows" : "rows", r.rows},
-                                {"tokens", r.tokens}, {"mean_loss", r.mean_loss}, {"perplexity", r.perplexity}};
-    std::cout << j.dump() << "\n";
-  } else {
-    std::cout << "eval " << path << " with " << source << ": mean_loss " << log::fixed(r.mean_loss, 6)
-              << " nats/token | perplexity " << log::fixed(r.perplexity, 4) << " | " << r.tokens
-              << (windows ? " tokens in " + std::to_string(r.rows) + " windows of " + std::to_string(c.data.seq_len + 1)
-                          : " trained tokens in " + std::to_string(r.rows) + " rows of " + std::to_string(c.data.seq_len))
-              << "\n";
-  }
-  return 0;
+  EvalRequest r{a.config, a.sets, "", "", a.json};
+  if (a.options.count("--checkpoint")) r.checkpoint = a.options.at("--checkpoint");
+  if (a.options.count("--data")) r.data = a.options.at("--data");
+  return run_eval(r);
 }
 
-int cmd_export(const Args& a) {
-  const std::string ckpt = required(a, "--checkpoint"), out = required(a, "--out");
-  if (a.merge) {
-    export_merged(ckpt, out);
-    log::info("merged the adapters of ", ckpt, " into its base: ", out, " (config.json + model.safetensors, float32)");
-    return 0;
-  }
-  export_hf(ckpt, out);
-  log::info("exported ", ckpt, " to ", out);
-  return 0;
-}
+int cmd_export(const Args& a) { return run_export(required(a, "--checkpoint"), required(a, "--out"), a.merge); }
 
 int cmd_compare(const Args& a) {
   if (a.config.empty()) throw UsageError("ptrain compare needs --config FILE");
@@ -319,42 +178,13 @@ int cmd_compare(const Args& a) {
 }
 
 int cmd_tokenize(const Args& a) {
-  const std::string in = required(a, "--in"), out = required(a, "--out");
-  if (!fs::is_regular_file(in)) throw UsageError("no such input file '" + in + "'");
-  if (!a.options.count("--tokenizer")) {  // byte-level: each byte one token
-    const int64_t width = int_option(a, "--token-bytes", 2, 2);
-    if (width != 2 && width != 4) throw UsageError("--token-bytes must be 2 or 4");
-    auto ids = byte_tokenize(read_text_file(in));
-    write_token_file(out, ids, 256, static_cast<uint32_t>(width));
-    log::info("wrote ", ids.size(), " byte-level tokens (vocab 256, ", width, " bytes each) to ", out);
-    return 0;
-  }
-  const Tokenizer tok(a.options.at("--tokenizer"));
-  const int64_t width = int_option(a, "--token-bytes", tok.vocab_size() > 65536 ? 4 : 2, 2);
-  if (width != 2 && width != 4) throw UsageError("--token-bytes must be 2 or 4");
-  if (width == 2 && tok.vocab_size() > 65536)
-    throw UsageError("the tokenizer has " + std::to_string(tok.vocab_size()) + " tokens; ids need --token-bytes 4");
-  const bool jsonl = fs::path(in).extension() == ".jsonl";
-  const auto eod = jsonl ? tok.id_of("<|end_of_text|>") : std::nullopt;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  double last_report = 0;
-  auto ids = tokenize_file(tok, in, jsonl, eod ? *eod : -1, [&](int64_t done, int64_t total, int64_t tokens) {
-    const double s = seconds();
-    if (s - last_report < 1.0 && done < total) return;
-    last_report = s;
-    log::info("tokenize: ", log::bytes(static_cast<double>(done)), " of ", log::bytes(static_cast<double>(total)), " (",
-              log::fixed(100.0 * static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), 1), "%), ",
-              log::grouped(static_cast<double>(tokens)), " tokens, ", log::grouped(static_cast<double>(tokens) / std::max(s, 1e-9)),
-              " tokens/s");
-  });
-  const double s = seconds();
-  write_token_file(out, ids, static_cast<uint32_t>(tok.vocab_size()), static_cast<uint32_t>(width));
-  log::info("wrote ", log::grouped(static_cast<double>(ids.size())), " tokens (vocab ", tok.vocab_size(), ", ", width,
-            " bytes each", jsonl ? std::string(eod ? ", <|end_of_text|> after each document" : ", no end-of-text token") : "",
-            ") to ", out, " in ", log::fixed(s, 2), " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)),
-            " tokens/s (wall clock, one thread)");
-  return 0;
+  TokenizeRequest r;
+  r.in = required(a, "--in");
+  r.out = required(a, "--out");
+  if (a.options.count("--tokenizer")) r.tokenizer = a.options.at("--tokenizer");
+  r.token_bytes = int_option(a, "--token-bytes", 0, 2);
+  if (r.token_bytes != 0 && r.token_bytes != 2 && r.token_bytes != 4) throw UsageError("--token-bytes must be 2 or 4");
+  return run_tokenize(r);
 }
 
 }  // namespace

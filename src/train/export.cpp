@@ -9,6 +9,7 @@
 #include "checkpoint/hf.h"
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "config/config.h"
 #include "model/layout.h"
 #include "model/llama.h"
@@ -37,7 +38,7 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   load_checkpoint(checkpoint_dir, *model, nullptr, progress);
   at::NoGradGuard no_grad;
   const LlamaShape& s = c.model.shape;
-  const auto full = llama_units(s, c.model.init_std);
+  const auto& full = model->plan().full;  // every base tensor, the blocks' matrices included
   const double scale = c.lora.alpha / static_cast<double>(c.lora.rank);
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (size_t i = 0; i < full.size(); ++i) {
@@ -71,6 +72,17 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   fs::create_directories(out_dir);
   write_safetensors((fs::path(out_dir) / "model.safetensors").string(), named, {{"format", "pt"}});
   write_hf_config(out_dir, s);
+}
+
+int run_export(const std::string& checkpoint_dir, const std::string& out_dir, bool merge) {
+  if (merge) {
+    export_merged(checkpoint_dir, out_dir);
+    log::info("merged the adapters of ", checkpoint_dir, " into its base: ", out_dir, " (config.json + model.safetensors, float32)");
+  } else {
+    export_hf(checkpoint_dir, out_dir);
+    log::info("exported ", checkpoint_dir, " to ", out_dir);
+  }
+  return 0;
 }
 
 }  // namespace ptrain

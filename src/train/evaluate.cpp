@@ -1,0 +1,70 @@
+#include "train/evaluate.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "config/config.h"
+#include "data/rows.h"
+#include "data/token_file.h"
+#include "parallel/collectives.h"
+#include "parallel/dist.h"
+#include "parallel/fsdp.h"
+#include "train/setup.h"
+#include "train/trainer.h"
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+
+int run_eval(const EvalRequest& a) {
+  std::vector<std::string> sets = a.sets;
+  if (!a.data.empty()) {
+    // An explicit file replaces data.path before the config is checked, and is identified by
+    // content: token files carry a magic header, JSONL files end in .jsonl (tokenized with
+    // data.tokenizer / model.hf_path), anything else is text.
+    const std::string& data = a.data;
+    if (!fs::is_regular_file(data)) throw UsageError("no such data file '" + data + "'");
+    char magic[8] = {};
+    std::ifstream(data, std::ios::binary).read(magic, 8);
+    const char* format = std::memcmp(magic, kTokenMagic, 8) == 0 ? "tokens" : fs::path(data).extension() == ".jsonl" ? "jsonl" : "text";
+    sets.push_back("data.path=" + data);
+    sets.push_back(std::string("data.format=") + format);
+  }
+  const Config c = load_config(a.config, sets);
+  const std::string& path = c.data.path;
+  const RunData data = open_data(c, /*eval_only=*/true);
+  const DistEnv env = DistEnv::detect();
+  const c10::Device device = resolve_device(c, env);
+  auto model = build_model(c, device, connect(c, env, device));
+  const bool print = model->comm().rank() == 0;
+  std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
+  if (!a.checkpoint.empty()) {
+    TrainProgress progress;
+    load_checkpoint(a.checkpoint, *model, nullptr, progress);
+    source = a.checkpoint;
+  }
+  EvalResult r = evaluate(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
+  if (r.rows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");
+  if (!print) return 0;
+  const bool windows = c.data.format != DataFormat::jsonl;
+  if (a.json) {
+    nlohmann::ordered_json j = {{"data", path}, {"model", source}, {"seq_len", c.data.seq_len}, {windows ? "windows" : "rows", r.rows},
+                                {"tokens", r.tokens}, {"mean_loss", r.mean_loss}, {"perplexity", r.perplexity}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << "eval " << path << " with " << source << ": mean_loss " << log::fixed(r.mean_loss, 6)
+              << " nats/token | perplexity " << log::fixed(r.perplexity, 4) << " | " << r.tokens
+              << (windows ? " tokens in " + std::to_string(r.rows) + " windows of " + std::to_string(c.data.seq_len + 1)
+                          : " trained tokens in " + std::to_string(r.rows) + " rows of " + std::to_string(c.data.seq_len))
+              << "\n";
+  }
+  return 0;
+}
+
+}  // namespace ptrain
