@@ -139,6 +139,25 @@ class FsdpModel : public WeightSource {
   // (units().size() + adapters + i).
   at::Tensor gather(size_t unit);
   void release(size_t unit);   // frees the gathered storage (reshard)
+  const RopeTables& rope(int64_t seq_len);  // float32 tables for positions [0, seq_len), on the device
+  // When set, each unit's reduced shard gradient is handed here the moment it exists (inside
+  // backward) instead of being accumulated into shard.grad(): optimizer-in-backward.
+  std::function<void(size_t unit, const at::Tensor& shard_grad)> on_grad_ready;
+  // Completes the reduce-scatter in flight, if any, delivering its gradient, and frees frozen
+  // (LoRA) units still gathered. Backward calls it by itself when the embedding's gradient
+  // (the last) is reduced; under LoRA the embedding is frozen, and the step calls it.
+  void finish_backward();
+  // Most gathered units whose storage was alive at once since construction (memory truth for
+  // the prefetch schedule; 0 when gathers alias the shards).
+  int64_t peak_gathered_units() const { return peak_gathered_; }
+  // The activation offloader (memory.activation_offloading), or null.
+  ActivationOffloader* offloader() { return offloader_.get(); }
+
+ private:
+  // The autograd functions of the schedule (fsdp_forward.cpp): they drive the methods below.
+  class GatherUnit;
+  class OnBackward;
+  class CheckpointedBlock;
   void regather(size_t unit);  // refills freed storage before the unit's backward
   // All-gathers the unit into its (re)allocated buffer, no autograd; returns [numel] view.
   at::Tensor fill(size_t unit);
@@ -147,26 +166,18 @@ class FsdpModel : public WeightSource {
   // handed to on_grad_ready — when the collective completes. Returns an undefined tensor:
   // autograd accumulates nothing itself.
   at::Tensor reduce_grad(size_t unit, const at::Tensor& grad);
-  const RopeTables& rope(int64_t seq_len);
-  // When set, each unit's reduced shard gradient is handed here the moment it exists (inside
-  // backward) instead of being accumulated into shard.grad(): optimizer-in-backward.
-  std::function<void(size_t unit, const at::Tensor& shard_grad)> on_grad_ready;
   // World size 1 with the shard already in the compute dtype: gathered weights are the shard
   // itself. `unit` indexes units() then adapters (units().size() + i).
   bool aliases_shard(size_t unit) const;
   // Starts gathering `unit` ahead of its use (no-op when prefetch is off, the unit is out of
   // range, already gathered or in flight); fill() completes it.
   void prefetch(size_t unit);
-  // Completes the reduce-scatter in flight, if any, delivering its gradient, and frees frozen
-  // (LoRA) units still gathered. Backward calls it by itself when the embedding's gradient
-  // (the last) is reduced; under LoRA the embedding is frozen, and the step calls it.
-  void finish_backward();
   // A block is up to three units: its base unit, its NF4 byte unit (NF4 base) and its adapter
-  // unit (LoRA); they are gathered, prefetched and released together. fill_block gathers both and returns the trained buffer (the adapter's with
-  // LoRA); compute_block() runs the block on the gathered buffers, with `trained` (when defined) in
-  // place of the trained one (the recompute restores the RNG state of the forward, so LoRA
-  // dropout draws the same masks); reduce_block_grad reduce-scatters the trained unit's
-  // gradient and frees the block.
+  // unit (LoRA); they are gathered, prefetched and released together. fill_block gathers them and
+  // returns the trained buffer (the adapter's with LoRA); compute_block() runs the block on the
+  // gathered buffers, with `trained` (when defined) in place of the trained one (the recompute
+  // restores the RNG state of the forward, so LoRA dropout draws the same masks);
+  // reduce_block_grad reduce-scatters the trained unit's gradient and frees the block.
   at::Tensor fill_block(size_t unit);
   void prefetch_block(size_t unit);
   void release_block(size_t unit);
@@ -174,13 +185,6 @@ class FsdpModel : public WeightSource {
   void release_frozen(size_t unit);
   at::Tensor compute_block(size_t unit, const at::Tensor& x, const at::Tensor& trained = at::Tensor());
   at::Tensor reduce_block_grad(size_t unit, const at::Tensor& grad);
-  // Most gathered units whose storage was alive at once since construction (memory truth for
-  // the prefetch schedule; 0 when gathers alias the shards).
-  int64_t peak_gathered_units() const { return peak_gathered_; }
-  // The activation offloader (memory.activation_offloading), or null.
-  ActivationOffloader* offloader() { return offloader_.get(); }
-
- private:
   void deliver(size_t unit, const at::Tensor& shard_grad);  // to on_grad_ready or into .grad()
   void complete_reduce();  // waits for the reduce-scatter in flight, if any, and delivers it
   void init_unit(FlatUnit& u, uint64_t seed);

@@ -26,36 +26,11 @@ namespace {
 
 FsdpModel* model_of(AutogradContext* ctx) { return saved_ref_of<FsdpModel>(ctx->saved_data["model"]); }
 
-// Shard -> gathered unit in the compute dtype; backward reduce-scatters the unit's gradient.
-class GatherUnit : public torch::autograd::Function<GatherUnit> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit);
-  static variable_list backward(AutogradContext* ctx, variable_list grads);
-};
-
 // Identity on a block's activation whose backward acts on the block's gathered weights:
 // on the block's output, `regather` puts freed weights back before any of the block's own
 // backward ops run; on a frozen (LoRA) block's input, `release` frees them once the block's
 // backward is done (a frozen unit gets no reduce-scatter that would).
 enum class UnitAction : int64_t { regather, release };
-
-class OnBackward : public torch::autograd::Function<OnBackward> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit, UnitAction action) {
-    ctx->saved_data["model"] = saved_ref(model);
-    ctx->saved_data["unit"] = unit;
-    ctx->saved_data["action"] = static_cast<int64_t>(action);
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
-    if (static_cast<UnitAction>(ctx->saved_data["action"].toInt()) == UnitAction::regather)
-      model_of(ctx)->regather(unit);
-    else
-      model_of(ctx)->release_frozen(unit);
-    return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
 
 // The generator dropout draws from on `device`.
 at::Generator default_generator(const at::Device& device) {
@@ -88,13 +63,38 @@ class RngStateScope {
 
 }  // namespace
 
-at::Tensor GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit) {
+// Shard -> gathered unit in the compute dtype; backward reduce-scatters the unit's gradient.
+class FsdpModel::GatherUnit : public torch::autograd::Function<FsdpModel::GatherUnit> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit);
+  static variable_list backward(AutogradContext* ctx, variable_list grads);
+};
+
+class FsdpModel::OnBackward : public torch::autograd::Function<FsdpModel::OnBackward> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit, UnitAction action) {
+    ctx->saved_data["model"] = saved_ref(model);
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["action"] = static_cast<int64_t>(action);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    if (static_cast<UnitAction>(ctx->saved_data["action"].toInt()) == UnitAction::regather)
+      model_of(ctx)->regather(unit);
+    else
+      model_of(ctx)->release_frozen(unit);
+    return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor FsdpModel::GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit) {
   ctx->saved_data["model"] = saved_ref(model);
   ctx->saved_data["unit"] = unit;
   return model->fill(static_cast<size_t>(unit));
 }
 
-variable_list GatherUnit::backward(AutogradContext* ctx, variable_list grads) {
+variable_list FsdpModel::GatherUnit::backward(AutogradContext* ctx, variable_list grads) {
   FsdpModel* model = model_of(ctx);
   return {model->reduce_grad(static_cast<size_t>(ctx->saved_data["unit"].toInt()), grads[0]), at::Tensor(), at::Tensor()};
 }
@@ -103,7 +103,7 @@ variable_list GatherUnit::backward(AutogradContext* ctx, variable_list grads) {
 // graph and frees the weights, keeping only the block's input; backward re-gathers,
 // recomputes with a graph, differentiates w.r.t. the input and the trained weights — the block's
 // own, or with LoRA its adapters over the frozen (dense or NF4) base — and reduce-scatters them.
-class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
+class FsdpModel::CheckpointedBlock : public torch::autograd::Function<FsdpModel::CheckpointedBlock> {
  public:
   // `trained` is what autograd differentiates besides x: the block's shard, or its adapter shard.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& trained, FsdpModel* model,
