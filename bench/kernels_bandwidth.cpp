@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
     u.group_begins = {0};
     u.numel = u.decay_numel = aligned;
     at::Tensor p = at::randn({aligned}, cuda), g = at::randn({aligned}, cuda) * 1e-3;
-    AdamW8bit opt({{"u", p, aligned, 0}}, {Blocking::of(u, 0, aligned, 4096)}, {{0.9, 0.95, 1e-8, 0.1, false, 0}, 4096});
+    AdamW8bit opt({{"u", p, aligned, 0}}, {Blocking::of(u, 0, aligned, 4096)},
+                  {{0.9, 0.95, 1e-8, 0.1, false, 0}, 4096});
     report("adamw8bit step (fp32 params)", (4.0 + 4.0 + 2.0 + 4.0 + 2.0) * aligned, time_ms([&] {
              opt.begin_step();
              opt.update({{0, g}}, 1e-3);
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
   }
   // Fused bf16 AdamW + SR: read p, g, m, v and write p, m, v, all bf16.
   {
-    at::Tensor p = at::randn({aligned}, cuda).to(at::kBFloat16), g = (at::randn({aligned}, cuda) * 1e-3).to(at::kBFloat16);
+    at::Tensor p = at::randn({aligned}, cuda).to(at::kBFloat16),
+               g = (at::randn({aligned}, cuda) * 1e-3).to(at::kBFloat16);
     AdamW opt({{"u", p, aligned, 0}}, {0.9, 0.95, 1e-8, 0.1, true, 3});
     report("adamw bf16 + SR step", 14.0 * aligned, time_ms([&] {
              opt.begin_step();

@@ -21,7 +21,8 @@ __device__ float block_max(float x, float* scratch) {
   scratch[threadIdx.x] = x;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
-    if (static_cast<int>(threadIdx.x) < stride) scratch[threadIdx.x] = fmaxf(scratch[threadIdx.x], scratch[threadIdx.x + stride]);
+    if (static_cast<int>(threadIdx.x) < stride)
+      scratch[threadIdx.x] = fmaxf(scratch[threadIdx.x], scratch[threadIdx.x + stride]);
     __syncthreads();
   }
   const float r = scratch[0];

@@ -10,14 +10,14 @@
 namespace ptrain::kernels {
 
 struct AdamW8bitShard {
-  void* param;         // float32 or bf16 [n_blocks * 256]
+  void* param;  // float32 or bf16 [n_blocks * 256]
   bool param_bf16;
-  const void* grad;    // same dtype as param
-  uint8_t* m_codes;    // [n_blocks * 256]
+  const void* grad;  // same dtype as param
+  uint8_t* m_codes;  // [n_blocks * 256]
   uint8_t* v_codes;
-  float* m_absmax;     // [n_blocks]
+  float* m_absmax;  // [n_blocks]
   float* v_absmax;
-  float* m_fp32;       // [fp32 blocks * 256]: moments of blocks kept in float32
+  float* m_fp32;  // [fp32 blocks * 256]: moments of blocks kept in float32
   float* v_fp32;
   const int32_t* slot;  // [n_blocks]: -1 = 8-bit block, else its index among the fp32 blocks
   int64_t n_blocks;
@@ -25,7 +25,7 @@ struct AdamW8bitShard {
   const float* tables;   // device: signed code[256], unsigned code[256], signed mids[255], unsigned mids[255]
   q8::AdamScalars scalars;
   bool stochastic_rounding;
-  uint64_t seed;         // this step's SR stream
+  uint64_t seed;           // this step's SR stream
   uint64_t global_offset;  // SR index of element 0
 };
 

@@ -15,9 +15,8 @@ namespace ptrain::kernels {
 }
 }  // namespace ptrain::kernels
 
-#define PTRAIN_CUDA_CHECK(call)                                                          \
-  do {                                                                                   \
-    const cudaError_t ptrain_cuda_err_ = (call);                                         \
-    if (ptrain_cuda_err_ != cudaSuccess)                                                 \
-      ::ptrain::kernels::cuda_fail(ptrain_cuda_err_, #call, __FILE__, __LINE__);         \
+#define PTRAIN_CUDA_CHECK(call)                                                                                     \
+  do {                                                                                                              \
+    const cudaError_t ptrain_cuda_err_ = (call);                                                                    \
+    if (ptrain_cuda_err_ != cudaSuccess) ::ptrain::kernels::cuda_fail(ptrain_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)

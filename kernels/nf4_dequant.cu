@@ -43,7 +43,8 @@ void nf4_dequantize(const Nf4Dequant& args, void* stream) {
   static std::once_flag once;
   std::call_once(once, [] { PTRAIN_CUDA_CHECK(cudaMemcpyToSymbol(kNf4, nf4::kCode, sizeof nf4::kCode)); });
   if (args.numel == 0) return;
-  if (!args.absmax && !args.code8) throw std::runtime_error("nf4_dequantize: double-quantized input needs the 8-bit code");
+  if (!args.absmax && !args.code8)
+    throw std::runtime_error("nf4_dequantize: double-quantized input needs the 8-bit code");
   const int threads = 256;
   const int64_t pairs = (args.numel + 1) / 2;
   const int64_t blocks = std::min<int64_t>((pairs + threads - 1) / threads, 65535LL * 8);

@@ -14,7 +14,7 @@ struct Nf4Dequant {
   const float* code8;      // device: the signed dynamic map, 256 values (double quantization)
   float offset;            // mean absmax (double quantization)
   int64_t numel;
-  void* out;               // float32 or bf16 [numel]
+  void* out;  // float32 or bf16 [numel]
   bool out_bf16;
 };
 

@@ -26,8 +26,8 @@ void stochastic_round_bf16(const float* in, uint16_t* out, int64_t n, uint64_t s
   if (n == 0) return;
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65535LL * 8);
-  stochastic_round_kernel<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n, seed,
-                                                                                                          offset);
+  stochastic_round_kernel<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      in, out, n, seed, offset);
   PTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 

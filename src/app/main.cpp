@@ -75,8 +75,9 @@ Args parse_args(int argc, char** argv) {
     if (std::find(commands.begin(), commands.end(), a.command) == commands.end())
       throw UsageError("unknown command '" + a.command + "' (see ptrain --help)");
   }
-  static const std::vector<std::string> valued{"--config", "--set", "--world-size", "--gpu-memory", "--checkpoint",
-                                                 "--data", "--out", "--in", "--token-bytes", "--modes", "--steps", "--tokenizer"};
+  static const std::vector<std::string> valued{"--config",      "--set",   "--world-size", "--gpu-memory",
+                                               "--checkpoint",  "--data",  "--out",        "--in",
+                                               "--token-bytes", "--modes", "--steps",      "--tokenizer"};
   for (; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -191,7 +192,8 @@ int cmd_tokenize(const Args& a) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help"))) {
+    if (argc >= 2 &&
+        (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help"))) {
       std::cout << kUsage;
       return 0;
     }

@@ -30,16 +30,26 @@ namespace {
 constexpr int kFormatVersion = 2;  // 2: units padded and sharded in multiples of kUnitAlign
 
 json shape_json(const LlamaShape& s) {
-  return {{"dim", s.dim},           {"n_layers", s.n_layers},     {"n_heads", s.n_heads},
-          {"n_kv_heads", s.n_kv_heads}, {"head_dim", s.head_dim}, {"ffn_dim", s.ffn_dim},
-          {"vocab_size", s.vocab_size}, {"max_seq_len", s.max_seq_len}, {"rope_theta", s.rope_theta},
-          {"norm_eps", s.norm_eps}, {"tie_embeddings", s.tie_embeddings},
-          {"family", traits(s.family).name}, {"attention_bias", s.attention_bias}, {"mlp_bias", s.mlp_bias},
+  return {{"dim", s.dim},
+          {"n_layers", s.n_layers},
+          {"n_heads", s.n_heads},
+          {"n_kv_heads", s.n_kv_heads},
+          {"head_dim", s.head_dim},
+          {"ffn_dim", s.ffn_dim},
+          {"vocab_size", s.vocab_size},
+          {"max_seq_len", s.max_seq_len},
+          {"rope_theta", s.rope_theta},
+          {"norm_eps", s.norm_eps},
+          {"tie_embeddings", s.tie_embeddings},
+          {"family", traits(s.family).name},
+          {"attention_bias", s.attention_bias},
+          {"mlp_bias", s.mlp_bias},
           {"sliding_window", s.sliding_window},
-          {"rope_scaling", {{"factor", s.rope_scaling.factor},
-                            {"low_freq_factor", s.rope_scaling.low_freq_factor},
-                            {"high_freq_factor", s.rope_scaling.high_freq_factor},
-                            {"original_max_seq_len", s.rope_scaling.original_max_seq_len}}}};
+          {"rope_scaling",
+           {{"factor", s.rope_scaling.factor},
+            {"low_freq_factor", s.rope_scaling.low_freq_factor},
+            {"high_freq_factor", s.rope_scaling.high_freq_factor},
+            {"original_max_seq_len", s.rope_scaling.original_max_seq_len}}}};
 }
 
 LlamaShape shape_from_json(const json& j) {
@@ -58,7 +68,9 @@ LlamaShape shape_from_json(const json& j) {
   // Checkpoints from before the families hold Llamas without biases.
   const std::string family = j.value("family", std::string("llama"));
   const auto f = family_named(family);
-  if (!f) throw UnsupportedInput("checkpoint meta.json: model family \"" + family + "\" is not one ptrain implements (" + family_names() + ")");
+  if (!f)
+    throw UnsupportedInput("checkpoint meta.json: model family \"" + family + "\" is not one ptrain implements (" +
+                           family_names() + ")");
   s.family = *f;
   s.attention_bias = j.value("attention_bias", false);
   s.mlp_bias = j.value("mlp_bias", false);
@@ -79,7 +91,8 @@ std::vector<fs::path> complete_checkpoints(const std::string& root) {
   std::vector<fs::path> out;
   if (!fs::is_directory(root)) return out;
   for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && step_of(e.path()) >= 0 && fs::is_regular_file(e.path() / "meta.json")) out.push_back(e.path());
+    if (e.is_directory() && step_of(e.path()) >= 0 && fs::is_regular_file(e.path() / "meta.json"))
+      out.push_back(e.path());
   std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
   return out;
 }
@@ -106,7 +119,9 @@ at::Tensor owned_state(const FsdpModel& model, const OptimState& s) {
   return s.tensor.narrow(0, 0, s.index(u.shard_offset + u.owned()) - s.index(u.shard_offset));
 }
 
-std::string shard_file(const std::string& kind, int rank) { return kind + ".rank" + std::to_string(rank) + ".safetensors"; }
+std::string shard_file(const std::string& kind, int rank) {
+  return kind + ".rank" + std::to_string(rank) + ".safetensors";
+}
 
 // Reads part of a unit-wide vector out of the rank files that hold it: the entries covering
 // unit elements [begin, end), where `index` maps element offsets to vector positions (the
@@ -126,14 +141,16 @@ class ShardReader {
       at::Tensor src = file(static_cast<int>(k)).tensor(key);
       if (src.numel() != k_hi - k_lo)
         throw RuntimeError("checkpoint '" + dir_ + "': '" + key + "' in " + shard_file(kind_, static_cast<int>(k)) +
-                           " has " + std::to_string(src.numel()) + " elements, expected " + std::to_string(k_hi - k_lo));
+                           " has " + std::to_string(src.numel()) + " elements, expected " +
+                           std::to_string(k_hi - k_lo));
       dst.narrow(0, a - lo, b - a).copy_(src.narrow(0, a - k_lo, b - a));
     }
   }
 
  private:
   SafetensorsFile& file(int rank) {
-    if (!files_[rank]) files_[rank] = std::make_unique<SafetensorsFile>((fs::path(dir_) / shard_file(kind_, rank)).string());
+    if (!files_[rank])
+      files_[rank] = std::make_unique<SafetensorsFile>((fs::path(dir_) / shard_file(kind_, rank)).string());
     return *files_[rank];
   }
   std::string dir_, kind_;
@@ -166,7 +183,8 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
   for (const auto& s : optim.state()) state.emplace_back(s.key, owned_state(model, s));
   write_safetensors((tmp / shard_file("model", rank)).string(), params);
   write_safetensors((tmp / shard_file("optimizer", rank)).string(), state);
-  write_safetensors((tmp / shard_file("rng", rank)).string(), {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
+  write_safetensors((tmp / shard_file("rng", rank)).string(),
+                    {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
   comm.barrier();
 
   if (rank == 0) {
@@ -180,10 +198,11 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
                  {"precision", model.policy().mode},
                  {"master_dtype", c10::toString(model.policy().master_dtype)},
                  {"lora", model.lora()},
-                 {"lora_config", {{"rank", model.options().lora_rank},
-                                  {"alpha", model.options().lora_alpha},
-                                  {"dropout", model.options().lora_dropout},
-                                  {"targets", model.options().lora_targets}}},
+                 {"lora_config",
+                  {{"rank", model.options().lora_rank},
+                   {"alpha", model.options().lora_alpha},
+                   {"dropout", model.options().lora_dropout},
+                   {"targets", model.options().lora_targets}}},
                  {"shape", shape_json(model.shape())},
                  {"units", units}};
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");  // last: marks completeness
@@ -217,8 +236,8 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
   try {
     const LlamaShape saved = shape_from_json(meta.at("shape"));
     if (shape_json(saved) != shape_json(model.shape()))
-      throw RuntimeError("checkpoint '" + dir + "' was written for a different model shape: " + shape_json(saved).dump() +
-                         "; the config describes " + shape_json(model.shape()).dump());
+      throw RuntimeError("checkpoint '" + dir + "' was written for a different model shape: " +
+                         shape_json(saved).dump() + "; the config describes " + shape_json(model.shape()).dump());
     // Resuming needs the same master dtype (the optimizer state belongs to it); loading weights
     // alone (eval, export) converts them, e.g. a bf16 run evaluated in float32.
     if (optim && meta.at("master_dtype").get<std::string>() != c10::toString(model.policy().master_dtype))
@@ -226,8 +245,9 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
                          " master weights but precision mode '" + model.policy().mode + "' keeps " +
                          c10::toString(model.policy().master_dtype));
     if (meta.value("lora", false) != model.lora())
-      throw RuntimeError("checkpoint '" + dir + "' holds " + (meta.value("lora", false) ? "LoRA adapters" : "full model weights") +
-                         " but the config " + (model.lora() ? "enables" : "does not enable") + " LoRA; match lora.enabled");
+      throw RuntimeError("checkpoint '" + dir + "' holds " +
+                         (meta.value("lora", false) ? "LoRA adapters" : "full model weights") + " but the config " +
+                         (model.lora() ? "enables" : "does not enable") + " LoRA; match lora.enabled");
     const int saved_ws = meta.at("world_size").get<int>();
     ShardReader params(dir, "model", saved_ws), state(dir, "optimizer", saved_ws);
     at::NoGradGuard no_grad;

@@ -27,11 +27,11 @@ json read_json(const std::string& path) {
 
 // config.json keys every family reads.
 const std::set<std::string>& common_keys() {
-  static const std::set<std::string> k{"architectures",     "model_type",          "hidden_size",  "num_hidden_layers",
-                                       "num_attention_heads", "num_key_value_heads", "head_dim",     "intermediate_size",
-                                       "vocab_size",        "max_position_embeddings", "rope_theta", "rope_parameters",
-                                       "rope_scaling",      "rms_norm_eps",        "tie_word_embeddings", "hidden_act",
-                                       "attention_dropout"};
+  static const std::set<std::string> k{
+      "architectures",       "model_type",       "hidden_size",       "num_hidden_layers", "num_attention_heads",
+      "num_key_value_heads", "head_dim",         "intermediate_size", "vocab_size",        "max_position_embeddings",
+      "rope_theta",          "rope_parameters",  "rope_scaling",      "rms_norm_eps",      "tie_word_embeddings",
+      "hidden_act",          "attention_dropout"};
   return k;
 }
 
@@ -39,17 +39,64 @@ const std::set<std::string>& common_keys() {
 // network's computation. (PretrainedConfig's own attributes, which transformers 4.x wrote into
 // every config.json.)
 const std::set<std::string>& metadata_keys() {
-  static const std::set<std::string> k{
-      "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "dtype", "torch_dtype",
-      "transformers_version", "use_cache", "initializer_range", "_name_or_path", "name_or_path", "output_attentions",
-      "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "tokenizer_class", "prefix",
-      "task_specific_params", "finetuning_task", "is_encoder_decoder", "is_decoder", "add_cross_attention",
-      "tie_encoder_decoder", "cross_attention_hidden_size", "chunk_size_feed_forward", "torchscript", "pruned_heads",
-      "tf_legacy_loss", "use_bfloat16", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
-      "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-      "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
-      "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-      "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "_attn_implementation_autoset"};
+  static const std::set<std::string> k{"bos_token_id",
+                                       "eos_token_id",
+                                       "pad_token_id",
+                                       "sep_token_id",
+                                       "decoder_start_token_id",
+                                       "dtype",
+                                       "torch_dtype",
+                                       "transformers_version",
+                                       "use_cache",
+                                       "initializer_range",
+                                       "_name_or_path",
+                                       "name_or_path",
+                                       "output_attentions",
+                                       "output_hidden_states",
+                                       "return_dict",
+                                       "id2label",
+                                       "label2id",
+                                       "problem_type",
+                                       "tokenizer_class",
+                                       "prefix",
+                                       "task_specific_params",
+                                       "finetuning_task",
+                                       "is_encoder_decoder",
+                                       "is_decoder",
+                                       "add_cross_attention",
+                                       "tie_encoder_decoder",
+                                       "cross_attention_hidden_size",
+                                       "chunk_size_feed_forward",
+                                       "torchscript",
+                                       "pruned_heads",
+                                       "tf_legacy_loss",
+                                       "use_bfloat16",
+                                       "max_length",
+                                       "min_length",
+                                       "do_sample",
+                                       "early_stopping",
+                                       "num_beams",
+                                       "num_beam_groups",
+                                       "diversity_penalty",
+                                       "temperature",
+                                       "top_k",
+                                       "top_p",
+                                       "typical_p",
+                                       "repetition_penalty",
+                                       "length_penalty",
+                                       "no_repeat_ngram_size",
+                                       "encoder_no_repeat_ngram_size",
+                                       "bad_words_ids",
+                                       "num_return_sequences",
+                                       "output_scores",
+                                       "return_dict_in_generate",
+                                       "forced_bos_token_id",
+                                       "forced_eos_token_id",
+                                       "remove_invalid_values",
+                                       "exponential_decay_length_penalty",
+                                       "suppress_tokens",
+                                       "begin_suppress_tokens",
+                                       "_attn_implementation_autoset"};
   return k;
 }
 
@@ -57,7 +104,8 @@ const std::set<std::string>& metadata_keys() {
 bool neutral(const std::string& key, const json& v) {
   if (key == "partial_rotary_factor") return v.is_number() && v.get<double>() == 1.0;
   if (key == "attn_logit_softcapping" || key == "final_logit_softcapping") return v.is_null();
-  if (key == "attention_bias" || key == "mlp_bias" || key == "use_sliding_window") return v.is_boolean() && !v.get<bool>();
+  if (key == "attention_bias" || key == "mlp_bias" || key == "use_sliding_window")
+    return v.is_boolean() && !v.get<bool>();
   if (key == "sliding_window") return v.is_null();
   return false;
 }
@@ -77,8 +125,7 @@ std::string refusal_hint(const std::string& key) {
 
 std::string family_list() {
   std::string out;
-  for (const auto& f : families())
-    out += std::string(out.empty() ? "" : ", ") + f.name + " (" + f.architecture + ")";
+  for (const auto& f : families()) out += std::string(out.empty() ? "" : ", ") + f.name + " (" + f.architecture + ")";
   return out;
 }
 
@@ -126,21 +173,24 @@ void read_qwen_window(const json& c, LlamaShape& s, const std::string& path) {
       throw UnsupportedInput(path + ": layer_types must list one type per layer (" + std::to_string(s.n_layers) + ")");
     for (const auto& t : types)
       if (t != "full_attention")
-        throw UnsupportedInput(path + ": layer_types holds " + t.dump() + "; ptrain implements \"full_attention\" layers only");
+        throw UnsupportedInput(path + ": layer_types holds " + t.dump() +
+                               "; ptrain implements \"full_attention\" layers only");
   }
 }
 
 // Mistral: the window applies to every layer; transformers' default is 4096 when the key is absent.
 void read_mistral_window(const json& c, LlamaShape& s) {
   s.sliding_window = traits(s.family).default_sliding_window;
-  if (c.contains("sliding_window")) s.sliding_window = c["sliding_window"].is_null() ? 0 : c["sliding_window"].get<int64_t>();
+  if (c.contains("sliding_window"))
+    s.sliding_window = c["sliding_window"].is_null() ? 0 : c["sliding_window"].get<int64_t>();
 }
 }  // namespace
 
 LlamaShape read_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
   if (!fs::is_regular_file(path))
-    throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face model directory: " + family_list() + ")");
+    throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face model directory: " + family_list() +
+                       ")");
   json c = read_json(path);
   if (!c.is_object()) throw UnsupportedInput(path + ": not a JSON object");
   if (!c.contains("model_type") || !c["model_type"].is_string())
@@ -148,10 +198,11 @@ LlamaShape read_hf_config(const std::string& dir) {
   const std::string model_type = c["model_type"].get<std::string>();
   const auto family = family_named(model_type);
   if (!family)
-    throw UnsupportedInput(path + ": model_type \"" + model_type + "\" is not a family ptrain implements (" + family_list() +
-                           "); see docs/models.md");
+    throw UnsupportedInput(path + ": model_type \"" + model_type + "\" is not a family ptrain implements (" +
+                           family_list() + "); see docs/models.md");
   const FamilyTraits& f = traits(*family);
-  if (c.contains("architectures") && !c["architectures"].is_null() && c["architectures"] != json::array({f.architecture}))
+  if (c.contains("architectures") && !c["architectures"].is_null() &&
+      c["architectures"] != json::array({f.architecture}))
     throw UnsupportedInput(path + ": architectures " + c["architectures"].dump() + " is not [\"" + f.architecture +
                            "\"]: ptrain trains the causal language model of family " + f.name);
   // Every key is read, metadata, or neutral at its value; the first other one is refused.
@@ -159,8 +210,8 @@ LlamaShape read_hf_config(const std::string& dir) {
     const std::string& k = it.key();
     const bool own = std::find(f.own_keys.begin(), f.own_keys.end(), k) != f.own_keys.end();
     if (common_keys().count(k) || metadata_keys().count(k) || own || neutral(k, it.value())) continue;
-    throw UnsupportedInput(path + ": key \"" + k + "\" (= " + it.value().dump() + ") is not one ptrain reads for " + f.name +
-                           ": " + refusal_hint(k) + ". See docs/models.md for what each family supports");
+    throw UnsupportedInput(path + ": key \"" + k + "\" (= " + it.value().dump() + ") is not one ptrain reads for " +
+                           f.name + ": " + refusal_hint(k) + ". See docs/models.md for what each family supports");
   }
   auto need = [&](const char* key) -> const json& {
     if (!c.contains(key) || c[key].is_null()) throw UnsupportedInput(path + ": missing \"" + key + "\"");
@@ -176,7 +227,8 @@ LlamaShape read_hf_config(const std::string& dir) {
     s.n_layers = need("num_hidden_layers").get<int64_t>();
     s.n_heads = need("num_attention_heads").get<int64_t>();
     s.n_kv_heads = number_or("num_key_value_heads", f.default_kv_heads ? f.default_kv_heads : s.n_heads);
-    s.head_dim = number_or("head_dim", f.default_head_dim ? f.default_head_dim : (s.n_heads ? s.dim / s.n_heads : int64_t{0}));
+    s.head_dim =
+        number_or("head_dim", f.default_head_dim ? f.default_head_dim : (s.n_heads ? s.dim / s.n_heads : int64_t{0}));
     s.ffn_dim = need("intermediate_size").get<int64_t>();
     s.vocab_size = need("vocab_size").get<int64_t>();
     s.max_seq_len = number_or("max_position_embeddings", f.default_max_positions);
@@ -253,10 +305,12 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw RuntimeError(index.string() + ": missing \"weight_map\"");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it->is_string()) throw RuntimeError(index.string() + ": weight_map value for '" + it.key() + "' is not a file name");
+      if (!it->is_string())
+        throw RuntimeError(index.string() + ": weight_map value for '" + it.key() + "' is not a file name");
       auto file = open(it->get<std::string>());
       if (!file->contains(it.key()))
-        throw RuntimeError(index.string() + " maps '" + it.key() + "' to " + it->get<std::string>() + ", which lacks it");
+        throw RuntimeError(index.string() + " maps '" + it.key() + "' to " + it->get<std::string>() +
+                           ", which lacks it");
       where_[it.key()] = file;
     }
     // A tensor a shard holds but the index does not map would be silently left out.
@@ -323,20 +377,23 @@ void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, bool c
     }
     const auto& shape_wanted = extra ? redundant[name] : want->second;
     if (e.shape != shape_wanted)
-      problems.push_back("tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) + ", config.json gives " +
-                         c10::str(c10::IntArrayRef(shape_wanted)));
+      problems.push_back("tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) +
+                         ", config.json gives " + c10::str(c10::IntArrayRef(shape_wanted)));
     else if (!floats.count(e.dtype))
       problems.push_back("tensor '" + name + "' is stored as " + e.dtype +
                          " (ptrain loads F32, BF16 or F16 weights; a quantized checkpoint is not supported)");
   }
   for (const auto& [name, dims] : expected)
-    if (!present.count(name)) problems.push_back("tensor '" + name + "' is missing (a " + traits(shape.family).name +
-                                                 " model of this config needs it)");
+    if (!present.count(name))
+      problems.push_back("tensor '" + name + "' is missing (a " + traits(shape.family).name +
+                         " model of this config needs it)");
   if (problems.empty() && compare_values) {
     if (shape.tie_embeddings && present.count("lm_head.weight") &&
-        !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat), ckpt.tensor("model.embed_tokens.weight").to(at::kFloat)))
-      problems.push_back("tensor 'lm_head.weight' differs from model.embed_tokens.weight although tie_word_embeddings is "
-                         "true: the checkpoint describes an untied model");
+        !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat),
+                   ckpt.tensor("model.embed_tokens.weight").to(at::kFloat)))
+      problems.push_back(
+          "tensor 'lm_head.weight' differs from model.embed_tokens.weight although tie_word_embeddings is "
+          "true: the checkpoint describes an untied model");
     const at::Tensor inv_freq = rope_inv_freq(shape);
     for (int64_t l = 0; l < shape.n_layers; ++l) {
       const std::string name = "model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq";

@@ -34,7 +34,9 @@ PeftAdapter read_peft(const std::string& dir) {
     a.base_model = cfg.value("base_model_name_or_path", "");
     for (const auto& m : cfg.at("target_modules")) {
       const std::string t = target_of_peft_module(m.get<std::string>());
-      if (t.empty()) throw RuntimeError(cfg_path + ": target module '" + m.get<std::string>() + "' is not a Llama projection ptrain adapts");
+      if (t.empty())
+        throw RuntimeError(cfg_path + ": target module '" + m.get<std::string>() +
+                           "' is not a Llama projection ptrain adapts");
       a.targets.push_back(t);
     }
   } catch (const json::exception& e) {
@@ -43,7 +45,8 @@ PeftAdapter read_peft(const std::string& dir) {
   SafetensorsFile file((fs::path(dir) / "adapter_model.safetensors").string());
   for (const auto& e : file.entries()) {
     if (e.name.rfind(kPrefix, 0) != 0)
-      throw RuntimeError(dir + "/adapter_model.safetensors: tensor '" + e.name + "' does not start with '" + kPrefix + "'");
+      throw RuntimeError(dir + "/adapter_model.safetensors: tensor '" + e.name + "' does not start with '" + kPrefix +
+                         "'");
     a.tensors[e.name.substr(kPrefix.size())] = file.tensor(e.name).to(at::kFloat).clone();
   }
   return a;

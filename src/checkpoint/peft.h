@@ -27,5 +27,4 @@ struct PeftAdapter {
 PeftAdapter read_peft(const std::string& dir);
 void write_peft(const std::string& dir, const PeftAdapter& adapter);
 
-
 }  // namespace ptrain

@@ -25,10 +25,9 @@ struct DtypeInfo {
   int64_t bytes;
 };
 constexpr DtypeInfo kDtypes[] = {
-    {"F64", at::kDouble, 8}, {"F32", at::kFloat, 4},   {"F16", at::kHalf, 2},
-    {"BF16", at::kBFloat16, 2}, {"I64", at::kLong, 8},  {"I32", at::kInt, 4},
-    {"I16", at::kShort, 2},  {"I8", at::kChar, 1},     {"U8", at::kByte, 1},
-    {"BOOL", at::kBool, 1},
+    {"F64", at::kDouble, 8}, {"F32", at::kFloat, 4}, {"F16", at::kHalf, 2},  {"BF16", at::kBFloat16, 2},
+    {"I64", at::kLong, 8},   {"I32", at::kInt, 4},   {"I16", at::kShort, 2}, {"I8", at::kChar, 1},
+    {"U8", at::kByte, 1},    {"BOOL", at::kBool, 1},
 };
 
 const DtypeInfo* dtype_by_name(const std::string& name) {
@@ -75,7 +74,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(st
 
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);
-  if (header_len > kMaxHeaderBytes) throw fail("header length " + std::to_string(header_len) + " exceeds the 100 MiB limit");
+  if (header_len > kMaxHeaderBytes)
+    throw fail("header length " + std::to_string(header_len) + " exceeds the 100 MiB limit");
   if (header_len > file_size - 8)
     throw fail("truncated: header length " + std::to_string(header_len) + " runs past the end of the " +
                std::to_string(file_size) + "-byte file");
@@ -135,14 +135,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(st
   // The buffer must be covered exactly, in offset order: overlaps and holes are corruption.
   std::vector<const SafetensorsEntry*> order;
   for (const auto& e : entries_) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](auto a, auto b) { return a->begin < b->begin || (a->begin == b->begin && a->end < b->end); });
+  std::sort(order.begin(), order.end(),
+            [](auto a, auto b) { return a->begin < b->begin || (a->begin == b->begin && a->end < b->end); });
   uint64_t cursor = 0;
   for (const auto* e : order) {
     if (e->begin < cursor) throw fail("tensor '" + e->name + "' overlaps the previous tensor's bytes");
     if (e->begin > cursor) throw fail("hole in the data buffer before tensor '" + e->name + "'");
     cursor = e->end;
   }
-  if (cursor != data_size) throw fail("data buffer has " + std::to_string(data_size - cursor) + " trailing bytes no tensor owns");
+  if (cursor != data_size)
+    throw fail("data buffer has " + std::to_string(data_size - cursor) + " trailing bytes no tensor owns");
   for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
 }
 
@@ -157,7 +159,8 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
   const DtypeInfo* dt = dtype_by_name(e.dtype);
   auto* ptr = const_cast<unsigned char*>(data_ + e.begin);
   auto keep = map_;
-  at::Tensor t = at::from_blob(ptr, e.shape, [keep](void*) {}, at::TensorOptions().dtype(dt->type));
+  at::Tensor t = at::from_blob(
+      ptr, e.shape, [keep](void*) {}, at::TensorOptions().dtype(dt->type));
   // Kernels may assume element alignment; copy the rare misaligned tensor.
   if (reinterpret_cast<uintptr_t>(ptr) % dt->bytes != 0) t = t.clone();
   return t;

@@ -17,9 +17,9 @@ namespace ptrain {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;           // "F32", "BF16", "F16", ...
+  std::string dtype;  // "F32", "BF16", "F16", ...
   std::vector<int64_t> shape;
-  uint64_t begin = 0;          // offsets into the data buffer
+  uint64_t begin = 0;  // offsets into the data buffer
   uint64_t end = 0;
 };
 
@@ -49,8 +49,7 @@ class SafetensorsFile {
 };
 
 // Writes tensors (in the given order) atomically: temp file, fsync, rename.
-void write_safetensors(const std::string& path,
-                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace ptrain

@@ -12,7 +12,6 @@ static std::string join(const std::vector<ConfigProblem>& problems) {
   return out;
 }
 
-ConfigError::ConfigError(std::vector<ConfigProblem> ps)
-    : std::runtime_error(join(ps)), problems(std::move(ps)) {}
+ConfigError::ConfigError(std::vector<ConfigProblem> ps) : std::runtime_error(join(ps)), problems(std::move(ps)) {}
 
 }  // namespace ptrain

@@ -91,8 +91,7 @@ void remove_tree(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return;
   auto rm = [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); };
-  if (::nftw(path.c_str(), rm, 16, FTW_DEPTH | FTW_PHYS) != 0)
-    throw RuntimeError(sys_error("cannot remove", path));
+  if (::nftw(path.c_str(), rm, 16, FTW_DEPTH | FTW_PHYS) != 0) throw RuntimeError(sys_error("cannot remove", path));
 }
 
 }  // namespace ptrain

@@ -30,20 +30,28 @@ void set_rank(int rank, int world_size) {
 }
 
 void set_level(Level level) {
-  static const spdlog::level::level_enum map[] = {spdlog::level::debug, spdlog::level::info,
-                                                  spdlog::level::warn, spdlog::level::err};
+  static const spdlog::level::level_enum map[] = {spdlog::level::debug, spdlog::level::info, spdlog::level::warn,
+                                                  spdlog::level::err};
   logger().set_level(map[static_cast<int>(level)]);
 }
 
 void write(Level level, std::string_view message) {
   if (g_rank != 0 && level < Level::warn) return;
-  std::string text = g_world > 1 ? "[rank " + std::to_string(g_rank) + "] " + std::string(message)
-                                 : std::string(message);
+  std::string text =
+      g_world > 1 ? "[rank " + std::to_string(g_rank) + "] " + std::string(message) : std::string(message);
   switch (level) {
-    case Level::debug: logger().debug(text); break;
-    case Level::info: logger().info(text); break;
-    case Level::warn: logger().warn(text); break;
-    case Level::error: logger().error(text); break;
+    case Level::debug:
+      logger().debug(text);
+      break;
+    case Level::info:
+      logger().info(text);
+      break;
+    case Level::warn:
+      logger().warn(text);
+      break;
+    case Level::error:
+      logger().error(text);
+      break;
   }
   if (level >= Level::warn) logger().flush();
 }

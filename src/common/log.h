@@ -23,10 +23,22 @@ std::string cat(const Args&... args) {
   (out << ... << args);
   return out.str();
 }
-template <class... Args> void debug(const Args&... a) { write(Level::debug, cat(a...)); }
-template <class... Args> void info(const Args&... a) { write(Level::info, cat(a...)); }
-template <class... Args> void warn(const Args&... a) { write(Level::warn, cat(a...)); }
-template <class... Args> void error(const Args&... a) { write(Level::error, cat(a...)); }
+template <class... Args>
+void debug(const Args&... a) {
+  write(Level::debug, cat(a...));
+}
+template <class... Args>
+void info(const Args&... a) {
+  write(Level::info, cat(a...));
+}
+template <class... Args>
+void warn(const Args&... a) {
+  write(Level::warn, cat(a...));
+}
+template <class... Args>
+void error(const Args&... a) {
+  write(Level::error, cat(a...));
+}
 
 std::string fixed(double value, int decimals);  // 3.1416
 std::string sci(double value, int decimals);    // 3.00e-04

@@ -29,8 +29,12 @@ enum class Backend { automatic, nccl, mpi, gloo };      // "auto", ...
 enum class Checkpointing { none, full };
 enum class QuantBase { none, nf4 };
 
-template <class E> const std::vector<std::string>& enum_names();
-template <class E> const std::string& name_of(E value) { return enum_names<E>().at(static_cast<size_t>(value)); }
+template <class E>
+const std::vector<std::string>& enum_names();
+template <class E>
+const std::string& name_of(E value) {
+  return enum_names<E>().at(static_cast<size_t>(value));
+}
 
 struct Config {
   struct Run {
@@ -45,15 +49,15 @@ struct Config {
     double init_std = 0.02;       // N(0, init_std) init of matrices; output projections / sqrt(2L)
   } model;
   struct Data {
-    std::string path;             // text file (byte-level tokens), .bin token file or .jsonl records
+    std::string path;  // text file (byte-level tokens), .bin token file or .jsonl records
     DataFormat format = DataFormat::text;
-    std::string tokenizer;        // jsonl: tokenizer.json or its directory (default: model.hf_path)
-    bool packing = false;         // jsonl: several samples per row
-    bool train_on_prompt = false; // jsonl: train on prompts too, not only on replies / completions
+    std::string tokenizer;                         // jsonl: tokenizer.json or its directory (default: model.hf_path)
+    bool packing = false;                          // jsonl: several samples per row
+    bool train_on_prompt = false;                  // jsonl: train on prompts too, not only on replies / completions
     Truncation truncation = Truncation::truncate;  // jsonl: samples longer than a row
-    int64_t seq_len = 128;        // tokens per training sequence
-    int64_t micro_batch_size = 8; // sequences per forward/backward per rank
-    double val_fraction = 0.05;   // held out for validation: the tail of a token stream; jsonl: samples
+    int64_t seq_len = 128;                         // tokens per training sequence
+    int64_t micro_batch_size = 8;                  // sequences per forward/backward per rank
+    double val_fraction = 0.05;  // held out for validation: the tail of a token stream; jsonl: samples
   } data;
   struct Training {
     int64_t steps = 200;           // optimizer steps
@@ -63,27 +67,27 @@ struct Config {
     int64_t eval_every = 100;      // validation cadence (steps); 0 disables
     int64_t eval_batches = 4;      // micro-batches per validation
     DeviceChoice device = DeviceChoice::automatic;
-    int64_t threads = 0;           // CPU intra-op threads; 0 = LibTorch default
+    int64_t threads = 0;  // CPU intra-op threads; 0 = LibTorch default
   } training;
   struct Optimizer {
     OptimizerName name = OptimizerName::adamw;
     double lr = 3e-4;                      // peak learning rate
     std::vector<double> betas{0.9, 0.95};  // Adam beta1, beta2
     double eps = 1e-8;
-    double weight_decay = 0.1;             // decoupled; matrices only (not norm weights)
-    bool in_backward = false;              // step each unit during backward
+    double weight_decay = 0.1;  // decoupled; matrices only (not norm weights)
+    bool in_backward = false;   // step each unit during backward
   } optimizer;
   struct LrSchedule {
-    int64_t warmup_steps = 20;     // linear warmup from lr/warmup to lr
-    Decay decay = Decay::cosine;   // after warmup
-    double min_lr_ratio = 0.1;     // final lr = lr * min_lr_ratio (cosine, linear)
+    int64_t warmup_steps = 20;    // linear warmup from lr/warmup to lr
+    Decay decay = Decay::cosine;  // after warmup
+    double min_lr_ratio = 0.1;    // final lr = lr * min_lr_ratio (cosine, linear)
   } lr_schedule;
   struct Precision {
     PrecisionMode mode = PrecisionMode::fp32;
     DtypeName param_dtype = DtypeName::from_mode;   // compute/all-gather dtype
     DtypeName reduce_dtype = DtypeName::from_mode;  // gradient reduction dtype
     DtypeName logits_dtype = DtypeName::float32;    // bfloat16 only with allow_bf16_logits
-    bool allow_bf16_logits = false;         // explicit opt-in for bfloat16 logits
+    bool allow_bf16_logits = false;                 // explicit opt-in for bfloat16 logits
     DtypeName rope_dtype = DtypeName::float32;      // must be float32 (stated, checked)
     bool stochastic_rounding = false;
   } precision;
@@ -96,7 +100,7 @@ struct Config {
   struct Memory {
     Checkpointing activation_checkpointing = Checkpointing::none;  // full: recompute each block in backward
     bool activation_offloading = false;  // full checkpointing's kept block inputs live in host memory
-    int64_t loss_chunk_tokens = 0;  // tokens per cross-entropy chunk; 0 = auto
+    int64_t loss_chunk_tokens = 0;       // tokens per cross-entropy chunk; 0 = auto
   } memory;
   struct Checkpoint {
     std::string dir;          // default: <output_dir>/checkpoints
@@ -123,8 +127,8 @@ struct Config {
     std::string file;
     int line = 0;
   };
-  std::string source_file;                 // the --config path
-  std::map<std::string, Origin> origins;   // "section.key" -> origin
+  std::string source_file;                // the --config path
+  std::map<std::string, Origin> origins;  // "section.key" -> origin
 
   std::string output_dir() const;      // run.output_dir or runs/<name>
   std::string checkpoint_dir() const;  // checkpoint.dir or <output_dir>/checkpoints

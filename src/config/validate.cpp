@@ -40,7 +40,6 @@ std::string at_least(int64_t v, int64_t min) {
   return v >= min ? "" : "must be >= " + std::to_string(min) + " (got " + std::to_string(v) + ")";
 }
 
-
 // Data file problems: existence, size, and (for token files) the header.
 std::string check_data(const Config& c) {
   if (c.data.path.empty()) return "no data file; set data.path to a text file, a .bin token file or a .jsonl dataset";
@@ -59,7 +58,8 @@ std::string check_data(const Config& c) {
       return e.what();
     }
   } else if (c.data.format == DataFormat::jsonl) {
-    if (fs::file_size(c.data.path) == 0) return "'" + c.data.path + "' is empty; a JSONL dataset holds one record per line";
+    if (fs::file_size(c.data.path) == 0)
+      return "'" + c.data.path + "' is empty; a JSONL dataset holds one record per line";
   } else if (static_cast<int64_t>(fs::file_size(c.data.path)) < 2 * window) {
     return "text file is shorter than two windows of seq_len+1 bytes";
   }
@@ -68,46 +68,71 @@ std::string check_data(const Config& c) {
 
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> kRules = {
-      {"run.name", [](const Config& c, const Environment&) -> std::string {
+      {"run.name",
+       [](const Config& c, const Environment&) -> std::string {
          return c.run.name.empty() || c.run.name.find('/') != std::string::npos
-                    ? "must be a non-empty name without '/' (use run.output_dir for paths)" : "";
+                    ? "must be a non-empty name without '/' (use run.output_dir for paths)"
+                    : "";
        }},
       {"run.seed", [](const Config& c, const Environment&) -> std::string { return at_least(c.run.seed, 0); }},
       {"model.init_std", [](const Config& c, const Environment&) -> std::string { return positive(c.model.init_std); }},
       {"model.dim", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.dim, 1); }},
-      {"model.n_layers", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_layers, 1); }},
-      {"model.n_heads", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_heads, 1); }},
-      {"model.n_kv_heads", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_kv_heads, 1); }},
-      {"model.ffn_dim", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.ffn_dim, 1); }},
-      {"model.vocab_size", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.vocab_size, 2); }},
-      {"model.max_seq_len", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.max_seq_len, 1); }},
-      {"model.dim", [](const Config& c, const Environment&) -> std::string {
+      {"model.n_layers",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_layers, 1); }},
+      {"model.n_heads",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_heads, 1); }},
+      {"model.n_kv_heads",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_kv_heads, 1); }},
+      {"model.ffn_dim",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.ffn_dim, 1); }},
+      {"model.vocab_size",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.vocab_size, 2); }},
+      {"model.max_seq_len",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.max_seq_len, 1); }},
+      {"model.dim",
+       [](const Config& c, const Environment&) -> std::string {
          const auto& s = c.model.shape;
          if (s.n_heads < 1 || c.is_set("model.head_dim") || !c.model.hf_path.empty()) return std::string();
-         return s.dim % s.n_heads == 0 ? "" : "dim (" + std::to_string(s.dim) + ") must be divisible by n_heads (" +
-                                                  std::to_string(s.n_heads) + "), or set model.head_dim";
+         return s.dim % s.n_heads == 0 ? ""
+                                       : "dim (" + std::to_string(s.dim) + ") must be divisible by n_heads (" +
+                                             std::to_string(s.n_heads) + "), or set model.head_dim";
        }},
-      {"model.n_kv_heads", [](const Config& c, const Environment&) -> std::string {
+      {"model.n_kv_heads",
+       [](const Config& c, const Environment&) -> std::string {
          const auto& s = c.model.shape;
          if (s.n_kv_heads < 1) return std::string();
-         return s.n_heads % s.n_kv_heads == 0 ? "" : "n_heads (" + std::to_string(s.n_heads) +
-                                                         ") must be a multiple of n_kv_heads (" + std::to_string(s.n_kv_heads) + ")";
+         return s.n_heads % s.n_kv_heads == 0
+                    ? ""
+                    : "n_heads (" + std::to_string(s.n_heads) + ") must be a multiple of n_kv_heads (" +
+                          std::to_string(s.n_kv_heads) + ")";
        }},
-      {"model.head_dim", [](const Config& c, const Environment&) -> std::string {
-         return c.model.shape.head_dim >= 2 && c.model.shape.head_dim % 2 == 0 ? "" : "head_dim must be even and >= 2 (RoPE rotates pairs)";
+      {"model.head_dim",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.model.shape.head_dim >= 2 && c.model.shape.head_dim % 2 == 0
+                    ? ""
+                    : "head_dim must be even and >= 2 (RoPE rotates pairs)";
        }},
-      {"model.rope_theta", [](const Config& c, const Environment&) -> std::string { return positive(c.model.shape.rope_theta); }},
-      {"model.norm_eps", [](const Config& c, const Environment&) -> std::string { return positive(c.model.shape.norm_eps); }},
-      {"model.attention_bias", [](const Config& c, const Environment&) -> std::string {
+      {"model.rope_theta",
+       [](const Config& c, const Environment&) -> std::string { return positive(c.model.shape.rope_theta); }},
+      {"model.norm_eps",
+       [](const Config& c, const Environment&) -> std::string { return positive(c.model.shape.norm_eps); }},
+      {"model.attention_bias",
+       [](const Config& c, const Environment&) -> std::string {
          const FamilyTraits& f = traits(c.model.shape.family);
          const bool read = f.qkv_bias == BiasRule::attention_bias || f.o_bias == BiasRule::attention_bias;
-         return !c.model.shape.attention_bias || read ? "" : std::string("family ") + f.name + " has no attention_bias flag (docs/models.md)";
+         return !c.model.shape.attention_bias || read
+                    ? ""
+                    : std::string("family ") + f.name + " has no attention_bias flag (docs/models.md)";
        }},
-      {"model.mlp_bias", [](const Config& c, const Environment&) -> std::string {
+      {"model.mlp_bias",
+       [](const Config& c, const Environment&) -> std::string {
          const FamilyTraits& f = traits(c.model.shape.family);
-         return !c.model.shape.mlp_bias || f.mlp_bias == BiasRule::mlp_bias ? "" : std::string("family ") + f.name + " has no mlp_bias flag (docs/models.md)";
+         return !c.model.shape.mlp_bias || f.mlp_bias == BiasRule::mlp_bias
+                    ? ""
+                    : std::string("family ") + f.name + " has no mlp_bias flag (docs/models.md)";
        }},
-      {"model.hf_path", [](const Config& c, const Environment& env) -> std::string {
+      {"model.hf_path",
+       [](const Config& c, const Environment& env) -> std::string {
          // The weights as training will load them, headers only: every tensor present, consumed,
          // of its shape and a float dtype; the shard index consistent with the files.
          if (c.model.hf_path.empty() || !env.local) return "";
@@ -118,23 +143,31 @@ const std::vector<Rule>& rules() {
          }
          return "";
        }},
-      {"model.rope_scaling_factor", [](const Config& c, const Environment&) -> std::string {
+      {"model.rope_scaling_factor",
+       [](const Config& c, const Environment&) -> std::string {
          const auto& r = c.model.shape.rope_scaling;
          if (r.factor == 0) return std::string();
          if (r.factor < 1) return std::string("must be 0 (off) or >= 1");
          return r.high_freq_factor > r.low_freq_factor && r.original_max_seq_len > 0
-                    ? "" : "needs rope_high_freq_factor > rope_low_freq_factor and rope_original_max_seq_len > 0";
+                    ? ""
+                    : "needs rope_high_freq_factor > rope_low_freq_factor and rope_original_max_seq_len > 0";
        }},
-      {"data.path", [](const Config& c, const Environment& env) -> std::string { return env.local ? check_data(c) : ""; }},
-      {"data.format", [](const Config& c, const Environment&) -> std::string {
+      {"data.path",
+       [](const Config& c, const Environment& env) -> std::string { return env.local ? check_data(c) : ""; }},
+      {"data.format",
+       [](const Config& c, const Environment&) -> std::string {
          return c.data.format == DataFormat::text && c.model.shape.vocab_size < 256
-                    ? "text is tokenized to bytes (256 symbols) but model.vocab_size is " + std::to_string(c.model.shape.vocab_size)
+                    ? "text is tokenized to bytes (256 symbols) but model.vocab_size is " +
+                          std::to_string(c.model.shape.vocab_size)
                     : "";
        }},
-      {"data.tokenizer", [](const Config& c, const Environment& env) -> std::string {
+      {"data.tokenizer",
+       [](const Config& c, const Environment& env) -> std::string {
          if (c.data.format != DataFormat::jsonl)
-           return !c.data.tokenizer.empty() ? "applies to data.format = \"jsonl\" only (token files are tokenized already; "
-                                               "text is read as bytes)" : "";
+           return !c.data.tokenizer.empty()
+                      ? "applies to data.format = \"jsonl\" only (token files are tokenized already; "
+                        "text is read as bytes)"
+                      : "";
          if (!env.local) return "";  // --plan: no files are read
          if (c.tokenizer_path().empty())
            return "data.format = \"jsonl\" needs a tokenizer: set data.tokenizer to a tokenizer.json (or the HF model "
@@ -149,180 +182,281 @@ const std::vector<Rule>& rules() {
          }
          return "";
        }},
-      {"data.packing", [](const Config& c, const Environment&) -> std::string {
+      {"data.packing",
+       [](const Config& c, const Environment&) -> std::string {
          return c.data.packing && c.data.format != DataFormat::jsonl
-                    ? "applies to data.format = \"jsonl\" only (token streams already fill every row)" : "";
+                    ? "applies to data.format = \"jsonl\" only (token streams already fill every row)"
+                    : "";
        }},
-      {"data.train_on_prompt", [](const Config& c, const Environment&) -> std::string {
+      {"data.train_on_prompt",
+       [](const Config& c, const Environment&) -> std::string {
          return c.data.train_on_prompt && c.data.format != DataFormat::jsonl
-                    ? "applies to data.format = \"jsonl\" only (text and token files train on every token)" : "";
+                    ? "applies to data.format = \"jsonl\" only (text and token files train on every token)"
+                    : "";
        }},
-      {"data.truncation", [](const Config& c, const Environment&) -> std::string {
+      {"data.truncation",
+       [](const Config& c, const Environment&) -> std::string {
          return c.data.truncation == Truncation::drop && c.data.format != DataFormat::jsonl
-                    ? "applies to data.format = \"jsonl\" only (token streams are cut into windows)" : "";
+                    ? "applies to data.format = \"jsonl\" only (token streams are cut into windows)"
+                    : "";
        }},
       {"data.seq_len", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.seq_len, 1); }},
-      {"data.seq_len", [](const Config& c, const Environment&) -> std::string {
-         return c.data.seq_len <= c.model.shape.max_seq_len ? "" : "seq_len (" + std::to_string(c.data.seq_len) +
-                                                                      ") exceeds model.max_seq_len (" + std::to_string(c.model.shape.max_seq_len) + ")";
+      {"data.seq_len",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.data.seq_len <= c.model.shape.max_seq_len
+                    ? ""
+                    : "seq_len (" + std::to_string(c.data.seq_len) + ") exceeds model.max_seq_len (" +
+                          std::to_string(c.model.shape.max_seq_len) + ")";
        }},
-      {"data.seq_len", [](const Config& c, const Environment&) -> std::string {
+      {"data.seq_len",
+       [](const Config& c, const Environment&) -> std::string {
          // Sliding-window attention is not implemented: a window is sound only where it never applies.
          const int64_t w = c.model.shape.sliding_window;
-         return w == 0 || c.data.seq_len <= w ? "" : "the model's attention slides over the last " + std::to_string(w) +
-                    " positions (config.json sliding_window), which ptrain does not implement; sequences must fit in the "
-                    "window: set data.seq_len <= " + std::to_string(w);
+         return w == 0 || c.data.seq_len <= w ? ""
+                                              : "the model's attention slides over the last " + std::to_string(w) +
+                                                    " positions (config.json sliding_window), which ptrain does not "
+                                                    "implement; sequences must fit in the "
+                                                    "window: set data.seq_len <= " +
+                                                    std::to_string(w);
        }},
-      {"data.micro_batch_size", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.micro_batch_size, 1); }},
-      {"data.val_fraction", [](const Config& c, const Environment&) -> std::string {
+      {"data.micro_batch_size",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.data.micro_batch_size, 1); }},
+      {"data.val_fraction",
+       [](const Config& c, const Environment&) -> std::string {
          return c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5 ? "" : "must be in [0, 0.5]";
        }},
-      {"training.steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.steps, 1); }},
-      {"training.grad_accum_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.grad_accum_steps, 1); }},
-      {"training.max_grad_norm", [](const Config& c, const Environment&) -> std::string {
+      {"training.steps",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.training.steps, 1); }},
+      {"training.grad_accum_steps",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.training.grad_accum_steps, 1); }},
+      {"training.max_grad_norm",
+       [](const Config& c, const Environment&) -> std::string {
          return c.training.max_grad_norm >= 0 ? "" : "must be >= 0 (0 disables clipping)";
        }},
-      {"training.log_every", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.log_every, 1); }},
-      {"training.eval_every", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_every, 0); }},
-      {"training.eval_batches", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_batches, 1); }},
-      {"training.threads", [](const Config& c, const Environment&) -> std::string { return at_least(c.training.threads, 0); }},
-      {"training.device", [](const Config& c, const Environment& env) -> std::string {
+      {"training.log_every",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.training.log_every, 1); }},
+      {"training.eval_every",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_every, 0); }},
+      {"training.eval_batches",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_batches, 1); }},
+      {"training.threads",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.training.threads, 0); }},
+      {"training.device",
+       [](const Config& c, const Environment& env) -> std::string {
          return c.training.device == DeviceChoice::cuda && env.local && !env.cuda_available
-                    ? "\"cuda\" requested but no CUDA GPU is visible; use \"cpu\" or \"auto\"" : "";
+                    ? "\"cuda\" requested but no CUDA GPU is visible; use \"cpu\" or \"auto\""
+                    : "";
        }},
       {"optimizer.lr", [](const Config& c, const Environment&) -> std::string { return positive(c.optimizer.lr); }},
-      {"optimizer.betas", [](const Config& c, const Environment&) -> std::string {
+      {"optimizer.betas",
+       [](const Config& c, const Environment&) -> std::string {
          const auto& b = c.optimizer.betas;
          return b.size() == 2 && b[0] >= 0 && b[0] < 1 && b[1] >= 0 && b[1] < 1
-                    ? "" : std::string("must be two numbers in [0, 1), e.g. [0.9, 0.95]");
+                    ? ""
+                    : std::string("must be two numbers in [0, 1), e.g. [0.9, 0.95]");
        }},
       {"optimizer.eps", [](const Config& c, const Environment&) -> std::string { return positive(c.optimizer.eps); }},
-      {"optimizer.weight_decay", [](const Config& c, const Environment&) -> std::string {
+      {"optimizer.weight_decay",
+       [](const Config& c, const Environment&) -> std::string {
          return c.optimizer.weight_decay >= 0 ? "" : "must be >= 0";
        }},
-      {"optimizer.in_backward", [](const Config& c, const Environment&) -> std::string {
+      {"optimizer.in_backward",
+       [](const Config& c, const Environment&) -> std::string {
          return c.optimizer.in_backward && c.training.grad_accum_steps > 1
-                    ? "stepping during backward cannot accumulate gradients; set training.grad_accum_steps = 1 or in_backward = false"
+                    ? "stepping during backward cannot accumulate gradients; set training.grad_accum_steps = 1 or "
+                      "in_backward = false"
                     : "";
        }},
-      {"optimizer.in_backward", [](const Config& c, const Environment&) -> std::string {
+      {"optimizer.in_backward",
+       [](const Config& c, const Environment&) -> std::string {
          return c.optimizer.in_backward && c.training.max_grad_norm > 0
-                    ? "global-norm clipping needs every gradient before any step; set training.max_grad_norm = 0 or in_backward = false"
+                    ? "global-norm clipping needs every gradient before any step; set training.max_grad_norm = 0 or "
+                      "in_backward = false"
                     : "";
        }},
-      {"lr_schedule.warmup_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.lr_schedule.warmup_steps, 0); }},
-      {"lr_schedule.min_lr_ratio", [](const Config& c, const Environment&) -> std::string {
+      {"lr_schedule.warmup_steps",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.lr_schedule.warmup_steps, 0); }},
+      {"lr_schedule.min_lr_ratio",
+       [](const Config& c, const Environment&) -> std::string {
          return c.lr_schedule.min_lr_ratio >= 0 && c.lr_schedule.min_lr_ratio <= 1 ? "" : "must be in [0, 1]";
        }},
-      {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
+      {"precision.param_dtype",
+       [](const Config& c, const Environment&) -> std::string {
          return c.precision.mode == PrecisionMode::bf16 && c.precision.param_dtype == DtypeName::float32
-                    ? "mode \"bf16\" stores bfloat16 parameters; float32 compute over them gains nothing — use mode = \"mixed\" for float32 master weights"
+                    ? "mode \"bf16\" stores bfloat16 parameters; float32 compute over them gains nothing — use mode = "
+                      "\"mixed\" for float32 master weights"
                     : "";
        }},
-      {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
+      {"precision.param_dtype",
+       [](const Config& c, const Environment&) -> std::string {
          return c.precision.mode == PrecisionMode::fp32 && c.precision.param_dtype == DtypeName::bfloat16
-                    ? "mode \"fp32\" computes in float32; remove param_dtype or use mode = \"mixed\"" : "";
+                    ? "mode \"fp32\" computes in float32; remove param_dtype or use mode = \"mixed\""
+                    : "";
        }},
-      {"precision.param_dtype", [](const Config& c, const Environment&) -> std::string {
+      {"precision.param_dtype",
+       [](const Config& c, const Environment&) -> std::string {
          return c.precision.mode == PrecisionMode::mixed && c.precision.param_dtype == DtypeName::float32
-                    ? "mode \"mixed\" computes in bfloat16 over float32 master weights; float32 compute is mode = \"fp32\"" : "";
+                    ? "mode \"mixed\" computes in bfloat16 over float32 master weights; float32 compute is mode = "
+                      "\"fp32\""
+                    : "";
        }},
-      {"precision.reduce_dtype", [](const Config& c, const Environment&) -> std::string {
+      {"precision.reduce_dtype",
+       [](const Config& c, const Environment&) -> std::string {
          return c.precision.mode == PrecisionMode::fp32 && c.precision.reduce_dtype == DtypeName::bfloat16
-                    ? "mode \"fp32\" reduces gradients in float32; remove reduce_dtype or use mode = \"mixed\"" : "";
+                    ? "mode \"fp32\" reduces gradients in float32; remove reduce_dtype or use mode = \"mixed\""
+                    : "";
        }},
-      {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
+      {"precision.logits_dtype",
+       [](const Config& c, const Environment&) -> std::string {
          return c.precision.mode == PrecisionMode::fp32 && c.precision.logits_dtype == DtypeName::bfloat16
-                    ? "mode \"fp32\" computes logits in float32; remove logits_dtype or use mode = \"mixed\" or \"bf16\"" : "";
+                    ? "mode \"fp32\" computes logits in float32; remove logits_dtype or use mode = \"mixed\" or "
+                      "\"bf16\""
+                    : "";
        }},
-      {"precision.logits_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode != PrecisionMode::fp32 && c.precision.logits_dtype == DtypeName::bfloat16 && !c.precision.allow_bf16_logits
+      {"precision.logits_dtype",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.precision.mode != PrecisionMode::fp32 && c.precision.logits_dtype == DtypeName::bfloat16 &&
+                        !c.precision.allow_bf16_logits
                     ? "bfloat16 logits save at most one loss chunk (memory.loss_chunk_tokens) and round the loss; set "
                       "logits_dtype = \"float32\", or opt in with precision.allow_bf16_logits = true"
                     : "";
        }},
-      {"precision.allow_bf16_logits", [](const Config& c, const Environment&) -> std::string {
+      {"precision.allow_bf16_logits",
+       [](const Config& c, const Environment&) -> std::string {
          return c.precision.allow_bf16_logits && c.precision.logits_dtype != DtypeName::bfloat16
-                    ? "only meaningful with logits_dtype = \"bfloat16\"; remove it" : "";
-       }},
-      {"precision.rope_dtype", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.rope_dtype == DtypeName::float32 ? "" : "RoPE is computed in float32 in every mode; set rope_dtype = \"float32\"";
-       }},
-      {"precision.stochastic_rounding", [](const Config& c, const Environment&) -> std::string {
-         return c.precision.stochastic_rounding && c.precision.mode != PrecisionMode::bf16
-                    ? "stochastic rounding applies to bf16 parameters only (mode = \"bf16\"); set it to false" : "";
-       }},
-      {"parallel.backend", [](const Config& c, const Environment&) -> std::string {
-         return c.parallel.backend == Backend::gloo ? "the torch 2.11.0 wheel ships no gloo headers; use \"mpi\" for CPU collectives" : "";
-       }},
-      {"parallel.backend", [](const Config& c, const Environment& env) -> std::string {
-         const bool cpu = c.training.device == DeviceChoice::cpu || (c.training.device == DeviceChoice::automatic && env.local && !env.cuda_available);
-         return c.parallel.backend == Backend::nccl && cpu ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\"" : "";
-       }},
-      {"parallel.timeout_s", [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
-      {"memory.activation_offloading", [](const Config& c, const Environment&) -> std::string {
-         return c.memory.activation_offloading && c.memory.activation_checkpointing != Checkpointing::full
-                    ? "offloading moves the inputs full activation checkpointing keeps; set memory.activation_checkpointing = \"full\" "
-                      "or memory.activation_offloading = false"
+                    ? "only meaningful with logits_dtype = \"bfloat16\"; remove it"
                     : "";
        }},
-      {"memory.loss_chunk_tokens", [](const Config& c, const Environment&) -> std::string { return at_least(c.memory.loss_chunk_tokens, 0); }},
-      {"checkpoint.every_steps", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.every_steps, 0); }},
-      {"checkpoint.keep", [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.keep, 1); }},
-      {"checkpoint.resume", [](const Config& c, const Environment& env) -> std::string {
-         const auto& r = c.checkpoint.resume;
-         if (r.empty() || r == "auto" || !env.local) return std::string();
-         return fs::is_regular_file(fs::path(r) / "meta.json")
-                    ? "" : "'" + r + "' is not a complete checkpoint directory (no meta.json); use \"auto\" or a step_N directory";
+      {"precision.rope_dtype",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.precision.rope_dtype == DtypeName::float32
+                    ? ""
+                    : "RoPE is computed in float32 in every mode; set rope_dtype = \"float32\"";
        }},
+      {"precision.stochastic_rounding",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.precision.stochastic_rounding && c.precision.mode != PrecisionMode::bf16
+                    ? "stochastic rounding applies to bf16 parameters only (mode = \"bf16\"); set it to false"
+                    : "";
+       }},
+      {"parallel.backend",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.parallel.backend == Backend::gloo
+                    ? "the torch 2.11.0 wheel ships no gloo headers; use \"mpi\" for CPU collectives"
+                    : "";
+       }},
+      {"parallel.backend",
+       [](const Config& c, const Environment& env) -> std::string {
+         const bool cpu = c.training.device == DeviceChoice::cpu ||
+                          (c.training.device == DeviceChoice::automatic && env.local && !env.cuda_available);
+         return c.parallel.backend == Backend::nccl && cpu
+                    ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\""
+                    : "";
+       }},
+      {"parallel.timeout_s",
+       [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
+      {"memory.activation_offloading",
+       [](const Config& c,
+          const Environment&) -> std::
+                                  string {
+                                    return c.memory.activation_offloading &&
+                                                   c.memory.activation_checkpointing != Checkpointing::full
+                                               ? "offloading moves the inputs full activation checkpointing keeps; set "
+                                                 "memory.activation_checkpointing = \"full\" "
+                                                 "or memory.activation_offloading = false"
+                                               : "";
+                                  }},
+      {"memory.loss_chunk_tokens",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.memory.loss_chunk_tokens, 0); }},
+      {"checkpoint.every_steps",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.every_steps, 0); }},
+      {"checkpoint.keep",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.keep, 1); }},
+      {"checkpoint.resume",
+       [](const Config& c,
+          const Environment& env) -> std::
+                                      string {
+                                        const auto& r = c.checkpoint.resume;
+                                        if (r.empty() || r == "auto" || !env.local) return std::string();
+                                        return fs::is_regular_file(fs::path(r) / "meta.json")
+                                                   ? ""
+                                                   : "'" + r +
+                                                         "' is not a complete checkpoint directory (no meta.json); use "
+                                                         "\"auto\" or a step_N directory";
+                                      }},
       {"lora.rank", [](const Config& c, const Environment&) -> std::string { return at_least(c.lora.rank, 1); }},
       {"lora.alpha", [](const Config& c, const Environment&) -> std::string { return positive(c.lora.alpha); }},
-      {"lora.dropout", [](const Config& c, const Environment&) -> std::string {
-         return c.lora.dropout >= 0 && c.lora.dropout < 1 ? "" : "must be in [0, 1)";
-       }},
-      {"lora.targets", [](const Config& c, const Environment&) -> std::string {
-         std::string names;
-         for (const auto& known : lora_targets()) names += (names.empty() ? "" : ", ") + std::string(known.name);
-         for (const auto& t : c.lora.targets)
-           if (peft_module(t).empty()) return "unknown target '" + t + "'; use " + names;
-         return std::string();
-       }},
-      {"lora.targets", [](const Config& c, const Environment&) -> std::string {
-         const auto& t = c.lora.targets;
-         return c.lora.enabled && c.model.shape.tie_embeddings && std::find(t.begin(), t.end(), "output") != t.end()
-                    ? "this model ties its output projection to the embedding; adapt other projections (drop \"output\")"
-                    : "";
-       }},
-      {"lora.targets", [](const Config& c, const Environment&) -> std::string {
-         return c.lora.enabled && c.lora.targets.empty() ? "LoRA with no targets trains nothing; list some of q, k, v, o, gate, up, down" : "";
-       }},
-      {"lora.adapter_path", [](const Config& c, const Environment& env) -> std::string {
-         if (c.lora.adapter_path.empty()) return "";
-         if (!c.lora.enabled) return "only used with LoRA; set lora.enabled = true or remove it";
-         if (!env.local) return "";
-         const fs::path cfg = fs::path(c.lora.adapter_path) / "adapter_config.json";
-         if (!fs::is_regular_file(cfg)) return "no PEFT adapter at '" + c.lora.adapter_path + "' (no adapter_config.json)";
-         try {
-           const auto j = nlohmann::json::parse(read_text_file(cfg.string()));
-           if (j.value("r", int64_t{0}) != c.lora.rank)
-             return "the adapter has rank " + std::to_string(j.value("r", int64_t{0})) + "; set lora.rank to match";
-           if (j.value("lora_alpha", 0.0) != c.lora.alpha)
-             return "the adapter has lora_alpha " + std::to_string(j.value("lora_alpha", 0.0)) + "; set lora.alpha to match";
-           std::vector<std::string> want, have;
-           for (const auto& t : c.lora.targets) want.push_back(peft_module(t));
-           for (const auto& m : j.value("target_modules", nlohmann::json::array())) have.push_back(m.get<std::string>());
-           std::sort(want.begin(), want.end());
-           std::sort(have.begin(), have.end());
-           if (want != have) return "the adapter targets other projections than lora.targets; list the same ones";
-         } catch (const std::exception& e) {
-           return "'" + cfg.string() + "' is not a valid PEFT adapter config: " + e.what();
-         }
-         return "";
-       }},
-      {"quant.base", [](const Config& c, const Environment&) -> std::string {
-         return c.quant.base == QuantBase::nf4 && !c.lora.enabled
-                    ? "an NF4 base is frozen, so nothing would train; set lora.enabled = true or quant.base = \"none\"" : "";
-       }},
+      {"lora.dropout",
+       [](const Config& c, const Environment&)
+           -> std::string { return c.lora.dropout >= 0 && c.lora.dropout < 1 ? "" : "must be in [0, 1)"; }},
+      {"lora.targets",
+       [](const Config& c, const Environment&) -> std::
+                                                   string {
+                                                     std::string names;
+                                                     for (const auto& known : lora_targets())
+                                                       names += (names.empty() ? "" : ", ") + std::string(known.name);
+                                                     for (const auto& t : c.lora.targets)
+                                                       if (peft_module(t).empty())
+                                                         return "unknown target '" + t + "'; use " + names;
+                                                     return std::string();
+                                                   }},
+      {"lora.targets",
+       [](const Config& c, const Environment&) -> std::
+                                                   string {
+                                                     const auto& t = c.lora.targets;
+                                                     return c.lora.enabled && c.model.shape.tie_embeddings &&
+                                                                    std::find(t.begin(), t.end(), "output") != t.end()
+                                                                ? "this model ties its output projection to the "
+                                                                  "embedding; adapt other projections (drop \"output\")"
+                                                                : "";
+                                                   }},
+      {"lora.targets",
+       [](const Config& c, const Environment&)
+           -> std::
+               string {
+                 return c.lora.enabled && c.lora.targets.empty()
+                            ? "LoRA with no targets trains nothing; list some of q, k, v, o, gate, up, down"
+                            : "";
+               }},
+      {"lora.adapter_path",
+       [](const Config& c, const Environment& env)
+           -> std::
+               string {
+                 if (c.lora.adapter_path.empty()) return "";
+                 if (!c.lora.enabled) return "only used with LoRA; set lora.enabled = true or remove it";
+                 if (!env.local) return "";
+                 const fs::path cfg = fs::path(c.lora.adapter_path) / "adapter_config.json";
+                 if (!fs::is_regular_file(cfg))
+                   return "no PEFT adapter at '" + c.lora.adapter_path + "' (no adapter_config.json)";
+                 try {
+                   const auto j = nlohmann::json::parse(read_text_file(cfg.string()));
+                   if (j.value("r", int64_t{0}) != c.lora.rank)
+                     return "the adapter has rank " + std::to_string(j.value("r", int64_t{0})) +
+                            "; set lora.rank to match";
+                   if (j.value("lora_alpha", 0.0) != c.lora.alpha)
+                     return "the adapter has lora_alpha " + std::to_string(j.value("lora_alpha", 0.0)) +
+                            "; set lora.alpha to match";
+                   std::vector<std::string> want, have;
+                   for (const auto& t : c.lora.targets) want.push_back(peft_module(t));
+                   for (const auto& m : j.value("target_modules", nlohmann::json::array()))
+                     have.push_back(m.get<std::string>());
+                   std::sort(want.begin(), want.end());
+                   std::sort(have.begin(), have.end());
+                   if (want != have)
+                     return "the adapter targets other projections than lora.targets; list the same ones";
+                 } catch (const std::exception& e) {
+                   return "'" + cfg.string() + "' is not a valid PEFT adapter config: " + e.what();
+                 }
+                 return "";
+               }},
+      {"quant.base",
+       [](const Config& c, const Environment&) -> std::
+                                                   string {
+                                                     return c.quant.base == QuantBase::nf4 && !c.lora.enabled
+                                                                ? "an NF4 base is frozen, so nothing would train; set "
+                                                                  "lora.enabled = true or quant.base = \"none\""
+                                                                : "";
+                                                   }},
 
   };
   return kRules;

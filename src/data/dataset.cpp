@@ -83,8 +83,8 @@ Split val_split(const TokenData& data, double val_fraction, int64_t seq_len) {
 WindowSampler::WindowSampler(Split split, int64_t seq_len, uint64_t seed)
     : split_(split), seq_len_(seq_len), seed_(seed), n_windows_((split.size() - 1) / seq_len) {
   if (n_windows_ < 1)
-    throw RuntimeError("training split has " + std::to_string(split.size()) + " tokens, fewer than one window of seq_len+1 = " +
-                       std::to_string(seq_len + 1));
+    throw RuntimeError("training split has " + std::to_string(split.size()) +
+                       " tokens, fewer than one window of seq_len+1 = " + std::to_string(seq_len + 1));
 }
 
 int64_t WindowSampler::window_start(uint64_t k) {
@@ -135,7 +135,8 @@ std::string TokenRows::fingerprint() const {
 
 Batch TokenRows::val_batch(int64_t first, int64_t count) const {
   std::vector<int64_t> starts;
-  for (int64_t w = first; w < std::min(first + count, val_rows()); ++w) starts.push_back(val_.begin + w * (seq_len_ + 1));
+  for (int64_t w = first; w < std::min(first + count, val_rows()); ++w)
+    starts.push_back(val_.begin + w * (seq_len_ + 1));
   return Batch::of_windows(windows_at(*data_, starts, seq_len_ + 1));
 }
 

@@ -62,8 +62,7 @@ class WindowSampler {
 };
 
 // [count, seq_len+1] int64 tensor of samples first..first+count-1.
-at::Tensor sample_batch(const TokenData& data, WindowSampler& sampler, uint64_t first, int64_t count,
-                        int64_t seq_len);
+at::Tensor sample_batch(const TokenData& data, WindowSampler& sampler, uint64_t first, int64_t count, int64_t seq_len);
 // [count, len] int64 tensor of windows at the given token starts.
 at::Tensor windows_at(const TokenData& data, const std::vector<int64_t>& starts, int64_t len);
 

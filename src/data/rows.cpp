@@ -29,7 +29,8 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   return order;
 }
 
-template <class T> uint64_t hash_values(uint64_t h, const T* values, int64_t n) {
+template <class T>
+uint64_t hash_values(uint64_t h, const T* values, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h = mix64(h ^ (static_cast<uint64_t>(values[i]) + kGolden64));
   return h;
 }
@@ -57,12 +58,14 @@ SampleSplit split_samples(int64_t n, double val_fraction) {
   return s;
 }
 
-SampleRows::SampleRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed, bool packing)
+SampleRows::SampleRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed,
+                       bool packing)
     : set_(std::move(set)), split_(std::move(split)), seq_len_(seq_len), seed_(seed), packing_(packing) {
   for (int64_t i = 0; i < set_->size(); ++i)
     if (set_->length(i) - 1 > seq_len_)
-      throw RuntimeError(set_->source() + ":" + std::to_string(set_->line(i)) + ": a sample of " + std::to_string(set_->length(i)) +
-                         " ids does not fit a row of seq_len " + std::to_string(seq_len_));
+      throw RuntimeError(set_->source() + ":" + std::to_string(set_->line(i)) + ": a sample of " +
+                         std::to_string(set_->length(i)) + " ids does not fit a row of seq_len " +
+                         std::to_string(seq_len_));
   val_ = pack(split_.val);
   val_fill_ = fill(val_.samples, val_.starts);
   if (!split_.train.empty()) {
@@ -122,7 +125,8 @@ void SampleRows::load_epoch(int64_t epoch) {
   for (size_t i = 0; i < order.size(); ++i) samples[i] = split_.train[order[i]];
   held_rows_ = pack(samples);
   epoch_ = epoch;
-  if (static_cast<int64_t>(rows_per_epoch_.size()) == epoch) rows_per_epoch_.push_back(static_cast<int64_t>(held_rows_.starts.size()) - 1);
+  if (static_cast<int64_t>(rows_per_epoch_.size()) == epoch)
+    rows_per_epoch_.push_back(static_cast<int64_t>(held_rows_.starts.size()) - 1);
 }
 
 Batch SampleRows::train_rows(uint64_t first, int64_t count) {

@@ -46,7 +46,8 @@ class RowSource {
 };
 
 // Folds `n` values into a running splitmix64-based hash.
-template <class T> uint64_t hash_values(uint64_t h, const T* values, int64_t n);
+template <class T>
+uint64_t hash_values(uint64_t h, const T* values, int64_t n);
 // "KIND:<16 hex digits>".
 std::string hex_fingerprint(const char* kind, uint64_t h);
 
@@ -85,7 +86,8 @@ class SampleRows final : public RowSource {
   Packed pack(const std::vector<int64_t>& order) const;
   RowFill fill(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts) const;
   void load_epoch(int64_t epoch);
-  Batch rows(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts, const std::vector<int64_t>& which) const;
+  Batch rows(const std::vector<int64_t>& samples, const std::vector<int64_t>& starts,
+             const std::vector<int64_t>& which) const;
 
   std::shared_ptr<const SampleSet> set_;
   SampleSplit split_;
@@ -93,8 +95,8 @@ class SampleRows final : public RowSource {
   uint64_t seed_;
   bool packing_;
   std::vector<int64_t> rows_per_epoch_;  // rows of each epoch computed so far
-  int64_t epoch_ = -1;                // the epoch held below
-  Packed held_rows_;   // the held epoch's rows
+  int64_t epoch_ = -1;                   // the epoch held below
+  Packed held_rows_;                     // the held epoch's rows
   Packed val_;
   RowFill train_fill_, val_fill_;
 };

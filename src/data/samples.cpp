@@ -21,7 +21,8 @@ const std::string& string_field(const json& j, const char* key) {
 
 std::vector<ChatMessage> messages_of(const json& j) {
   const json& list = j.at("messages");
-  if (!list.is_array() || list.empty()) throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
+  if (!list.is_array() || list.empty())
+    throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
   std::vector<ChatMessage> out;
   for (const json& m : list) {
     if (!m.is_object() || !m.contains("role") || !m.contains("content"))
@@ -122,7 +123,8 @@ SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, c
       s.trained.resize(o.max_ids);
     }
     set.add(s, line);
-    if (progress && (set.stats.records % 1000 == 0)) progress(static_cast<int64_t>(pos), static_cast<int64_t>(data.size()), set.total_ids());
+    if (progress && (set.stats.records % 1000 == 0))
+      progress(static_cast<int64_t>(pos), static_cast<int64_t>(data.size()), set.total_ids());
   }
   if (progress) progress(static_cast<int64_t>(data.size()), static_cast<int64_t>(data.size()), set.total_ids());
   return set;

@@ -64,6 +64,7 @@ class SampleSet {
 };
 
 // One JSONL record as a sample (before truncation). Throws RuntimeError (without location).
-Sample render_record(const Tokenizer& tokenizer, const std::string& json_line, bool train_on_prompt, SampleStats& stats);
+Sample render_record(const Tokenizer& tokenizer, const std::string& json_line, bool train_on_prompt,
+                     SampleStats& stats);
 
 }  // namespace ptrain

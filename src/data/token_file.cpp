@@ -24,16 +24,19 @@ TokenFileHeader read_token_header(const std::string& path) {
   std::memcpy(&h.token_bytes, buf + 12, 4);
   std::memcpy(&h.count, buf + 16, 8);
   std::memcpy(&h.vocab_size, buf + 24, 4);
-  if (h.version != 1) throw RuntimeError("token file '" + path + "' has unsupported version " + std::to_string(h.version));
+  if (h.version != 1)
+    throw RuntimeError("token file '" + path + "' has unsupported version " + std::to_string(h.version));
   if (h.token_bytes != 2 && h.token_bytes != 4)
-    throw RuntimeError("token file '" + path + "' has token width " + std::to_string(h.token_bytes) + " (must be 2 or 4)");
+    throw RuntimeError("token file '" + path + "' has token width " + std::to_string(h.token_bytes) +
+                       " (must be 2 or 4)");
   if (h.token_bytes == 2 && h.vocab_size > 65536)
-    throw RuntimeError("token file '" + path + "' stores uint16 ids but claims vocab_size " + std::to_string(h.vocab_size));
+    throw RuntimeError("token file '" + path + "' stores uint16 ids but claims vocab_size " +
+                       std::to_string(h.vocab_size));
   const uint64_t size = std::filesystem::file_size(path);
-  if (h.count > (UINT64_MAX - kTokenHeaderBytes) / h.token_bytes ||
-      size != kTokenHeaderBytes + h.count * h.token_bytes)
+  if (h.count > (UINT64_MAX - kTokenHeaderBytes) / h.token_bytes || size != kTokenHeaderBytes + h.count * h.token_bytes)
     throw RuntimeError("token file '" + path + "' is truncated or corrupt: header says " + std::to_string(h.count) +
-                       " tokens of " + std::to_string(h.token_bytes) + " bytes, file has " + std::to_string(size) + " bytes");
+                       " tokens of " + std::to_string(h.token_bytes) + " bytes, file has " + std::to_string(size) +
+                       " bytes");
   return h;
 }
 
@@ -51,7 +54,8 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& ids,
   std::memcpy(out.data() + 24, &vocab_size, 4);
   unsigned char* p = out.data() + kTokenHeaderBytes;
   for (uint32_t id : ids) {
-    if (id >= vocab_size) throw UsageError("token id " + std::to_string(id) + " >= vocab_size " + std::to_string(vocab_size));
+    if (id >= vocab_size)
+      throw UsageError("token id " + std::to_string(id) + " >= vocab_size " + std::to_string(vocab_size));
     if (token_bytes == 2) {
       const uint16_t v = static_cast<uint16_t>(id);
       std::memcpy(p, &v, 2);

@@ -32,8 +32,8 @@ constexpr size_t kTokenHeaderBytes = 32;
 TokenFileHeader read_token_header(const std::string& path);
 
 // Writes ids as a token file (atomically: temp file + rename). token_bytes is 2 or 4.
-void write_token_file(const std::string& path, const std::vector<uint32_t>& ids,
-                      uint32_t vocab_size, uint32_t token_bytes);
+void write_token_file(const std::string& path, const std::vector<uint32_t>& ids, uint32_t vocab_size,
+                      uint32_t token_bytes);
 
 // Byte-level tokenizer: each byte of the text is one token (vocab 256).
 std::vector<uint32_t> byte_tokenize(const std::string& text);

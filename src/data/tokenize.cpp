@@ -40,15 +40,16 @@ int run_tokenize(const TokenizeRequest& a) {
     if (s - last_report < 1.0 && done < total) return;
     last_report = s;
     log::info("tokenize: ", log::bytes(static_cast<double>(done)), " of ", log::bytes(static_cast<double>(total)), " (",
-              log::fixed(100.0 * static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), 1), "%), ",
-              log::grouped(static_cast<double>(tokens)), " tokens, ", log::grouped(static_cast<double>(tokens) / std::max(s, 1e-9)),
-              " tokens/s");
+              log::fixed(100.0 * static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), 1),
+              "%), ", log::grouped(static_cast<double>(tokens)), " tokens, ",
+              log::grouped(static_cast<double>(tokens) / std::max(s, 1e-9)), " tokens/s");
   });
   const double s = seconds();
   write_token_file(out, ids, static_cast<uint32_t>(tok.vocab_size()), static_cast<uint32_t>(width));
   log::info("wrote ", log::grouped(static_cast<double>(ids.size())), " tokens (vocab ", tok.vocab_size(), ", ", width,
-            " bytes each", jsonl ? std::string(eod ? ", <|end_of_text|> after each document" : ", no end-of-text token") : "",
-            ") to ", out, " in ", log::fixed(s, 2), " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)),
+            " bytes each",
+            jsonl ? std::string(eod ? ", <|end_of_text|> after each document" : ", no end-of-text token") : "", ") to ",
+            out, " in ", log::fixed(s, 2), " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)),
             " tokens/s (wall clock, one thread)");
   return 0;
 }

@@ -7,8 +7,8 @@
 namespace ptrain {
 
 struct TokenizeRequest {
-  std::string in, out;    // --in TEXT|FILE.jsonl, --out FILE.bin
-  std::string tokenizer;  // --tokenizer DIR|tokenizer.json ("" : byte-level)
+  std::string in, out;      // --in TEXT|FILE.jsonl, --out FILE.bin
+  std::string tokenizer;    // --tokenizer DIR|tokenizer.json ("" : byte-level)
   int64_t token_bytes = 0;  // --token-bytes 2|4 (0: 2, or 4 when the vocabulary needs it)
 };
 

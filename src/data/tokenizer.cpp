@@ -43,12 +43,14 @@ std::string utf8(uint32_t cp) {
 }
 
 // Length of the UTF-8 sequence starting with byte c (1 for a stray continuation byte).
-size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1; }
+size_t utf8_length(unsigned char c) {
+  return c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+}
 
 // The byte-level alphabet (GPT-2's bytes_to_unicode): printable bytes stand for themselves,
 // the other 68 are shifted to code points 256 and up, so every byte is one visible character.
 struct ByteLevel {
-  std::string of_byte[256];                  // byte -> its character, UTF-8
+  std::string of_byte[256];                          // byte -> its character, UTF-8
   std::unordered_map<std::string, uint8_t> byte_of;  // and back
   ByteLevel() {
     uint32_t next = 256;
@@ -76,16 +78,16 @@ struct Pcre2Code {
 struct Tokenizer::Impl {
   std::string path;
   std::unordered_map<std::string, int32_t> vocab;
-  std::unordered_map<int32_t, std::string> token_of;  // id -> vocabulary string (byte-level)
+  std::unordered_map<int32_t, std::string> token_of;    // id -> vocabulary string (byte-level)
   std::unordered_map<std::string, int32_t> merge_rank;  // "left\nright" -> rank
   bool ignore_merges = false;
   struct Added {
     std::string content;
     int32_t id;
   };
-  std::vector<Added> added;                              // longest first
-  bool starts_added[256] = {};                           // a byte some added token starts with
-  std::unordered_map<int32_t, std::string> added_of;     // id -> content
+  std::vector<Added> added;                           // longest first
+  bool starts_added[256] = {};                        // a byte some added token starts with
+  std::unordered_map<int32_t, std::string> added_of;  // id -> content
   Pcre2Code split;
   int32_t max_id = -1;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // piece -> ids
@@ -134,7 +136,8 @@ struct Tokenizer::Impl {
       }
       for (const auto& s : symbols) {
         auto id = vocab.find(s);
-        if (id == vocab.end()) fail("the vocabulary has no token '" + s + "' (a byte-level BPE vocabulary holds all 256 bytes)");
+        if (id == vocab.end())
+          fail("the vocabulary has no token '" + s + "' (a byte-level BPE vocabulary holds all 256 bytes)");
         ids.push_back(id->second);
       }
     }
@@ -157,7 +160,8 @@ struct Tokenizer::Impl {
         pcre2_match_data_free(md);
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        throw RuntimeError("tokenizing text (at byte " + std::to_string(pos) + "): " + reinterpret_cast<const char*>(msg));
+        throw RuntimeError("tokenizing text (at byte " + std::to_string(pos) +
+                           "): " + reinterpret_cast<const char*>(msg));
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       const size_t begin = ov[0], end = ov[1];
@@ -177,7 +181,8 @@ struct Tokenizer::Impl {
 Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.path = fs::is_directory(path_in) ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
-  if (!fs::is_regular_file(m.path)) throw RuntimeError("no tokenizer file '" + m.path + "' (pass a tokenizer.json or an HF model directory)");
+  if (!fs::is_regular_file(m.path))
+    throw RuntimeError("no tokenizer file '" + m.path + "' (pass a tokenizer.json or an HF model directory)");
   json j;
   try {
     j = json::parse(read_text_file(m.path));
@@ -188,7 +193,8 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     const json& model = j.at("model");
     const std::string type = model.value("type", "");
     if (type != "BPE")
-      m.fail("tokenizer model type '" + type + "' is not supported; ptrain reads byte-level BPE tokenizers (Llama 3 family)");
+      m.fail("tokenizer model type '" + type +
+             "' is not supported; ptrain reads byte-level BPE tokenizers (Llama 3 family)");
     auto present = [](const json& o, const char* key) { return o.contains(key) && !o.at(key).is_null(); };
     if (present(j, "normalizer"))
       m.fail("normalizer '" + j.at("normalizer").value("type", "?") + "' is not supported (byte-level BPE has none)");
@@ -235,7 +241,8 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
         if (p.value("behavior", "") != "Isolated" || p.value("invert", false))
           m.fail("Split behavior '" + p.value("behavior", "") + "' is not supported (Isolated)");
       } else if (t == "ByteLevel") {
-        if (p.value("use_regex", true)) m.fail("ByteLevel with its own GPT-2 regex is not supported (Llama 3 uses Split + ByteLevel)");
+        if (p.value("use_regex", true))
+          m.fail("ByteLevel with its own GPT-2 regex is not supported (Llama 3 uses Split + ByteLevel)");
         if (p.value("add_prefix_space", false)) m.fail("ByteLevel add_prefix_space is not supported");
         byte_level_seen = true;
       } else {
@@ -245,12 +252,13 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     if (pattern.empty() || !byte_level_seen) m.fail("the pre-tokenizer must be Split(regex) + ByteLevel (Llama 3's)");
     int err = 0;
     PCRE2_SIZE offset = 0;
-    m.split.code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
-                                 &offset, nullptr);
+    m.split.code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                 &err, &offset, nullptr);
     if (!m.split.code) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof msg);
-      m.fail("the split regex does not compile at offset " + std::to_string(offset) + ": " + reinterpret_cast<const char*>(msg));
+      m.fail("the split regex does not compile at offset " + std::to_string(offset) + ": " +
+             reinterpret_cast<const char*>(msg));
     }
     pcre2_jit_compile(m.split.code, PCRE2_JIT_COMPLETE);  // best effort: the interpreter gives the same matches
     for (const auto& a : j.value("added_tokens", json::array())) {
@@ -263,7 +271,8 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
       m.max_id = std::max(m.max_id, t.id);
       m.added.push_back(std::move(t));
     }
-    std::stable_sort(m.added.begin(), m.added.end(), [](const Impl::Added& a, const Impl::Added& b) { return a.content.size() > b.content.size(); });
+    std::stable_sort(m.added.begin(), m.added.end(),
+                     [](const Impl::Added& a, const Impl::Added& b) { return a.content.size() > b.content.size(); });
   } catch (const json::exception& e) {
     m.fail(std::string("malformed tokenizer.json: ") + e.what());
   }
@@ -311,12 +320,14 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
       continue;
     }
     auto t = m.token_of.find(id);
-    if (t == m.token_of.end()) throw RuntimeError("token id " + std::to_string(id) + " is not in the vocabulary of " + m.path);
+    if (t == m.token_of.end())
+      throw RuntimeError("token id " + std::to_string(id) + " is not in the vocabulary of " + m.path);
     const std::string& s = t->second;
     for (size_t i = 0; i < s.size();) {
       const size_t n = utf8_length(static_cast<unsigned char>(s[i]));
       auto b = bl.byte_of.find(s.substr(i, n));
-      if (b == bl.byte_of.end()) throw RuntimeError("token " + std::to_string(id) + " of " + m.path + " is not byte-level");
+      if (b == bl.byte_of.end())
+        throw RuntimeError("token " + std::to_string(id) + " of " + m.path + " is not byte-level");
       out += static_cast<char>(b->second);
       i += n;
     }
@@ -332,8 +343,10 @@ std::optional<int32_t> Tokenizer::id_of(const std::string& token) const {
   return std::nullopt;
 }
 
-std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl, int32_t end_of_document,
-                                    const std::function<void(int64_t, int64_t, int64_t)>& progress, size_t chunk_bytes) {
+std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,
+                                    int32_t end_of_document,
+                                    const std::function<void(int64_t, int64_t, int64_t)>& progress,
+                                    size_t chunk_bytes) {
   const std::string data = read_text_file(path);
   const auto total = static_cast<int64_t>(data.size());
   std::vector<uint32_t> out;

@@ -28,12 +28,12 @@ struct FamilyTraits {
   const char* name;          // model.family and config.json's "model_type"
   const char* architecture;  // config.json's "architectures" entry (the causal-LM class)
   BiasRule qkv_bias, o_bias, mlp_bias;
-  bool qk_norm;              // RMSNorm over each head of q and k (weights [head_dim]) before RoPE
+  bool qk_norm;  // RMSNorm over each head of q and k (weights [head_dim]) before RoPE
   // What transformers assumes when config.json omits a key (its config class's defaults).
-  int64_t default_kv_heads;       // num_key_value_heads; 0: the query heads
-  int64_t default_head_dim;       // head_dim; 0: hidden_size / num_attention_heads
-  int64_t default_sliding_window; // mistral's sliding_window; 0: none
-  int64_t default_max_positions;  // max_position_embeddings
+  int64_t default_kv_heads;        // num_key_value_heads; 0: the query heads
+  int64_t default_head_dim;        // head_dim; 0: hidden_size / num_attention_heads
+  int64_t default_sliding_window;  // mistral's sliding_window; 0: none
+  int64_t default_max_positions;   // max_position_embeddings
   // config.json keys of this family besides the ones every family reads (model/family.cpp).
   std::vector<std::string> own_keys;
 };

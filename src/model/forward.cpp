@@ -20,9 +20,10 @@ void llama_forward(WeightSource& source, const LlamaShape& shape, const RopeTabl
 at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
                       const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype) {
   at::Tensor loss;
-  llama_forward(source, shape, rope, inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
-    loss = linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter);
-  });
+  llama_forward(source, shape, rope, inputs,
+                [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+                  loss = linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter);
+                });
   return loss;
 }
 
@@ -30,25 +31,30 @@ LossSum llama_loss_sum(WeightSource& source, const LlamaShape& shape, const Rope
                        const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype) {
   at::NoGradGuard no_grad;
   LossSum sum;
-  llama_forward(source, shape, rope, inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
-    sum = linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter);
-  });
+  llama_forward(source, shape, rope, inputs,
+                [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+                  sum = linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter);
+                });
   return sum;
 }
 
-at::Tensor llama_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs) {
+at::Tensor llama_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
+                        const at::Tensor& inputs) {
   at::NoGradGuard no_grad;
   at::Tensor logits;
-  llama_forward(source, shape, rope, inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
-    logits = at::linear(h, out).to(at::kFloat);
-    if (adapter) logits += at::linear(at::linear(h, adapter->a), adapter->b).to(at::kFloat) * adapter->scale;
-  });
+  llama_forward(source, shape, rope, inputs,
+                [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+                  logits = at::linear(h, out).to(at::kFloat);
+                  if (adapter)
+                    logits += at::linear(at::linear(h, adapter->a), adapter->b).to(at::kFloat) * adapter->scale;
+                });
   return logits;
 }
 
 DenseWeights::DenseWeights(const LlamaShape& shape, c10::ScalarType dtype, const at::Device& device)
     : shape_(shape), layouts_(llama_units(shape, 0.0)) {
-  for (const auto& l : layouts_) flats_.push_back(at::zeros({l.numel}, at::TensorOptions().dtype(dtype).device(device)));
+  for (const auto& l : layouts_)
+    flats_.push_back(at::zeros({l.numel}, at::TensorOptions().dtype(dtype).device(device)));
 }
 
 void DenseWeights::load(const std::function<at::Tensor(const std::string& name)>& tensor) {
@@ -57,8 +63,8 @@ void DenseWeights::load(const std::function<at::Tensor(const std::string& name)>
     for (const auto& slot : layouts_[i].slots) {
       at::Tensor src = tensor(slot.name);
       if (src.sizes().vec() != slot.shape)
-        throw std::invalid_argument("tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
-                                    c10::str(c10::IntArrayRef(slot.shape)));
+        throw std::invalid_argument("tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) +
+                                    ", the model expects " + c10::str(c10::IntArrayRef(slot.shape)));
       slot_view(flats_[i], slot).copy_(src);
     }
 }
@@ -75,8 +81,6 @@ at::Tensor DenseWeights::block(int64_t layer, const at::Tensor& x, const RopeTab
   return block_forward(BlockWeights::from_flat(flats_[unit], layouts_[unit]), x, rope, shape_);
 }
 
-HeadWeights DenseWeights::head() {
-  return HeadWeights::from_flat(flats_.back(), layouts_.back(), embedding(), shape_);
-}
+HeadWeights DenseWeights::head() { return HeadWeights::from_flat(flats_.back(), layouts_.back(), embedding(), shape_); }
 
 }  // namespace ptrain

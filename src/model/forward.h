@@ -47,7 +47,8 @@ at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeT
 LossSum llama_loss_sum(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
                        const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype);
 // Logits [B*T, vocab] in float32, no autograd (materialises them all).
-at::Tensor llama_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs);
+at::Tensor llama_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
+                        const at::Tensor& inputs);
 
 // A whole dense model in memory: one flat buffer per unit of llama_units(shape), in one dtype.
 class DenseWeights : public WeightSource {

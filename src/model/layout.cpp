@@ -147,9 +147,9 @@ std::vector<std::vector<ParamSlot>> block_matrix_groups(const UnitLayout& block)
 }
 
 const std::vector<LoraTarget>& lora_targets() {
-  static const std::vector<LoraTarget> kTargets{{"q", "self_attn.q_proj"}, {"k", "self_attn.k_proj"}, {"v", "self_attn.v_proj"},
-                                                {"o", "self_attn.o_proj"}, {"gate", "mlp.gate_proj"},  {"up", "mlp.up_proj"},
-                                                {"down", "mlp.down_proj"}, {"output", "lm_head"}};
+  static const std::vector<LoraTarget> kTargets{
+      {"q", "self_attn.q_proj"}, {"k", "self_attn.k_proj"}, {"v", "self_attn.v_proj"}, {"o", "self_attn.o_proj"},
+      {"gate", "mlp.gate_proj"}, {"up", "mlp.up_proj"},     {"down", "mlp.down_proj"}, {"output", "lm_head"}};
   return kTargets;
 }
 
@@ -171,10 +171,12 @@ std::string target_of_peft_module(const std::string& module) {
 
 std::vector<Projection> block_projections(const LlamaShape& s) {
   // (in, out) of each block projection, in lora_targets() order (the output is not a block's).
-  const std::pair<int64_t, int64_t> sizes[7] = {{s.dim, s.q_dim()},   {s.dim, s.kv_dim()},  {s.dim, s.kv_dim()}, {s.q_dim(), s.dim},
-                                                {s.dim, s.ffn_dim},   {s.dim, s.ffn_dim},   {s.ffn_dim, s.dim}};
+  const std::pair<int64_t, int64_t> sizes[7] = {{s.dim, s.q_dim()}, {s.dim, s.kv_dim()}, {s.dim, s.kv_dim()},
+                                                {s.q_dim(), s.dim}, {s.dim, s.ffn_dim},  {s.dim, s.ffn_dim},
+                                                {s.ffn_dim, s.dim}};
   std::vector<Projection> out;
-  for (size_t i = 0; i < 7; ++i) out.push_back({lora_targets()[i].name, lora_targets()[i].module, sizes[i].first, sizes[i].second});
+  for (size_t i = 0; i < 7; ++i)
+    out.push_back({lora_targets()[i].name, lora_targets()[i].module, sizes[i].first, sizes[i].second});
   return out;
 }
 

@@ -34,24 +34,24 @@ enum class SlotInit {
 };
 
 struct ParamSlot {
-  std::string name;            // Hugging Face tensor name, e.g. model.layers.0.self_attn.q_proj.weight
+  std::string name;  // Hugging Face tensor name, e.g. model.layers.0.self_attn.q_proj.weight
   std::vector<int64_t> shape;
-  int64_t offset = 0;          // into the unit's flat buffer (elements)
+  int64_t offset = 0;  // into the unit's flat buffer (elements)
   int64_t numel = 0;
-  bool decay = false;          // weight decay applies (matrices)
-  double init_std = 0.0;       // 0 -> initialised to ones (norm weights)
+  bool decay = false;     // weight decay applies (matrices)
+  double init_std = 0.0;  // 0 -> initialised to ones (norm weights)
   SlotInit init = SlotInit::by_std;
 };
 
 enum class UnitKind { embedding, block, head };
 
 struct UnitLayout {
-  std::string name;            // "embed", "block.3", "head"
+  std::string name;  // "embed", "block.3", "head"
   UnitKind kind = UnitKind::block;
-  int64_t layer = -1;          // block index
+  int64_t layer = -1;  // block index
   std::vector<ParamSlot> slots;
   int64_t numel = 0;
-  int64_t decay_numel = 0;     // decayed prefix length (a multiple of kUnitAlign)
+  int64_t decay_numel = 0;            // decayed prefix length (a multiple of kUnitAlign)
   std::vector<int64_t> group_begins;  // offsets of the aligned tensor groups, ascending
   // Offset of the slot whose name ends with `suffix` (e.g. "self_attn.q_proj.weight").
   int64_t offset_of(const std::string& suffix) const;

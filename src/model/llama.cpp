@@ -116,9 +116,9 @@ RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids,
   const at::Tensor idx = r.positions.reshape({-1});
   r.token_cos = tables.cos.index_select(0, idx).view({B, T, 1, half});
   r.token_sin = tables.sin.index_select(0, idx).view({B, T, 1, half});
-  const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1));                   // [B, T, T]
-  const at::Tensor causal = at::ones({T, T}, at::kBool).tril();                        // j <= i
-  const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);                    // [B, 1, T, T]
+  const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1));   // [B, T, T]
+  const at::Tensor causal = at::ones({T, T}, at::kBool).tril();      // j <= i
+  const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);  // [B, 1, T, T]
   r.doc_mask = at::zeros(allowed.sizes(), at::TensorOptions(mask_dtype))
                    .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity())
                    .to(device);
@@ -167,7 +167,8 @@ at::Tensor* piece_of(BlockWeights& w, const std::string& first) {
 }  // namespace
 
 BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout) {
-  TORCH_CHECK(flat.numel() == layout.numel, "block flat buffer has ", flat.numel(), " elements, layout needs ", layout.numel);
+  TORCH_CHECK(flat.numel() == layout.numel, "block flat buffer has ", flat.numel(), " elements, layout needs ",
+              layout.numel);
   BlockWeights w;
   std::vector<int64_t> offsets;
   std::vector<std::vector<int64_t>> shapes;
@@ -200,8 +201,7 @@ at::Tensor slot_view(const at::Tensor& flat, const ParamSlot& slot) {
 HeadWeights HeadWeights::from_flat(const at::Tensor& flat, const UnitLayout& layout, const at::Tensor& tied_output,
                                    const LlamaShape& s) {
   HeadWeights w;
-  for (const auto& slot : layout.slots)
-    (slot.name == "lm_head.weight" ? w.output : w.norm) = slot_view(flat, slot);
+  for (const auto& slot : layout.slots) (slot.name == "lm_head.weight" ? w.output : w.norm) = slot_view(flat, slot);
   if (s.tie_embeddings) w.output = tied_output;
   return w;
 }
@@ -268,17 +268,19 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
 
   at::Tensor hn = rms_norm(x, w.attn_norm, s.norm_eps);
   auto qkv = base_linear(w, MatrixGroup::qkv, hn).split_with_sizes({Q, KV, KV}, -1);
-  for (Proj p : {Proj::q, Proj::k, Proj::v}) qkv[static_cast<size_t>(p)] = with_lora(qkv[static_cast<size_t>(p)], lora, p, hn);
+  for (Proj p : {Proj::q, Proj::k, Proj::v})
+    qkv[static_cast<size_t>(p)] = with_lora(qkv[static_cast<size_t>(p)], lora, p, hn);
   at::Tensor q = heads_with_rope(qkv[0], s.n_heads, w.q_norm, rope, s);
   at::Tensor k = heads_with_rope(qkv[1], s.n_kv_heads, w.k_norm, rope, s);
   at::Tensor v = qkv[2].reshape({B, T, s.n_kv_heads, hd}).transpose(1, 2);
   // Packed documents attend within their own document (causal inside it); else plain causal.
-  at::Tensor attn = rope.doc_mask.defined()
-                        ? at::scaled_dot_product_attention(q, k, v, rope.doc_mask, /*dropout_p=*/0.0, /*is_causal=*/false,
-                                                           /*scale=*/std::nullopt, /*enable_gqa=*/s.n_kv_heads != s.n_heads)
-                        : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                           /*is_causal=*/true, /*scale=*/std::nullopt,
-                                                           /*enable_gqa=*/s.n_kv_heads != s.n_heads);
+  at::Tensor attn =
+      rope.doc_mask.defined()
+          ? at::scaled_dot_product_attention(q, k, v, rope.doc_mask, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                             /*scale=*/std::nullopt, /*enable_gqa=*/s.n_kv_heads != s.n_heads)
+          : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                             /*is_causal=*/true, /*scale=*/std::nullopt,
+                                             /*enable_gqa=*/s.n_kv_heads != s.n_heads);
   at::Tensor ao = attn.transpose(1, 2).reshape({B, T, Q});
   at::Tensor h = x + with_lora(base_linear(w, MatrixGroup::o, ao), lora, Proj::o, ao);
 

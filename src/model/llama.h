@@ -31,7 +31,8 @@ struct RopeTables {
 // (consecutive tokens of one document share an id); positions restart at 0 in each document,
 // and attention never crosses a document boundary. The mask is in `mask_dtype` (attention's
 // dtype: the compute dtype).
-RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids, c10::ScalarType mask_dtype = c10::kFloat);
+RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids,
+                            c10::ScalarType mask_dtype = c10::kFloat);
 at::Tensor rope_inv_freq(const LlamaShape& shape);
 RopeTables rope_tables(const LlamaShape& shape, int64_t seq_len, const at::Device& device);
 
@@ -48,15 +49,16 @@ struct BlockWeights {
   at::Tensor matrix[kMatrixGroups];
   // Their biases, stacked the same way; undefined where the family has none.
   at::Tensor bias[kMatrixGroups];
-  at::Tensor attn_norm;  // [dim]
-  at::Tensor ffn_norm;   // [dim]
+  at::Tensor attn_norm;       // [dim]
+  at::Tensor ffn_norm;        // [dim]
   at::Tensor q_norm, k_norm;  // [head_dim] (qwen3), else undefined
   // NF4 base: the four matrices are these frozen 4-bit weights instead.
   const nf4::Quantized* q4[kMatrixGroups] = {nullptr, nullptr, nullptr, nullptr};
   // Every tensor of the block unit's layout (a full llama_units() block, or one without the
   // matrices: then q4 holds the four NF4 matrices).
   static BlockWeights from_flat(const at::Tensor& flat, const UnitLayout& layout);
-  static BlockWeights from_nf4(const at::Tensor& flat, const UnitLayout& layout, const nf4::Quantized* const q4[kMatrixGroups]);
+  static BlockWeights from_nf4(const at::Tensor& flat, const UnitLayout& layout,
+                               const nf4::Quantized* const q4[kMatrixGroups]);
 };
 
 // One tensor of a unit's flat buffer, shaped as the slot says (a view: it shares storage and
@@ -93,7 +95,7 @@ struct BlockLora {
 // variations come from the weights present: projection biases, and (qwen3) an RMSNorm over each
 // head of q and k before RoPE. With `lora`, each targeted projection adds its adapter's delta to
 // the frozen base's output (its bias included).
-at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope,
-                         const LlamaShape& shape, const BlockLora* lora = nullptr);
+at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope, const LlamaShape& shape,
+                         const BlockLora* lora = nullptr);
 
 }  // namespace ptrain

@@ -105,9 +105,9 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
 
 class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropyFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& a,
-                            const at::Tensor& b, double adapter_scale, const at::Tensor& targets, int64_t chunk,
-                            c10::ScalarType logits_dtype, std::vector<bool> need) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& a, const at::Tensor& b, double adapter_scale, const at::Tensor& targets,
+                            int64_t chunk, c10::ScalarType logits_dtype, std::vector<bool> need) {
     const int64_t valid = targets.ne(kIgnoreIndex).sum().item<int64_t>();
     const double scale = valid > 0 ? 1.0 / static_cast<double>(valid) : 0.0;
     ChunkGrads g;
@@ -115,8 +115,8 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     g.weight = need[1];
     g.adapter = need[2];
     const OutputAdapter adapter{a, b, adapter_scale};
-    at::Tensor sum = chunked_loss_sum(hidden, weight, a.numel() > 0 ? &adapter : nullptr, targets, chunk, logits_dtype, scale,
-                                      need[0] || need[1] || need[2] ? &g : nullptr);
+    at::Tensor sum = chunked_loss_sum(hidden, weight, a.numel() > 0 ? &adapter : nullptr, targets, chunk, logits_dtype,
+                                      scale, need[0] || need[1] || need[2] ? &g : nullptr);
     ctx->save_for_backward({g.gh, g.gw, g.ga, g.gb});
     return sum * scale;
   }

@@ -24,18 +24,18 @@ struct OutputAdapter {
 // scalar; 0 when every token is masked). chunk_tokens <= 0 picks a chunk of ~64 MiB of logits.
 // Logits are accumulated in float32 and held in `logits_dtype` (float32 unless the user opted
 // into bfloat16 logits); the loss is summed in float32 either way.
-at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                const at::Tensor& targets, int64_t chunk_tokens = 0,
-                                c10::ScalarType logits_dtype = c10::kFloat, const OutputAdapter* adapter = nullptr);
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
+                                const OutputAdapter* adapter = nullptr);
 
 // Summed loss and number of unmasked tokens, without autograd (evaluation).
 struct LossSum {
   double sum = 0.0;
   int64_t tokens = 0;
 };
-LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
-                                 const at::Tensor& targets, int64_t chunk_tokens = 0,
-                                 c10::ScalarType logits_dtype = c10::kFloat, const OutputAdapter* adapter = nullptr);
+LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                 int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
+                                 const OutputAdapter* adapter = nullptr);
 
 int64_t default_loss_chunk(int64_t vocab_size);
 

@@ -44,8 +44,8 @@ ModelPlan ModelPlan::make(const LlamaShape& shape, const PlanOptions& o) {
       p.adapters.push_back({std::move(layout), UnitRole::adapter, o.master_dtype, o.compute_dtype, true});
   if (o.nf4_base)
     for (const auto& full : p.full)
-      p.nf4.push_back({full.kind == UnitKind::block ? nf4_unit_layout(full, o.double_quant) : UnitLayout{}, UnitRole::nf4,
-                       c10::kByte, c10::kByte, false});
+      p.nf4.push_back({full.kind == UnitKind::block ? nf4_unit_layout(full, o.double_quant) : UnitLayout{},
+                       UnitRole::nf4, c10::kByte, c10::kByte, false});
   return p;
 }
 

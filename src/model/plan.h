@@ -20,24 +20,24 @@
 namespace ptrain {
 
 struct PlanOptions {
-  double init_std = 0.02;                           // model.init_std (the layouts' init stds)
-  c10::ScalarType master_dtype = c10::kFloat;       // trained parameters' shards
-  c10::ScalarType compute_dtype = c10::kFloat;      // gathered weights; a frozen base's shards
-  bool lora = false;                                // frozen base + trained adapters
-  std::vector<std::string> lora_targets;            // lora_targets() names
+  double init_std = 0.02;                       // model.init_std (the layouts' init stds)
+  c10::ScalarType master_dtype = c10::kFloat;   // trained parameters' shards
+  c10::ScalarType compute_dtype = c10::kFloat;  // gathered weights; a frozen base's shards
+  bool lora = false;                            // frozen base + trained adapters
+  std::vector<std::string> lora_targets;        // lora_targets() names
   int64_t lora_rank = 8;
-  bool nf4_base = false;                            // (LoRA) blocks' matrices in NF4
-  bool double_quant = true;                         // NF4 scales double-quantized
+  bool nf4_base = false;     // (LoRA) blocks' matrices in NF4
+  bool double_quant = true;  // NF4 scales double-quantized
 };
 
 enum class UnitRole { base, adapter, nf4 };
 
 struct PlannedUnit {
-  UnitLayout layout;           // numel 0 where a piece has no such unit (the embedding's adapters)
+  UnitLayout layout;  // numel 0 where a piece has no such unit (the embedding's adapters)
   UnitRole role = UnitRole::base;
   c10::ScalarType stored = c10::kFloat;    // dtype of every rank's shard
   c10::ScalarType gathered = c10::kFloat;  // dtype of the all-gathered buffer
-  bool trained = false;        // has gradients and optimizer state
+  bool trained = false;                    // has gradients and optimizer state
 };
 
 struct ModelPlan {

@@ -5,7 +5,8 @@ namespace ptrain {
 int64_t LlamaShape::block_params() const {
   const int64_t attn = dim * q_dim() + 2 * dim * kv_dim() + q_dim() * dim;
   const int64_t mlp = 3 * dim * ffn_dim;
-  const int64_t biases = (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? dim : 0) + (mlp_biased() ? 2 * ffn_dim + dim : 0);
+  const int64_t biases =
+      (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? dim : 0) + (mlp_biased() ? 2 * ffn_dim + dim : 0);
   return attn + mlp + 2 * dim + biases + (qk_norm() ? 2 * head_dim : 0);  // + RMSNorm weights
 }
 
@@ -15,15 +16,14 @@ std::string LlamaShape::describe() const {
   if (mlp_biased()) parts.push_back("MLP biases");
   if (qk_norm()) parts.push_back("per-head q/k RMSNorm");
   if (tie_embeddings) parts.push_back("tied embedding");
-  if (sliding_window > 0) parts.push_back("sliding window " + std::to_string(sliding_window) + " (sequences fit in it)");
+  if (sliding_window > 0)
+    parts.push_back("sliding window " + std::to_string(sliding_window) + " (sequences fit in it)");
   std::string out = traits(family).name;
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : " (") + parts[i] + (i + 1 == parts.size() ? ")" : "");
   return out;
 }
 
-int64_t LlamaShape::total_params() const {
-  return embedding_params() + n_layers * block_params() + head_params();
-}
+int64_t LlamaShape::total_params() const { return embedding_params() + n_layers * block_params() + head_params(); }
 
 namespace {
 LlamaShape llama3(int64_t dim, int64_t layers, int64_t heads, int64_t ffn) {
@@ -42,7 +42,7 @@ LlamaShape llama3(int64_t dim, int64_t layers, int64_t heads, int64_t ffn) {
   return s;
 }
 LlamaShape qwen(Family family, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
-               int64_t ffn, int64_t vocab, bool tied, int64_t max_positions) {
+                int64_t ffn, int64_t vocab, bool tied, int64_t max_positions) {
   LlamaShape s;
   s.family = family;
   s.dim = dim;

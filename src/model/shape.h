@@ -13,19 +13,19 @@ namespace ptrain {
 
 // Llama-3.1 style RoPE frequency scaling ("rope_type": "llama3" in HF config.json).
 struct RopeScaling {
-  double factor = 0.0;            // 0 disables scaling
+  double factor = 0.0;  // 0 disables scaling
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_seq_len = 8192;
 };
 
 struct LlamaShape {
-  int64_t dim = 0;          // hidden size
+  int64_t dim = 0;  // hidden size
   int64_t n_layers = 0;
-  int64_t n_heads = 0;      // query heads
-  int64_t n_kv_heads = 0;   // key/value heads (GQA when < n_heads)
-  int64_t head_dim = 0;     // dim / n_heads unless config.json says otherwise
-  int64_t ffn_dim = 0;      // SwiGLU hidden size
+  int64_t n_heads = 0;     // query heads
+  int64_t n_kv_heads = 0;  // key/value heads (GQA when < n_heads)
+  int64_t head_dim = 0;    // dim / n_heads unless config.json says otherwise
+  int64_t ffn_dim = 0;     // SwiGLU hidden size
   int64_t vocab_size = 0;
   int64_t max_seq_len = 0;  // longest sequence RoPE tables are built for
   double rope_theta = 500000.0;

@@ -13,7 +13,6 @@
 #include "adamw_sr_cuda.h"
 #endif
 
-
 namespace ptrain {
 
 AdamW::AdamW(std::vector<OptimTarget> targets, AdamWOptions options) : Optimizer(std::move(targets)), opt_(options) {
@@ -77,11 +76,20 @@ void AdamW::update_stochastic(const std::vector<std::pair<size_t, at::Tensor>>& 
 #ifdef PTRAIN_CUDA
       at::Tensor g = grad.to(at::kBFloat16).contiguous();
       auto bits = [](const at::Tensor& x) { return reinterpret_cast<uint16_t*>(x.data_ptr<at::BFloat16>()); };
-      kernels::AdamWSrShard k{bits(t.param), bits(g), bits(exp_avg_[i]), bits(exp_avg_sq_[i]), t.param.numel(),
+      kernels::AdamWSrShard k{bits(t.param),
+                              bits(g),
+                              bits(exp_avg_[i]),
+                              bits(exp_avg_sq_[i]),
+                              t.param.numel(),
                               opt_.weight_decay != 0 ? t.decay_numel : 0,
-                              static_cast<float>(opt_.beta1), static_cast<float>(opt_.beta2), static_cast<float>(opt_.eps),
-                              static_cast<float>(1.0 - lr * opt_.weight_decay), static_cast<float>(lr / bc1),
-                              static_cast<float>(bc2_sqrt), step_seed, t.global_offset};
+                              static_cast<float>(opt_.beta1),
+                              static_cast<float>(opt_.beta2),
+                              static_cast<float>(opt_.eps),
+                              static_cast<float>(1.0 - lr * opt_.weight_decay),
+                              static_cast<float>(lr / bc1),
+                              static_cast<float>(bc2_sqrt),
+                              step_seed,
+                              t.global_offset};
       kernels::adamw_bf16_sr_step(k, at::cuda::getCurrentCUDAStream(t.param.device().index()).stream());
       continue;
 #endif

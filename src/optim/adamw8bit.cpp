@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "optim/sr_bits.h"
 #include "quant/blockwise8.h"
 #include "quant/blockwise8_math.h"
-#include "optim/sr_bits.h"
 
 #ifdef PTRAIN_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -44,7 +44,8 @@ Blocking Blocking::of(const UnitLayout& layout, int64_t shard_offset, int64_t sh
   b.n_blocks = shard_numel / B;
   b.slot.assign(static_cast<size_t>(b.n_blocks), -1);
   for (int64_t e : *starts)
-    if (e >= shard_offset && e < shard_offset + shard_numel) b.slot[static_cast<size_t>((e - shard_offset) / B)] = static_cast<int32_t>(b.n_fp32++);
+    if (e >= shard_offset && e < shard_offset + shard_numel)
+      b.slot[static_cast<size_t>((e - shard_offset) / B)] = static_cast<int32_t>(b.n_fp32++);
   b.fp32_starts = std::move(starts);
   return b;
 }
@@ -63,8 +64,8 @@ AdamW8bit::AdamW8bit(std::vector<OptimTarget> targets, std::vector<Blocking> blo
   for (size_t i = 0; i < targets_.size(); ++i) {
     const auto& p = targets_[i].param;
     const Blocking& b = blocking_[i];
-    TORCH_CHECK(p.numel() == b.n_blocks * B, "target ", targets_[i].name, " has ", p.numel(), " elements, its blocking ",
-                b.n_blocks * B);
+    TORCH_CHECK(p.numel() == b.n_blocks * B, "target ", targets_[i].name, " has ", p.numel(),
+                " elements, its blocking ", b.n_blocks * B);
     auto opts = p.options().requires_grad(false);
     m_.push_back({at::full({p.numel()}, zero_m, opts.dtype(at::kByte)), at::zeros({b.n_blocks}, opts.dtype(at::kFloat)),
                   at::zeros({b.n_fp32 * B}, opts.dtype(at::kFloat))});
@@ -98,11 +99,23 @@ void AdamW8bit::update(const std::vector<std::pair<size_t, at::Tensor>>& grads, 
     Moment &m = m_[i], &v = v_[i];
     if (param.is_cuda()) {
 #ifdef PTRAIN_CUDA
-      kernels::AdamW8bitShard k{param.data_ptr(), bf16, grad.data_ptr(), m.codes.data_ptr<uint8_t>(),
-                                v.codes.data_ptr<uint8_t>(), m.absmax.data_ptr<float>(), v.absmax.data_ptr<float>(),
-                                m.fp32.data_ptr<float>(), v.fp32.data_ptr<float>(), slot_[i].data_ptr<int32_t>(),
-                                n_blocks, decay_blocks, tables_device_.data_ptr<float>(), s,
-                                opt_.stochastic_rounding, seed, tg.global_offset};
+      kernels::AdamW8bitShard k{param.data_ptr(),
+                                bf16,
+                                grad.data_ptr(),
+                                m.codes.data_ptr<uint8_t>(),
+                                v.codes.data_ptr<uint8_t>(),
+                                m.absmax.data_ptr<float>(),
+                                v.absmax.data_ptr<float>(),
+                                m.fp32.data_ptr<float>(),
+                                v.fp32.data_ptr<float>(),
+                                slot_[i].data_ptr<int32_t>(),
+                                n_blocks,
+                                decay_blocks,
+                                tables_device_.data_ptr<float>(),
+                                s,
+                                opt_.stochastic_rounding,
+                                seed,
+                                tg.global_offset};
       kernels::adamw8bit_step(k, at::cuda::getCurrentCUDAStream(param.device().index()).stream());
       continue;
 #else
@@ -193,7 +206,8 @@ std::vector<OptimState> AdamW8bit::state() const {
       return B * static_cast<int64_t>(std::lower_bound(starts->begin(), starts->end(), e) - starts->begin());
     };
     const std::string& n = targets_[i].name;
-    for (const auto& [name, mo] : {std::pair<std::string, const Moment*>{".exp_avg", &m_[i]}, {".exp_avg_sq", &v_[i]}}) {
+    for (const auto& [name, mo] :
+         {std::pair<std::string, const Moment*>{".exp_avg", &m_[i]}, {".exp_avg_sq", &v_[i]}}) {
       out.push_back({n + name + ".codes", i, mo->codes, element});
       out.push_back({n + name + ".absmax", i, mo->absmax, block});
       out.push_back({n + name + ".fp32", i, mo->fp32, fp32});

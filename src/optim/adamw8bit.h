@@ -58,7 +58,7 @@ class AdamW8bit : public Optimizer {
   std::vector<Blocking> blocking_;
   std::vector<at::Tensor> slot_;  // int32 [n_blocks] on the params' device
   std::vector<Moment> m_, v_;
-  at::Tensor tables_;             // signed code, unsigned code, signed mids, unsigned mids (float32, 1022)
+  at::Tensor tables_;  // signed code, unsigned code, signed mids, unsigned mids (float32, 1022)
   at::Tensor tables_device_;
   AdamW8bitOptions opt_;
 };

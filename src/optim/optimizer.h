@@ -24,7 +24,7 @@ struct OptimTarget {
 // element e starts. Elementwise state has index(e) = e; per-256-block absmax has e / 256.
 // Checkpoints store each rank's part and reshard through `index`.
 struct OptimState {
-  std::string key;   // "<unit>.<state>"
+  std::string key;  // "<unit>.<state>"
   size_t target = 0;
   at::Tensor tensor;  // 1-D; its first index(end) - index(begin) entries cover this rank's owned elements
   std::function<int64_t(int64_t)> index;

@@ -24,7 +24,8 @@ at::Tensor stochastic_round_bf16(const at::Tensor& x, uint64_t seed, uint64_t of
   auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   if (in.is_cuda()) {
 #ifdef PTRAIN_CUDA
-    kernels::stochastic_round_bf16(src, dst, n, seed, offset, at::cuda::getCurrentCUDAStream(in.device().index()).stream());
+    kernels::stochastic_round_bf16(src, dst, n, seed, offset,
+                                   at::cuda::getCurrentCUDAStream(in.device().index()).stream());
     return out;
 #else
     TORCH_CHECK(false, "stochastic_round_bf16 on CUDA needs a build with nvcc");

@@ -21,16 +21,16 @@ struct Done final : PendingCollective {
   void wait() override {}
 };
 
-#define PTRAIN_MPI_CHECK(call)                                                                  \
-  do {                                                                                          \
-    const int rc_ = (call);                                                                     \
-    if (rc_ != MPI_SUCCESS) {                                                                   \
-      char msg_[MPI_MAX_ERROR_STRING];                                                          \
-      int len_ = 0;                                                                             \
-      MPI_Error_string(rc_, msg_, &len_);                                                       \
-      throw RuntimeError(std::string(#call) + " failed at " __FILE__ ":" + std::to_string(__LINE__) + \
-                         ": " + std::string(msg_, len_));                                       \
-    }                                                                                           \
+#define PTRAIN_MPI_CHECK(call)                                                                               \
+  do {                                                                                                       \
+    const int rc_ = (call);                                                                                  \
+    if (rc_ != MPI_SUCCESS) {                                                                                \
+      char msg_[MPI_MAX_ERROR_STRING];                                                                       \
+      int len_ = 0;                                                                                          \
+      MPI_Error_string(rc_, msg_, &len_);                                                                    \
+      throw RuntimeError(std::string(#call) + " failed at " __FILE__ ":" + std::to_string(__LINE__) + ": " + \
+                         std::string(msg_, len_));                                                           \
+    }                                                                                                        \
   } while (0)
 
 void ensure_mpi() {
@@ -49,11 +49,16 @@ void ensure_mpi() {
 
 MPI_Datatype mpi_type(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return MPI_FLOAT;
-    case at::kDouble: return MPI_DOUBLE;
-    case at::kLong: return MPI_INT64_T;
-    case at::kInt: return MPI_INT32_T;
-    default: throw RuntimeError(std::string("MPI reduction of ") + c10::toString(t) + " is not supported");
+    case at::kFloat:
+      return MPI_FLOAT;
+    case at::kDouble:
+      return MPI_DOUBLE;
+    case at::kLong:
+      return MPI_INT64_T;
+    case at::kInt:
+      return MPI_INT32_T;
+    default:
+      throw RuntimeError(std::string("MPI reduction of ") + c10::toString(t) + " is not supported");
   }
 }
 
@@ -95,8 +100,9 @@ class MpiCollectives final : public Collectives {
     TORCH_CHECK(out.numel() == in.numel() * world_size_ && out.scalar_type() == in.scalar_type(), "all_gather sizes");
     auto p = std::make_unique<Request>(this, "all_gather");
     p->keep = {in.contiguous(), out};
-    PTRAIN_MPI_CHECK(MPI_Iallgather(p->keep[0].data_ptr(), static_cast<int>(p->keep[0].nbytes()), MPI_BYTE, out.data_ptr(),
-                                    static_cast<int>(p->keep[0].nbytes()), MPI_BYTE, MPI_COMM_WORLD, &p->req));
+    PTRAIN_MPI_CHECK(MPI_Iallgather(p->keep[0].data_ptr(), static_cast<int>(p->keep[0].nbytes()), MPI_BYTE,
+                                    out.data_ptr(), static_cast<int>(p->keep[0].nbytes()), MPI_BYTE, MPI_COMM_WORLD,
+                                    &p->req));
     stats.all_gather_bytes += out.nbytes();
     ++stats.calls;
     return p;
@@ -105,7 +111,8 @@ class MpiCollectives final : public Collectives {
   // MPI has no bfloat16 sum: bf16 gradients travel and are summed as float32.
   std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) override {
     check_cpu(out, in, "reduce_scatter");
-    TORCH_CHECK(in.numel() == out.numel() * world_size_ && out.scalar_type() == in.scalar_type(), "reduce_scatter sizes");
+    TORCH_CHECK(in.numel() == out.numel() * world_size_ && out.scalar_type() == in.scalar_type(),
+                "reduce_scatter sizes");
     const bool widen = in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf;
     at::Tensor src = widen ? in.to(at::kFloat).contiguous() : in.contiguous();
     at::Tensor dst = widen ? at::empty(out.sizes(), out.options().dtype(at::kFloat)) : out;
@@ -142,7 +149,8 @@ class MpiCollectives final : public Collectives {
 
  private:
   static void check_cpu(const at::Tensor& a, const at::Tensor& b, const char* op) {
-    TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "MPI ", op, " needs CPU tensors (use the nccl backend on GPUs)");
+    TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "MPI ", op,
+                " needs CPU tensors (use the nccl backend on GPUs)");
   }
 
   // An MPI request in flight with the buffers it reads and writes.

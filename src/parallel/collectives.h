@@ -56,8 +56,8 @@ class Collectives {
 };
 
 // Picks the implementation for `device` and parallel.backend (auto | nccl | mpi).
-std::unique_ptr<Collectives> make_collectives(const DistEnv& env, const std::string& backend,
-                                              const c10::Device& device, double timeout_s);
+std::unique_ptr<Collectives> make_collectives(const DistEnv& env, const std::string& backend, const c10::Device& device,
+                                              double timeout_s);
 
 // MPI lifetime: initialised on first use, finalised at exit. Aborting takes every rank down.
 void mpi_abort(int code);

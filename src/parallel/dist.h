@@ -9,7 +9,7 @@ namespace ptrain {
 struct DistEnv {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;           // GPU index on this node
+  int local_rank = 0;             // GPU index on this node
   std::string launcher = "none";  // "openmpi" | "pmi" | "slurm" | "torchrun" | "none"
   bool uses_mpi() const { return launcher == "openmpi" || launcher == "pmi"; }
 

@@ -76,7 +76,8 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
   nf4_.resize(units_.size());
   gathering_.resize(units_.size() + adapters_.size() + nf4_units_.size());
   if (options_.activation_offloading) {
-    TORCH_CHECK(options_.activation_checkpointing, "activation offloading moves the checkpointed blocks' inputs: it needs activation checkpointing");
+    TORCH_CHECK(options_.activation_checkpointing,
+                "activation offloading moves the checkpointed blocks' inputs: it needs activation checkpointing");
     offloader_ = std::make_unique<ActivationOffloader>(device_);
   }
   // The NF4 weights view their byte unit's gathered buffer, bound each time it is filled (or
@@ -164,7 +165,9 @@ void FsdpModel::allocate_gathered(size_t unit) {
 }
 
 void FsdpModel::prefetch(size_t unit) {
-  if (!options_.prefetch || unit >= gathering_.size() || aliases_shard(unit) || gathering_[unit] || at(unit).layout.numel == 0) return;
+  if (!options_.prefetch || unit >= gathering_.size() || aliases_shard(unit) || gathering_[unit] ||
+      at(unit).layout.numel == 0)
+    return;
   FlatUnit& u = at(unit);
   if (!storage_freed(u.gathered)) return;  // still gathered (reshard_after_forward = false)
   allocate_gathered(unit);
@@ -174,7 +177,7 @@ void FsdpModel::prefetch(size_t unit) {
 
 at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   FlatUnit& u = at(unit);
-  complete_reduce();  // the previous unit's reduce-scatter overlapped this unit's backward
+  complete_reduce();               // the previous unit's reduce-scatter overlapped this unit's backward
   if (comm_->world_size() == 1) {  // the mean over one rank is the gradient itself
     release(unit);
     deliver(unit, grad.to(policy_.master_dtype).reshape({u.shard_numel}));
@@ -196,7 +199,7 @@ at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   pending->shard_grad = at::empty({u.shard_numel}, padded.options());
   pending->op = comm_->reduce_scatter_mean_async(pending->shard_grad, padded);
   reducing_ = std::move(pending);
-  release(unit);  // this unit's backward is done: its gathered weights are not needed
+  release(unit);                     // this unit's backward is done: its gathered weights are not needed
   if (unit == 0) finish_backward();  // the embedding's gradient is the last of a backward pass
   return at::Tensor();
 }

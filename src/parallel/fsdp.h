@@ -84,7 +84,8 @@ class FsdpModel : public WeightSource {
             std::shared_ptr<Collectives> comm, FsdpOptions options = {});
   // The units a model of these options holds (model/plan.h): what the constructor allocates and
   // what the memory planner predicts from.
-  static ModelPlan plan_for(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std, const FsdpOptions& options);
+  static ModelPlan plan_for(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std,
+                            const FsdpOptions& options);
   const ModelPlan& plan() const { return plan_; }
 
   // Seeded per unit (unit i draws from a generator seeded by (seed, i)) on the CPU, one unit
@@ -138,7 +139,7 @@ class FsdpModel : public WeightSource {
   // `unit` indexes units(), then adapters (units().size() + i), then NF4 byte units
   // (units().size() + adapters + i).
   at::Tensor gather(size_t unit);
-  void release(size_t unit);   // frees the gathered storage (reshard)
+  void release(size_t unit);                // frees the gathered storage (reshard)
   const RopeTables& rope(int64_t seq_len);  // float32 tables for positions [0, seq_len), on the device
   // When set, each unit's reduced shard gradient is handed here the moment it exists (inside
   // backward) instead of being accumulated into shard.grad(): optimizer-in-backward.
@@ -200,9 +201,9 @@ class FsdpModel : public WeightSource {
   HeadWeights head() override;
   const OutputAdapter* output_adapter() override;
   void head_done() override;
-  bool training_ = false;       // this forward builds a graph for backward
-  at::Tensor wte_;              // the embedding table, while a forward runs (tied head)
-  OutputAdapter out_adapter_;   // the output adapter's gathered views, while a forward runs
+  bool training_ = false;      // this forward builds a graph for backward
+  at::Tensor wte_;             // the embedding table, while a forward runs (tied head)
+  OutputAdapter out_adapter_;  // the output adapter's gathered views, while a forward runs
 
   LlamaShape shape_;
   PrecisionPolicy policy_;
@@ -211,7 +212,7 @@ class FsdpModel : public WeightSource {
   FsdpOptions options_;
   ModelPlan plan_;
   std::vector<FlatUnit> units_;
-  std::vector<FlatUnit> adapters_;  // LoRA: adapters_[i] belongs to units_[i] (may be empty)
+  std::vector<FlatUnit> adapters_;   // LoRA: adapters_[i] belongs to units_[i] (may be empty)
   std::vector<FlatUnit> nf4_units_;  // NF4 base: nf4_units_[i] holds block i's matrices (empty elsewhere)
   // NF4 base: per unit (blocks only) q/k/v, o, gate/up, down, viewing nf4_units_[i]'s gathered
   // bytes (rebound at each fill); the autograd graph refers to them by address, so they never

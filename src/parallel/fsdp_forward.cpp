@@ -72,7 +72,8 @@ class FsdpModel::GatherUnit : public torch::autograd::Function<FsdpModel::Gather
 
 class FsdpModel::OnBackward : public torch::autograd::Function<FsdpModel::OnBackward> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit, UnitAction action) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit,
+                            UnitAction action) {
     ctx->saved_data["model"] = saved_ref(model);
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["action"] = static_cast<int64_t>(action);
@@ -88,7 +89,8 @@ class FsdpModel::OnBackward : public torch::autograd::Function<FsdpModel::OnBack
   }
 };
 
-at::Tensor FsdpModel::GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit) {
+at::Tensor FsdpModel::GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model,
+                                          int64_t unit) {
   ctx->saved_data["model"] = saved_ref(model);
   ctx->saved_data["unit"] = unit;
   return model->fill(static_cast<size_t>(unit));
@@ -96,7 +98,8 @@ at::Tensor FsdpModel::GatherUnit::forward(AutogradContext* ctx, const at::Tensor
 
 variable_list FsdpModel::GatherUnit::backward(AutogradContext* ctx, variable_list grads) {
   FsdpModel* model = model_of(ctx);
-  return {model->reduce_grad(static_cast<size_t>(ctx->saved_data["unit"].toInt()), grads[0]), at::Tensor(), at::Tensor()};
+  return {model->reduce_grad(static_cast<size_t>(ctx->saved_data["unit"].toInt()), grads[0]), at::Tensor(),
+          at::Tensor()};
 }
 
 // A whole block under full activation checkpointing: forward gathers, computes without a
@@ -144,7 +147,8 @@ class FsdpModel::CheckpointedBlock : public torch::autograd::Function<FsdpModel:
     at::Tensor y;
     {
       std::optional<RngStateScope> rng;
-      if (ctx->saved_data.count("rng")) rng.emplace(default_generator(model->device()), ctx->saved_data["rng"].toTensor());
+      if (ctx->saved_data.count("rng"))
+        rng.emplace(default_generator(model->device()), ctx->saved_data["rng"].toTensor());
       at::AutoGradMode grad_on(true);
       y = model->compute_block(unit, x, trains ? w : at::Tensor());
     }
@@ -169,7 +173,8 @@ at::Tensor FsdpModel::compute_block(size_t unit, const at::Tensor& x, const at::
   BlockLora l;
   if (lora)
     l = BlockLora::from_flat(trained.defined() ? trained : gathered_view(adapter(unit)), adapters_[unit].layout, shape_,
-                             options_.lora_alpha / static_cast<double>(options_.lora_rank), options_.lora_dropout, true);
+                             options_.lora_alpha / static_cast<double>(options_.lora_rank), options_.lora_dropout,
+                             true);
   const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit).data())
                                             : BlockWeights::from_flat(w, units_[unit].layout);
   return block_forward(bw, x, batch_rope_, shape_, lora ? &l : nullptr);
@@ -202,7 +207,8 @@ void FsdpModel::embedding_done() {
 at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTables& rope) {
   const auto i = static_cast<size_t>(layer + 1);  // unit 0 is the embedding
   if (training_ && options_.activation_checkpointing)
-    return CheckpointedBlock::apply(input, has_adapter(i) ? adapters_[i].shard : units_[i].shard, this, static_cast<int64_t>(i));
+    return CheckpointedBlock::apply(input, has_adapter(i) ? adapters_[i].shard : units_[i].shard, this,
+                                    static_cast<int64_t>(i));
   at::Tensor x = input;
   at::Tensor w = gather(i);
   at::Tensor a = has_adapter(i) ? gather(adapter(i)) : at::Tensor();
@@ -210,10 +216,12 @@ at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTa
   prefetch_block(i + 1);  // gathers while this block computes
   BlockLora lora;
   if (a.defined())
-    lora = BlockLora::from_flat(a, adapters_[i].layout, shape_, options_.lora_alpha / static_cast<double>(options_.lora_rank),
-                                options_.lora_dropout, training_);
+    lora = BlockLora::from_flat(a, adapters_[i].layout, shape_,
+                                options_.lora_alpha / static_cast<double>(options_.lora_rank), options_.lora_dropout,
+                                training_);
   // A frozen block gets no reduce-scatter to release it: release once its backward is done.
-  if (options_.lora && training_ && x.requires_grad()) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
+  if (options_.lora && training_ && x.requires_grad())
+    x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
   const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, nf4_weights(i).data())
                                             : BlockWeights::from_flat(w, units_[i].layout);
   x = block_forward(bw, x, rope, shape_, a.defined() ? &lora : nullptr);
@@ -252,7 +260,8 @@ void FsdpModel::head_done() {
 }
 
 const RopeTables& FsdpModel::batch_rope(const at::Tensor& inputs, const at::Tensor& doc_ids) {
-  batch_rope_ = doc_ids.defined() ? packed_positions(rope(inputs.size(1)), doc_ids, policy_.compute_dtype) : rope(inputs.size(1));
+  batch_rope_ =
+      doc_ids.defined() ? packed_positions(rope(inputs.size(1)), doc_ids, policy_.compute_dtype) : rope(inputs.size(1));
   return batch_rope_;
 }
 
@@ -261,10 +270,13 @@ at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& t
   return llama_loss(*this, shape_, batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
 }
 
-LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk, const at::Tensor& doc_ids) {
+LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
+                             const at::Tensor& doc_ids) {
   return llama_loss_sum(*this, shape_, batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
 }
 
-at::Tensor FsdpModel::logits(const at::Tensor& inputs) { return llama_logits(*this, shape_, batch_rope(inputs, at::Tensor()), inputs); }
+at::Tensor FsdpModel::logits(const at::Tensor& inputs) {
+  return llama_logits(*this, shape_, batch_rope(inputs, at::Tensor()), inputs);
+}
 
 }  // namespace ptrain

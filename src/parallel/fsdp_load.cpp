@@ -23,8 +23,10 @@ uint64_t mix_seed(uint64_t seed, uint64_t stream) { return mix64(seed + kGolden6
 // Copies the part of `slot` that lies in this rank's shard of `u` from `src` (the whole tensor,
 // any shape); the rest of `src` is never read.
 void copy_rank_slice(FlatUnit& u, const ParamSlot& slot, const at::Tensor& src) {
-  const int64_t a = std::max(u.shard_offset, slot.offset), b = std::min(u.shard_offset + u.owned(), slot.offset + slot.numel);
-  if (a < b) u.shard.detach().narrow(0, a - u.shard_offset, b - a).copy_(src.reshape({-1}).narrow(0, a - slot.offset, b - a));
+  const int64_t a = std::max(u.shard_offset, slot.offset),
+                b = std::min(u.shard_offset + u.owned(), slot.offset + slot.numel);
+  if (a < b)
+    u.shard.detach().narrow(0, a - u.shard_offset, b - a).copy_(src.reshape({-1}).narrow(0, a - slot.offset, b - a));
 }
 
 }  // namespace
@@ -114,8 +116,8 @@ void FsdpModel::load(const TensorByName& tensor) {
         for (const auto& slot : g) {
           at::Tensor src = tensor(slot.name);
           if (src.sizes().vec() != slot.shape)
-            throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) + ", the model expects " +
-                               c10::str(c10::IntArrayRef(slot.shape)));
+            throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) +
+                               ", the model expects " + c10::str(c10::IntArrayRef(slot.shape)));
           parts.push_back(src);
         }
         groups.push_back(parts.size() == 1 ? parts[0] : at::cat(parts));
@@ -142,16 +144,18 @@ void FsdpModel::load_adapters(const std::map<std::string, at::Tensor>& tensors) 
     u.shard.detach().zero_();
     for (const auto& slot : u.layout.slots) {
       auto it = tensors.find(slot.name);
-      if (it == tensors.end()) throw RuntimeError("the adapter has no tensor '" + slot.name + "'; its targets differ from lora.targets");
+      if (it == tensors.end())
+        throw RuntimeError("the adapter has no tensor '" + slot.name + "'; its targets differ from lora.targets");
       ++used;
       if (it->second.sizes().vec() != slot.shape)
-        throw RuntimeError("adapter tensor '" + slot.name + "' has shape " + c10::str(it->second.sizes()) + ", lora.rank and the model give " +
-                           c10::str(c10::IntArrayRef(slot.shape)));
+        throw RuntimeError("adapter tensor '" + slot.name + "' has shape " + c10::str(it->second.sizes()) +
+                           ", lora.rank and the model give " + c10::str(c10::IntArrayRef(slot.shape)));
       copy_rank_slice(u, slot, it->second);
     }
   }
   if (used != tensors.size())
-    throw RuntimeError("the adapter holds " + std::to_string(tensors.size() - used) + " tensor(s) for projections lora.targets does not list");
+    throw RuntimeError("the adapter holds " + std::to_string(tensors.size() - used) +
+                       " tensor(s) for projections lora.targets does not list");
 }
 
 }  // namespace ptrain

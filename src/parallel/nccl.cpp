@@ -10,10 +10,10 @@
 #if defined(PTRAIN_CUDA) && defined(USE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
 #include <mpi.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -61,13 +61,15 @@ c10::intrusive_ptr<c10d::Store> make_store(const DistEnv& env, double timeout_s)
     return c10::make_intrusive<c10d::TCPStore>(host, opts);
   }
   if (!addr || !port)
-    throw UsageError("NCCL at world size " + std::to_string(env.world_size) + " needs MASTER_ADDR and MASTER_PORT (or mpirun)");
+    throw UsageError("NCCL at world size " + std::to_string(env.world_size) +
+                     " needs MASTER_ADDR and MASTER_PORT (or mpirun)");
   opts.port = static_cast<uint16_t>(std::stoi(port));
   return c10::make_intrusive<c10d::TCPStore>(addr, opts);
 }
 
 struct Work final : PendingCollective {
-  Work(c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> keep) : work(std::move(work)), keep(std::move(keep)) {}
+  Work(c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> keep)
+      : work(std::move(work)), keep(std::move(keep)) {}
   ~Work() override {  // the buffers outlive the collective
     try {
       wait();
@@ -143,7 +145,8 @@ std::unique_ptr<Collectives> make_nccl_collectives(const DistEnv& env, const c10
 }
 #else
 std::unique_ptr<Collectives> make_nccl_collectives(const DistEnv&, const c10::Device&, double) {
-  throw UsageError("this ptrain was built without CUDA/NCCL (no nvcc at build time); use parallel.backend = \"mpi\" on CPU");
+  throw UsageError(
+      "this ptrain was built without CUDA/NCCL (no nvcc at build time); use parallel.backend = \"mpi\" on CPU");
 }
 #endif
 

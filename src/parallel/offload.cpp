@@ -150,7 +150,8 @@ at::Tensor ActivationOffloader::fetch(int64_t ticket) {
   Impl& m = *impl_;
   prefetch(ticket);
   auto it = m.incoming.find(ticket);
-  if (it == m.incoming.end()) throw std::logic_error("activation offloading: ticket " + std::to_string(ticket) + " was never offloaded");
+  if (it == m.incoming.end())
+    throw std::logic_error("activation offloading: ticket " + std::to_string(ticket) + " was never offloaded");
   Transfer t = std::move(it->second);
   m.incoming.erase(it);
 #ifdef PTRAIN_CUDA

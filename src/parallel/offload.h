@@ -35,7 +35,7 @@ class ActivationOffloader {
   // Ticket's tensor on the device once its copy is complete; its host copy is released.
   at::Tensor fetch(int64_t ticket);
 
-  int64_t host_bytes() const;             // host copies held now
+  int64_t host_bytes() const;  // host copies held now
   int64_t peak_host_bytes() const;
   int64_t peak_device_in_flight() const;  // most device tensors held at once for unfinished copies
 

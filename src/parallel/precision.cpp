@@ -17,7 +17,8 @@ std::string PrecisionPolicy::table() const {
     << "  compute / all-gather     " << c10::toString(compute_dtype) << "\n"
     << "  gradient reduce          " << c10::toString(reduce_dtype) << "\n"
     << "  optimizer moments        "
-    << (optim_8bit ? std::string("uint8 codes + float32 absmax per 256 (float32 under 4096 elements)") : c10::toString(optim_dtype))
+    << (optim_8bit ? std::string("uint8 codes + float32 absmax per 256 (float32 under 4096 elements)")
+                   : c10::toString(optim_dtype))
     << "\n"
     << "  logits + loss            " << c10::toString(logits_dtype) << "\n"
     << "  RoPE                     " << c10::toString(rope_dtype) << "\n"

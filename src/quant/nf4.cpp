@@ -48,7 +48,8 @@ Quantized quantize(const at::Tensor& w, bool double_quant) {
         const int k = q8::nearest_code(mids, scale(src[i]), 16);
         dst[i >> 1] |= static_cast<uint8_t>((i & 1) ? k : k << 4);
       }
-      if ((end & 1) && end == n) dst[end >> 1] |= static_cast<uint8_t>(q8::nearest_code(mids, 0.0f, 16));  // odd count: pad with 0
+      if ((end & 1) && end == n)
+        dst[end >> 1] |= static_cast<uint8_t>(q8::nearest_code(mids, 0.0f, 16));  // odd count: pad with 0
     }
   });
   if (double_quant) {
@@ -84,8 +85,8 @@ ByteLayout byte_layout(int64_t numel, bool double_quant) {
 
 void write_bytes(const Quantized& q, const at::Tensor& bytes) {
   const ByteLayout l = byte_layout(q.numel, q.double_quant);
-  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.dim() == 1 && bytes.numel() == l.bytes, "NF4 byte buffer: ", l.bytes,
-              " bytes expected");
+  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.dim() == 1 && bytes.numel() == l.bytes,
+              "NF4 byte buffer: ", l.bytes, " bytes expected");
   bytes.zero_();
   auto put = [&](int64_t at, int64_t n, const at::Tensor& part) {
     if (n > 0) bytes.narrow(0, at, n).copy_(part.contiguous().view(at::kByte).reshape({-1}));
@@ -97,7 +98,8 @@ void write_bytes(const Quantized& q, const at::Tensor& bytes) {
 
 void bind_bytes(Quantized& q, const at::Tensor& bytes) {
   const ByteLayout l = byte_layout(q.numel, q.double_quant);
-  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == l.bytes, "NF4 byte buffer: ", l.bytes, " bytes expected");
+  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == l.bytes, "NF4 byte buffer: ", l.bytes,
+              " bytes expected");
   q.packed = bytes.narrow(0, l.packed, l.packed_bytes);
   q.absmax = bytes.narrow(0, l.absmax, l.absmax_bytes);
   if (!q.double_quant) q.absmax = q.absmax.view(at::kFloat);
@@ -107,7 +109,8 @@ void bind_bytes(Quantized& q, const at::Tensor& bytes) {
 at::Tensor block_absmax(const Quantized& q) {
   if (!q.double_quant) return q.absmax.to(at::kFloat);
   at::Tensor code = q8::dynamic_map(true).to(q.absmax.device());
-  return q8::dequantize_blockwise(q.absmax.to(at::kCPU), q.absmax2.to(at::kCPU), code.cpu(), kStatsBlock).to(q.absmax.device()) +
+  return q8::dequantize_blockwise(q.absmax.to(at::kCPU), q.absmax2.to(at::kCPU), code.cpu(), kStatsBlock)
+             .to(q.absmax.device()) +
          q.offset;
 }
 
@@ -117,10 +120,14 @@ at::Tensor dequantize(const Quantized& q, c10::ScalarType dtype) {
     at::Tensor out = at::empty({q.numel}, q.packed.options().dtype(dtype));
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "NF4 dequantizes to float32 or bfloat16 on CUDA");
     at::Tensor code8 = q.double_quant ? q8::dynamic_map(true).to(q.packed.device()) : at::Tensor();
-    kernels::Nf4Dequant k{q.packed.data_ptr<uint8_t>(), q.double_quant ? nullptr : q.absmax.data_ptr<float>(),
+    kernels::Nf4Dequant k{q.packed.data_ptr<uint8_t>(),
+                          q.double_quant ? nullptr : q.absmax.data_ptr<float>(),
                           q.double_quant ? q.absmax.data_ptr<uint8_t>() : nullptr,
                           q.double_quant ? q.absmax2.data_ptr<float>() : nullptr,
-                          q.double_quant ? code8.data_ptr<float>() : nullptr, q.offset, q.numel, out.data_ptr(),
+                          q.double_quant ? code8.data_ptr<float>() : nullptr,
+                          q.offset,
+                          q.numel,
+                          out.data_ptr(),
                           dtype == at::kBFloat16};
     kernels::nf4_dequantize(k, at::cuda::getCurrentCUDAStream(q.packed.device().index()).stream());
     return out.view(q.shape);

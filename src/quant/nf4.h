@@ -16,8 +16,8 @@ namespace ptrain::nf4 {
 struct Quantized {
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  at::Tensor packed;      // uint8 [ceil(numel / 2)]
-  at::Tensor absmax;      // float32 [blocks], or uint8 codes [blocks] with double quantization
+  at::Tensor packed;  // uint8 [ceil(numel / 2)]
+  at::Tensor absmax;  // float32 [blocks], or uint8 codes [blocks] with double quantization
   bool double_quant = false;
   at::Tensor absmax2;     // float32 [ceil(blocks / 256)] (double quantization)
   float offset = 0.0f;    // mean of the absmax values (double quantization)
@@ -33,7 +33,7 @@ constexpr int64_t kByteAlign = 16;
 struct ByteLayout {
   int64_t packed = 0, absmax = 0, absmax2 = 0;  // offsets of the parts, bytes
   int64_t packed_bytes = 0, absmax_bytes = 0, absmax2_bytes = 0;
-  int64_t bytes = 0;                            // the whole buffer, a multiple of kByteAlign
+  int64_t bytes = 0;  // the whole buffer, a multiple of kByteAlign
 };
 ByteLayout byte_layout(int64_t numel, bool double_quant);
 // q's parts written into `bytes` (uint8 [byte_layout(q.numel, q.double_quant).bytes], zero padding).

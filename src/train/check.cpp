@@ -24,10 +24,11 @@ int check(const CheckRequest& a) {
   }
   const PrecisionPolicy policy = precision_policy(c);
   const auto& s = c.model.shape;
-  std::cout << "# resolved config (" << c.source_file << ")\n" << to_toml(c) << "\n"
-            << "# plan\nmodel: " << s.describe() << ", " << log::grouped(static_cast<double>(s.total_params())) << " parameters ("
-            << s.n_layers << " blocks of " << log::grouped(static_cast<double>(s.block_params())) << ", embedding "
-            << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
+  std::cout << "# resolved config (" << c.source_file << ")\n"
+            << to_toml(c) << "\n"
+            << "# plan\nmodel: " << s.describe() << ", " << log::grouped(static_cast<double>(s.total_params()))
+            << " parameters (" << s.n_layers << " blocks of " << log::grouped(static_cast<double>(s.block_params()))
+            << ", embedding " << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
             << log::grouped(static_cast<double>(s.head_params())) << ")\n"
             << policy.table();
   if (env.local) {  // the dataset as training will read it (JSONL: tokenized now)
@@ -35,23 +36,30 @@ int check(const CheckRequest& a) {
     for (const auto& line : open_data(c).report) std::cout << line << "\n";
   }
   const PeakPlan plan = predict_peak(c, ws);
-  const auto gib = [](int64_t bytes) { return log::fixed(static_cast<double>(bytes) / (1024.0 * 1024 * 1024), 2) + " GiB"; };
+  const auto gib = [](int64_t bytes) {
+    return log::fixed(static_cast<double>(bytes) / (1024.0 * 1024 * 1024), 2) + " GiB";
+  };
   const auto& act = plan.activations;
   std::cout << "predicted peak allocated memory per rank at world size " << ws << " (micro-batch "
             << c.data.micro_batch_size << " x " << c.data.seq_len << " tokens, activation checkpointing "
-            << name_of(c.memory.activation_checkpointing) << (c.memory.activation_offloading ? " + offloading" : "") << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
+            << name_of(c.memory.activation_checkpointing) << (c.memory.activation_offloading ? " + offloading" : "")
+            << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
             << "  params            " << gib(m.param_bytes) << "\n"
             << "  grads             " << gib(m.grad_bytes) << "\n"
             << "  optimizer state   " << gib(m.optimizer_state_bytes) << "\n"
             << "  master weights    " << gib(m.master_weight_bytes) << "\n"
-            << (c.lora.enabled ? "  frozen base       " + gib(m.frozen_base_bytes) + " (LoRA: not trained" +
-                                     (m.nf4_params ? "; NF4 " + log::fixed(m.nf4_bytes_per_param(), 4) +
-                                                         " B per 4-bit weight, 1/" + std::to_string(ws) + " on each rank" : std::string()) + ")\n"
-                               : std::string())
+            << (c.lora.enabled
+                    ? "  frozen base       " + gib(m.frozen_base_bytes) + " (LoRA: not trained" +
+                          (m.nf4_params ? "; NF4 " + log::fixed(m.nf4_bytes_per_param(), 4) +
+                                              " B per 4-bit weight, 1/" + std::to_string(ws) + " on each rank"
+                                        : std::string()) +
+                          ")\n"
+                    : std::string())
             << "  activations       " << gib(act.saved_bytes()) << " ("
-            << (c.memory.activation_offloading ? "block inputs offloaded: " + gib(act.host_bytes) + " in pinned host memory, " +
-                                                     gib(act.in_flight_bytes) + " awaiting their copy"
-                                               : std::to_string(act.layers) + " blocks x " + gib(act.per_block_bytes))
+            << (c.memory.activation_offloading
+                    ? "block inputs offloaded: " + gib(act.host_bytes) + " in pinned host memory, " +
+                          gib(act.in_flight_bytes) + " awaiting their copy"
+                    : std::to_string(act.layers) + " blocks x " + gib(act.per_block_bytes))
             << " + head " << gib(act.head_bytes)
             << (act.mask_bytes ? " + packed rows' attention mask " + gib(act.mask_bytes) : std::string()) << ")\n"
             << "  transient         " << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
@@ -76,25 +84,31 @@ int check(const CheckRequest& a) {
   if (c.memory.activation_checkpointing != Checkpointing::full)
     changes.push_back({"--set memory.activation_checkpointing=full", {"memory.activation_checkpointing=\"full\""}, ws});
   if (!c.memory.activation_offloading)
-    changes.push_back({std::string(c.memory.activation_checkpointing != Checkpointing::full ? "--set memory.activation_checkpointing=full " : "") +
+    changes.push_back({std::string(c.memory.activation_checkpointing != Checkpointing::full
+                                       ? "--set memory.activation_checkpointing=full "
+                                       : "") +
                            "--set memory.activation_offloading=true",
-                       {"memory.activation_checkpointing=\"full\"", "memory.activation_offloading=true"}, ws});
+                       {"memory.activation_checkpointing=\"full\"", "memory.activation_offloading=true"},
+                       ws});
   if (c.optimizer.name != OptimizerName::adamw8bit && !c.optimizer.in_backward)
     changes.push_back({"--set optimizer.name=adamw8bit", {"optimizer.name=\"adamw8bit\""}, ws});
   if (c.precision.mode != PrecisionMode::bf16 && !c.lora.enabled)
     changes.push_back({"--set precision.mode=bf16", {"precision.mode=\"bf16\""}, ws});
   if (c.data.micro_batch_size > 1)
-    changes.push_back({"--set data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2) + " (and double grad_accum_steps)",
-                       {"data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2)}, ws});
+    changes.push_back({"--set data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2) +
+                           " (and double grad_accum_steps)",
+                       {"data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2)},
+                       ws});
   changes.push_back({"--world-size " + std::to_string(2 * ws), {}, 2 * ws});
-  std::cerr << "error: predicted peak " << log::fixed(peak_gib, 2) << " GiB per rank does not fit in --gpu-memory " << gpu_gib
-            << " GiB. Predicted peak with:\n";
+  std::cerr << "error: predicted peak " << log::fixed(peak_gib, 2) << " GiB per rank does not fit in --gpu-memory "
+            << gpu_gib << " GiB. Predicted peak with:\n";
   Change all{"all of the valid ones together", {}, 2 * ws};
   auto report = [&](const Change& ch) {
     std::vector<std::string> with = a.sets;
     with.insert(with.end(), ch.sets.begin(), ch.sets.end());
     try {
-      const double p = static_cast<double>(predict_peak(load_config(a.config, with, env), ch.world_size).peak_bytes()) / (1024.0 * 1024 * 1024);
+      const double p = static_cast<double>(predict_peak(load_config(a.config, with, env), ch.world_size).peak_bytes()) /
+                       (1024.0 * 1024 * 1024);
       std::cerr << "  " << ch.what << ": " << log::fixed(p, 2) << " GiB" << (p <= gpu_gib ? " — fits" : "") << "\n";
       return true;
     } catch (const ConfigError&) {

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,7 +33,8 @@ std::vector<std::string> mode_overrides(const std::string& mode) {
   if (mode == "bf16-sr") return {"precision.mode=bf16", "precision.stochastic_rounding=true", "optimizer.name=adamw"};
   // Pure bf16 with 8-bit moments: stochastic rounding keeps the small updates that 8-bit
   // moments and bf16 parameters would otherwise both lose.
-  if (mode == "bf16-adam8bit") return {"precision.mode=bf16", "precision.stochastic_rounding=true", "optimizer.name=adamw8bit"};
+  if (mode == "bf16-adam8bit")
+    return {"precision.mode=bf16", "precision.stochastic_rounding=true", "optimizer.name=adamw8bit"};
   throw UsageError("unknown mode '" + mode + "'; use fp32, mixed, bf16, bf16-sr, bf16-adam8bit");
 }
 
@@ -80,7 +81,8 @@ std::string quote_for_gnuplot(const std::string& s) {
 // kept next to it so the plot can be re-made or restyled.
 void plot(const std::string& out, const std::vector<ModeResult>& results) {
   std::ostringstream gp;
-  gp << "set terminal svg size 900,560 dynamic background rgb 'white'\nset output " << quote_for_gnuplot(out + "/loss.svg")
+  gp << "set terminal svg size 900,560 dynamic background rgb 'white'\nset output "
+     << quote_for_gnuplot(out + "/loss.svg")
      << "\nset title 'ptrain compare: training loss'\nset xlabel 'step'\nset ylabel 'loss (nats/token)'\nset grid\n"
      << "set key top right\nplot ";
   for (size_t i = 0; i < results.size(); ++i) {
@@ -91,7 +93,8 @@ void plot(const std::string& out, const std::vector<ModeResult>& results) {
       json j = json::parse(line);
       if (j.contains("loss")) d << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << "\n";
     }
-    gp << (i ? ", " : "") << quote_for_gnuplot(data) << " using 1:2 with lines lw 2 title " << quote_for_gnuplot(results[i].mode);
+    gp << (i ? ", " : "") << quote_for_gnuplot(data) << " using 1:2 with lines lw 2 title "
+       << quote_for_gnuplot(results[i].mode);
   }
   gp << "\n";
   write_file_atomic(out + "/loss.gp", gp.str());
@@ -161,20 +164,23 @@ int compare(const CompareOptions& o) {
   std::ostringstream md, csv;
   md << "# ptrain compare: " << o.config_path << "\n\nSame init (seed " << base.run.seed << "), same data order, "
      << results.front().steps << " steps. Δ is the final training loss relative to fp32.\n\n"
-     << "| mode | final loss | best loss | final val loss | Δ vs fp32 | state bytes/rank | tokens/s (median) | peak memory |\n"
+     << "| mode | final loss | best loss | final val loss | Δ vs fp32 | state bytes/rank | tokens/s (median) | peak "
+        "memory |\n"
      << "|---|---|---|---|---|---|---|---|\n";
-  csv << "mode,steps,final_loss,best_loss,final_val_loss,delta_vs_fp32_pct,state_bytes_per_rank,tokens_per_s,peak_mem_bytes,peak_mem_source\n";
+  csv << "mode,steps,final_loss,best_loss,final_val_loss,delta_vs_fp32_pct,state_bytes_per_rank,tokens_per_s,peak_mem_"
+         "bytes,peak_mem_source\n";
   for (const auto& r : results) {
     double pct = ref ? 100.0 * (r.final_loss - ref->final_loss) / ref->final_loss : 0.0;
     if (std::abs(pct) < 0.005) pct = 0.0;  // no "-0.00"
     const std::string delta = ref ? log::fixed(pct, 2) : "";
     const std::string val = r.final_val >= 0 ? log::fixed(r.final_val, 4) : "-";
     md << "| " << r.mode << " | " << log::fixed(r.final_loss, 4) << " | " << log::fixed(r.best_loss, 4) << " | " << val
-       << " | " << (ref ? (delta[0] == '-' ? delta : "+" + delta) + " %" : "-") << " | " << log::bytes(r.state_bytes) << " | "
-       << log::grouped(r.tokens_per_s) << " | " << log::bytes(r.peak_bytes)
+       << " | " << (ref ? (delta[0] == '-' ? delta : "+" + delta) + " %" : "-") << " | " << log::bytes(r.state_bytes)
+       << " | " << log::grouped(r.tokens_per_s) << " | " << log::bytes(r.peak_bytes)
        << (r.peak_source == "process_peak_rss" ? " (RSS)" : " (allocated)") << " |\n";
-    csv << r.mode << "," << r.steps << "," << r.final_loss << "," << r.best_loss << "," << (r.final_val >= 0 ? val : "") << ","
-        << delta << "," << r.state_bytes << "," << r.tokens_per_s << "," << r.peak_bytes << "," << r.peak_source << "\n";
+    csv << r.mode << "," << r.steps << "," << r.final_loss << "," << r.best_loss << "," << (r.final_val >= 0 ? val : "")
+        << "," << delta << "," << r.state_bytes << "," << r.tokens_per_s << "," << r.peak_bytes << "," << r.peak_source
+        << "\n";
   }
   write_file_atomic(out + "/summary.md", md.str());
   write_file_atomic(out + "/summary.csv", csv.str());

@@ -32,7 +32,9 @@ int run_eval(const EvalRequest& a) {
     if (!fs::is_regular_file(data)) throw UsageError("no such data file '" + data + "'");
     char magic[8] = {};
     std::ifstream(data, std::ios::binary).read(magic, 8);
-    const char* format = std::memcmp(magic, kTokenMagic, 8) == 0 ? "tokens" : fs::path(data).extension() == ".jsonl" ? "jsonl" : "text";
+    const char* format = std::memcmp(magic, kTokenMagic, 8) == 0  ? "tokens"
+                         : fs::path(data).extension() == ".jsonl" ? "jsonl"
+                                                                  : "text";
     sets.push_back("data.path=" + data);
     sets.push_back(std::string("data.format=") + format);
   }
@@ -54,14 +56,20 @@ int run_eval(const EvalRequest& a) {
   if (!print) return 0;
   const bool windows = c.data.format != DataFormat::jsonl;
   if (a.json) {
-    nlohmann::ordered_json j = {{"data", path}, {"model", source}, {"seq_len", c.data.seq_len}, {windows ? "windows" : "rows", r.rows},
-                                {"tokens", r.tokens}, {"mean_loss", r.mean_loss}, {"perplexity", r.perplexity}};
+    nlohmann::ordered_json j = {{"data", path},
+                                {"model", source},
+                                {"seq_len", c.data.seq_len},
+                                {windows ? "windows" : "rows", r.rows},
+                                {"tokens", r.tokens},
+                                {"mean_loss", r.mean_loss},
+                                {"perplexity", r.perplexity}};
     std::cout << j.dump() << "\n";
   } else {
     std::cout << "eval " << path << " with " << source << ": mean_loss " << log::fixed(r.mean_loss, 6)
               << " nats/token | perplexity " << log::fixed(r.perplexity, 4) << " | " << r.tokens
-              << (windows ? " tokens in " + std::to_string(r.rows) + " windows of " + std::to_string(c.data.seq_len + 1)
-                          : " trained tokens in " + std::to_string(r.rows) + " rows of " + std::to_string(c.data.seq_len))
+              << (windows
+                      ? " tokens in " + std::to_string(r.rows) + " windows of " + std::to_string(c.data.seq_len + 1)
+                      : " trained tokens in " + std::to_string(r.rows) + " rows of " + std::to_string(c.data.seq_len))
               << "\n";
   }
   return 0;

@@ -27,13 +27,15 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   Environment env = Environment::detect();
   env.local = false;  // the training run's data files need not be here
   Config c = load_config((fs::path(checkpoint_dir) / "config.toml").string(), {}, env);
-  if (!c.lora.enabled) throw UsageError("--merge needs a LoRA checkpoint; '" + checkpoint_dir + "' holds a full model (drop --merge)");
+  if (!c.lora.enabled)
+    throw UsageError("--merge needs a LoRA checkpoint; '" + checkpoint_dir + "' holds a full model (drop --merge)");
   c.training.device = DeviceChoice::cpu;
   c.checkpoint.resume.clear();
   // Read the frozen base at its source's full precision (a bf16 run keeps it in bf16); the
   // adapters convert exactly.
   c.precision.mode = PrecisionMode::fp32;
-  auto model = build_model(c, c10::Device(c10::kCPU), make_collectives(DistEnv{}, "auto", c10::Device(c10::kCPU), 60.0));
+  auto model =
+      build_model(c, c10::Device(c10::kCPU), make_collectives(DistEnv{}, "auto", c10::Device(c10::kCPU), 60.0));
   TrainProgress progress;
   load_checkpoint(checkpoint_dir, *model, nullptr, progress);
   at::NoGradGuard no_grad;
@@ -60,7 +62,8 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
       if (lora_at == std::string::npos) continue;
       const std::string stem = slot.name.substr(0, lora_at);
       const std::string b_name = stem + ".lora_B.weight";
-      const auto& b_slot = *std::find_if(a.layout.slots.begin(), a.layout.slots.end(), [&](const ParamSlot& x) { return x.name == b_name; });
+      const auto& b_slot = *std::find_if(a.layout.slots.begin(), a.layout.slots.end(),
+                                         [&](const ParamSlot& x) { return x.name == b_name; });
       at::Tensor A = slot_view(a.shard, slot).to(at::kFloat);
       at::Tensor B = slot_view(a.shard, b_slot).to(at::kFloat);
       const std::string w_name = stem + ".weight";
@@ -77,7 +80,8 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
 int run_export(const std::string& checkpoint_dir, const std::string& out_dir, bool merge) {
   if (merge) {
     export_merged(checkpoint_dir, out_dir);
-    log::info("merged the adapters of ", checkpoint_dir, " into its base: ", out_dir, " (config.json + model.safetensors, float32)");
+    log::info("merged the adapters of ", checkpoint_dir, " into its base: ", out_dir,
+              " (config.json + model.safetensors, float32)");
   } else {
     export_hf(checkpoint_dir, out_dir);
     log::info("exported ", checkpoint_dir, " to ", out_dir);

@@ -8,14 +8,14 @@
 
 #include "config/config.h"
 #include "model/layout.h"
-#include "model/plan.h"
 #include "model/loss.h"
+#include "model/plan.h"
 #include "model/shape.h"
 #include "optim/adamw8bit.h"
 #include "optim/optimizer.h"
-#include "train/setup.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
+#include "train/setup.h"
 
 #ifdef PTRAIN_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -24,19 +24,20 @@
 namespace ptrain {
 
 std::string MemoryReport::to_json() const {
-  nlohmann::ordered_json j = {{"rank", rank},
-                              {"world_size", world_size},
-                              {"num_params", num_params},
-                              {"param_bytes", param_bytes},
-                              {"grad_bytes", grad_bytes},
-                              {"optimizer_state_bytes", optimizer_state_bytes},
-                              {"master_weight_bytes", master_weight_bytes},
-                              {"frozen_base_bytes", frozen_base_bytes},
-                              {"nf4_params", nf4_params},
-                              {"nf4_bytes", nf4_bytes},
-                              {"nf4_bytes_per_param", nf4_bytes_per_param()},
-                              {"total_state_bytes", total_state_bytes()},
-                              {"state_bytes_per_param", num_params ? static_cast<double>(total_state_bytes()) / num_params : 0.0}};
+  nlohmann::ordered_json j = {
+      {"rank", rank},
+      {"world_size", world_size},
+      {"num_params", num_params},
+      {"param_bytes", param_bytes},
+      {"grad_bytes", grad_bytes},
+      {"optimizer_state_bytes", optimizer_state_bytes},
+      {"master_weight_bytes", master_weight_bytes},
+      {"frozen_base_bytes", frozen_base_bytes},
+      {"nf4_params", nf4_params},
+      {"nf4_bytes", nf4_bytes},
+      {"nf4_bytes_per_param", nf4_bytes_per_param()},
+      {"total_state_bytes", total_state_bytes()},
+      {"state_bytes_per_param", num_params ? static_cast<double>(total_state_bytes()) / num_params : 0.0}};
   return j.dump(2);
 }
 
@@ -62,7 +63,9 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   // The units the model will allocate (model/plan.h); every rank holds shard_numel() elements
   // of each (the last ones zero-padded).
   const ModelPlan plan = model_plan(config);
-  auto shard_bytes = [&](const PlannedUnit& u) { return shard_numel(u.layout.numel, world_size) * c10::elementSize(u.stored); };
+  auto shard_bytes = [&](const PlannedUnit& u) {
+    return shard_numel(u.layout.numel, world_size) * c10::elementSize(u.stored);
+  };
   MemoryReport r;
   r.world_size = world_size;
   for (const auto* units : {&plan.base, &plan.adapters, &plan.nf4})
@@ -79,10 +82,12 @@ MemoryReport predict_memory(const Config& config, int world_size) {
   r.nf4_params = plan.nf4_params();
   const PrecisionPolicy policy = precision_policy(config);
   r.optimizer_state_bytes = 2 * r.num_params * static_cast<int64_t>(c10::elementSize(policy.optim_dtype));
-  if (config.optimizer.name == OptimizerName::adamw8bit) {  // this rank's (rank 0's) blocks, as the optimizer lays them out
+  if (config.optimizer.name ==
+      OptimizerName::adamw8bit) {  // this rank's (rank 0's) blocks, as the optimizer lays them out
     r.optimizer_state_bytes = 0;
     for (const auto& u : plan.trained())
-      r.optimizer_state_bytes += Blocking::of(u.layout, 0, shard_numel(u.layout.numel, world_size), kMin8bitNumel).state_bytes();
+      r.optimizer_state_bytes +=
+          Blocking::of(u.layout, 0, shard_numel(u.layout.numel, world_size), kMin8bitNumel).state_bytes();
   }
   return r;
 }
@@ -106,7 +111,8 @@ ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInpu
   const int64_t attention = c * (q + kv) + (ad[V] ? c * kv : c * (q + 2 * kv)) + c * q + 4 * s.n_heads;
   // silu keeps gate, the product keeps silu's output and up: views of the gate/up output, or
   // tensors of their own where an adapter added to them.
-  const int64_t mlp = (ad[GATE] && ad[UP] ? 0 : c * 2 * F) + (ad[GATE] ? c * F : 0) + (ad[UP] ? c * F : 0) + c * F + act;
+  const int64_t mlp =
+      (ad[GATE] && ad[UP] ? 0 : c * 2 * F) + (ad[GATE] ? c * F : 0) + (ad[UP] ? c * F : 0) + c * F + act;
   int64_t adapters = 0;  // x A^T [tokens, rank] per adapter
   for (bool a : ad) adapters += a ? c * in.lora_rank : 0;
   // Qwen3's per-head q/k RMSNorm: a float32 rstd per head; the CPU's composite norm also the
@@ -155,7 +161,9 @@ ActivationInputs activation_inputs(const Config& c) {
   in.offload_in_flight = c.training.device == DeviceChoice::cpu ? 0 : ActivationOffloader::kInFlight;
   in.fused_norm = c.training.device != DeviceChoice::cpu;  // the plan is for GPUs unless the config says CPU
   const auto& t = c.lora.targets;
-  auto targeted = [&](const std::string& name) { return c.lora.enabled && std::find(t.begin(), t.end(), name) != t.end(); };
+  auto targeted = [&](const std::string& name) {
+    return c.lora.enabled && std::find(t.begin(), t.end(), name) != t.end();
+  };
   in.lora = c.lora.enabled;
   in.lora_rank = c.lora.rank;
   in.lora_output = targeted("output");

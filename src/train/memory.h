@@ -27,7 +27,9 @@ struct MemoryReport {
   int64_t nf4_params = 0;             // NF4 base: weights of the model held in 4 bits (part of the frozen base)
   int64_t nf4_bytes = 0;              //   this rank's shards of their packed codes + scales
   // Bytes per 4-bit weight over all ranks (~0.516 with double quantization, + alignment padding).
-  double nf4_bytes_per_param() const { return nf4_params ? static_cast<double>(nf4_bytes) * world_size / nf4_params : 0.0; }
+  double nf4_bytes_per_param() const {
+    return nf4_params ? static_cast<double>(nf4_bytes) * world_size / nf4_params : 0.0;
+  }
   // Trainable state; with LoRA num_params counts adapter parameters and the frozen base is
   // reported apart (frozen_base_bytes).
   int64_t total_state_bytes() const { return param_bytes + grad_bytes + optimizer_state_bytes + master_weight_bytes; }
@@ -42,9 +44,9 @@ MemoryReport predict_memory(const Config& config, int world_size);
 // attention; the loss's gradients, computed in forward). Validated against the bytes LibTorch
 // actually allocates (Memory.SavedActivationsMatchPrediction).
 struct ActivationEstimate {
-  int64_t per_block_bytes = 0;  // one block's saved tensors (its input alone with activation checkpointing)
-  int64_t recompute_bytes = 0;  // activation checkpointing: one block's full saved tensors, rebuilt in backward
-  int64_t head_bytes = 0;       // final norm's input + the loss's saved gradients (hidden; output weight in fp32)
+  int64_t per_block_bytes = 0;    // one block's saved tensors (its input alone with activation checkpointing)
+  int64_t recompute_bytes = 0;    // activation checkpointing: one block's full saved tensors, rebuilt in backward
+  int64_t head_bytes = 0;         // final norm's input + the loss's saved gradients (hidden; output weight in fp32)
   int64_t first_block_bytes = 0;  // block 0: less with LoRA (its input needs no gradient)
   int64_t layers = 0;
   // Activation offloading: the blocks' kept inputs in host memory (none of them counted above),
@@ -59,17 +61,17 @@ struct ActivationEstimate {
   }
 };
 struct ActivationInputs {
-  int64_t tokens = 0;                     // micro_batch_size x seq_len
+  int64_t tokens = 0;                       // micro_batch_size x seq_len
   int64_t packed_rows = 0, packed_len = 0;  // data.packing: micro_batch_size, seq_len (else 0)
-  int64_t compute_bytes = 4;              // element size of activations (4 fp32, 2 bf16)
-  bool checkpointing = false;             // memory.activation_checkpointing = "full"
-  bool offloading = false;                // memory.activation_offloading (with checkpointing)
-  int64_t offload_in_flight = 0;          //   block inputs on the device awaiting their copy (0: synchronous CPU copies)
-  bool fused_norm = true;                 // CUDA's fused RMSNorm (false: the CPU's composite one)
-  bool lora = false;                      // a frozen base: only adapters are trained
+  int64_t compute_bytes = 4;                // element size of activations (4 fp32, 2 bf16)
+  bool checkpointing = false;               // memory.activation_checkpointing = "full"
+  bool offloading = false;                  // memory.activation_offloading (with checkpointing)
+  int64_t offload_in_flight = 0;  //   block inputs on the device awaiting their copy (0: synchronous CPU copies)
+  bool fused_norm = true;         // CUDA's fused RMSNorm (false: the CPU's composite one)
+  bool lora = false;              // a frozen base: only adapters are trained
   int64_t lora_rank = 0;
-  std::array<bool, 7> adapted{};          // LoRA: q, k, v, o, gate, up, down carry an adapter
-  bool lora_output = false;               // LoRA: an adapter on the output projection
+  std::array<bool, 7> adapted{};  // LoRA: q, k, v, o, gate, up, down carry an adapter
+  bool lora_output = false;       // LoRA: an adapter on the output projection
 };
 ActivationEstimate predict_activations(const LlamaShape& shape, const ActivationInputs& in);
 // The inputs a config implies (its micro-batch, compute dtype, checkpointing, LoRA targets; the

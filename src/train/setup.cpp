@@ -35,7 +35,8 @@ namespace ptrain {
 namespace fs = std::filesystem;
 
 c10::Device resolve_device(const Config& c, const DistEnv& env) {
-  if (c.training.device == DeviceChoice::cuda || (c.training.device == DeviceChoice::automatic && torch::cuda::is_available()))
+  if (c.training.device == DeviceChoice::cuda ||
+      (c.training.device == DeviceChoice::automatic && torch::cuda::is_available()))
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   return c10::Device(c10::kCPU);
 }
@@ -77,8 +78,8 @@ ModelPlan model_plan(const Config& c) {
 
 std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
   const FsdpOptions o = fsdp_options(c);
-  auto model = std::make_unique<FsdpModel>(c.model.shape, precision_policy(c), device, c.model.init_std,
-                                           std::move(comm), o);
+  auto model =
+      std::make_unique<FsdpModel>(c.model.shape, precision_policy(c), device, c.model.init_std, std::move(comm), o);
   if (!c.model.hf_path.empty()) {
     {
       MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
@@ -86,10 +87,11 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
       verify_hf_tensors(ckpt, c.model.shape, /*compare_values=*/true);
       model->load(ckpt.by_name());
       if (model->lora())
-        log::info("loaded ", c.model.hf_path, (c.quant.base == QuantBase::nf4 ? " (NF4, one matrix group at a time)" : ""),
-                  ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),
-                  " (the checkpoint's full-precision weights: ", log::bytes(4.0 * static_cast<double>(model->num_params())),
-                  " in float32)");
+        log::info(
+            "loaded ", c.model.hf_path, (c.quant.base == QuantBase::nf4 ? " (NF4, one matrix group at a time)" : ""),
+            ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),
+            " (the checkpoint's full-precision weights: ", log::bytes(4.0 * static_cast<double>(model->num_params())),
+            " in float32)");
     }
     model->init_adapters(static_cast<uint64_t>(c.run.seed));
   } else {
@@ -106,18 +108,19 @@ std::string percent(double fraction) { return log::fixed(100.0 * fraction, 1) + 
 RunData token_stream(const Config& c, bool eval_only) {
   auto data = std::make_shared<TokenData>(c.data.path, name_of(c.data.format));
   if (data->vocab_size() > c.model.shape.vocab_size)
-    throw RuntimeError("'" + c.data.path + "' has vocabulary " + std::to_string(data->vocab_size()) + " > model.vocab_size (" +
-                       std::to_string(c.model.shape.vocab_size) + ")");
+    throw RuntimeError("'" + c.data.path + "' has vocabulary " + std::to_string(data->vocab_size()) +
+                       " > model.vocab_size (" + std::to_string(c.model.shape.vocab_size) + ")");
   const int64_t T = c.data.seq_len;
   const Split train = eval_only ? Split{0, 0} : train_split(*data, c.data.val_fraction, T);
   const Split val = eval_only ? Split{0, data->size()} : val_split(*data, c.data.val_fraction, T);
   RunData d;
   d.rows = std::make_unique<TokenRows>(data, train, val, T, static_cast<uint64_t>(c.run.seed));
-  d.report.push_back("data: " + c.data.path + ": " + log::grouped(static_cast<double>(data->size())) + " tokens (train " +
-                     log::grouped(static_cast<double>(train.size())) + ", validation " + log::grouped(static_cast<double>(val.size())) +
-                     ") | " + log::grouped(static_cast<double>(d.rows->train_fill().rows)) + " training windows of " +
-                     std::to_string(T + 1) + " tokens per epoch, " + log::grouped(static_cast<double>(d.rows->val_rows())) +
-                     " validation windows");
+  d.report.push_back("data: " + c.data.path + ": " + log::grouped(static_cast<double>(data->size())) +
+                     " tokens (train " + log::grouped(static_cast<double>(train.size())) + ", validation " +
+                     log::grouped(static_cast<double>(val.size())) + ") | " +
+                     log::grouped(static_cast<double>(d.rows->train_fill().rows)) + " training windows of " +
+                     std::to_string(T + 1) + " tokens per epoch, " +
+                     log::grouped(static_cast<double>(d.rows->val_rows())) + " validation windows");
   return d;
 }
 
@@ -127,19 +130,23 @@ void warn_on_other_chat_template(const Tokenizer& tok) {
   // transformers writes the template into tokenizer_config.json, or (since 4.5x) beside it.
   const fs::path dir = fs::path(tok.path()).parent_path();
   std::string template_text;
-  if (fs::is_regular_file(dir / "chat_template.jinja")) template_text = read_text_file((dir / "chat_template.jinja").string());
+  if (fs::is_regular_file(dir / "chat_template.jinja"))
+    template_text = read_text_file((dir / "chat_template.jinja").string());
   try {
     if (fs::is_regular_file(dir / "tokenizer_config.json")) {
       const auto j = nlohmann::json::parse(read_text_file((dir / "tokenizer_config.json").string()));
-      if (j.contains("chat_template") && j["chat_template"].is_string()) template_text += j["chat_template"].get<std::string>();
+      if (j.contains("chat_template") && j["chat_template"].is_string())
+        template_text += j["chat_template"].get<std::string>();
     }
   } catch (const std::exception&) {
     // not ours to validate: the tokenizer itself loaded
   }
   if (template_text.find("Cutting Knowledge Date") != std::string::npos)
-    log::warn(dir.string(), ": the chat template adds a default system header (\"Cutting Knowledge Date ...\", Llama 3.1 / "
-              "3.2); ptrain renders chats with Llama 3 Instruct's template, which has none: put such a system message in "
-              "your data where you want the model to see it");
+    log::warn(
+        dir.string(),
+        ": the chat template adds a default system header (\"Cutting Knowledge Date ...\", Llama 3.1 / "
+        "3.2); ptrain renders chats with Llama 3 Instruct's template, which has none: put such a system message in "
+        "your data where you want the model to see it");
 }
 
 RunData jsonl_samples(const Config& c, bool eval_only) {
@@ -152,12 +159,14 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last = 0;
-  auto set = std::make_shared<SampleSet>(SampleSet::from_jsonl(c.data.path, tok, o, [&](int64_t done, int64_t total, int64_t ids) {
-    if (seconds() - last < 1.0 || done == total) return;
-    last = seconds();
-    log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)), " | ",
-              log::grouped(static_cast<double>(ids)), " tokens | ", log::grouped(static_cast<double>(ids) / last), " tokens/s");
-  }));
+  auto set = std::make_shared<SampleSet>(
+      SampleSet::from_jsonl(c.data.path, tok, o, [&](int64_t done, int64_t total, int64_t ids) {
+        if (seconds() - last < 1.0 || done == total) return;
+        last = seconds();
+        log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)),
+                  " | ", log::grouped(static_cast<double>(ids)), " tokens | ",
+                  log::grouped(static_cast<double>(ids) / last), " tokens/s");
+      }));
   const double took = seconds();
   const SampleStats& st = set->stats;
   if (set->size() == 0)
@@ -166,8 +175,9 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
                        " tokens and dropped, " + std::to_string(st.dropped_untrained) + " with nothing to train" +
                        (st.records == 0 ? " (the file holds only blank lines)" : ""));
   if (set->max_id() >= c.model.shape.vocab_size)
-    throw RuntimeError("'" + c.data.path + "' tokenizes to id " + std::to_string(set->max_id()) + " but model.vocab_size is " +
-                       std::to_string(c.model.shape.vocab_size) + "; use the model's own tokenizer");
+    throw RuntimeError("'" + c.data.path + "' tokenizes to id " + std::to_string(set->max_id()) +
+                       " but model.vocab_size is " + std::to_string(c.model.shape.vocab_size) +
+                       "; use the model's own tokenizer");
   SampleSplit split;
   if (eval_only) {  // every sample is scored
     split.val.resize(static_cast<size_t>(set->size()));
@@ -175,25 +185,30 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
   } else {
     split = split_samples(set->size(), c.data.val_fraction);
   }
-  if (!eval_only && split.train.empty()) throw RuntimeError("'" + c.data.path + "' leaves no training sample after the validation split");
-  auto rows = std::make_unique<SampleRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed), c.data.packing);
+  if (!eval_only && split.train.empty())
+    throw RuntimeError("'" + c.data.path + "' leaves no training sample after the validation split");
+  auto rows =
+      std::make_unique<SampleRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed), c.data.packing);
   RunData d;
   const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
-  d.report.push_back("data: " + c.data.path + ": " + n(st.records) + " records (" + n(st.text) + " text, " + n(st.chat) + " chat, " +
-                     n(st.prompt_completion) + " prompt/completion) tokenized with " + tok.path() + " in " + log::fixed(took, 2) +
-                     " s (" + n(static_cast<int64_t>(static_cast<double>(set->total_ids()) / std::max(took, 1e-9))) + " tokens/s)");
-  d.report.push_back("samples: " + n(set->size()) + " (train " + n(static_cast<int64_t>(split.train.size())) + ", validation " +
-                     n(static_cast<int64_t>(split.val.size())) + ") | " + n(set->total_ids()) + " tokens | trained on " +
-                     n(set->total_trained()) + " = " +
-                     percent(static_cast<double>(set->total_trained()) / static_cast<double>(set->total_ids() - set->size())) +
-                     " of the predicted tokens" + (c.data.train_on_prompt ? " (train_on_prompt)" : " (replies / completions)"));
-  d.report.push_back("longer than seq_len+1 = " + std::to_string(o.max_ids) + " tokens: " + n(st.truncated) + " truncated, " +
-                     n(st.dropped_too_long) + " dropped | nothing to train: " + n(st.dropped_untrained) + " dropped");
+  d.report.push_back(
+      "data: " + c.data.path + ": " + n(st.records) + " records (" + n(st.text) + " text, " + n(st.chat) + " chat, " +
+      n(st.prompt_completion) + " prompt/completion) tokenized with " + tok.path() + " in " + log::fixed(took, 2) +
+      " s (" + n(static_cast<int64_t>(static_cast<double>(set->total_ids()) / std::max(took, 1e-9))) + " tokens/s)");
+  d.report.push_back(
+      "samples: " + n(set->size()) + " (train " + n(static_cast<int64_t>(split.train.size())) + ", validation " +
+      n(static_cast<int64_t>(split.val.size())) + ") | " + n(set->total_ids()) + " tokens | trained on " +
+      n(set->total_trained()) + " = " +
+      percent(static_cast<double>(set->total_trained()) / static_cast<double>(set->total_ids() - set->size())) +
+      " of the predicted tokens" + (c.data.train_on_prompt ? " (train_on_prompt)" : " (replies / completions)"));
+  d.report.push_back("longer than seq_len+1 = " + std::to_string(o.max_ids) + " tokens: " + n(st.truncated) +
+                     " truncated, " + n(st.dropped_too_long) +
+                     " dropped | nothing to train: " + n(st.dropped_untrained) + " dropped");
   const int64_t T = c.data.seq_len;
   const RowFill tf = rows->train_fill(), vf = rows->val_fill();
   d.report.push_back(std::string(c.data.packing ? "packing" : "padding (one sample per row)") + ": " + n(tf.rows) +
-                     " training rows of " + std::to_string(T) + " per epoch, " + percent(tf.fraction(T)) + " filled | " +
-                     n(vf.rows) + " validation rows, " + percent(vf.fraction(T)) + " filled");
+                     " training rows of " + std::to_string(T) + " per epoch, " + percent(tf.fraction(T)) +
+                     " filled | " + n(vf.rows) + " validation rows, " + percent(vf.fraction(T)) + " filled");
   d.rows = std::move(rows);
   return d;
 }
@@ -217,17 +232,20 @@ std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& mode
     std::vector<Blocking> blocking;
     for (const auto& u : model.trainable_units())
       blocking.push_back(Blocking::of(u.layout, u.shard_offset, u.shard_numel, kMin8bitNumel));
-    return std::make_unique<AdamW8bit>(std::move(targets), std::move(blocking),
-                                       AdamW8bitOptions{{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed}, kMin8bitNumel});
+    return std::make_unique<AdamW8bit>(
+        std::move(targets), std::move(blocking),
+        AdamW8bitOptions{{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed}, kMin8bitNumel});
   }
-  return std::make_unique<AdamW>(std::move(targets), AdamWOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed});
+  return std::make_unique<AdamW>(std::move(targets),
+                                 AdamWOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed});
 }
 
 std::vector<OptimTarget> optim_targets(FsdpModel& model) {
   std::vector<OptimTarget> targets;
   for (size_t i = 0; i < model.trainable_units().size(); ++i) {
     auto& u = model.trainable_units()[i];
-    targets.push_back({u.layout.name, u.shard, std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel),
+    targets.push_back({u.layout.name, u.shard,
+                       std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel),
                        (static_cast<uint64_t>(i) << 40) + static_cast<uint64_t>(u.shard_offset)});
   }
   return targets;

@@ -58,6 +58,7 @@ struct RunData {
 RunData open_data(const Config& config, bool eval_only = false);
 
 // optimizer.name's optimizer over the model's shards (targets[i] = unit i's shard).
-std::unique_ptr<Optimizer> make_optimizer(const Config& config, const FsdpModel& model, std::vector<OptimTarget> targets);
+std::unique_ptr<Optimizer> make_optimizer(const Config& config, const FsdpModel& model,
+                                          std::vector<OptimTarget> targets);
 
 }  // namespace ptrain

@@ -31,10 +31,12 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
     counts.push_back(batches.back().trained_tokens());
   }
   Collectives& comm = model.comm();
-  at::Tensor total = at::tensor({static_cast<double>(std::accumulate(counts.begin(), counts.end(), int64_t{0}))}, at::kDouble);
+  at::Tensor total =
+      at::tensor({static_cast<double>(std::accumulate(counts.begin(), counts.end(), int64_t{0}))}, at::kDouble);
   comm.all_reduce_sum(total);
   const double n = total.item<double>();
-  if (n <= 0) throw RuntimeError("a training step has no trained tokens (every target is masked); check the data's loss mask");
+  if (n <= 0)
+    throw RuntimeError("a training step has no trained tokens (every target is masked); check the data's loss mask");
   // Summed on the model's device and read once, after the step's all-reduce: reading each
   // micro-batch's loss would wait for the device after every forward/backward.
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(model.device()));
@@ -43,7 +45,7 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
     at::Tensor loss = model.forward_loss(b.inputs, b.targets, o.loss_chunk, b.doc_ids);
     const double weight = static_cast<double>(counts[a]) * comm.world_size() / n;
     (loss * weight).backward();  // also at weight 0: every rank takes part in the reduce-scatters
-    model.finish_backward();  // normally a no-op: the embedding's reduce-scatter completes the last one
+    model.finish_backward();     // normally a no-op: the embedding's reduce-scatter completes the last one
     loss_sum += loss.detach().to(at::kDouble) * static_cast<double>(counts[a]);
   }
   comm.all_reduce_sum(loss_sum);

@@ -42,7 +42,9 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 // back when the run ends, however it ends.
 class StopSignals {
  public:
-  StopSignals() : int_(std::signal(SIGINT, on_stop_signal)), term_(std::signal(SIGTERM, on_stop_signal)) { g_stop_signal = 0; }
+  StopSignals() : int_(std::signal(SIGINT, on_stop_signal)), term_(std::signal(SIGTERM, on_stop_signal)) {
+    g_stop_signal = 0;
+  }
   ~StopSignals() {
     std::signal(SIGINT, int_);
     std::signal(SIGTERM, term_);
@@ -55,9 +57,7 @@ class StopSignals {
   void (*term_)(int);
 };
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Wall-clock step times need the GPU's queued work finished.
 void sync(const c10::Device& device) {
@@ -68,12 +68,12 @@ void sync(const c10::Device& device) {
 
 // One step as every rank agrees on it.
 struct StepRecord {
-  StepResult result;   // this rank's loss, the global gradient norm
-  double loss = 0.0;   // mean over the step's trained tokens, all ranks
+  StepResult result;  // this rank's loss, the global gradient norm
+  double loss = 0.0;  // mean over the step's trained tokens, all ranks
   double lr = 0.0;
   double seconds = 0.0;
-  CommStats comm;      // this step's collectives
-  bool stop = false;   // some rank was asked to stop
+  CommStats comm;     // this step's collectives
+  bool stop = false;  // some rank was asked to stop
 };
 
 // Everything a run holds between steps. The constructor is the setup: device, collectives,
@@ -88,7 +88,8 @@ class Run {
         rank_(comm_->rank()),
         ws_(comm_->world_size()),
         out_dir_(c.output_dir()),
-        schedule_{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay, c.lr_schedule.min_lr_ratio},
+        schedule_{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay,
+                  c.lr_schedule.min_lr_ratio},
         data_(open_data(c)) {
     for (const auto& line : data_.report) log::info(line);
     if (rank_ == 0) {
@@ -97,14 +98,16 @@ class Run {
     }
     model_ = build_model(c, device_, comm_);
     optim_ = make_optimizer(c, *model_, optim_targets(*model_));
-    const std::string resume = c.checkpoint.resume == "auto" ? latest_checkpoint(c.checkpoint_dir()) : c.checkpoint.resume;
+    const std::string resume =
+        c.checkpoint.resume == "auto" ? latest_checkpoint(c.checkpoint_dir()) : c.checkpoint.resume;
     if (!resume.empty()) {
       load_checkpoint(resume, *model_, optim_.get(), progress);
       log::info("resumed from ", resume, " at step ", progress.step, " (", progress.samples, " rows consumed)");
       if (!progress.data.empty() && progress.data != data_.rows->fingerprint())
         log::warn("the data differs from the checkpoint's (", progress.data, " then, ", data_.rows->fingerprint(),
                   " now: another file, or a changed data.seq_len / data.packing / data.val_fraction / tokenizer); "
-                  "training goes on from row ", progress.samples, " of these rows, so it is not an exact continuation");
+                  "training goes on from row ",
+                  progress.samples, " of these rows, so it is not an exact continuation");
     } else if (c.checkpoint.resume == "auto") {
       log::info("no checkpoint in ", c.checkpoint_dir(), "; starting fresh");
     }
@@ -112,14 +115,17 @@ class Run {
     if (rank_ == 0) metrics_ = std::make_unique<MetricsWriter>(out_dir_ + "/metrics.jsonl", progress.step > 0);
     const int64_t T = c.data.seq_len, B = c.data.micro_batch_size;
     tokens_per_step_ = B * T * c.training.grad_accum_steps * ws_;  // global
-    flops_per_token_ = 6.0 * model_->shape().flops_params() + 12.0 * model_->shape().n_layers * model_->shape().q_dim() * T;
-    log::info("ptrain ", PTRAIN_VERSION, " | model ", model_->shape().describe(), ", ", log::grouped(model_->num_params()), " params | ", name_of(c.precision.mode), " on ",
-              device_.str(), " x ", ws_, " rank(s) (", comm_->name(), ") | ", at::get_num_threads(), " threads/rank | global batch ",
-              B, "x", T, " x", c.training.grad_accum_steps, " accum x", ws_, " ranks = ", tokens_per_step_, " tokens/step | ",
+    flops_per_token_ =
+        6.0 * model_->shape().flops_params() + 12.0 * model_->shape().n_layers * model_->shape().q_dim() * T;
+    log::info("ptrain ", PTRAIN_VERSION, " | model ", model_->shape().describe(), ", ",
+              log::grouped(model_->num_params()), " params | ", name_of(c.precision.mode), " on ", device_.str(), " x ",
+              ws_, " rank(s) (", comm_->name(), ") | ", at::get_num_threads(), " threads/rank | global batch ", B, "x",
+              T, " x", c.training.grad_accum_steps, " accum x", ws_, " ranks = ", tokens_per_step_, " tokens/step | ",
               data_.rows->train_fill().rows, " rows/epoch");
     if (model_->policy().logits_dtype != at::kFloat)
-      log::warn("precision.logits_dtype = \"bfloat16\": logits are rounded to bfloat16 before the loss; this saves at most "
-                "one loss chunk of memory and costs loss accuracy (float32 is the default)");
+      log::warn(
+          "precision.logits_dtype = \"bfloat16\": logits are rounded to bfloat16 before the loss; this saves at most "
+          "one loss chunk of memory and costs loss accuracy (float32 is the default)");
   }
 
   TrainProgress progress;
@@ -180,9 +186,10 @@ class Run {
                        {"comm_reduce_scatter_bytes", s.comm.reduce_scatter_bytes},
                        {"comm_all_reduce_bytes", s.comm.all_reduce_bytes},
                        {"offload_host_peak_bytes", offloaded}});
-    log::info("step ", progress.step, "/", c_.training.steps, " | loss ", log::fixed(s.loss, 4), " | lr ", log::sci(s.lr, 2),
-              " | grad_norm ", log::fixed(s.result.grad_norm, 3), " | ", log::grouped(tps), " tok/s | ", log::fixed(s.seconds, 3),
-              " s/step | peak ", peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes),
+    log::info("step ", progress.step, "/", c_.training.steps, " | loss ", log::fixed(s.loss, 4), " | lr ",
+              log::sci(s.lr, 2), " | grad_norm ", log::fixed(s.result.grad_norm, 3), " | ", log::grouped(tps),
+              " tok/s | ", log::fixed(s.seconds, 3), " s/step | peak ",
+              peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes),
               ws_ > 1 ? " (rank 0)" : "");
   }
 
@@ -190,14 +197,17 @@ class Run {
     const int64_t B = c_.data.micro_batch_size;
     if (data_.rows->val_rows() == 0) return;
     EvalResult e = evaluate(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, c_.training.eval_batches * B);
-    if (metrics_) metrics_->write({{"step", progress.step}, {"val_loss", e.mean_loss}, {"val_ppl", e.perplexity}, {"val_tokens", e.tokens}});
-    log::info("eval  step ", progress.step, " | val_loss ", log::fixed(e.mean_loss, 4), " | val_ppl ", log::fixed(e.perplexity, 2),
-              " | ", e.tokens, " tokens");
+    if (metrics_)
+      metrics_->write(
+          {{"step", progress.step}, {"val_loss", e.mean_loss}, {"val_ppl", e.perplexity}, {"val_tokens", e.tokens}});
+    log::info("eval  step ", progress.step, " | val_loss ", log::fixed(e.mean_loss, 4), " | val_ppl ",
+              log::fixed(e.perplexity, 2), " | ", e.tokens, " tokens");
   }
 
   void checkpoint() {
     if (last_checkpoint_step_ == progress.step) return;  // already written
-    last_checkpoint_ = save_checkpoint(c_.checkpoint_dir(), *model_, *optim_, progress, c_.checkpoint.keep, to_toml(c_));
+    last_checkpoint_ =
+        save_checkpoint(c_.checkpoint_dir(), *model_, *optim_, progress, c_.checkpoint.keep, to_toml(c_));
     last_checkpoint_step_ = progress.step;
     log::info("checkpoint written: ", last_checkpoint_);
   }

@@ -15,7 +15,7 @@ int train(const Config& config);
 struct EvalResult {
   double mean_loss = 0.0;  // nats per token
   double perplexity = 0.0;
-  int64_t tokens = 0;      // predicted (trained) tokens scored
+  int64_t tokens = 0;  // predicted (trained) tokens scored
   int64_t rows = 0;
 };
 // Scores the validation rows of `data` in order, `batch` rows at a time (collective: every rank

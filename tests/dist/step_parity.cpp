@@ -20,8 +20,8 @@
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
-#include "train/step.h"
 #include "train/setup.h"
+#include "train/step.h"
 
 using namespace ptrain;
 
@@ -69,11 +69,13 @@ int main(int argc, char** argv) {
     // 2. Ten steps of the trainer's step function.
     double b1 = 0, b2 = 0;
     if (std::sscanf(meta.at("betas").c_str(), "%lf,%lf", &b1, &b2) != 2) throw std::runtime_error("bad betas metadata");
-    AdamW optim(optim_targets(model), AdamWOptions{b1, b2, std::stod(meta.at("eps")), std::stod(meta.at("weight_decay")), false, 0});
+    AdamW optim(optim_targets(model),
+                AdamWOptions{b1, b2, std::stod(meta.at("eps")), std::stod(meta.at("weight_decay")), false, 0});
     const StepOptions options{1, std::stod(meta.at("max_grad_norm")), 37};
     at::Tensor losses = at::zeros({tokens.size(0)}, at::kDouble);
     for (int64_t step = 0; step < tokens.size(0); ++step) {
-      const StepResult r = train_step(model, optim, [&](int64_t) { return Batch::of_windows(my_rows(step)); }, lrs[step].item<double>(), options);
+      const StepResult r = train_step(
+          model, optim, [&](int64_t) { return Batch::of_windows(my_rows(step)); }, lrs[step].item<double>(), options);
       losses[step] = r.loss / static_cast<double>(ws);
     }
     comm->all_reduce_sum(losses);

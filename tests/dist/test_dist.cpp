@@ -13,12 +13,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "../unit/test_util.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/safetensors.h"
 #include "common/fs_util.h"
 #include "model/layout.h"
 #include "parallel/fsdp.h"
-#include "../unit/test_util.h"
 
 using namespace ptrain;
 namespace fs = std::filesystem;
@@ -62,10 +62,16 @@ std::string mpirun(int np, bool time_limit = true) {
 Proc fault(const test::TempDir& dir, const std::string& extra, const std::string& signal, int victim) {
   const std::string out = dir / "run", cfg = test::small_config(dir), log = dir / "log";
   return sh("timeout 200 bash -c '" + mpirun(3, false) + bin() + " --config " + cfg + " --set run.output_dir=" + out +
-            " --set training.steps=100000 --set checkpoint.save_final=false " + extra + " > " + log + " 2>&1 & mp=$!; "
-            "for i in $(seq 600); do [ -s " + out + "/metrics.jsonl ] && break; sleep 0.1; done; "
-            "v=$(pgrep -P $mp | sort -n | sed -n " + std::to_string(victim + 1) + "p); kill -" + signal + " $v; "
-            "wait $mp; echo rc=$?; kill -9 $v 2>/dev/null; cat " + log + "'");
+            " --set training.steps=100000 --set checkpoint.save_final=false " + extra + " > " + log +
+            " 2>&1 & mp=$!; "
+            "for i in $(seq 600); do [ -s " +
+            out +
+            "/metrics.jsonl ] && break; sleep 0.1; done; "
+            "v=$(pgrep -P $mp | sort -n | sed -n " +
+            std::to_string(victim + 1) + "p); kill -" + signal +
+            " $v; "
+            "wait $mp; echo rc=$?; kill -9 $v 2>/dev/null; cat " +
+            log + "'");
 }
 
 // Trains the small test model at world size np with a global batch of 12 sequences.
@@ -96,7 +102,8 @@ std::map<std::string, at::Tensor> unit_flats(const std::string& ckpt) {
   for (const auto& u : meta["units"]) {
     std::vector<at::Tensor> parts;
     for (int r = 0; r < ws; ++r)
-      parts.push_back(SafetensorsFile(ckpt + "/model.rank" + std::to_string(r) + ".safetensors").tensor(u["name"]).clone());
+      parts.push_back(
+          SafetensorsFile(ckpt + "/model.rank" + std::to_string(r) + ".safetensors").tensor(u["name"]).clone());
     out[u["name"]] = at::cat(parts);
   }
   return out;
@@ -115,11 +122,11 @@ TEST(Dist, LossCurveAndParametersIndependentOfWorldSize) {
     ASSERT_EQ(curves[np].size(), 20u);
   }
   for (int np : {2, 3, 4})
-    for (int64_t step = 1; step <= 20; ++step)
-    {
+    for (int64_t step = 1; step <= 20; ++step) {
       EXPECT_LE(rel(curves[np][step]["loss"], curves[1][step]["loss"]), 1e-5) << "np=" << np << " step " << step;
       // The clip factor must not depend on the sharding either (it did with a float32 norm).
-      EXPECT_LE(rel(curves[np][step]["grad_norm"], curves[1][step]["grad_norm"]), 1e-5) << "np=" << np << " step " << step;
+      EXPECT_LE(rel(curves[np][step]["grad_norm"], curves[1][step]["grad_norm"]), 1e-5)
+          << "np=" << np << " step " << step;
     }
   auto base = unit_flats(dir / "np1/checkpoints/step_20");
   for (int np : {2, 3, 4}) {
@@ -138,7 +145,8 @@ TEST(Dist, StateBytesPerRankMatchCheckPrediction) {
     Proc r = train(dir, np, out, "--set training.steps=1");
     ASSERT_EQ(r.rc, 0) << r.output;
     json measured = json::parse(read_text_file(out + "/memory.json"));
-    Proc check = sh(bin() + " check --config " + test::small_config(dir) + " --world-size " + std::to_string(np) + " --json");
+    Proc check =
+        sh(bin() + " check --config " + test::small_config(dir) + " --world-size " + std::to_string(np) + " --json");
     ASSERT_EQ(check.rc, 0) << check.output;
     json predicted = json::parse(check.output.substr(check.output.find('{')));
     EXPECT_EQ(measured, predicted) << "np=" << np;
@@ -158,20 +166,25 @@ TEST(Dist, StateBytesPerRankMatchCheckPrediction) {
 // np 3 equals `ptrain check --json` for a full fine-tune of each family, with AdamW8bit for
 // Qwen3, and for QLoRA over the biased Llama (its biases stay in the frozen base units).
 TEST(Dist, FamilyStateBytesMatchCheckPrediction) {
-  const std::string qlora = "--set lora.enabled=true --set lora.rank=4 --set quant.base=nf4 "
-                            "--set lora.targets='[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]'";
+  const std::string qlora =
+      "--set lora.enabled=true --set lora.rank=4 --set quant.base=nf4 "
+      "--set lora.targets='[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]'";
   for (const auto& [family, flags] : std::vector<std::pair<std::string, std::string>>{
-           {"hf_llama_bias", ""}, {"hf_qwen2", ""}, {"hf_qwen3", "--set optimizer.name=adamw8bit --set precision.mode=bf16"},
-           {"hf_mistral", ""}, {"hf_llama_bias", qlora}}) {
+           {"hf_llama_bias", ""},
+           {"hf_qwen2", ""},
+           {"hf_qwen3", "--set optimizer.name=adamw8bit --set precision.mode=bf16"},
+           {"hf_mistral", ""},
+           {"hf_llama_bias", qlora}}) {
     SCOPED_TRACE(family + " " + flags);
     test::TempDir dir;
     const std::string model = "hf_path = \"" + test::fixture(family) + "\"\n", out = dir / "np3";
     Proc r = train(dir, 3, out, "--set training.steps=1 " + flags, model);
     ASSERT_EQ(r.rc, 0) << r.output;
-    Proc check = sh(bin() + " check --config " + test::small_config(dir, "", 60000, model) + " --world-size 3 --json " + flags +
-                    " --set data.micro_batch_size=4");
+    Proc check = sh(bin() + " check --config " + test::small_config(dir, "", 60000, model) + " --world-size 3 --json " +
+                    flags + " --set data.micro_batch_size=4");
     ASSERT_EQ(check.rc, 0) << check.output;
-    EXPECT_EQ(json::parse(read_text_file(out + "/memory.json")), json::parse(check.output.substr(check.output.find('{'))));
+    EXPECT_EQ(json::parse(read_text_file(out + "/memory.json")),
+              json::parse(check.output.substr(check.output.find('{'))));
   }
 }
 
@@ -190,9 +203,11 @@ TEST(Dist, BytesCommunicatedPerStepMatchTheSchedule) {
     std::string flags;
     bool regather;  // blocks are gathered again in backward
   };
-  for (const Case& k : {Case{"reshard", "--set parallel.reshard_after_forward=true", true},
-                        Case{"keep", "--set parallel.reshard_after_forward=false", false},
-                        Case{"recompute", "--set parallel.reshard_after_forward=false --set memory.activation_checkpointing=full", true}}) {
+  for (const Case& k :
+       {Case{"reshard", "--set parallel.reshard_after_forward=true", true},
+        Case{"keep", "--set parallel.reshard_after_forward=false", false},
+        Case{"recompute", "--set parallel.reshard_after_forward=false --set memory.activation_checkpointing=full",
+             true}}) {
     const bool reshard = k.regather;
     const std::string out = dir / k.name;
     Proc r = train(dir, np, out, "--set training.steps=2 " + k.flags);
@@ -257,16 +272,21 @@ TEST(Dist, ShardedCheckpointExportsToHfExactly) {
   FsdpModel imported(read_hf_config(dir / "hf"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
   imported.load(HfCheckpoint(dir / "hf").by_name());
   auto flats = unit_flats(ckpt);
-  for (const auto& u : imported.units()) EXPECT_TRUE(at::equal(u.shard.detach(), flats[u.layout.name])) << u.layout.name;
+  for (const auto& u : imported.units())
+    EXPECT_TRUE(at::equal(u.shard.detach(), flats[u.layout.name])) << u.layout.name;
 }
 
 TEST(Dist, SigtermStopsAfterTheStepWithACheckpoint) {
   test::TempDir dir;
   const std::string out = dir / "run", cfg = test::small_config(dir);
   Proc r = sh("timeout 120 bash -c '" + bin() + " --config " + cfg + " --set run.output_dir=" + out +
-              " --set training.steps=100000 > " + (dir / "log") + " 2>&1 & p=$!; "
-              "for i in $(seq 600); do [ -s " + out + "/metrics.jsonl ] && break; sleep 0.1; done; "
-              "kill -TERM $p; wait $p; echo rc=$?; cat " + (dir / "log") + "'");
+              " --set training.steps=100000 > " + (dir / "log") +
+              " 2>&1 & p=$!; "
+              "for i in $(seq 600); do [ -s " +
+              out +
+              "/metrics.jsonl ] && break; sleep 0.1; done; "
+              "kill -TERM $p; wait $p; echo rc=$?; cat " +
+              (dir / "log") + "'");
   EXPECT_NE(r.output.find("rc=130"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stop signal received"), std::string::npos) << r.output;
   // The checkpoint it wrote is complete and resumable.
@@ -301,17 +321,18 @@ void expect_same_curve(Runs& runs, int64_t steps, double tolerance) {
   ASSERT_EQ(runs[1].second.size(), static_cast<size_t>(steps));
   for (auto& [np, run] : runs)
     for (int64_t step = 1; step <= steps; ++step)
-      EXPECT_LE(rel(run.second[step]["loss"], runs[1].second[step]["loss"]), tolerance) << "np=" << np << " step " << step;
+      EXPECT_LE(rel(run.second[step]["loss"], runs[1].second[step]["loss"]), tolerance)
+          << "np=" << np << " step " << step;
 }
 
 // Every compare mode with bf16 compute gives the same losses at np=1 and np=2 within 1e-3
 // (bf16 rounding of activations computed over different micro-batch shapes); fp32 is held to
 // 1e-5 by LossCurveAndParametersIndependentOfWorldSize.
 TEST(Dist, EveryBf16ModeMatchesAcrossWorldSizes) {
-  for (const std::string mode : {"--set precision.mode=mixed",
-                                 "--set precision.mode=bf16",
-                                 "--set precision.mode=bf16 --set precision.stochastic_rounding=true",
-                                 "--set precision.mode=bf16 --set precision.stochastic_rounding=true --set optimizer.name=adamw8bit"}) {
+  for (const std::string mode :
+       {"--set precision.mode=mixed", "--set precision.mode=bf16",
+        "--set precision.mode=bf16 --set precision.stochastic_rounding=true",
+        "--set precision.mode=bf16 --set precision.stochastic_rounding=true --set optimizer.name=adamw8bit"}) {
     SCOPED_TRACE(mode);
     test::TempDir dir;
     auto runs = runs_at(dir, mode + " --set training.steps=10");
@@ -337,10 +358,11 @@ TEST(Dist, AdamW8bitShardsPredictsAndReshards) {
   expect_same_curve(runs, 10, 1e-5);
   const std::string cfg = test::small_config(dir);
   for (const auto& [np, run] : runs) {
-    Proc check = sh(bin() + " check --config " + cfg + " --set optimizer.name=adamw8bit --world-size " + std::to_string(np) +
-                    " --json");
+    Proc check = sh(bin() + " check --config " + cfg + " --set optimizer.name=adamw8bit --world-size " +
+                    std::to_string(np) + " --json");
     ASSERT_EQ(check.rc, 0) << check.output;
-    EXPECT_EQ(json::parse(read_text_file(run.first + "/memory.json")), json::parse(check.output.substr(check.output.find('{'))))
+    EXPECT_EQ(json::parse(read_text_file(run.first + "/memory.json")),
+              json::parse(check.output.substr(check.output.find('{'))))
         << "np=" << np;
   }
   auto& straight = runs[2].second;
@@ -375,7 +397,8 @@ TEST(Dist, PrefetchOnAndOffAgreeExactly) {
     for (const auto& [step, m] : curve[0]) {
       EXPECT_EQ(curve[1][step]["loss"], m["loss"]) << extra << " step " << step;
       EXPECT_EQ(curve[1][step]["comm_all_gather_bytes"], m["comm_all_gather_bytes"]) << extra << " step " << step;
-      EXPECT_EQ(curve[1][step]["comm_reduce_scatter_bytes"], m["comm_reduce_scatter_bytes"]) << extra << " step " << step;
+      EXPECT_EQ(curve[1][step]["comm_reduce_scatter_bytes"], m["comm_reduce_scatter_bytes"])
+          << extra << " step " << step;
     }
   }
 }
@@ -383,8 +406,9 @@ TEST(Dist, PrefetchOnAndOffAgreeExactly) {
 // LoRA adapters are sharded units like any other: np=1 and np=2 train the same losses.
 TEST(Dist, LoraMatchesAcrossWorldSizes) {
   test::TempDir dir;
-  auto runs = runs_at(dir, "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\",\"output\"]' "
-                                       "--set lora.rank=4 --set optimizer.lr=1e-2 --set training.steps=8");
+  auto runs = runs_at(dir,
+                      "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\",\"output\"]' "
+                      "--set lora.rank=4 --set optimizer.lr=1e-2 --set training.steps=8");
   expect_same_curve(runs, 8, 1e-5);
 }
 
@@ -396,8 +420,9 @@ TEST(Dist, JsonlChatsTrainTheSameLossesAtAnyWorldSize) {
     SCOPED_TRACE(std::string("packing = ") + packing);
     test::TempDir dir;
     const std::string data = test::chat_jsonl(dir / "chats.jsonl", 150);
-    auto runs = runs_at(dir, "--set data.format=jsonl --set data.path=" + data + " --set data.packing=" + packing +
-                                 " --set data.seq_len=96 --set training.steps=6 --set optimizer.lr=1e-2",
+    auto runs = runs_at(dir,
+                        "--set data.format=jsonl --set data.path=" + data + " --set data.packing=" + packing +
+                            " --set data.seq_len=96 --set training.steps=6 --set optimizer.lr=1e-2",
                         {1, 2, 3}, "hf_path = \"" + test::fixture("hf_chat") + "\"\n");
     expect_same_curve(runs, 6, 1e-5);
   }
@@ -408,8 +433,9 @@ TEST(Dist, JsonlChatsTrainTheSameLossesAtAnyWorldSize) {
 // the all-gathers carry each block's 4-bit bytes, not its matrices in the compute dtype.
 TEST(Dist, QloraShardsTheNf4BaseAcrossRanks) {
   test::TempDir dir;
-  const std::string flags = "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\"]' --set lora.rank=4 "
-                            "--set quant.base=nf4 --set optimizer.lr=1e-2";
+  const std::string flags =
+      "--set lora.enabled=true --set lora.targets='[\"q\",\"v\",\"down\"]' --set lora.rank=4 "
+      "--set quant.base=nf4 --set optimizer.lr=1e-2";
   auto runs = runs_at(dir, flags + " --set training.steps=8", {1, 2, 3});
   expect_same_curve(runs, 8, 1e-5);
   const LlamaShape shape = test::small_shape();
@@ -456,8 +482,8 @@ TEST(Dist, StepParityWithTransformersForEveryFamilyAtOneTwoAndThreeRanks) {
       for (bool checkpointing : {false, true}) {
         const std::string what = model + " np=" + std::to_string(np) + (checkpointing ? " checkpointing" : "");
         const std::string out = dir / (model + std::to_string(np) + std::to_string(checkpointing) + ".safetensors");
-        Proc r = sh(mpirun(np) + PTRAIN_STEP_PARITY_PATH + " " + expected_path + " " + test::fixture(model) + " " + out +
-                    (checkpointing ? " --checkpointing" : ""));
+        Proc r = sh(mpirun(np) + PTRAIN_STEP_PARITY_PATH + " " + expected_path + " " + test::fixture(model) + " " +
+                    out + (checkpointing ? " --checkpointing" : ""));
         ASSERT_EQ(r.rc, 0) << what << "\n" << r.output;
         SafetensorsFile got(out);
         EXPECT_LE(rel(got.tensor("loss0").item<double>(), expected.tensor("loss0").item<double>()), 1e-6) << what;
@@ -475,7 +501,8 @@ TEST(Dist, StepParityWithTransformersForEveryFamilyAtOneTwoAndThreeRanks) {
           if (d > worst_grad) worst_grad = d, worst_name = name;
           EXPECT_LE(d, 1e-5) << name << " " << what;
         }
-        EXPECT_EQ(got_grads, grads) << "every parameter of the model, and only those, has its gradient compared: " << what;
+        EXPECT_EQ(got_grads, grads) << "every parameter of the model, and only those, has its gradient compared: "
+                                    << what;
         at::Tensor losses = got.tensor("losses"), ref_losses = expected.tensor("losses");
         for (int64_t s = 0; s < ref_losses.size(0); ++s) {
           const double d = rel(losses[s].item<double>(), ref_losses[s].item<double>());
@@ -494,8 +521,9 @@ TEST(Dist, StepParityWithTransformersForEveryFamilyAtOneTwoAndThreeRanks) {
 // with it give the same four losses (bf16 compute within its rounding of differently shaped
 // micro-batches; fp32 within 1e-5).
 TEST(Dist, EveryFamilyTrainsTheSameInEveryModeAtOneToThreeRanks) {
-  const std::string adapters = "--set lora.enabled=true --set lora.rank=4 --set optimizer.lr=1e-2 "
-                               "--set lora.targets='[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]' ";
+  const std::string adapters =
+      "--set lora.enabled=true --set lora.rank=4 --set optimizer.lr=1e-2 "
+      "--set lora.targets='[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]' ";
   const std::vector<std::pair<std::string, double>> modes{
       {"", 1e-5},
       {"--set precision.mode=mixed", 1e-3},
@@ -512,8 +540,9 @@ TEST(Dist, EveryFamilyTrainsTheSameInEveryModeAtOneToThreeRanks) {
       Runs runs;
       for (int np : {1, 2, 3}) {
         const std::string run = dir / ("np" + std::to_string(np));
-        Proc r = train(dir, np, run, mode + " --set training.steps=4" +
-                                         (np == 3 ? " --set memory.activation_checkpointing=full" : ""), model);
+        Proc r = train(
+            dir, np, run,
+            mode + " --set training.steps=4" + (np == 3 ? " --set memory.activation_checkpointing=full" : ""), model);
         ASSERT_EQ(r.rc, 0) << r.output;
         runs[np] = {run, metrics(run)};
       }
@@ -528,25 +557,29 @@ TEST(Dist, EveryFamilyTrainsTheSameInEveryModeAtOneToThreeRanks) {
 // (tests/fixtures/hf_odd, FFN 211) with adapters on every projection and the output, QLoRA also
 // under activation checkpointing.
 TEST(Dist, UnalignedShapesTrainAtOneToFourRanks) {
-  const std::string odd = "--set model.vocab_size=300 --set model.dim=96 --set model.n_heads=6 --set model.n_kv_heads=2 ";
-  const std::string lora = "--set lora.enabled=true --set lora.rank=4 --set optimizer.lr=1e-2 "
-                           "--set lora.targets='[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\",\"output\"]' ";
+  const std::string odd =
+      "--set model.vocab_size=300 --set model.dim=96 --set model.n_heads=6 --set model.n_kv_heads=2 ";
+  const std::string lora =
+      "--set lora.enabled=true --set lora.rank=4 --set optimizer.lr=1e-2 "
+      "--set lora.targets='[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\",\"output\"]' ";
   const std::string hf_model = "hf_path = \"" + test::fixture("hf_odd") + "\"\n";
   struct Case {
     std::string flags, model;
     std::vector<int> nps;
   };
-  const std::vector<Case> cases{{odd, test::kSmallModel, {1, 2, 3, 4}},
-                                {odd + "--set optimizer.name=adamw8bit", test::kSmallModel, {1, 3}},
-                                {lora, hf_model, {1, 2, 3}},
-                                {lora + "--set quant.base=nf4", hf_model, {1, 2, 3}},
-                                {lora + "--set quant.base=nf4 --set memory.activation_checkpointing=full", hf_model, {1, 3}}};
+  const std::vector<Case> cases{
+      {odd, test::kSmallModel, {1, 2, 3, 4}},
+      {odd + "--set optimizer.name=adamw8bit", test::kSmallModel, {1, 3}},
+      {lora, hf_model, {1, 2, 3}},
+      {lora + "--set quant.base=nf4", hf_model, {1, 2, 3}},
+      {lora + "--set quant.base=nf4 --set memory.activation_checkpointing=full", hf_model, {1, 3}}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.flags + " " + c.model);
     test::TempDir dir;
     auto runs = runs_at(dir, c.flags + " --set training.steps=10", c.nps, c.model);
     expect_same_curve(runs, 10, 1e-5);
     for (auto& [np, run] : runs)
-      EXPECT_LT(run.second[10]["loss"].get<double>(), run.second[1]["loss"].get<double>() - 0.1) << "np=" << np << ": loss must fall";
+      EXPECT_LT(run.second[10]["loss"].get<double>(), run.second[1]["loss"].get<double>() - 0.1)
+          << "np=" << np << ": loss must fall";
   }
 }

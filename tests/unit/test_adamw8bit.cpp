@@ -53,8 +53,8 @@ TEST(Blockwise8, QuantizeDequantizeBitIdenticalToBitsandbytes) {
     at::Tensor code = q8::dynamic_map(name == "signed");
     at::Tensor x = bnb().tensor("x_" + name);
     auto [q, absmax] = q8::quantize_blockwise(x, code, 256);
-    EXPECT_TRUE(at::equal(q, bnb().tensor("q_" + name))) << name << ": " << q.ne(bnb().tensor("q_" + name)).sum().item<int64_t>()
-                                                          << " codes differ";
+    EXPECT_TRUE(at::equal(q, bnb().tensor("q_" + name)))
+        << name << ": " << q.ne(bnb().tensor("q_" + name)).sum().item<int64_t>() << " codes differ";
     EXPECT_TRUE(at::equal(absmax, bnb().tensor("absmax_" + name))) << name;
     EXPECT_TRUE(at::equal(q8::dequantize_blockwise(q, absmax, code, 256), bnb().tensor("dq_" + name))) << name;
   }
@@ -96,7 +96,8 @@ TEST(AdamW8bit, MatchesBitsandbytesAdamW8bit) {
       opt.update({{0, to_unit(grads[s])}}, 1e-2);
       at::Tensor got = from_unit(p), want = expected[s];
       const double moved = (want - p0).abs().max().item<double>();
-      EXPECT_LE((got.narrow(0, 5000, 300) - want.narrow(0, 5000, 300)).abs().max().item<double>(), 1e-6) << key << " step " << s;
+      EXPECT_LE((got.narrow(0, 5000, 300) - want.narrow(0, 5000, 300)).abs().max().item<double>(), 1e-6)
+          << key << " step " << s;
       at::Tensor d = (got.narrow(0, 0, 5000) - want.narrow(0, 0, 5000)).abs();
       if (key == "adam_p_after_ref") {
         EXPECT_LE(d.max().item<double>(), 1e-6) << key << " step " << s;
@@ -141,7 +142,8 @@ TEST(AdamW8bit, TracksFloat32AdamWOver100Steps) {
 TEST(AdamW8bit, ShardedEqualsUnsharded) {
   UnitLayout u = two_tensor_unit();
   at::manual_seed(9);
-  at::Tensor p_full = to_unit(at::randn({5300})), p_a = p_full.narrow(0, 0, 2816).clone(), p_b = p_full.narrow(0, 2816, 2816).clone();
+  at::Tensor p_full = to_unit(at::randn({5300})), p_a = p_full.narrow(0, 0, 2816).clone(),
+             p_b = p_full.narrow(0, 2816, 2816).clone();
   AdamW8bitOptions o{{0.9, 0.95, 1e-8, 0.1, false, 0}, 4096};
   AdamW8bit whole({{"u", p_full, 5632, 0}}, {Blocking::of(u, 0, 5632, 4096)}, o);
   AdamW8bit half_a({{"u", p_a, 2816, 0}}, {Blocking::of(u, 0, 2816, 4096)}, o);
@@ -195,7 +197,8 @@ TEST(AdamW8bit, StateBytesPerElement) {
 }
 
 TEST(AdamW8bit, CudaKernelMatchesCpuReference) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
   UnitLayout u = two_tensor_unit();
   at::manual_seed(11);
   for (bool bf16 : {false, true}) {
@@ -216,6 +219,7 @@ TEST(AdamW8bit, CudaKernelMatchesCpuReference) {
     at::Tensor diff = (pg.cpu().to(at::kFloat) - pc.to(at::kFloat)).abs();
     const double tol = bf16 ? 1.0 / 128 : 1e-6;
     EXPECT_TRUE(at::all(diff <= pc.to(at::kFloat).abs() * tol + 1e-7).item<bool>()) << (bf16 ? "bf16" : "fp32");
-    EXPECT_LE((gpu.exp_avg(0) - cpu.exp_avg(0)).abs().max().item<double>(), 1e-3 * cpu.exp_avg(0).abs().max().item<double>());
+    EXPECT_LE((gpu.exp_avg(0) - cpu.exp_avg(0)).abs().max().item<double>(),
+              1e-3 * cpu.exp_avg(0).abs().max().item<double>());
   }
 }

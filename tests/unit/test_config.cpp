@@ -107,8 +107,8 @@ TEST(Config, OverridesPresetAndResolvedTomlRoundTrips) {
   Config c = load_config(cfg, {"training.steps=7", "run.name=other", "optimizer.betas=[0.8, 0.9]"}, Environment{});
   EXPECT_EQ(c.training.steps, 7);
   EXPECT_EQ(c.run.name, "other");
-  EXPECT_EQ(c.model.shape.dim, 64);       // from the file
-  EXPECT_EQ(c.model.shape.head_dim, 16);  // derived: 64 / 4 heads
+  EXPECT_EQ(c.model.shape.dim, 64);          // from the file
+  EXPECT_EQ(c.model.shape.head_dim, 16);     // derived: 64 / 4 heads
   EXPECT_EQ(c.model.shape.vocab_size, 256);  // from the tiny preset
   EXPECT_DOUBLE_EQ(c.optimizer.betas[0], 0.8);
   test::write_text(dir / "resolved.toml", to_toml(c));
@@ -122,7 +122,8 @@ TEST(Config, EveryPresetResolvesToItsShape) {
   test::TempDir dir;
   for (const auto& name : preset_names()) {
     SCOPED_TRACE(name);
-    const Config c = load_config(test::small_config(dir, "", 60000, ""), {"model.preset=\"" + name + "\""}, Environment{});
+    const Config c =
+        load_config(test::small_config(dir, "", 60000, ""), {"model.preset=\"" + name + "\""}, Environment{});
     const LlamaShape want = preset_shape(name).value();
     EXPECT_EQ(c.model.shape.head_dim, want.head_dim);
     EXPECT_EQ(c.model.shape.family, want.family);
@@ -138,8 +139,10 @@ TEST(Config, DocsAreGeneratedFromTheKeyTable) {
   std::ifstream in(test::source_dir() + "/docs/config.md");
   const std::string doc((std::istreambuf_iterator<char>(in)), {});
   const std::string generated = config_reference();
-  for (const auto& key : known_keys()) EXPECT_NE(generated.find("| `" + key + "` |"), std::string::npos) << key << " undocumented";
-  EXPECT_EQ(doc, generated) << "docs/config.md differs from the key table; regenerate it: build/ptrain --config-reference > docs/config.md";
+  for (const auto& key : known_keys())
+    EXPECT_NE(generated.find("| `" + key + "` |"), std::string::npos) << key << " undocumented";
+  EXPECT_EQ(doc, generated)
+      << "docs/config.md differs from the key table; regenerate it: build/ptrain --config-reference > docs/config.md";
 }
 
 // The other side of the validation matrix: the combinations the precision rules allow load

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
@@ -24,11 +24,11 @@
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
 #include "test_util.h"
-#include "train_util.h"
-#include "train/memory.h"
 #include "train/export.h"
+#include "train/memory.h"
 #include "train/setup.h"
 #include "train/trainer.h"
+#include "train_util.h"
 
 using namespace ptrain;
 namespace fs = std::filesystem;
@@ -48,9 +48,10 @@ TEST(Lora, ActivationCheckpointingTrainsIdenticallyAndSavesMemory) {
     SCOPED_TRACE("quant.base=" + base + " lora.targets=" + targets + " lora.dropout=" + dropout);
     test::TempDir dir;
     const std::string cfg = test::small_config(dir);
-    const std::vector<std::string> lora{"lora.enabled=true", "lora.targets=" + targets, "lora.rank=4", "optimizer.lr=1e-2",
-                                        "training.steps=6", "checkpoint.save_final=false", "quant.base=\"" + base + "\"",
-                                        "lora.dropout=" + dropout};
+    const std::vector<std::string> lora{
+        "lora.enabled=true",           "lora.targets=" + targets, "lora.rank=4",
+        "optimizer.lr=1e-2",           "training.steps=6",        "checkpoint.save_final=false",
+        "quant.base=\"" + base + "\"", "lora.dropout=" + dropout};
     std::map<std::string, int64_t> saved;
     std::map<std::string, std::map<int64_t, double>> curve;
     for (const std::string ac : {"none", "full"}) {
@@ -76,7 +77,8 @@ TEST(Lora, ActivationCheckpointingTrainsIdenticallyAndSavesMemory) {
     }
     ASSERT_EQ(curve["none"].size(), 6u);
     if (dropout == "0.0") {
-      for (const auto& [step, loss] : curve["none"]) EXPECT_NEAR(curve["full"][step], loss, 1e-6 * loss) << "step " << step;
+      for (const auto& [step, loss] : curve["none"])
+        EXPECT_NEAR(curve["full"][step], loss, 1e-6 * loss) << "step " << step;
     } else {
       // With dropout, compare one step's adapter gradients from the same RNG state: the
       // recompute must draw the forward's masks. (Training curves with dropout are not
@@ -98,8 +100,9 @@ TEST(Lora, ActivationCheckpointingTrainsIdenticallyAndSavesMemory) {
     }
     EXPECT_LT(curve["none"][6], curve["none"][1]);
     EXPECT_LT(saved["full"], saved["none"] / 3) << "checkpointing keeps each block's input only";
-    std::cout << "LoRA (base " << base << ", targets " << targets << ") saved activations per micro-batch: " << saved["none"] << " B without, "
-              << saved["full"] << " B with activation checkpointing\n";
+    std::cout << "LoRA (base " << base << ", targets " << targets
+              << ") saved activations per micro-batch: " << saved["none"] << " B without, " << saved["full"]
+              << " B with activation checkpointing\n";
   }
 }
 
@@ -109,8 +112,9 @@ TEST(Lora, ActivationCheckpointingTrainsIdenticallyAndSavesMemory) {
 TEST(Lora, StartsAsBaseTrainsOnlyAdaptersAndResumes) {
   test::TempDir dir;
   const std::string cfg = test::small_config(dir, "[checkpoint]\nevery_steps = 10\nkeep = 5\n");
-  const std::vector<std::string> lora{"lora.enabled=true", "lora.targets=[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]",
-                                      "lora.rank=4", "optimizer.lr=1e-2"};
+  const std::vector<std::string> lora{"lora.enabled=true",
+                                      "lora.targets=[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]", "lora.rank=4",
+                                      "optimizer.lr=1e-2"};
   Config base_cfg = load(cfg), lora_cfg = load(cfg, lora);
   auto base = build_model(base_cfg, at::kCPU, test::local_comm());
   auto adapted = build_model(lora_cfg, at::kCPU, test::local_comm());
@@ -135,13 +139,15 @@ TEST(Lora, StartsAsBaseTrainsOnlyAdaptersAndResumes) {
   for (const auto& e : saved.entries()) EXPECT_NE(e.name.find(".lora"), std::string::npos) << e.name;  // adapters only
 
   std::vector<std::string> resumed = lora;
-  resumed.insert(resumed.end(), {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + (dir / "run/checkpoints/step_10")});
+  resumed.insert(resumed.end(),
+                 {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + (dir / "run/checkpoints/step_10")});
   ASSERT_EQ(train(load(cfg, resumed)), 0);
   auto r = losses(dir / "resumed/metrics.jsonl");
   for (int64_t step = 11; step <= 20; ++step) EXPECT_EQ(r[step], l[step]) << step;
   // A LoRA checkpoint is refused by a full-model config, naming the mismatch.
   try {
-    Config full = load(cfg, {"run.output_dir=" + (dir / "x"), "checkpoint.resume=" + (dir / "run/checkpoints/step_10")});
+    Config full =
+        load(cfg, {"run.output_dir=" + (dir / "x"), "checkpoint.resume=" + (dir / "run/checkpoints/step_10")});
     train(full);
     ADD_FAILURE() << "accepted";
   } catch (const RuntimeError& e) {
@@ -207,9 +213,11 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
   test::TempDir dir;
   const std::string base = test::fixture("hf_tiny"), peft = test::fixture("peft_tiny");
   test::small_config(dir);  // writes the corpus
-  test::write_text(dir / "peft.toml", "[model]\nhf_path = \"" + base + "\"\n[data]\npath = \"" + (dir / "corpus.txt") +
-                                          "\"\nseq_len = 24\n[training]\ndevice = \"cpu\"\n[lora]\nenabled = true\n"
-                                          "targets = [\"q\", \"v\", \"down\"]\nrank = 4\nalpha = 8.0\nadapter_path = \"" + peft + "\"\n");
+  test::write_text(dir / "peft.toml",
+                   "[model]\nhf_path = \"" + base + "\"\n[data]\npath = \"" + (dir / "corpus.txt") +
+                       "\"\nseq_len = 24\n[training]\ndevice = \"cpu\"\n[lora]\nenabled = true\n"
+                       "targets = [\"q\", \"v\", \"down\"]\nrank = 4\nalpha = 8.0\nadapter_path = \"" +
+                       peft + "\"\n");
   Config c = load(dir / "peft.toml");
   auto m = build_model(c, at::kCPU, test::local_comm());
   SafetensorsFile expected(test::fixture("peft_tiny_expected.safetensors"));
@@ -218,12 +226,16 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
   // Without the adapter the logits differ (the adapter is not a no-op).
   Config plain = load(dir / "peft.toml", {"lora.adapter_path=\"\""});
   EXPECT_GT((build_model(plain, at::kCPU, test::local_comm())->logits(expected.tensor("tokens")).view({2, 24, 256}) -
-             expected.tensor("logits")).abs().max().item<double>(), 1e-3);
+             expected.tensor("logits"))
+                .abs()
+                .max()
+                .item<double>(),
+            1e-3);
 
   // Export: train a LoRA checkpoint (small config), export it, compare files and reload.
   test::TempDir d2;
   Config t = load(test::small_config(d2), {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"down\"]", "lora.rank=4",
-                                          "training.steps=3", "optimizer.lr=1e-2"});
+                                           "training.steps=3", "optimizer.lr=1e-2"});
   ASSERT_EQ(train(t), 0);
   const std::string ck = d2 / "run/checkpoints/step_3";
   export_hf(ck, d2 / "peft");
@@ -236,7 +248,7 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
   for (const auto& e : theirs.entries()) their_keys.insert(e.name);
   EXPECT_EQ(mine_keys, their_keys);  // the same modules at the same 2 layers: PEFT's key names
   Config back = load(test::small_config(d2), {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"down\"]", "lora.rank=4",
-                                             "lora.adapter_path=\"" + (d2 / "peft") + "\""});
+                                              "lora.adapter_path=\"" + (d2 / "peft") + "\""});
   auto reloaded = build_model(back, at::kCPU, test::local_comm());
   SafetensorsFile saved(ck + "/model.rank0.safetensors");
   for (const auto& u : reloaded->trainable_units())
@@ -250,8 +262,9 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
 TEST(Lora, MergedExportEqualsTheAdaptedModel) {
   for (const std::string base : {"none", "nf4"}) {
     test::TempDir dir;
-    Config c = load(test::small_config(dir), {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"o\",\"down\",\"output\"]", "lora.rank=4",
-                                              "training.steps=3", "optimizer.lr=1e-2", "quant.base=\"" + base + "\""});
+    Config c = load(test::small_config(dir),
+                    {"lora.enabled=true", "lora.targets=[\"q\",\"v\",\"o\",\"down\",\"output\"]", "lora.rank=4",
+                     "training.steps=3", "optimizer.lr=1e-2", "quant.base=\"" + base + "\""});
     ASSERT_EQ(train(c), 0);
     const std::string ck = dir / "run/checkpoints/step_3";
     export_merged(ck, dir / "merged");

@@ -76,8 +76,9 @@ TEST(ChunkedLoss, LogitsDtypeFloat32KeepsBf16InputsExact) {
   at::manual_seed(5);
   at::Tensor h = at::randn({64, 32}).to(at::kBFloat16), w = (at::randn({300, 32}) * 0.5).to(at::kBFloat16);
   at::Tensor t = at::randint(0, 300, {64}, at::kLong);
-  const double ref = at::cross_entropy_loss(at::linear(h.to(at::kDouble), w.to(at::kDouble)), t, {}, at::Reduction::Mean,
-                                            kIgnoreIndex).item<double>();
+  const double ref =
+      at::cross_entropy_loss(at::linear(h.to(at::kDouble), w.to(at::kDouble)), t, {}, at::Reduction::Mean, kIgnoreIndex)
+          .item<double>();
   const double fp32 = linear_cross_entropy(h, w, t, 16, at::kFloat).item<double>();
   const double bf16 = linear_cross_entropy(h, w, t, 16, at::kBFloat16).item<double>();
   EXPECT_NEAR(fp32, ref, 1e-5 * std::abs(ref));

@@ -13,16 +13,17 @@
 #include "config/config.h"
 #include "model/shape.h"
 #include "parallel/fsdp.h"
+#include "test_util.h"
 #include "train/memory.h"
 #include "train/setup.h"
 #include "train/trainer.h"
-#include "test_util.h"
 #include "train_util.h"
 
 using namespace ptrain;
 
 namespace {
-LlamaShape shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv, int64_t ffn, int64_t vocab, bool tied = false) {
+LlamaShape shape(int64_t dim, int64_t layers, int64_t heads, int64_t kv, int64_t ffn, int64_t vocab,
+                 bool tied = false) {
   LlamaShape s = preset_shape("tiny").value();
   s.dim = dim, s.n_layers = layers, s.n_heads = heads, s.n_kv_heads = kv, s.head_dim = dim / heads, s.ffn_dim = ffn;
   if (dim == 72) s.head_dim = 24;  // q_dim 96 != dim
@@ -38,15 +39,16 @@ LlamaShape family(LlamaShape s, Family f, bool biases = false) {
 }  // namespace
 
 TEST(Memory, SavedActivationsMatchPrediction) {
-  const std::vector<std::pair<std::string, LlamaShape>> shapes{{"dim64", shape(64, 2, 4, 2, 160, 256)},
-                                                               {"odd96", shape(96, 3, 6, 2, 211, 300)},
-                                                               {"mha_tied", shape(80, 1, 5, 5, 130, 77, true)},
-                                                               {"wide", shape(256, 2, 8, 1, 688, 1000)},
-                                                               {"head_dim24", shape(72, 2, 4, 2, 190, 131)},
-                                                               {"llama_bias", family(shape(72, 2, 4, 2, 190, 131), Family::llama, true)},
-                                                               {"qwen2", family(shape(84, 2, 6, 2, 150, 311, true), Family::qwen2)},
-                                                               {"qwen3", family(shape(72, 2, 4, 2, 130, 257), Family::qwen3)},
-                                                               {"mistral", family(shape(96, 2, 6, 3, 200, 333), Family::mistral)}};
+  const std::vector<std::pair<std::string, LlamaShape>> shapes{
+      {"dim64", shape(64, 2, 4, 2, 160, 256)},
+      {"odd96", shape(96, 3, 6, 2, 211, 300)},
+      {"mha_tied", shape(80, 1, 5, 5, 130, 77, true)},
+      {"wide", shape(256, 2, 8, 1, 688, 1000)},
+      {"head_dim24", shape(72, 2, 4, 2, 190, 131)},
+      {"llama_bias", family(shape(72, 2, 4, 2, 190, 131), Family::llama, true)},
+      {"qwen2", family(shape(84, 2, 6, 2, 150, 311, true), Family::qwen2)},
+      {"qwen3", family(shape(72, 2, 4, 2, 130, 257), Family::qwen3)},
+      {"mistral", family(shape(96, 2, 6, 3, 200, 333), Family::mistral)}};
   for (const auto& [name, s] : shapes) {
     for (bool checkpointing : {false, true}) {
       SCOPED_TRACE(name + (checkpointing ? " checkpointing" : ""));
@@ -71,8 +73,9 @@ TEST(Memory, SavedActivationsMatchPrediction) {
       a.checkpointing = checkpointing;
       a.fused_norm = false;  // the CPU's composite RMSNorm
       const int64_t predicted = predict_activations(s, a).saved_bytes();
-      std::cout << name << (checkpointing ? " full" : " none") << ": measured " << measured << " B, predicted " << predicted
-                << " B (" << 100.0 * (static_cast<double>(predicted) / static_cast<double>(measured) - 1) << " %)\n";
+      std::cout << name << (checkpointing ? " full" : " none") << ": measured " << measured << " B, predicted "
+                << predicted << " B (" << 100.0 * (static_cast<double>(predicted) / static_cast<double>(measured) - 1)
+                << " %)\n";
       EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(measured), 0.01 * static_cast<double>(measured));
       loss.backward();
     }
@@ -84,42 +87,42 @@ TEST(Memory, SavedActivationsMatchPrediction) {
 // (full fine-tuning: Memory.SavedActivationsMatchPrediction).
 TEST(Memory, QkNormActivationsUnderLoraMatchPrediction) {
   const LlamaShape s = family(shape(72, 2, 4, 2, 130, 257), Family::qwen3);
-  for (const auto& targets : {std::vector<std::string>{"q", "k", "v", "o", "gate", "up", "down"},
-                              std::vector<std::string>{"q", "k"}}) {
-      const std::string what = "lora targets " + std::to_string(targets.size());
-      SCOPED_TRACE(what);
-      PrecisionPolicy policy;
-      FsdpOptions o;
-      o.lora = !targets.empty();
-      o.lora_targets = targets;
-      o.lora_rank = 4;
-      FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm(), o);
-      model.init_weights(1);
-      const int64_t B = 3, T = 40;
-      at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
-      at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
-      model.forward_loss(in, tgt, 50).backward();  // the RoPE tables
-      model.zero_grad();
-      int64_t measured = 0;
-      {
-        MeterScope scope;
-        at::Tensor loss = model.forward_loss(in, tgt, 50);
-        measured = scope.meter().net.load() - static_cast<int64_t>(loss.nbytes());
-        loss.backward();
-        model.finish_backward();
-      }
-      ActivationInputs a;
-      a.tokens = B * T;
-      a.fused_norm = false;
-      a.lora = o.lora;
-      a.lora_rank = 4;
-      const auto projections = block_projections(s);
-      for (size_t i = 0; i < projections.size(); ++i)
-        a.adapted[i] = std::find(targets.begin(), targets.end(), projections[i].target) != targets.end();
-      const int64_t predicted = predict_activations(s, a).saved_bytes();
-      std::cout << what << ": measured " << measured << " B, predicted " << predicted << " B\n";
-      EXPECT_EQ(predicted, measured);
+  for (const auto& targets :
+       {std::vector<std::string>{"q", "k", "v", "o", "gate", "up", "down"}, std::vector<std::string>{"q", "k"}}) {
+    const std::string what = "lora targets " + std::to_string(targets.size());
+    SCOPED_TRACE(what);
+    PrecisionPolicy policy;
+    FsdpOptions o;
+    o.lora = !targets.empty();
+    o.lora_targets = targets;
+    o.lora_rank = 4;
+    FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm(), o);
+    model.init_weights(1);
+    const int64_t B = 3, T = 40;
+    at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
+    at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
+    model.forward_loss(in, tgt, 50).backward();  // the RoPE tables
+    model.zero_grad();
+    int64_t measured = 0;
+    {
+      MeterScope scope;
+      at::Tensor loss = model.forward_loss(in, tgt, 50);
+      measured = scope.meter().net.load() - static_cast<int64_t>(loss.nbytes());
+      loss.backward();
+      model.finish_backward();
     }
+    ActivationInputs a;
+    a.tokens = B * T;
+    a.fused_norm = false;
+    a.lora = o.lora;
+    a.lora_rank = 4;
+    const auto projections = block_projections(s);
+    for (size_t i = 0; i < projections.size(); ++i)
+      a.adapted[i] = std::find(targets.begin(), targets.end(), projections[i].target) != targets.end();
+    const int64_t predicted = predict_activations(s, a).saved_bytes();
+    std::cout << what << ": measured " << measured << " B, predicted " << predicted << " B\n";
+    EXPECT_EQ(predicted, measured);
+  }
 }
 
 // Packed rows keep one attention mask, the positions and the per-token RoPE cos/sin for all
@@ -136,7 +139,7 @@ TEST(Memory, PackedRowsKeepOneMaskAsPredicted) {
     at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
     at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
     at::Tensor docs = at::arange(T, at::kLong).div(7, "floor").expand({B, T}).contiguous();  // documents of 7 tokens
-    model.forward_loss(in, tgt, 50).backward();  // the RoPE tables
+    model.forward_loss(in, tgt, 50).backward();                                              // the RoPE tables
     model.zero_grad();
     auto saved = [&](const at::Tensor& doc_ids) {
       MeterScope scope;
@@ -164,8 +167,9 @@ TEST(Memory, PackedRowsKeepOneMaskAsPredicted) {
 // tensors: every block input is in the offloader's host copies, as many bytes as it predicts),
 // and backward hands every host copy back.
 TEST(Memory, ActivationOffloadingTrainsIdenticallyAndKeepsInputsOnTheHost) {
-  const std::vector<std::string> qlora{"lora.enabled=true", "lora.targets=[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]",
-                                       "lora.rank=4", "optimizer.lr=1e-2", "quant.base=\"nf4\""};
+  const std::vector<std::string> qlora{"lora.enabled=true",
+                                       "lora.targets=[\"q\",\"k\",\"v\",\"o\",\"gate\",\"up\",\"down\"]", "lora.rank=4",
+                                       "optimizer.lr=1e-2", "quant.base=\"nf4\""};
   for (const auto& extra : {std::vector<std::string>{}, qlora}) {
     SCOPED_TRACE(extra.empty() ? "full fine-tune" : "QLoRA");
     test::TempDir dir;
@@ -174,9 +178,10 @@ TEST(Memory, ActivationOffloadingTrainsIdenticallyAndKeepsInputsOnTheHost) {
     std::map<bool, int64_t> on_device;
     for (bool offload : {false, true}) {
       std::vector<std::string> sets = extra;
-      sets.insert(sets.end(), {"memory.activation_checkpointing=\"full\"", "training.steps=6", "checkpoint.save_final=false",
-                               "memory.activation_offloading=" + std::string(offload ? "true" : "false"),
-                               "run.output_dir=" + (dir / (offload ? "offload" : "ac"))});
+      sets.insert(sets.end(),
+                  {"memory.activation_checkpointing=\"full\"", "training.steps=6", "checkpoint.save_final=false",
+                   "memory.activation_offloading=" + std::string(offload ? "true" : "false"),
+                   "run.output_dir=" + (dir / (offload ? "offload" : "ac"))});
       const Config c = test::load(cfg, sets);
       ASSERT_EQ(train(c), 0);
       curve[offload] = test::losses(dir / ((offload ? "offload" : "ac") + std::string("/metrics.jsonl")));
@@ -184,8 +189,9 @@ TEST(Memory, ActivationOffloadingTrainsIdenticallyAndKeepsInputsOnTheHost) {
         std::ifstream in(dir / ((offload ? "offload" : "ac") + std::string("/metrics.jsonl")));
         std::string line;
         std::getline(in, line);
-        EXPECT_EQ(nlohmann::json::parse(line)["offload_host_peak_bytes"].get<int64_t>(),
-                  offload ? c.model.shape.n_layers * c.data.micro_batch_size * c.data.seq_len * c.model.shape.dim * 4 : 0);
+        EXPECT_EQ(
+            nlohmann::json::parse(line)["offload_host_peak_bytes"].get<int64_t>(),
+            offload ? c.model.shape.n_layers * c.data.micro_batch_size * c.data.seq_len * c.model.shape.dim * 4 : 0);
       }
       auto model = build_model(c, at::kCPU, test::local_comm());
       at::Tensor tokens = at::randint(0, 256, {c.data.micro_batch_size, c.data.seq_len + 1}, at::kLong);
@@ -212,7 +218,7 @@ TEST(Memory, ActivationOffloadingTrainsIdenticallyAndKeepsInputsOnTheHost) {
     const Config c = test::load(cfg, extra);  // the block inputs [micro-batch, seq_len, dim] in float32, one per block
     const int64_t inputs = c.model.shape.n_layers * c.data.micro_batch_size * c.data.seq_len * c.model.shape.dim * 4;
     EXPECT_EQ(on_device[false] - on_device[true], inputs);
-    std::cout << (extra.empty() ? "full fine-tune" : "QLoRA") << ": saved on the device after forward " << on_device[false]
-              << " B with checkpointing, " << on_device[true] << " B with offloading\n";
+    std::cout << (extra.empty() ? "full fine-tune" : "QLoRA") << ": saved on the device after forward "
+              << on_device[false] << " B with checkpointing, " << on_device[true] << " B with offloading\n";
   }
 }

@@ -205,8 +205,9 @@ TEST(Shape, PresetParameterCounts) {
     const char* preset;
     double total, non_embedding;
   };
-  for (const Card& card : {Card{"qwen2_5_0_5b", 0.49, 0.36}, Card{"qwen2_5_1_5b", 1.54, 1.31}, Card{"qwen2_5_7b", 7.61, 6.53},
-                           Card{"qwen3_0_6b", 0.6, 0.44}, Card{"qwen3_8b", 8.2, 6.95}, Card{"mistral_7b", 7.25, -1}}) {
+  for (const Card& card :
+       {Card{"qwen2_5_0_5b", 0.49, 0.36}, Card{"qwen2_5_1_5b", 1.54, 1.31}, Card{"qwen2_5_7b", 7.61, 6.53},
+        Card{"qwen3_0_6b", 0.6, 0.44}, Card{"qwen3_8b", 8.2, 6.95}, Card{"mistral_7b", 7.25, -1}}) {
     const LlamaShape s = preset_shape(card.preset).value();
     const int64_t embeddings = s.embedding_params() * (s.tie_embeddings ? 1 : 2);
     const double unit = std::string(card.preset).rfind("qwen3", 0) == 0 ? 0.1 : 0.01;  // Qwen3's cards: one decimal
@@ -271,7 +272,8 @@ TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) {
 
   // FsdpModel: the same loss, and checkpointed blocks recompute with the packing.
   at::Tensor targets = row.roll(-1, 1).clone();
-  for (int64_t end = 0, d = 0; d < 3; ++d) targets[0][(end += lengths[static_cast<size_t>(d)]) - 1] = -100;  // no next token across documents
+  for (int64_t end = 0, d = 0; d < 3; ++d)
+    targets[0][(end += lengths[static_cast<size_t>(d)]) - 1] = -100;  // no next token across documents
   std::vector<std::vector<at::Tensor>> grads;
   double first_loss = 0;
   for (bool checkpointing : {false, true}) {
@@ -280,7 +282,8 @@ TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) {
     FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
     model.load(ckpt.by_name());
     at::Tensor loss = model.forward_loss(row, targets, 7, doc_ids);
-    const double want = llama_loss(dense, shape, packed_positions(dense.rope(24), doc_ids), row, targets, 7, at::kFloat).item<double>();
+    const double want =
+        llama_loss(dense, shape, packed_positions(dense.rope(24), doc_ids), row, targets, 7, at::kFloat).item<double>();
     EXPECT_NEAR(loss.item<double>(), want, 1e-6) << (checkpointing ? "checkpointing" : "plain");
     if (!checkpointing) first_loss = loss.item<double>();
     loss.backward();
@@ -288,6 +291,7 @@ TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) {
     grads.emplace_back();
     for (auto& u : model.units()) grads.back().push_back(u.shard.grad().clone());
   }
-  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-5, 1e-7)) << "unit " << i;
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-5, 1e-7)) << "unit " << i;
   EXPECT_GT(first_loss, 0.0);
 }

@@ -63,7 +63,8 @@ TEST(Nf4, DequantizationErrorBound) {
 }
 
 TEST(Nf4, CudaDequantizeMatchesCpuReference) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
   for (bool dq : {false, true}) {
     at::Tensor w = bnb().tensor("nf4_big_w");
     nf4::Quantized c = nf4::quantize(w, dq), g = nf4::quantize(w.cuda(), dq);

@@ -8,8 +8,8 @@
 
 #include "checkpoint/safetensors.h"
 #include "optim/adamw.h"
-#include "parallel/grad_norm.h"
 #include "optim/lr_schedule.h"
+#include "parallel/grad_norm.h"
 #include "test_util.h"
 
 using namespace ptrain;
@@ -66,7 +66,8 @@ TEST(Clip, NormIsAccurateOnLargeShards) {
   at::Tensor g = at::randn({3'000'000}) * 0.01 + 0.003;
   const double ref = g.to(at::kDouble).pow(2).sum().sqrt().item<double>();
   const double whole = clip_grad_norm({g.clone()}, 0.0);
-  const double split = clip_grad_norm({g.narrow(0, 0, 1'234'567).clone(), g.narrow(0, 1'234'567, 1'765'433).clone()}, 0.0);
+  const double split =
+      clip_grad_norm({g.narrow(0, 0, 1'234'567).clone(), g.narrow(0, 1'234'567, 1'765'433).clone()}, 0.0);
   EXPECT_NEAR(whole, ref, 1e-9 * ref);
   EXPECT_NEAR(split, ref, 1e-9 * ref);
 }
@@ -75,7 +76,8 @@ TEST(Clip, NormIsAccurateOnLargeShards) {
 // float32 math on both sides, so moments agree to a bf16 rounding and parameters draw the same
 // random bits (differences only where the float32 values differ in the last bits).
 TEST(AdamW, CudaFusedBf16StochasticMatchesCpuReference) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
   at::manual_seed(2);
   at::Tensor pc = at::randn({10000}).to(at::kBFloat16), pg = pc.cuda();
   AdamWOptions o{0.9, 0.95, 1e-8, 0.1, true, 17};

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
@@ -24,11 +24,11 @@
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
 #include "test_util.h"
-#include "train_util.h"
-#include "train/memory.h"
 #include "train/export.h"
+#include "train/memory.h"
 #include "train/setup.h"
 #include "train/trainer.h"
+#include "train_util.h"
 
 using namespace ptrain;
 namespace fs = std::filesystem;
@@ -39,8 +39,8 @@ using test::losses;
 TEST(Precision, MixedComputesInBf16OverFp32Master) {
   test::TempDir dir;
   Config fp32 = load(test::small_config(dir), {"training.steps=1", "checkpoint.save_final=false"});
-  Config mixed = load(test::small_config(dir), {"training.steps=1", "checkpoint.save_final=false", "precision.mode=mixed",
-                                                "run.output_dir=" + (dir / "mixed")});
+  Config mixed = load(test::small_config(dir), {"training.steps=1", "checkpoint.save_final=false",
+                                                "precision.mode=mixed", "run.output_dir=" + (dir / "mixed")});
   auto m = build_model(mixed, at::kCPU, test::local_comm());
   EXPECT_EQ(m->units()[1].shard.scalar_type(), at::kFloat);
   EXPECT_EQ(m->gather(1).scalar_type(), at::kBFloat16);
@@ -56,44 +56,45 @@ TEST(Precision, Bf16ModeDtypesAndStateBytes) {
   test::TempDir dir;
   Config c = load(test::small_config(dir), {"precision.mode=bf16", "training.steps=2", "checkpoint.save_final=false"});
   auto m = build_model(c, at::kCPU, test::local_comm());
-  EXPECT_EQ(m->units()[1].shard.scalar_type(), at::kBFloat16);        // sharded params (master)
-  EXPECT_EQ(m->gather(1).scalar_type(), at::kBFloat16);               // gathered unit / compute
+  EXPECT_EQ(m->units()[1].shard.scalar_type(), at::kBFloat16);  // sharded params (master)
+  EXPECT_EQ(m->gather(1).scalar_type(), at::kBFloat16);         // gathered unit / compute
   m->release(1);
-  EXPECT_EQ(m->rope(8).cos.scalar_type(), at::kFloat);                // RoPE tables
+  EXPECT_EQ(m->rope(8).cos.scalar_type(), at::kFloat);  // RoPE tables
   at::Tensor tokens = at::randint(0, 256, {2, 9}, at::kLong);
   EXPECT_EQ(m->logits(tokens.narrow(1, 0, 8)).scalar_type(), at::kFloat);  // logits
   at::Tensor loss = m->forward_loss(tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8), 0);
-  EXPECT_EQ(loss.scalar_type(), at::kFloat);                          // loss
+  EXPECT_EQ(loss.scalar_type(), at::kFloat);  // loss
   loss.backward();
-  EXPECT_EQ(m->units()[1].shard.grad().scalar_type(), at::kBFloat16); // grads
+  EXPECT_EQ(m->units()[1].shard.grad().scalar_type(), at::kBFloat16);  // grads
   std::vector<OptimTarget> targets;
   for (auto& u : m->units()) targets.push_back({u.layout.name, u.shard, 0, 0});
   for (const auto& s : make_optimizer(c, *m, targets)->state())
-    EXPECT_EQ(s.tensor.scalar_type(), at::kBFloat16) << s.key;        // optimizer moments
+    EXPECT_EQ(s.tensor.scalar_type(), at::kBFloat16) << s.key;  // optimizer moments
   Config c8 = load(test::small_config(dir), {"precision.mode=bf16", "optimizer.name=adamw8bit"});
-  for (const auto& s : make_optimizer(c8, *m, targets)->state()) {    // 8-bit: codes, absmax, fp32 moments
+  for (const auto& s : make_optimizer(c8, *m, targets)->state()) {  // 8-bit: codes, absmax, fp32 moments
     const bool codes = s.key.size() > 6 && s.key.compare(s.key.size() - 6, 6, ".codes") == 0;
     EXPECT_EQ(s.tensor.scalar_type(), codes ? at::kByte : at::kFloat) << s.key;
   }
   ASSERT_EQ(train(c), 0);
   auto measured = nlohmann::json::parse(read_text_file(dir / "run/memory.json"));
   EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(c, 1).to_json()));
-  EXPECT_EQ(measured["state_bytes_per_param"].get<double>(), 8.0);    // 2 + 2 + 2 x 2
+  EXPECT_EQ(measured["state_bytes_per_param"].get<double>(), 8.0);  // 2 + 2 + 2 x 2
 }
 
 TEST(Precision, Bf16StochasticRoundingIsReproducibleAndLearns) {
   test::TempDir dir;
   auto run = [&](const std::string& out, const std::string& sr) {
-    return train(load(test::small_config(dir), {"precision.mode=bf16", "precision.stochastic_rounding=" + sr,
-                                                "training.steps=60", "checkpoint.save_final=false", "run.output_dir=" + (dir / out)}));
+    return train(load(test::small_config(dir),
+                      {"precision.mode=bf16", "precision.stochastic_rounding=" + sr, "training.steps=60",
+                       "checkpoint.save_final=false", "run.output_dir=" + (dir / out)}));
   };
   ASSERT_EQ(run("a", "true"), 0);
   ASSERT_EQ(run("b", "true"), 0);
   ASSERT_EQ(run("c", "false"), 0);
   auto a = losses(dir / "a/metrics.jsonl"), b = losses(dir / "b/metrics.jsonl"), c = losses(dir / "c/metrics.jsonl");
-  EXPECT_EQ(a, b);                  // same seed: identical stochastic rounding
-  EXPECT_NE(a[60], c[60]);          // and it is really applied
-  EXPECT_LT(a[60], 0.75 * a[1]);    // learns
+  EXPECT_EQ(a, b);                // same seed: identical stochastic rounding
+  EXPECT_NE(a[60], c[60]);        // and it is really applied
+  EXPECT_LT(a[60], 0.75 * a[1]);  // learns
 }
 
 // Persistent state per parameter before dividing by the world size, measured from the tensors

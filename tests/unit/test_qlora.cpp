@@ -13,8 +13,8 @@
 #include "checkpoint/hf.h"
 #include "common/alloc_meter.h"
 #include "model/layout.h"
-#include "parallel/fsdp.h"
 #include "model/linear4bit.h"
+#include "parallel/fsdp.h"
 #include "quant/nf4.h"
 #include "test_util.h"
 
@@ -31,7 +31,8 @@ Layers make_layers(int n, int64_t dim) {
   Layers l;
   at::manual_seed(21);
   for (int i = 0; i < n; ++i) {
-    auto q = std::make_shared<const nf4::Quantized>(nf4::quantize(at::randn({dim, dim}) / std::sqrt(double(dim)), true));
+    auto q =
+        std::make_shared<const nf4::Quantized>(nf4::quantize(at::randn({dim, dim}) / std::sqrt(double(dim)), true));
     l.dense.push_back(nf4::dequantize(*q, at::kFloat));
     l.w4.push_back(std::move(q));
   }
@@ -63,7 +64,8 @@ TEST(Qlora, FourBitLinearHoldsNoDequantizedWeight) {
     return bytes;
   };
   const int64_t ours = held(false), naive = held(true);
-  std::printf("held after forward: 4-bit %lld bytes, naive %lld bytes (one weight %lld)\n", (long long)ours, (long long)naive, (long long)weight_bytes);
+  std::printf("held after forward: 4-bit %lld bytes, naive %lld bytes (one weight %lld)\n", (long long)ours,
+              (long long)naive, (long long)weight_bytes);
   // Per layer: the linear's output and tanh's output (2 activations); never a weight.
   EXPECT_LE(ours, 2 * n * act_bytes + 4096) << "bytes held after forward";
   EXPECT_GE(naive, ours + n * weight_bytes) << "the naive version should hold every dequantized weight";

@@ -63,7 +63,7 @@ TEST(SafetensorsMalformed, TruncatedFiles) {
   }
   expect_rejected("", "truncated");
   expect_rejected(good.substr(0, 5), "truncated");
-  expect_rejected(good.substr(0, 20), "truncated");           // header cut
+  expect_rejected(good.substr(0, 20), "truncated");                   // header cut
   expect_rejected(good.substr(0, good.size() - 4), "out of bounds");  // data cut: offsets past the end
 }
 
@@ -85,7 +85,9 @@ TEST(SafetensorsMalformed, OffsetsOutOfBounds) {
 
 TEST(SafetensorsMalformed, OverlapsHolesAndSizeMismatch) {
   expect_rejected(file_with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                                   R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "overlaps");
+                                   R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                   12),
+                  "overlaps");
   expect_rejected(file_with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "hole");
   expect_rejected(file_with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "do not match");
   expect_rejected(file_with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12), "trailing");
@@ -94,8 +96,9 @@ TEST(SafetensorsMalformed, OverlapsHolesAndSizeMismatch) {
 TEST(SafetensorsMalformed, BadEntries) {
   expect_rejected(file_with_header(R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", 1), "unsupported dtype");
   expect_rejected(file_with_header(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4), "shape");
-  expect_rejected(file_with_header(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})", 4),
-                  "overflow");
+  expect_rejected(
+      file_with_header(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})", 4),
+      "overflow");
   expect_rejected(file_with_header(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", 4), "lacks");
   expect_rejected(file_with_header(R"({"__metadata__":{"k":1}})", 0), "__metadata__");
 }

@@ -45,7 +45,8 @@ std::string chats_file(const test::TempDir& dir, int n) {
     for (int t = 0; t < 1 + i % 3; ++t)
       out += R"(, {"role": "assistant", "content": ")" + std::string(static_cast<size_t>(1 + (i * 7) % 11), 'a') +
              R"( answer"}, {"role": "user", "content": "more"})";
-    out += R"(, {"role": "assistant", "content": "done"}]})" "\n";
+    out += R"(, {"role": "assistant", "content": "done"}]})"
+           "\n";
   }
   test::write_text(dir / "chats.jsonl", out);
   return dir / "chats.jsonl";
@@ -59,7 +60,8 @@ TEST(Samples, EachRecordKindRendersWithItsLossMask) {
                    "{\"text\": \"the model trains\"}\n"
                    "\n"  // blank lines are skipped
                    "{\"prompt\": \"What is 2+2?\", \"completion\": \" 4\"}\n"
-                   "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hello\"}]}\n");
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": "
+                   "\"hello\"}]}\n");
   const int32_t bos = id("<|begin_of_text|>"), eos = id("<|end_of_text|>");
   for (bool on_prompt : {false, true}) {
     SampleOptions o;
@@ -126,10 +128,12 @@ TEST(Samples, LongSamplesAreTruncatedOrDroppedAndCounted) {
   test::TempDir dir;
   // A long text, a chat whose reply starts after the cut, and a short text.
   const std::string long_text(400, 'x');
-  test::write_text(dir / "d.jsonl", "{\"text\": \"" + long_text + "\"}\n"
-                   "{\"messages\": [{\"role\": \"user\", \"content\": \"" + std::string(200, 'q') + " " + std::string(200, 'w') +
-                   "\"}, {\"role\": \"assistant\", \"content\": \"late\"}]}\n"
-                   "{\"text\": \"short\"}\n");
+  test::write_text(dir / "d.jsonl", "{\"text\": \"" + long_text +
+                                        "\"}\n"
+                                        "{\"messages\": [{\"role\": \"user\", \"content\": \"" +
+                                        std::string(200, 'q') + " " + std::string(200, 'w') +
+                                        "\"}, {\"role\": \"assistant\", \"content\": \"late\"}]}\n"
+                                        "{\"text\": \"short\"}\n");
   const auto full = tok().encode(long_text);
   SampleOptions o;
   o.max_ids = 17;
@@ -215,7 +219,7 @@ TEST(Rows, PackingIsFirstFitSeededAndResumesAtAnyRow) {
   // across the epoch boundary, gives the same rows; another seed gives another order.
   SampleRows again(set, split, T, 3, true);
   const uint64_t k = static_cast<uint64_t>(f.rows) + 2;  // epoch 1
-  const Batch late = again.train_rows(k - 3, 5);        // rows spanning epochs 0 and 1
+  const Batch late = again.train_rows(k - 3, 5);         // rows spanning epochs 0 and 1
   const Batch direct = rows.train_rows(k - 3, 5);
   EXPECT_TRUE(at::equal(late.inputs, direct.inputs));
   EXPECT_TRUE(at::equal(late.targets, direct.targets));
@@ -241,7 +245,8 @@ TEST(Rows, TheSplitIsBySampleFixedAndDisjoint) {
       EXPECT_EQ(static_cast<int64_t>(s.train.size() + s.val.size()), n);
       EXPECT_TRUE(std::is_sorted(s.val.begin(), s.val.end()));
       EXPECT_GE(s.train.size(), 1u);
-      const int64_t want = fraction == 0 || n < 2 ? 0 : std::max<int64_t>(1, std::llround(static_cast<double>(n) * fraction));
+      const int64_t want =
+          fraction == 0 || n < 2 ? 0 : std::max<int64_t>(1, std::llround(static_cast<double>(n) * fraction));
       EXPECT_EQ(static_cast<int64_t>(s.val.size()), std::min(want, n - 1)) << n << " " << fraction;
       EXPECT_EQ(split_samples(n, fraction).val, s.val);  // the same draw every time
     }

@@ -46,7 +46,8 @@ TEST(StochasticRounding, RepresentableValuesAndSpecialsUnchanged) {
 }
 
 TEST(StochasticRounding, CudaKernelMatchesCpuReference) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
   at::manual_seed(1);
   at::Tensor v = at::randn({1 << 20}) * 100;
   at::Tensor cpu = stochastic_round_bf16(v, 99, 12345);

@@ -53,12 +53,15 @@ TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  refused(R"({"model": {"type": "Unigram", "vocab": []}, "normalizer": null, "pre_tokenizer": null})", "'Unigram' is not supported");
+  refused(R"({"model": {"type": "Unigram", "vocab": []}, "normalizer": null, "pre_tokenizer": null})",
+          "'Unigram' is not supported");
   refused(R"({"model": {"type": "WordPiece"}, "normalizer": null})", "'WordPiece' is not supported");
   refused(R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []}, "normalizer": null,
-              "pre_tokenizer": {"type": "Metaspace"}})", "byte_fallback");
+              "pre_tokenizer": {"type": "Metaspace"}})",
+          "byte_fallback");
   refused(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "normalizer": null,
-              "pre_tokenizer": {"type": "Metaspace"}})", "pre-tokenizer 'Metaspace' is not supported");
+              "pre_tokenizer": {"type": "Metaspace"}})",
+          "pre-tokenizer 'Metaspace' is not supported");
   refused("{not json", "not valid JSON");
   try {
     Tokenizer t(dir / "missing");
@@ -81,7 +84,8 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
   test::write_text(dir / "corpus.txt", text);
   const auto whole = tok.encode(text);
   int64_t calls = 0;
-  const auto chunked = tokenize_file(tok, dir / "corpus.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++calls; }, 64);
+  const auto chunked = tokenize_file(
+      tok, dir / "corpus.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++calls; }, 64);
   EXPECT_EQ(std::vector<uint32_t>(whole.begin(), whole.end()), chunked);
   EXPECT_GT(calls, 10) << "the small chunk size must cut the text many times";
 
@@ -94,7 +98,8 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
   }
   EXPECT_EQ(tokenize_file(tok, dir / "docs.jsonl", true, eot, nullptr), want);
   for (const auto& [line, needle] : std::vector<std::pair<std::string, std::string>>{
-           {"{\"text\": \"ok\"}\n{\"txt\": \"no text field\"}\n", "docs_bad.jsonl:2: a JSONL record needs a string field"},
+           {"{\"text\": \"ok\"}\n{\"txt\": \"no text field\"}\n",
+            "docs_bad.jsonl:2: a JSONL record needs a string field"},
            {"{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{broken\n", "docs_bad.jsonl:3: not valid JSON"}}) {
     test::write_text(dir / "docs_bad.jsonl", line);
     try {
@@ -130,10 +135,11 @@ TEST(Chat, RendersAndMasksAsTransformersAndGivesItsLoss) {
   at::Tensor ids = at::tensor(std::vector<int64_t>(s.ids.begin(), s.ids.end()), at::kLong).view({1, n});
   at::Tensor targets = at::tensor(s.targets(), at::kLong).view({1, n - 1});
   at::NoGradGuard no_grad;
-  const double loss = llama_loss(model, shape, model.rope(n), ids.narrow(1, 0, n - 1), targets, 0, at::kFloat).item<double>();
+  const double loss =
+      llama_loss(model, shape, model.rope(n), ids.narrow(1, 0, n - 1), targets, 0, at::kFloat).item<double>();
   EXPECT_NEAR(loss, expected.at("loss").get<double>(), 1e-5);
-  std::cout << "chat: " << n << " tokens, " << std::count(s.trained.begin(), s.trained.end(), 1) << " trained; loss " << loss
-            << " (transformers " << expected.at("loss").get<double>() << ")\n";
+  std::cout << "chat: " << n << " tokens, " << std::count(s.trained.begin(), s.trained.end(), 1) << " trained; loss "
+            << loss << " (transformers " << expected.at("loss").get<double>() << ")\n";
 
   // Everything trained with train_on_prompt; an unknown role is refused, naming it.
   const Sample all = render_chat(tok, messages, true);

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
@@ -25,11 +25,11 @@
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
 #include "test_util.h"
-#include "train_util.h"
-#include "train/memory.h"
 #include "train/export.h"
+#include "train/memory.h"
 #include "train/setup.h"
 #include "train/trainer.h"
+#include "train_util.h"
 
 using namespace ptrain;
 namespace fs = std::filesystem;
@@ -39,14 +39,16 @@ using test::losses;
 
 TEST(Train, LossFallsOver200Steps) {
   test::TempDir dir;
-  Config c = load(test::small_config(dir), {"training.steps=200", "training.log_every=10", "checkpoint.save_final=false"});
+  Config c =
+      load(test::small_config(dir), {"training.steps=200", "training.log_every=10", "checkpoint.save_final=false"});
   ASSERT_EQ(train(c), 0);
   auto l = losses(dir / "run/metrics.jsonl");
   ASSERT_EQ(l.count(1), 1u);
   ASSERT_EQ(l.count(200), 1u);
   EXPECT_NEAR(l[1], std::log(256.0), 0.3);  // a fresh model is close to uniform over bytes
   EXPECT_LT(l[200], 0.5 * l[1]) << "start " << l[1] << " end " << l[200];
-  for (const char* f : {"metrics.jsonl", "memory.json", "config.resolved.toml"}) EXPECT_TRUE(fs::exists(dir / ("run/" + std::string(f))));
+  for (const char* f : {"metrics.jsonl", "memory.json", "config.resolved.toml"})
+    EXPECT_TRUE(fs::exists(dir / ("run/" + std::string(f))));
   // One process communicates nothing.
   for (const char* k : {"comm_all_gather_bytes", "comm_reduce_scatter_bytes", "comm_all_reduce_bytes"})
     EXPECT_EQ(nlohmann::json::parse(last_line(dir / "run/metrics.jsonl"))[k].get<int64_t>(), 0) << k;
@@ -65,7 +67,9 @@ TEST(Train, ResumeIsBitExact) {
   ASSERT_TRUE(fs::exists(straight + "/checkpoints/step_10/meta.json"));
 
   // 10 steps (the step_10 checkpoint) + resume + 10 steps, into a separate output dir.
-  ASSERT_EQ(train(load(cfg, {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + straight + "/checkpoints/step_10"})), 0);
+  ASSERT_EQ(train(load(cfg, {"run.output_dir=" + (dir / "resumed"),
+                             "checkpoint.resume=" + straight + "/checkpoints/step_10"})),
+            0);
   auto a = losses(straight + "/metrics.jsonl"), b = losses(dir / "resumed/metrics.jsonl");
   for (int64_t step = 11; step <= 20; ++step) {
     ASSERT_TRUE(b.count(step)) << step;
@@ -131,7 +135,8 @@ TEST(Checkpoint, ExportThenHfImportIsExact) {
   FsdpModel imported(read_hf_config(dir / "hf"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
   imported.load(HfCheckpoint(dir / "hf").by_name());
   SafetensorsFile saved(ck + "/model.rank0.safetensors");
-  for (const auto& u : imported.units()) EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;  // ws 1: no padding
+  for (const auto& u : imported.units())
+    EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;  // ws 1: no padding
 }
 
 TEST(Eval, DeterministicAndEqualToManualWindows) {
@@ -198,7 +203,8 @@ TEST(Train, AdamW8bitBf16ResumeIsBitExact) {
   ASSERT_EQ(train(load(cfg, mode)), 0);
   const std::string straight = dir / "run";
   std::vector<std::string> resumed = mode;
-  resumed.insert(resumed.end(), {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + straight + "/checkpoints/step_5"});
+  resumed.insert(resumed.end(),
+                 {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + straight + "/checkpoints/step_5"});
   ASSERT_EQ(train(load(cfg, resumed)), 0);
   auto a = losses(straight + "/metrics.jsonl"), b = losses(dir / "resumed/metrics.jsonl");
   for (int64_t step = 6; step <= 10; ++step) EXPECT_EQ(a[step], b[step]) << "loss differs at step " << step;
@@ -218,8 +224,9 @@ TEST(Fsdp, PrefetchKeepsResultsAndAtMostTwoUnitsGathered) {
   double loss[2];
   for (int prefetch : {0, 1}) {
     for (bool ac : {false, true}) {
-      Config c = load(test::small_config(dir), {"precision.mode=mixed", std::string("parallel.prefetch=") + (prefetch ? "true" : "false"),
-                                                 std::string("memory.activation_checkpointing=") + (ac ? "full" : "none")});
+      Config c = load(test::small_config(dir),
+                      {"precision.mode=mixed", std::string("parallel.prefetch=") + (prefetch ? "true" : "false"),
+                       std::string("memory.activation_checkpointing=") + (ac ? "full" : "none")});
       auto m = build_model(c, at::kCPU, test::local_comm());
       at::manual_seed(3);
       at::Tensor tokens = at::randint(0, 256, {2, 17}, at::kLong);
@@ -304,10 +311,10 @@ TEST(Train, TinyChatQloraLearnsTheAnswers) {
     auto j = nlohmann::json::parse(line);
     if (j.contains("val_loss")) val.push_back(j["val_loss"].get<double>());
   }
-  ASSERT_EQ(val.size(), 3u);  // steps 50, 100, 150
+  ASSERT_EQ(val.size(), 3u);                 // steps 50, 100, 150
   EXPECT_NEAR(l[1], std::log(1006.0), 1.0);  // random weights: about uniform over the vocabulary
   EXPECT_LT(val[0], 0.5 * l[1]);
   EXPECT_LT(val[2], val[0]);
-  std::cout << "answer-token loss: step 1 " << l[1] << ", val_loss at steps 50/100/150 " << val[0] << " / " << val[1] << " / "
-            << val[2] << "\n";
+  std::cout << "answer-token loss: step 1 " << l[1] << ", val_loss at steps 50/100/150 " << val[0] << " / " << val[1]
+            << " / " << val[2] << "\n";
 }

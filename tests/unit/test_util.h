@@ -46,8 +46,8 @@ inline void write_text(const std::string& path, const std::string& text) {
 inline std::string synthetic_corpus(size_t bytes, uint32_t seed = 7) {
   static const std::vector<std::string> subjects{"the cat", "a dog", "my friend", "the old man", "our team", "she"};
   static const std::vector<std::string> verbs{"sees", "likes", "builds", "finds", "eats", "paints"};
-  static const std::vector<std::string> objects{"a red apple", "the small house", "two green birds", "the river",
-                                                "a long story", "bread"};
+  static const std::vector<std::string> objects{"a red apple", "the small house", "two green birds",
+                                                "the river",   "a long story",    "bread"};
   std::mt19937 rng(seed);
   std::string out;
   while (out.size() < bytes) {
@@ -61,8 +61,8 @@ inline std::string synthetic_corpus(size_t bytes, uint32_t seed = 7) {
 // n seeded chats as JSONL ({"messages": ...} per line) of varied lengths: an optional system
 // turn, one to three exchanges, replies of 1 to 12 words; trained tokens per sample vary.
 inline std::string chat_jsonl(const std::string& path, int n, uint32_t seed = 3) {
-  static const std::vector<std::string> words{"the", "model", "trains", "shards", "gradient", "memory", "rank", "token",
-                                              "layer", "weights", "12", "345", "café", "日本語"};
+  static const std::vector<std::string> words{"the",   "model", "trains",  "shards", "gradient", "memory", "rank",
+                                              "token", "layer", "weights", "12",     "345",      "café",   "日本語"};
   std::mt19937 rng(seed);
   auto sentence = [&](int k) {
     std::string s;
@@ -75,8 +75,9 @@ inline std::string chat_jsonl(const std::string& path, int n, uint32_t seed = 3)
     if (rng() % 2) out += "{\"role\": \"system\", \"content\": \"Answer briefly.\"}, ";
     const int turns = 1 + static_cast<int>(rng() % 3);
     for (int t = 0; t < turns; ++t)
-      out += std::string(t ? ", " : "") + "{\"role\": \"user\", \"content\": \"" + sentence(1 + static_cast<int>(rng() % 6)) +
-             "?\"}, {\"role\": \"assistant\", \"content\": \"" + sentence(1 + static_cast<int>(rng() % 12)) + ".\"}";
+      out += std::string(t ? ", " : "") + "{\"role\": \"user\", \"content\": \"" +
+             sentence(1 + static_cast<int>(rng() % 6)) + "?\"}, {\"role\": \"assistant\", \"content\": \"" +
+             sentence(1 + static_cast<int>(rng() % 12)) + ".\"}";
     out += "]}\n";
   }
   write_text(path, out);
@@ -100,11 +101,14 @@ inline std::string small_config(const TempDir& dir, const std::string& extra = "
   const std::string corpus = dir / "corpus.txt";
   if (!std::filesystem::exists(corpus)) write_text(corpus, synthetic_corpus(corpus_bytes));
   const std::string path = dir / "config.toml";
-  write_text(path, "[run]\nname = \"t\"\noutput_dir = \"" + (dir / "run") + "\"\nseed = 5\n"
-                   "[model]\n" + model +
-                   "[data]\npath = \"" + corpus + "\"\nseq_len = 32\nmicro_batch_size = 4\n"
-                   "[training]\nsteps = 20\nlog_every = 1\neval_every = 0\ndevice = \"cpu\"\n"
-                   "[optimizer]\nlr = 3e-3\n[lr_schedule]\nwarmup_steps = 5\n" + extra);
+  write_text(path, "[run]\nname = \"t\"\noutput_dir = \"" + (dir / "run") +
+                       "\"\nseed = 5\n"
+                       "[model]\n" +
+                       model + "[data]\npath = \"" + corpus +
+                       "\"\nseq_len = 32\nmicro_batch_size = 4\n"
+                       "[training]\nsteps = 20\nlog_every = 1\neval_every = 0\ndevice = \"cpu\"\n"
+                       "[optimizer]\nlr = 3e-3\n[lr_schedule]\nwarmup_steps = 5\n" +
+                       extra);
   return path;
 }
 

@@ -30,6 +30,8 @@ inline std::string last_line(const std::string& path) {
   return last;
 }
 
-inline Config load(const std::string& path, std::vector<std::string> sets = {}) { return load_config(path, sets, Environment{}); }
+inline Config load(const std::string& path, std::vector<std::string> sets = {}) {
+  return load_config(path, sets, Environment{});
+}
 
 }  // namespace ptrain::test
