@@ -48,17 +48,4 @@ at::Tensor linear4bit(const at::Tensor& x, const nf4::Quantized& weight) {
   return Linear4bitFn::apply(x, &weight);
 }
 
-at::Tensor lora_delta(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, const LoraOptions& options,
-                      bool training) {
-  at::Tensor in = training && options.dropout > 0 ? at::dropout(x, options.dropout, true) : x;
-  return gemm::linear(gemm::linear(in, a.to(x.scalar_type())), b.to(x.scalar_type())) * options.scale();
-}
-
-void init_lora(at::Tensor a, at::Tensor b, at::Generator& gen) {
-  at::NoGradGuard no_grad;
-  const double bound = 1.0 / std::sqrt(static_cast<double>(a.size(1)));
-  a.uniform_(-bound, bound, gen);
-  b.zero_();
-}
-
 }  // namespace ptrain

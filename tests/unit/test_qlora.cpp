@@ -82,24 +82,38 @@ TEST(Qlora, FourBitLinearGradientsMatchDenseReference) {
   EXPECT_TRUE(at::allclose(x.grad(), xr.grad(), 1e-5, 1e-6));
 }
 
-// Step 0: B = 0, so base + LoRA equals the base layer exactly; then the adapter's gradients
-// equal those of a dense float32 reference with the dequantized weight frozen.
+// Step 0: the trainer's adapter init (FsdpModel::init_adapters) draws A ~ U(-1/sqrt(in),
+// 1/sqrt(in)) and B = 0, so base + LoRA equals the base layer exactly; then the adapter's
+// gradients through the forward's own delta (BlockLora) equal those of a dense float32 reference
+// with the dequantized weight frozen.
 TEST(Qlora, LoraStartsAsBaseAndItsGradientsMatchDense) {
   Layers l = make_layers(1, 64);
-  LoraOptions o{8, 16.0, 0.0};
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
-  at::Tensor a = at::empty({8, 64}), b = at::empty({64, 8});
-  init_lora(a, b, gen);
+  LlamaShape s = test::small_shape();  // dim 64
+  FsdpOptions o;
+  o.lora = true;
+  o.lora_targets = {"q"};
+  o.lora_rank = 8;
+  FsdpModel model(s, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
+  model.init_adapters(4);
+  const FlatUnit& adapters = model.trainable_units().at(1);
+  at::Tensor a = slot_view(adapters.shard.detach(), adapters.layout.slots.at(0)).clone();
+  at::Tensor b = slot_view(adapters.shard.detach(), adapters.layout.slots.at(1)).clone();
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{8, 64}));
   EXPECT_LE(a.abs().max().item<double>(), 1.0 / 8.0);  // U(-1/sqrt(64), 1/sqrt(64))
+  EXPECT_GT(a.abs().max().item<double>(), 0.1);
   EXPECT_EQ(b.abs().max().item<double>(), 0.0);
+  BlockLora lora;
+  lora.scale = 16.0 / 8;
+  lora.a[0] = a, lora.b[0] = b;
   at::Tensor x = at::randn({3, 7, 64});
-  EXPECT_TRUE(at::equal(linear4bit(x, l.w4[0]) + lora_delta(x, a, b, o, true), linear4bit(x, l.w4[0])));
+  EXPECT_TRUE(at::equal(linear4bit(x, l.w4[0]) + lora.delta(Proj::q, x), linear4bit(x, l.w4[0])));
 
-  b.normal_(0, 0.1, gen);  // a trained adapter
+  b.normal_(0, 0.1);  // a trained adapter
   at::Tensor a1 = a.clone().requires_grad_(), b1 = b.clone().requires_grad_();
   at::Tensor a2 = a.clone().requires_grad_(), b2 = b.clone().requires_grad_();
-  at::Tensor y1 = linear4bit(x, l.w4[0]) + lora_delta(x, a1, b1, o, true);
-  at::Tensor y2 = at::linear(x, l.dense[0]) + at::linear(at::linear(x, a2), b2) * o.scale();
+  lora.a[0] = a1, lora.b[0] = b1;
+  at::Tensor y1 = linear4bit(x, l.w4[0]) + lora.delta(Proj::q, x);
+  at::Tensor y2 = at::linear(x, l.dense[0]) + at::linear(at::linear(x, a2), b2) * lora.scale;
   at::Tensor g = at::randn(y1.sizes());
   y1.backward(g);
   y2.backward(g);
