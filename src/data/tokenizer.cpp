@@ -2,13 +2,14 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <algorithm>
-#include <climits>
+#include <cstdlib>
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <queue>
 #include <unordered_map>
 
 #include "common/error.h"
@@ -21,7 +22,8 @@ using nlohmann::json;
 
 namespace {
 
-// UTF-8 encoding of one code point.
+// ---- UTF-8 ----------------------------------------------------------------------------------
+
 std::string utf8(uint32_t cp) {
   std::string s;
   if (cp < 0x80) {
@@ -47,12 +49,84 @@ size_t utf8_length(unsigned char c) {
   return c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
 }
 
-// The byte-level alphabet (GPT-2's bytes_to_unicode): printable bytes stand for themselves,
-// the other 68 are shifted to code points 256 and up, so every byte is one visible character.
-struct ByteLevel {
-  std::string of_byte[256];                          // byte -> its character, UTF-8
-  std::unordered_map<std::string, uint8_t> byte_of;  // and back
-  ByteLevel() {
+// The length of the valid UTF-8 sequence at s[i] (0 when there is none: an invalid byte).
+size_t valid_sequence(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  const size_t n = s.size();
+  if (c < 0x80) return 1;
+  auto cont = [&](size_t k) { return k < n && (b(k) & 0xC0) == 0x80; };
+  if (c >= 0xC2 && c <= 0xDF) return cont(i + 1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (i + 1 >= n) return 0;
+    const unsigned char lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    if (b(i + 1) < lo || b(i + 1) > hi) return 0;
+    return cont(i + 2) ? 3 : 0;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (i + 1 >= n) return 0;
+    const unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    if (b(i + 1) < lo || b(i + 1) > hi) return 0;
+    return cont(i + 2) && cont(i + 3) ? 4 : 0;
+  }
+  return 0;
+}
+
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = valid_sequence(s, i);
+    if (!n) return false;
+    i += n;
+  }
+  return true;
+}
+
+// Bytes to text the way Rust's String::from_utf8_lossy does it: each maximal invalid prefix of
+// a sequence becomes one U+FFFD.
+std::string lossy_utf8(const std::string& bytes) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size();) {
+    const size_t n = valid_sequence(bytes, i);
+    if (n) {
+      out.append(bytes, i, n);
+      i += n;
+      continue;
+    }
+    // The longest prefix of a valid sequence starting here, consumed as one replacement.
+    size_t k = 1;
+    const size_t want = utf8_length(static_cast<unsigned char>(bytes[i]));
+    while (want > 1 && k < want && i + k < bytes.size()) {
+      std::string probe = bytes.substr(i, k + 1) + std::string(want - k - 1, '\x80');
+      if (!valid_sequence(probe, 0)) break;
+      ++k;
+    }
+    out += "\xEF\xBF\xBD";
+    i += k;
+  }
+  return out;
+}
+
+uint32_t code_point(const std::string& s, size_t i, size_t n) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return cp;
+}
+
+// Unicode White_Space (Rust's char::is_whitespace), for added tokens' lstrip / rstrip.
+bool is_whitespace(uint32_t cp) {
+  return (cp >= 0x9 && cp <= 0xD) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// ---- the byte-level alphabet -------------------------------------------------------------------
+
+// GPT-2's bytes_to_unicode: printable bytes stand for themselves, the other 68 are shifted to
+// code points 256 and up, so every byte is one visible character.
+struct ByteLevelMap {
+  std::string of_byte[256];
+  std::unordered_map<std::string, uint8_t> byte_of;
+  ByteLevelMap() {
     uint32_t next = 256;
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
@@ -61,100 +135,45 @@ struct ByteLevel {
     }
   }
 };
-const ByteLevel& byte_level() {
-  static const ByteLevel b;
+const ByteLevelMap& byte_level() {
+  static const ByteLevelMap b;
   return b;
 }
 
-struct Pcre2Code {
-  pcre2_code* code = nullptr;
-  ~Pcre2Code() {
-    if (code) pcre2_code_free(code);
-  }
-};
+// GPT-2's pre-tokenizer regex, which ByteLevel(use_regex = true) splits with.
+constexpr const char* kGpt2Split = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-}  // namespace
+// ---- PCRE2 ------------------------------------------------------------------------------------
 
-struct Tokenizer::Impl {
-  std::string path;
-  std::unordered_map<std::string, int32_t> vocab;
-  std::unordered_map<int32_t, std::string> token_of;    // id -> vocabulary string (byte-level)
-  std::unordered_map<std::string, int32_t> merge_rank;  // "left\nright" -> rank
-  bool ignore_merges = false;
-  struct Added {
-    std::string content;
-    int32_t id;
-  };
-  std::vector<Added> added;                           // longest first
-  bool starts_added[256] = {};                        // a byte some added token starts with
-  std::unordered_map<int32_t, std::string> added_of;  // id -> content
-  Pcre2Code split;
-  int32_t max_id = -1;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // piece -> ids
-
-  [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
-
-  void bpe(const std::string& piece, std::vector<int32_t>& out) const {
-    auto hit = cache.find(piece);
-    if (hit != cache.end()) {
-      out.insert(out.end(), hit->second.begin(), hit->second.end());
-      return;
+class Regex {
+ public:
+  Regex(const std::string& pattern, const std::function<void(const std::string&)>& fail) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                          &offset, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      fail("the regex '" + pattern + "' does not compile at offset " + std::to_string(offset) + ": " +
+           reinterpret_cast<const char*>(msg));
     }
-    const ByteLevel& bl = byte_level();
-    std::string mapped;
-    for (unsigned char c : piece) mapped += bl.of_byte[c];
-    std::vector<int32_t> ids;
-    auto whole = vocab.find(mapped);
-    if (ignore_merges && whole != vocab.end()) {
-      ids.push_back(whole->second);
-    } else {
-      std::vector<std::string> symbols;
-      for (unsigned char c : piece) symbols.push_back(bl.of_byte[c]);
-      // Merge the lowest-ranked adjacent pair everywhere it occurs, left to right, until no
-      // pair has a rank. (A merge only creates pairs of later rank, so this is the same order
-      // as one merge at a time by (rank, position).)
-      while (symbols.size() > 1) {
-        int best = INT_MAX;
-        for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-          auto r = merge_rank.find(symbols[i] + '\n' + symbols[i + 1]);
-          if (r != merge_rank.end()) best = std::min(best, r->second);
-        }
-        if (best == INT_MAX) break;
-        std::vector<std::string> merged;
-        for (size_t i = 0; i < symbols.size(); ++i) {
-          if (i + 1 < symbols.size()) {
-            auto r = merge_rank.find(symbols[i] + '\n' + symbols[i + 1]);
-            if (r != merge_rank.end() && r->second == best) {
-              merged.push_back(symbols[i] + symbols[i + 1]);
-              ++i;
-              continue;
-            }
-          }
-          merged.push_back(symbols[i]);
-        }
-        symbols.swap(merged);
-      }
-      for (const auto& s : symbols) {
-        auto id = vocab.find(s);
-        if (id == vocab.end())
-          fail("the vocabulary has no token '" + s + "' (a byte-level BPE vocabulary holds all 256 bytes)");
-        ids.push_back(id->second);
-      }
-    }
-    if (cache.size() > (1u << 20)) cache.clear();
-    cache.emplace(piece, ids);
-    out.insert(out.end(), ids.begin(), ids.end());
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // best effort: the interpreter gives the same matches
   }
+  ~Regex() { pcre2_code_free(code_); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
 
-  // Pre-tokenizes ordinary text (no added tokens in it): the split regex's matches and the
-  // text between them, each piece through BPE.
-  void encode_plain(const std::string& text, std::vector<int32_t>& out) const {
-    if (text.empty()) return;
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(split.code, nullptr);
+  // The [begin, end) of every non-overlapping match, left to right (an empty match steps over
+  // one character).
+  std::vector<std::pair<size_t, size_t>> matches(const std::string& text) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    if (text.empty()) return out;
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    size_t pos = 0, last = 0;
+    size_t pos = 0;
     while (pos < text.size()) {
-      const int rc = pcre2_match(split.code, subject, text.size(), pos, pos == 0 ? 0 : PCRE2_NO_UTF_CHECK, md, nullptr);
+      const int rc = pcre2_match(code_, subject, text.size(), pos, pos == 0 ? 0 : PCRE2_NO_UTF_CHECK, md, nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
         pcre2_match_data_free(md);
@@ -164,17 +183,323 @@ struct Tokenizer::Impl {
                            "): " + reinterpret_cast<const char*>(msg));
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-      const size_t begin = ov[0], end = ov[1];
-      if (begin > last) bpe(text.substr(last, begin - last), out);  // text no alternative matched
-      if (end > begin) {
-        bpe(text.substr(begin, end - begin), out);
-        pos = last = end;
-      } else {  // an empty match: step over one character
-        pos = begin + utf8_length(static_cast<unsigned char>(text[begin]));
+      if (ov[1] > ov[0]) {
+        out.emplace_back(ov[0], ov[1]);
+        pos = ov[1];
+      } else {
+        pos = ov[0] + utf8_length(static_cast<unsigned char>(text[ov[0]]));
       }
     }
-    if (last < text.size()) bpe(text.substr(last), out);
     pcre2_match_data_free(md);
+    return out;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+// Splits `text` into the regex's matches and the text between them (Split, behavior Isolated).
+std::vector<std::string> split_isolated(const Regex& re, const std::string& text) {
+  std::vector<std::string> out;
+  size_t last = 0;
+  for (const auto& [b, e] : re.matches(text)) {
+    if (b > last) out.push_back(text.substr(last, b - last));
+    out.push_back(text.substr(b, e - b));
+    last = e;
+  }
+  if (last < text.size()) out.push_back(text.substr(last));
+  return out;
+}
+
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return s;
+  std::string out;
+  size_t pos = 0;
+  for (size_t hit; (hit = s.find(from, pos)) != std::string::npos; pos = hit + from.size())
+    out += s.substr(pos, hit - pos) + to;
+  return out + s.substr(pos);
+}
+
+}  // namespace
+
+// ---- the tokenizer ----------------------------------------------------------------------------
+
+struct Tokenizer::Impl {
+  std::string path;
+  [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
+
+  // Normalizer steps, in order.
+  struct NormStep {
+    enum Kind { nfc, nfd, nfkc, nfkd, lowercase, prepend, replace } kind;
+    std::string text, content;       // prepend: text; replace: pattern (string) -> content
+    std::shared_ptr<Regex> pattern;  // replace with a regex pattern
+  };
+  std::vector<NormStep> normalizer;
+
+  // Pre-tokenizer steps, in order.
+  struct PreStep {
+    enum Kind { split, byte_level, metaspace } kind;
+    std::shared_ptr<Regex> regex;  // split; byte_level with use_regex
+    std::string replacement;       // metaspace
+    enum Prepend { always, first, never } prepend = always;
+    bool split_words = true;  // metaspace: split before each replacement
+  };
+  std::vector<PreStep> pre;
+
+  // BPE.
+  std::unordered_map<std::string, int32_t> vocab;
+  std::vector<std::string> token_of;                                 // by id ("" where only an added token has the id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left id, right id) -> (rank, merged id)
+  bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
+  int32_t unk = -1;
+  int32_t byte_id[256];                                                 // byte_fallback: the id of "<0xNN>"
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // piece -> ids
+
+  // Decoder steps, in order, over the list of token strings.
+  struct DecStep {
+    enum Kind { byte_level, metaspace, replace, byte_fallback, fuse, strip } kind;
+    std::string from, to;  // replace; metaspace: from = replacement
+    bool prepend = true;   // metaspace: the first token's leading replacement is dropped
+    std::string strip_content;
+    int64_t start = 0, stop = 0;
+  };
+  std::vector<DecStep> decoder;
+  bool has_decoder = false;
+
+  struct Added {
+    std::string content, normalized_content;
+    int32_t id;
+    bool lstrip, rstrip, normalized;
+  };
+  std::vector<Added> added;  // longest content first
+  std::unordered_map<int32_t, std::string> added_of;
+  int32_t max_id = -1;
+
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+
+  std::string normalize(std::string s) const {
+    for (const auto& step : normalizer) {
+      switch (step.kind) {
+        case NormStep::nfc:
+        case NormStep::nfd:
+        case NormStep::nfkc:
+        case NormStep::nfkd: {
+          int options = UTF8PROC_STABLE;
+          options |= step.kind == NormStep::nfc || step.kind == NormStep::nfkc ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
+          if (step.kind == NormStep::nfkc || step.kind == NormStep::nfkd) options |= UTF8PROC_COMPAT;
+          utf8proc_uint8_t* out = nullptr;
+          const utf8proc_ssize_t n =
+              utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                           &out, static_cast<utf8proc_option_t>(options));
+          if (n < 0) throw RuntimeError(std::string("unicode normalization failed: ") + utf8proc_errmsg(n));
+          s.assign(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+          std::free(out);
+          break;
+        }
+        case NormStep::lowercase: {
+          std::string out;
+          for (size_t i = 0; i < s.size();) {
+            const size_t n = utf8_length(static_cast<unsigned char>(s[i]));
+            const uint32_t cp = code_point(s, i, n);
+            // Rust's char::to_lowercase; U+0130 is the one character it maps to two.
+            out += cp == 0x130 ? std::string("i\xCC\x87")
+                               : utf8(static_cast<uint32_t>(utf8proc_tolower(static_cast<int32_t>(cp))));
+            i += n;
+          }
+          s.swap(out);
+          break;
+        }
+        case NormStep::prepend:
+          if (!s.empty()) s = step.text + s;
+          break;
+        case NormStep::replace:
+          if (step.pattern) {
+            std::string out;
+            size_t last = 0;
+            for (const auto& [b, e] : step.pattern->matches(s))
+              out += s.substr(last, b - last) + step.content, last = e;
+            s = out + s.substr(last);
+          } else {
+            s = replace_all(s, step.text, step.content);
+          }
+          break;
+      }
+    }
+    return s;
+  }
+
+  // The pieces BPE sees; `at_start`: this text begins the whole input (Metaspace's "first").
+  std::vector<std::string> pre_tokenize(const std::string& text, bool at_start) const {
+    std::vector<std::string> pieces{text};
+    for (const auto& step : pre) {
+      std::vector<std::string> next;
+      for (size_t p = 0; p < pieces.size(); ++p) {
+        const std::string& piece = pieces[p];
+        switch (step.kind) {
+          case PreStep::split:
+            for (auto& s : split_isolated(*step.regex, piece)) next.push_back(std::move(s));
+            break;
+          case PreStep::byte_level: {
+            const ByteLevelMap& bl = byte_level();
+            for (const auto& s : step.regex ? split_isolated(*step.regex, piece) : std::vector<std::string>{piece}) {
+              std::string mapped;
+              for (unsigned char c : s) mapped += bl.of_byte[c];
+              next.push_back(std::move(mapped));
+            }
+            break;
+          }
+          case PreStep::metaspace: {
+            std::string s = replace_all(piece, " ", step.replacement);
+            const bool prepend =
+                step.prepend == PreStep::always || (step.prepend == PreStep::first && at_start && p == 0);
+            if (prepend && s.compare(0, step.replacement.size(), step.replacement) != 0) s = step.replacement + s;
+            if (!step.split_words) {
+              next.push_back(std::move(s));
+              break;
+            }
+            size_t begin = 0;  // each piece starts at a replacement (MergedWithNext)
+            for (size_t hit; (hit = s.find(step.replacement, begin + 1)) != std::string::npos && begin < s.size();
+                 begin = hit)
+              if (hit > begin) next.push_back(s.substr(begin, hit - begin));
+            if (begin < s.size()) next.push_back(s.substr(begin));
+            break;
+          }
+        }
+      }
+      pieces.swap(next);
+    }
+    return pieces;
+  }
+
+  void bpe(const std::string& piece, std::vector<int32_t>& out) const {
+    if (piece.empty()) return;
+    auto hit = cache.find(piece);
+    if (hit != cache.end()) {
+      out.insert(out.end(), hit->second.begin(), hit->second.end());
+      return;
+    }
+    std::vector<int32_t> ids;
+    auto whole = vocab.find(piece);
+    if (ignore_merges && whole != vocab.end()) {
+      ids.push_back(whole->second);
+    } else {
+      // The piece's characters, each its vocabulary id, else its bytes' <0xNN> tokens, else the
+      // unknown token (runs of which fuse_unk fuses).
+      std::vector<int32_t> syms;
+      for (size_t i = 0; i < piece.size();) {
+        const size_t n = std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
+        auto v = vocab.find(piece.substr(i, n));
+        if (v != vocab.end()) {
+          syms.push_back(v->second);
+        } else if (byte_fallback && std::all_of(piece.begin() + static_cast<std::ptrdiff_t>(i),
+                                                piece.begin() + static_cast<std::ptrdiff_t>(i + n),
+                                                [&](char c) { return byte_id[static_cast<unsigned char>(c)] >= 0; })) {
+          for (size_t k = i; k < i + n; ++k) syms.push_back(byte_id[static_cast<unsigned char>(piece[k])]);
+        } else if (unk >= 0) {
+          if (!(fuse_unk && !syms.empty() && syms.back() == unk)) syms.push_back(unk);
+        } else {
+          fail("the vocabulary cannot represent the character '" + piece.substr(i, n) +
+               "' (no byte fallback and no unknown token)");
+        }
+        i += n;
+      }
+      merge(syms);
+      ids = std::move(syms);
+    }
+    if (cache.size() > (1u << 20)) cache.clear();
+    cache.emplace(piece, ids);
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+
+  // BPE merges as HF tokenizers applies them: the pair of lowest rank first (leftmost among
+  // equals), until no adjacent pair has a merge.
+  void merge(std::vector<int32_t>& syms) const {
+    const size_t n = syms.size();
+    if (n < 2) return;
+    std::vector<int32_t> prev(n), next(n);
+    std::vector<char> alive(n, 1);
+    for (size_t i = 0; i < n; ++i)
+      prev[i] = static_cast<int32_t>(i) - 1, next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
+    struct Cand {
+      int32_t rank;
+      int32_t pos;
+      int32_t merged;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;
+    auto push = [&](int32_t pos) {
+      if (pos < 0 || next[pos] < 0) return;
+      auto m = merges.find(pair_key(syms[pos], syms[next[pos]]));
+      if (m != merges.end()) queue.push({m->second.first, pos, m->second.second});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
+    while (!queue.empty()) {
+      const Cand c = queue.top();
+      queue.pop();
+      if (!alive[c.pos] || next[c.pos] < 0) continue;
+      const int32_t right = next[c.pos];
+      auto m = merges.find(pair_key(syms[c.pos], syms[right]));
+      if (m == merges.end() || m->second.second != c.merged) continue;  // stale: a side changed
+      syms[c.pos] = c.merged;
+      alive[right] = 0;
+      next[c.pos] = next[right];
+      if (next[right] >= 0) prev[next[right]] = c.pos;
+      push(prev[c.pos]);
+      push(c.pos);
+    }
+    std::vector<int32_t> out;
+    for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(syms[i]);
+    syms.swap(out);
+  }
+
+  // Normalized text (no added token in it) through pre-tokenizer and BPE.
+  void encode_text(const std::string& text, bool at_start, std::vector<int32_t>& out) const {
+    if (text.empty()) return;
+    for (const auto& piece : pre_tokenize(text, at_start)) bpe(piece, out);
+  }
+
+  // Leftmost-longest added-token matches of `set` in `s` ([begin, end) with lstrip/rstrip
+  // taking the whitespace beside them).
+  struct Match {
+    size_t begin, end;
+    const Added* token;
+  };
+  std::vector<Match> find_added(const std::string& s, bool normalized_set) const {
+    std::vector<Match> out;
+    size_t floor = 0;  // where the previous match ended
+    for (size_t i = 0; i < s.size();) {
+      const Added* hit = nullptr;
+      for (const auto& a : added) {  // longest first
+        const std::string& c = normalized_set ? a.normalized_content : a.content;
+        if (a.normalized == normalized_set && !c.empty() && s.compare(i, c.size(), c) == 0) {
+          hit = &a;
+          break;
+        }
+      }
+      if (!hit) {
+        ++i;
+        continue;
+      }
+      size_t begin = i, end = i + (normalized_set ? hit->normalized_content : hit->content).size();
+      if (hit->lstrip)
+        while (begin > floor) {
+          size_t k = begin - 1;
+          while (k > floor && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
+          if (!is_whitespace(code_point(s, k, begin - k))) break;
+          begin = k;
+        }
+      if (hit->rstrip)
+        while (end < s.size()) {
+          const size_t n = utf8_length(static_cast<unsigned char>(s[end]));
+          if (!is_whitespace(code_point(s, end, n))) break;
+          end += n;
+        }
+      out.push_back({begin, end, hit});
+      i = floor = end;
+    }
+    return out;
   }
 };
 
@@ -189,26 +514,122 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
   } catch (const json::exception& e) {
     m.fail(std::string("not valid JSON: ") + e.what());
   }
+  auto fail = [&](const std::string& what) { m.fail(what); };
+  auto present = [](const json& o, const char* key) {
+    return o.is_object() && o.contains(key) && !o.at(key).is_null();
+  };
+  // A Sequence's steps (or the one step), for normalizer / pre-tokenizer / decoder.
+  auto steps_of = [&](const json& node, const char* list_key) {
+    std::vector<json> steps;
+    if (node.is_null()) return steps;
+    if (node.value("type", "") == "Sequence") {
+      for (const auto& s : node.at(list_key)) steps.push_back(s);
+    } else {
+      steps.push_back(node);
+    }
+    return steps;
+  };
+  // A Replace / Split pattern: {"String": s} or {"Regex": r}.
+  auto pattern_of = [&](const json& p, std::string& text) -> std::shared_ptr<Regex> {
+    if (p.contains("Regex")) return std::make_shared<Regex>(p.at("Regex").get<std::string>(), fail);
+    text = p.at("String").get<std::string>();
+    return nullptr;
+  };
   try {
+    if (!j.is_object()) m.fail("not a tokenizer.json object");
     const json& model = j.at("model");
     const std::string type = model.value("type", "");
     if (type != "BPE")
       m.fail("tokenizer model type '" + type +
-             "' is not supported; ptrain reads byte-level BPE tokenizers (Llama 3 family)");
-    auto present = [](const json& o, const char* key) { return o.contains(key) && !o.at(key).is_null(); };
-    if (present(j, "normalizer"))
-      m.fail("normalizer '" + j.at("normalizer").value("type", "?") + "' is not supported (byte-level BPE has none)");
-    if (model.value("byte_fallback", false)) m.fail("byte_fallback BPE (sentencepiece-style) is not supported");
+             "' is not supported; ptrain reads BPE tokenizers (byte-level as Llama 3 "
+             "and Qwen, or SentencePiece-style as Llama 2 and Mistral)");
     if (present(model, "continuing_subword_prefix") || present(model, "end_of_word_suffix"))
-      m.fail("continuing_subword_prefix / end_of_word_suffix are not supported");
+      m.fail("BPE continuing_subword_prefix / end_of_word_suffix are not supported");
+    if (present(model, "dropout") && model.at("dropout").get<double>() > 0)
+      m.fail("BPE dropout changes the ids from one call to the next; it is not supported");
+
+    for (const auto& step : steps_of(present(j, "normalizer") ? j.at("normalizer") : json(), "normalizers")) {
+      const std::string t = step.value("type", "");
+      Impl::NormStep s{};
+      if (t == "NFC")
+        s.kind = Impl::NormStep::nfc;
+      else if (t == "NFD")
+        s.kind = Impl::NormStep::nfd;
+      else if (t == "NFKC")
+        s.kind = Impl::NormStep::nfkc;
+      else if (t == "NFKD")
+        s.kind = Impl::NormStep::nfkd;
+      else if (t == "Lowercase")
+        s.kind = Impl::NormStep::lowercase;
+      else if (t == "Prepend")
+        s.kind = Impl::NormStep::prepend, s.text = step.at("prepend").get<std::string>();
+      else if (t == "Replace")
+        s.kind = Impl::NormStep::replace, s.pattern = pattern_of(step.at("pattern"), s.text),
+        s.content = step.at("content").get<std::string>();
+      else
+        m.fail("normalizer '" + t + "' is not supported (NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Sequence)");
+      m.normalizer.push_back(std::move(s));
+    }
+
+    for (const auto& step : steps_of(present(j, "pre_tokenizer") ? j.at("pre_tokenizer") : json(), "pretokenizers")) {
+      const std::string t = step.value("type", "");
+      Impl::PreStep s{};
+      if (t == "Split") {
+        s.kind = Impl::PreStep::split;
+        std::string literal;
+        s.regex = pattern_of(step.at("pattern"), literal);
+        if (!s.regex) m.fail("a Split pre-tokenizer on a plain string is not supported (a regex is)");
+        if (step.value("behavior", "") != "Isolated" || step.value("invert", false))
+          m.fail("Split behavior '" + step.value("behavior", "") + "'" +
+                 (step.value("invert", false) ? " inverted" : "") + " is not supported (Isolated)");
+      } else if (t == "ByteLevel") {
+        s.kind = Impl::PreStep::byte_level;
+        if (step.value("add_prefix_space", false)) m.fail("ByteLevel add_prefix_space is not supported");
+        if (step.value("use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Split, fail);
+      } else if (t == "Metaspace") {
+        s.kind = Impl::PreStep::metaspace;
+        s.replacement = step.value("replacement", std::string("\xE2\x96\x81"));
+        const std::string scheme =
+            step.value("prepend_scheme", step.value("add_prefix_space", true) ? "always" : "never");
+        if (scheme == "always")
+          s.prepend = Impl::PreStep::always;
+        else if (scheme == "first")
+          s.prepend = Impl::PreStep::first;
+        else if (scheme == "never")
+          s.prepend = Impl::PreStep::never;
+        else
+          m.fail("Metaspace prepend_scheme '" + scheme + "' is not supported");
+        s.split_words = step.value("split", true);
+      } else {
+        m.fail("pre-tokenizer '" + t + "' is not supported (Split, ByteLevel, Metaspace, Sequence)");
+      }
+      m.pre.push_back(std::move(s));
+    }
+
     m.ignore_merges = model.value("ignore_merges", false);
+    m.byte_fallback = model.value("byte_fallback", false);
+    m.fuse_unk = model.value("fuse_unk", false);
     for (const auto& [token, id] : model.at("vocab").items()) {
       const int32_t i = id.get<int32_t>();
+      if (i < 0) m.fail("vocabulary id " + std::to_string(i) + " is negative");
       m.vocab[token] = i;
-      m.token_of[i] = token;
+      if (static_cast<size_t>(i) >= m.token_of.size()) m.token_of.resize(static_cast<size_t>(i) + 1);
+      m.token_of[static_cast<size_t>(i)] = token;
       m.max_id = std::max(m.max_id, i);
     }
-    int rank = 0;
+    if (present(model, "unk_token")) {
+      auto u = m.vocab.find(model.at("unk_token").get<std::string>());
+      if (u == m.vocab.end())
+        m.fail("the unknown token '" + model.at("unk_token").get<std::string>() + "' is not in the vocabulary");
+      m.unk = u->second;
+    }
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      auto v = m.vocab.find(name);
+      m.byte_id[b] = v == m.vocab.end() ? -1 : v->second;
+    }
+    int32_t rank = 0;
     for (const auto& merge : model.at("merges")) {
       std::string left, right;
       if (merge.is_array()) {
@@ -221,53 +642,54 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
         left = s.substr(0, space);
         right = s.substr(space + 1);
       }
-      m.merge_rank.emplace(left + '\n' + right, rank++);
+      auto l = m.vocab.find(left), r = m.vocab.find(right), lr = m.vocab.find(left + right);
+      if (l == m.vocab.end() || r == m.vocab.end() || lr == m.vocab.end())
+        m.fail("merge '" + left + " " + right + "' names a token that is not in the vocabulary");
+      m.merges.emplace(Impl::pair_key(l->second, r->second), std::make_pair(rank++, lr->second));
     }
-    // Pre-tokenizer: Split(regex, Isolated) then ByteLevel(use_regex = false), as Llama 3.
-    const json& pre = j.at("pre_tokenizer");
-    std::vector<json> steps;
-    if (pre.value("type", "") == "Sequence")
-      for (const auto& p : pre.at("pretokenizers")) steps.push_back(p);
-    else
-      steps.push_back(pre);
-    std::string pattern;
-    bool byte_level_seen = false;
-    for (const auto& p : steps) {
-      const std::string t = p.value("type", "");
-      if (t == "Split") {
-        if (!pattern.empty()) m.fail("more than one Split pre-tokenizer is not supported");
-        if (!p.at("pattern").contains("Regex")) m.fail("a Split pre-tokenizer on a plain string is not supported");
-        pattern = p.at("pattern").at("Regex").get<std::string>();
-        if (p.value("behavior", "") != "Isolated" || p.value("invert", false))
-          m.fail("Split behavior '" + p.value("behavior", "") + "' is not supported (Isolated)");
-      } else if (t == "ByteLevel") {
-        if (p.value("use_regex", true))
-          m.fail("ByteLevel with its own GPT-2 regex is not supported (Llama 3 uses Split + ByteLevel)");
-        if (p.value("add_prefix_space", false)) m.fail("ByteLevel add_prefix_space is not supported");
-        byte_level_seen = true;
-      } else {
-        m.fail("pre-tokenizer '" + t + "' is not supported (Split + ByteLevel, as Llama 3)");
+
+    if (present(j, "decoder")) {
+      m.has_decoder = true;
+      for (const auto& step : steps_of(j.at("decoder"), "decoders")) {
+        const std::string t = step.value("type", "");
+        Impl::DecStep s{};
+        if (t == "ByteLevel") {
+          s.kind = Impl::DecStep::byte_level;
+        } else if (t == "Metaspace") {
+          s.kind = Impl::DecStep::metaspace;
+          s.from = step.value("replacement", std::string("\xE2\x96\x81"));
+          s.prepend =
+              step.value("prepend_scheme", step.value("add_prefix_space", true) ? "always" : "never") != "never";
+        } else if (t == "Replace") {
+          s.kind = Impl::DecStep::replace;
+          if (pattern_of(step.at("pattern"), s.from)) m.fail("a Replace decoder with a regex is not supported");
+          s.to = step.at("content").get<std::string>();
+        } else if (t == "ByteFallback") {
+          s.kind = Impl::DecStep::byte_fallback;
+        } else if (t == "Fuse") {
+          s.kind = Impl::DecStep::fuse;
+        } else if (t == "Strip") {
+          s.kind = Impl::DecStep::strip;
+          s.strip_content = step.at("content").get<std::string>();
+          s.start = step.value("start", int64_t{0});
+          s.stop = step.value("stop", int64_t{0});
+        } else {
+          m.fail("decoder '" + t +
+                 "' is not supported (ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)");
+        }
+        m.decoder.push_back(std::move(s));
       }
     }
-    if (pattern.empty() || !byte_level_seen) m.fail("the pre-tokenizer must be Split(regex) + ByteLevel (Llama 3's)");
-    int err = 0;
-    PCRE2_SIZE offset = 0;
-    m.split.code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
-                                 &err, &offset, nullptr);
-    if (!m.split.code) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      m.fail("the split regex does not compile at offset " + std::to_string(offset) + ": " +
-             reinterpret_cast<const char*>(msg));
-    }
-    pcre2_jit_compile(m.split.code, PCRE2_JIT_COMPLETE);  // best effort: the interpreter gives the same matches
+
     for (const auto& a : j.value("added_tokens", json::array())) {
-      if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false))
-        m.fail("added token '" + a.value("content", "") + "' uses lstrip/rstrip/single_word, which is not supported");
-      Impl::Added t{a.at("content").get<std::string>(), a.at("id").get<int32_t>()};
+      if (a.value("single_word", false))
+        m.fail("added token '" + a.value("content", "") + "' uses single_word, which is not supported");
+      Impl::Added t{a.at("content").get<std::string>(), "",
+                    a.at("id").get<int32_t>(),          a.value("lstrip", false),
+                    a.value("rstrip", false),           a.value("normalized", !a.value("special", false))};
       if (t.content.empty()) m.fail("an added token is empty");
+      t.normalized_content = t.normalized ? m.normalize(t.content) : t.content;
       m.added_of[t.id] = t.content;
-      m.starts_added[static_cast<unsigned char>(t.content[0])] = true;
       m.max_id = std::max(m.max_id, t.id);
       m.added.push_back(std::move(t));
     }
@@ -284,54 +706,127 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   const Impl& m = *impl_;
+  if (!valid_utf8(text)) throw RuntimeError("text to tokenize is not valid UTF-8 (" + m.path + ")");
   std::vector<int32_t> out;
-  size_t plain = 0;  // start of the ordinary text not yet encoded
-  for (size_t i = 0; i < text.size();) {
-    const Impl::Added* hit = nullptr;
-    if (m.starts_added[static_cast<unsigned char>(text[i])]) {
-      for (const auto& a : m.added) {  // longest first: the leftmost-longest added token
-        if (text.compare(i, a.content.size(), a.content) == 0) {
-          hit = &a;
-          break;
-        }
-      }
+  // Added tokens matched in the raw text split it; each stretch between them is normalized,
+  // split again on the added tokens matched after normalization, and encoded.
+  auto stretch = [&](const std::string& raw, bool at_start) {
+    if (raw.empty()) return;
+    const std::string norm = m.normalize(raw);
+    size_t last = 0;
+    for (const auto& hit : m.find_added(norm, true)) {
+      m.encode_text(norm.substr(last, hit.begin - last), at_start && last == 0, out);
+      out.push_back(hit.token->id);
+      last = hit.end;
     }
-    if (!hit) {
-      ++i;
-      continue;
-    }
-    m.encode_plain(text.substr(plain, i - plain), out);
-    out.push_back(hit->id);
-    i += hit->content.size();
-    plain = i;
+    m.encode_text(norm.substr(last), at_start && last == 0, out);
+  };
+  size_t last = 0;
+  for (const auto& hit : m.find_added(text, false)) {
+    stretch(text.substr(last, hit.begin - last), last == 0);
+    out.push_back(hit.token->id);
+    last = hit.end;
   }
-  m.encode_plain(text.substr(plain), out);
+  stretch(text.substr(last), last == 0);
   return out;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   const Impl& m = *impl_;
-  const ByteLevel& bl = byte_level();
-  std::string out;
+  std::vector<std::string> tokens;
   for (int32_t id : ids) {
     auto a = m.added_of.find(id);
     if (a != m.added_of.end()) {
-      out += a->second;
-      continue;
-    }
-    auto t = m.token_of.find(id);
-    if (t == m.token_of.end())
+      tokens.push_back(a->second);
+    } else if (id >= 0 && static_cast<size_t>(id) < m.token_of.size() && !m.token_of[static_cast<size_t>(id)].empty()) {
+      tokens.push_back(m.token_of[static_cast<size_t>(id)]);
+    } else {
       throw RuntimeError("token id " + std::to_string(id) + " is not in the vocabulary of " + m.path);
-    const std::string& s = t->second;
-    for (size_t i = 0; i < s.size();) {
-      const size_t n = utf8_length(static_cast<unsigned char>(s[i]));
-      auto b = bl.byte_of.find(s.substr(i, n));
-      if (b == bl.byte_of.end())
-        throw RuntimeError("token " + std::to_string(id) + " of " + m.path + " is not byte-level");
-      out += static_cast<char>(b->second);
-      i += n;
     }
   }
+  if (!m.has_decoder) {  // HF joins the tokens with spaces
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  for (const auto& step : m.decoder) {
+    std::vector<std::string> next;
+    switch (step.kind) {
+      case Impl::DecStep::byte_level: {  // every token's characters back to bytes, then text
+        const ByteLevelMap& bl = byte_level();
+        std::string bytes;
+        for (const auto& t : tokens) {
+          std::string b;
+          bool all = true;
+          for (size_t i = 0; i < t.size() && all;) {
+            const size_t n = utf8_length(static_cast<unsigned char>(t[i]));
+            auto hit = bl.byte_of.find(t.substr(i, n));
+            if (hit == bl.byte_of.end())
+              all = false;
+            else
+              b += static_cast<char>(hit->second);
+            i += n;
+          }
+          bytes += all ? b : t;
+        }
+        next.push_back(lossy_utf8(bytes));
+        break;
+      }
+      case Impl::DecStep::metaspace:
+        for (size_t i = 0; i < tokens.size(); ++i)
+          next.push_back(replace_all(tokens[i], step.from, i == 0 && step.prepend ? "" : " "));
+        break;
+      case Impl::DecStep::replace:
+        for (const auto& t : tokens) next.push_back(replace_all(t, step.from, step.to));
+        break;
+      case Impl::DecStep::byte_fallback: {  // runs of <0xNN> tokens to text
+        std::string run;
+        size_t run_tokens = 0;
+        auto flush = [&] {
+          if (!run_tokens) return;
+          if (valid_utf8(run))
+            next.push_back(run);
+          else
+            for (size_t k = 0; k < run_tokens; ++k) next.push_back("\xEF\xBF\xBD");
+          run.clear();
+          run_tokens = 0;
+        };
+        for (const auto& t : tokens) {
+          unsigned value = 0;
+          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+              std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
+            value = static_cast<unsigned>(std::stoul(t.substr(3, 2), nullptr, 16));
+            run += static_cast<char>(value);
+            ++run_tokens;
+          } else {
+            flush();
+            next.push_back(t);
+          }
+        }
+        flush();
+        break;
+      }
+      case Impl::DecStep::fuse: {
+        std::string all;
+        for (const auto& t : tokens) all += t;
+        next.push_back(all);
+        break;
+      }
+      case Impl::DecStep::strip:
+        for (const auto& t : tokens) {
+          size_t b = 0, e = t.size();
+          const std::string& c = step.strip_content;
+          for (int64_t k = 0; k < step.start && t.compare(b, c.size(), c) == 0 && b + c.size() <= e; ++k) b += c.size();
+          for (int64_t k = 0; k < step.stop && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0; ++k)
+            e -= c.size();
+          next.push_back(t.substr(b, e - b));
+        }
+        break;
+    }
+    tokens.swap(next);
+  }
+  std::string out;
+  for (const auto& t : tokens) out += t;
   return out;
 }
 
@@ -343,6 +838,19 @@ std::optional<int32_t> Tokenizer::id_of(const std::string& token) const {
   return std::nullopt;
 }
 
+bool Tokenizer::cuts_at_lines() const {
+  const Impl& m = *impl_;
+  for (const auto& s : m.normalizer)
+    if (s.kind == Impl::NormStep::prepend) return false;
+  bool splits = false;
+  for (const auto& s : m.pre) {
+    if (s.kind == Impl::PreStep::metaspace && s.prepend != Impl::PreStep::never) return false;
+    splits |= s.kind == Impl::PreStep::split || (s.kind == Impl::PreStep::byte_level && s.regex) ||
+              (s.kind == Impl::PreStep::metaspace && s.split_words);
+  }
+  return splits;
+}
+
 std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,
                                     int32_t end_of_document,
                                     const std::function<void(int64_t, int64_t, int64_t)>& progress,
@@ -352,6 +860,7 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
   std::vector<uint32_t> out;
   auto append = [&](const std::vector<int32_t>& ids) { out.insert(out.end(), ids.begin(), ids.end()); };
   auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  const bool cuts = tokenizer.cuts_at_lines();
   size_t pos = 0;
   int64_t line = 0;
   while (pos < data.size()) {
@@ -378,7 +887,7 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
         append(tokenizer.encode(text));
         if (end_of_document >= 0) out.push_back(static_cast<uint32_t>(end_of_document));
       }
-    } else if (data.size() - pos > chunk_bytes) {
+    } else if (cuts && data.size() - pos > chunk_bytes) {
       // The first newline after chunk_bytes that a non-space follows (else the rest).
       for (size_t i = pos + chunk_bytes; i + 1 < data.size(); ++i)
         if (data[i] == '\n' && !is_space(data[i + 1])) {

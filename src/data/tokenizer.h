@@ -1,10 +1,20 @@
-// Hugging Face tokenizer.json for byte-level BPE models (the Llama 3 / 3.1 / 3.2 family):
-// added (special) tokens matched literally first, then the pre-tokenizer's Split regex
-// (PCRE2 with Unicode properties), the byte-level mapping of each piece's UTF-8 bytes to
-// printable characters, and BPE merges by rank (whole pieces found in the vocabulary first,
-// as `ignore_merges` says). Decoding maps the byte-level characters back to bytes. Identical
-// ids to HF `tokenizers` (Tokenizer.ParityWithHfTokenizers). Other tokenizer types
-// (sentencepiece / Unigram / WordPiece, normalizers) are refused at load, naming the type.
+// Hugging Face tokenizer.json for BPE models, as HF `tokenizers` runs it:
+//   1. added tokens are matched in the raw text (leftmost-longest; `lstrip` / `rstrip` take the
+//      whitespace beside them), those marked `normalized` in the normalized text;
+//   2. the normalizer — NFC, NFD, NFKC, NFKD (utf8proc), Lowercase, Prepend, Replace (string or
+//      regex), Sequence — on each stretch of text between added tokens;
+//   3. the pre-tokenizer — Split(regex, Isolated) with PCRE2 and Unicode properties, ByteLevel
+//      (the GPT-2 byte-to-character map, with or without GPT-2's own regex), Metaspace (`▁`
+//      for spaces, prepend scheme, split), Sequence — into pieces;
+//   4. BPE merges by rank on each piece's characters (a piece found whole in the vocabulary
+//      first, with `ignore_merges`); a character outside the vocabulary becomes its UTF-8 bytes'
+//      `<0xNN>` tokens (`byte_fallback`) or the unknown token (`fuse_unk` fusing runs of them).
+// Decoding runs the decoder — ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip,
+// Sequence — over the tokens' strings, added tokens included. This covers Llama 3's byte-level
+// BPE, Qwen2/2.5/3's (NFC, digits one by one) and the SentencePiece-style BPE of Llama 2,
+// Mistral and TinyLlama; ids are identical to HF `tokenizers` (Tokenizer.* tests). Anything
+// else — another model type, normalizer, pre-tokenizer or decoder, an option that changes them —
+// is refused at load, naming it; never tokenized differently.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -24,14 +34,21 @@ class Tokenizer {
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  // Token ids of `text`; added tokens written in the text (e.g. "<|eot_id|>") become their ids.
+  // Token ids of `text` (HF's encode with add_special_tokens=False: no BOS added); added
+  // tokens written in the text (e.g. "<|eot_id|>") become their ids. Throws RuntimeError on
+  // text that is not valid UTF-8 or a character the vocabulary cannot represent.
   std::vector<int32_t> encode(const std::string& text) const;
-  // The text of `ids` (added tokens as written); throws on an id outside the vocabulary.
+  // The text of `ids` as HF's decode(skip_special_tokens=False) gives it; throws on an id
+  // outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;
   // The id of a token as written ("<|eot_id|>", or a vocabulary entry), if it has one.
   std::optional<int32_t> id_of(const std::string& token) const;
   int64_t vocab_size() const;  // largest id + 1
   const std::string& path() const;
+  // Whether encoding the pieces of a text cut after a newline that a non-space follows gives
+  // the ids of the whole text: true unless the normalizer or pre-tokenizer treats the start of
+  // a text specially (Prepend, Metaspace's prepend scheme) or nothing splits the text.
+  bool cuts_at_lines() const;
 
  private:
   struct Impl;
@@ -41,9 +58,9 @@ class Tokenizer {
 // Tokenizes a corpus file: plain text, or JSONL with one {"text": "..."} document per line
 // (each followed by `end_of_document` when >= 0). Plain text goes in chunks of about
 // `chunk_bytes`, each cut after a newline that a non-space follows — where no pre-token can
-// span the cut, so the ids equal encode() of the whole text. `progress(bytes_done, bytes_total,
-// tokens)` is called after each chunk. A malformed JSONL line throws RuntimeError naming
-// file:line.
+// span the cut, so the ids equal encode() of the whole text (tokenizers whose result depends
+// on where a text starts encode it whole). `progress(bytes_done, bytes_total, tokens)` is
+// called after each chunk. A malformed JSONL line throws RuntimeError naming file:line.
 std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,
                                     int32_t end_of_document,
                                     const std::function<void(int64_t, int64_t, int64_t)>& progress,

@@ -41,6 +41,34 @@ TEST(Tokenizer, ParityWithHfTokenizers) {
   EXPECT_EQ(tok.id_of("<|eot_id|>"), tok.encode("<|eot_id|>").at(0));
 }
 
+// The tokenizer.json set-ups of the other families (tests/fixtures/make_tokenizer_family_fixtures.py:
+// Qwen2's NFC + digit-by-digit regex with lstrip/rstrip/normalized added tokens, Llama 2's and
+// Mistral's SentencePiece-style BPE with byte fallback, NFKC + Lowercase + regex Replace under
+// GPT-2's regex, NFD + Metaspace splitting with an unknown token): the ids and the decoded text
+// HF `tokenizers` gives, for every text.
+TEST(Tokenizer, EveryFamilysSetUpMatchesHfTokenizers) {
+  const auto expected = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_families_expected.json")));
+  ASSERT_EQ(expected.size(), 5u);
+  for (const auto& [name, e] : expected.items()) {
+    Tokenizer tok(test::fixture("tokenizer_families/" + name));
+    const auto& texts = e.at("texts");
+    size_t same_ids = 0, same_text = 0, tokens = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const std::string text = texts[i].get<std::string>();
+      const auto want = e.at("ids")[i].get<std::vector<int32_t>>();
+      const auto got = tok.encode(text);
+      EXPECT_EQ(got, want) << name << " text " << i << ": '" << text << "'";
+      const std::string decoded = tok.decode(want);
+      EXPECT_EQ(decoded, e.at("decoded")[i].get<std::string>()) << name << " text " << i;
+      same_ids += got == want;
+      same_text += decoded == e.at("decoded")[i].get<std::string>();
+      tokens += want.size();
+    }
+    std::cout << name << ": " << same_ids << " of " << texts.size() << " texts (" << tokens << " tokens) encode and "
+              << same_text << " decode as HF tokenizers does\n";
+  }
+}
+
 TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
   test::TempDir dir;
   auto refused = [&](const std::string& json_text, const std::string& needle) {
@@ -56,12 +84,15 @@ TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
   refused(R"({"model": {"type": "Unigram", "vocab": []}, "normalizer": null, "pre_tokenizer": null})",
           "'Unigram' is not supported");
   refused(R"({"model": {"type": "WordPiece"}, "normalizer": null})", "'WordPiece' is not supported");
-  refused(R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []}, "normalizer": null,
-              "pre_tokenizer": {"type": "Metaspace"}})",
-          "byte_fallback");
-  refused(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "normalizer": null,
-              "pre_tokenizer": {"type": "Metaspace"}})",
-          "pre-tokenizer 'Metaspace' is not supported");
+  const std::string bpe = R"("model": {"type": "BPE", "vocab": {"a": 0}, "merges": []})";
+  refused("{" + bpe + R"(, "normalizer": {"type": "BertNormalizer"}})", "normalizer 'BertNormalizer' is not supported");
+  refused("{" + bpe + R"(, "pre_tokenizer": {"type": "Whitespace"}})", "pre-tokenizer 'Whitespace' is not supported");
+  refused("{" + bpe + R"(, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Removed"}})",
+          "Split behavior 'Removed'");
+  refused("{" + bpe + R"(, "decoder": {"type": "WordPiece"}})", "decoder 'WordPiece' is not supported");
+  refused("{" + bpe + R"(, "added_tokens": [{"id": 1, "content": "<x>", "single_word": true}]})", "single_word");
+  refused(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [], "dropout": 0.1}})", "dropout");
+  refused(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})", "merge 'a b' names a token");
   refused("{not json", "not valid JSON");
   try {
     Tokenizer t(dir / "missing");
