@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "data/chat.h"
 #include "model/shape.h"
 #include "optim/lr_schedule.h"
 
@@ -51,7 +52,9 @@ struct Config {
   struct Data {
     std::string path;  // text file (byte-level tokens), .bin token file or .jsonl records
     DataFormat format = DataFormat::text;
-    std::string tokenizer;                         // jsonl: tokenizer.json or its directory (default: model.hf_path)
+    std::string tokenizer;  // jsonl: tokenizer.json or its directory (default: model.hf_path)
+    ChatTemplate chat_template =
+        ChatTemplate::automatic;                   // jsonl chats: the template (auto: the tokenizer directory's)
     bool packing = false;                          // jsonl: several samples per row
     bool train_on_prompt = false;                  // jsonl: train on prompts too, not only on replies / completions
     Truncation truncation = Truncation::truncate;  // jsonl: samples longer than a row

@@ -1,12 +1,26 @@
-// Training samples from conversations and prompt/completion pairs, as Llama 3 Instruct renders
-// them, with the loss mask: which positions the model is trained to predict.
+// Training samples from conversations and documents, rendered as the model's own chat template
+// renders them, with the loss mask: which positions the model is trained to predict.
 //
-// Chat (Llama 3 Instruct's chat template): <|begin_of_text|>, then per message
-// <|start_header_id|>ROLE<|end_header_id|>\n\n CONTENT (trimmed) <|eot_id|>. Only the assistant
-// replies — their content and <|eot_id|> — are trained, unless train_on_prompt.
+// Templates (hand-written renderers, each proven equal — ids and mask — to transformers'
+// apply_chat_template with that template: Chat.* tests):
+//   llama3    Llama 3 Instruct: <|begin_of_text|>, per message
+//             <|start_header_id|>ROLE<|end_header_id|>\n\n CONTENT (trimmed) <|eot_id|>
+//   llama3.1  Llama 3.1 Instruct: llama3 plus a system header first, "Cutting Knowledge Date:
+//             December 2023\nToday Date: 26 Jul 2024\n\n" + the system message (trimmed)
+//   llama3.2  Llama 3.2 Instruct: llama3.1 with today's date (the template's strftime_now)
+//   qwen2.5   ChatML with Qwen2.5's default system message when the chat has none:
+//             <|im_start|>ROLE\n CONTENT <|im_end|>\n
+//   chatml    ChatML without a default system message
+//   mistral   Mistral v0.3 / Mistral-Small: <s>, user turns [INST] CONTENT[/INST] (the system
+//             message goes before the last user turn's content, so a chat that ends with a
+//             reply does not show it), replies " CONTENT(trimmed)</s>"
+// A reply's trained span is what the template adds for it after the role header: its content
+// and end-of-turn token (and ChatML's "\n" after it); everything else is masked unless
+// train_on_prompt.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ptrain {
@@ -14,7 +28,7 @@ namespace ptrain {
 class Tokenizer;
 
 struct ChatMessage {
-  std::string role;  // system, user, assistant, ipython
+  std::string role;  // system, user, assistant (llama3 also ipython)
   std::string content;
 };
 
@@ -25,7 +39,40 @@ struct Sample {
   std::vector<int64_t> targets() const;
 };
 
-// Throws RuntimeError for an unknown role, or a tokenizer without Llama 3's header tokens.
-Sample render_chat(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages, bool train_on_prompt);
+// data.chat_template: `automatic` recognizes the template in the tokenizer's directory.
+enum class ChatTemplate { automatic, llama3, llama3_1, llama3_2, qwen2_5, chatml, mistral };
+const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
+
+struct ChatFormat {
+  ChatTemplate kind = ChatTemplate::llama3;
+  std::string date;    // llama3.1 / 3.2: the system header's "Today Date"
+  std::string source;  // how it was chosen, for the log: "data.chat_template", "<dir>/tokenizer_config.json", ...
+  // Document markers of text and prompt/completion records ("" where the tokenizer has none):
+  // Llama 3's <|begin_of_text|> / <|end_of_text|>, Qwen's <|endoftext|>, else the
+  // tokenizer_config.json's bos_token / eos_token.
+  std::string bos, eos;
+};
+
+// The tokenizer's document markers {bos, eos} ("" where there is none): Llama 3's
+// <|begin_of_text|> / <|end_of_text|>, Qwen's <|endoftext|>, else tokenizer_config.json's
+// bos_token / eos_token, else <s> / </s>.
+std::pair<std::string, std::string> document_markers(const Tokenizer& tok);
+
+// The chat format for `tok`: the template `requested`, or (automatic) the one the tokenizer's
+// directory ships (chat_template.jinja or tokenizer_config.json's chat_template) recognized as
+// one above — or Llama 3's when the directory has none and the tokenizer has Llama 3's header
+// tokens. An unrecognized template, or none where one is needed, throws RuntimeError naming the
+// file and the options (a template is never guessed).
+ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested);
+
+// A conversation as the format's template renders it. Throws RuntimeError for a role the
+// template does not take, a conversation it refuses (Mistral: roles must alternate), or a reply
+// whose text merges with the template text around it into one token.
+Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::vector<ChatMessage>& messages,
+                   bool train_on_prompt);
+
+// bos, the parts (each trained or not), eos (trained), markers left out where there are none.
+Sample render_document(const Tokenizer& tok, const ChatFormat& format,
+                       const std::vector<std::pair<std::string, bool>>& parts, bool train_all);
 
 }  // namespace ptrain

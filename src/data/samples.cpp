@@ -32,23 +32,40 @@ std::vector<ChatMessage> messages_of(const json& j) {
   return out;
 }
 
-// <|begin_of_text|> parts... <|end_of_text|>, each part trained or not; the markers are left
-// out where the tokenizer has none.
-Sample document(const Tokenizer& tok, const std::vector<std::pair<std::string, bool>>& parts, bool train_all) {
-  Sample s;
-  auto add = [&](const std::vector<int32_t>& ids, bool trained) {
-    s.ids.insert(s.ids.end(), ids.begin(), ids.end());
-    s.trained.insert(s.trained.end(), ids.size(), trained || train_all);
-  };
-  if (auto bos = tok.id_of("<|begin_of_text|>")) add({*bos}, false);
-  for (const auto& [text, trained] : parts) add(tok.encode(text), trained);
-  if (auto eos = tok.id_of("<|end_of_text|>")) add({*eos}, true);
-  return s;
+// ShareGPT's {"from", "value"} turns; "human" / "gpt" are user / assistant.
+std::vector<ChatMessage> sharegpt_of(const json& j) {
+  const json& list = j.at("conversations");
+  if (!list.is_array() || list.empty())
+    throw RuntimeError("\"conversations\" must be a non-empty array of {\"from\", \"value\"}");
+  std::vector<ChatMessage> out;
+  for (const json& m : list) {
+    if (!m.is_object() || !m.contains("from") || !m.contains("value"))
+      throw RuntimeError("each turn of \"conversations\" needs \"from\" and \"value\"");
+    std::string role = string_field(m, "from");
+    if (role == "human") role = "user";
+    if (role == "gpt") role = "assistant";
+    out.push_back({role, string_field(m, "value")});
+  }
+  return out;
+}
+
+// Alpaca's instruction / input / output (and an optional system) as a conversation.
+std::vector<ChatMessage> alpaca_of(const json& j) {
+  if (!j.contains("output"))
+    throw RuntimeError("an Alpaca record needs \"instruction\" and \"output\" (\"input\" is optional)");
+  std::vector<ChatMessage> out;
+  if (j.contains("system") && !string_field(j, "system").empty()) out.push_back({"system", string_field(j, "system")});
+  std::string user = string_field(j, "instruction");
+  if (j.contains("input") && !string_field(j, "input").empty()) user += "\n\n" + string_field(j, "input");
+  out.push_back({"user", user});
+  out.push_back({"assistant", string_field(j, "output")});
+  return out;
 }
 
 }  // namespace
 
-Sample render_record(const Tokenizer& tok, const std::string& line, bool train_on_prompt, SampleStats& stats) {
+Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
+                     SampleStats& stats) {
   json j;
   try {
     j = json::parse(line);
@@ -56,24 +73,30 @@ Sample render_record(const Tokenizer& tok, const std::string& line, bool train_o
     throw RuntimeError(std::string("not valid JSON (") + e.what() + ")");
   }
   if (!j.is_object()) throw RuntimeError("a record must be a JSON object");
-  if (j.contains("messages")) {
+  const auto chat = [&](const std::vector<ChatMessage>& messages) {
     ++stats.chat;
-    return render_chat(tok, messages_of(j), train_on_prompt);
-  }
+    return render_chat(tok, format, messages, train_on_prompt);
+  };
+  if (j.contains("messages")) return chat(messages_of(j));
+  if (j.contains("conversations")) return chat(sharegpt_of(j));
+  if (j.contains("instruction")) return chat(alpaca_of(j));
   if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion"))
       throw RuntimeError("a prompt/completion record needs both \"prompt\" and \"completion\"");
     ++stats.prompt_completion;
-    return document(tok, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}}, train_on_prompt);
+    return render_document(tok, format, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}},
+                           train_on_prompt);
   }
   if (j.contains("text")) {
     ++stats.text;
-    return document(tok, {{string_field(j, "text"), true}}, true);
+    return render_document(tok, format, {{string_field(j, "text"), true}}, true);
   }
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
-  throw RuntimeError("a record needs \"text\", \"messages\", or \"prompt\" and \"completion\" (it has: " +
-                     (keys.empty() ? std::string("nothing") : keys) + ")");
+  throw RuntimeError(
+      "a record needs \"text\", \"messages\", \"conversations\" (ShareGPT), \"instruction\" and \"output\" "
+      "(Alpaca), or \"prompt\" and \"completion\" (it has: " +
+      (keys.empty() ? std::string("nothing") : keys) + ")");
 }
 
 bool SampleSet::add(const Sample& s, int64_t line) {
@@ -92,7 +115,8 @@ bool SampleSet::add(const Sample& s, int64_t line) {
   return true;
 }
 
-SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, const SampleOptions& o,
+SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
+                                const SampleOptions& o,
                                 const std::function<void(int64_t, int64_t, int64_t)>& progress) {
   const std::string data = read_text_file(path);
   SampleSet set;
@@ -109,7 +133,7 @@ SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, c
     ++set.stats.records;
     Sample s;
     try {
-      s = render_record(tok, record, o.train_on_prompt, set.stats);
+      s = render_record(tok, format, record, o.train_on_prompt, set.stats);
     } catch (const std::exception& e) {
       throw RuntimeError(path + ":" + std::to_string(line) + ": " + e.what());
     }

@@ -1,9 +1,15 @@
 // Training samples from a JSONL file, tokenized as the file is read: each line one record,
-//   {"text": "..."}                        <|begin_of_text|> text <|end_of_text|>, all trained
-//   {"messages": [{"role", "content"}..]}   Llama 3 Instruct's chat template (chat.h); only the
+//   {"text": "..."}                        BOS text EOS (the tokenizer's document markers), all
+//                                          trained
+//   {"messages": [{"role", "content"}..]}   the model's chat template (chat.h); only the
 //                                          assistant replies are trained
-//   {"prompt": "...", "completion": "..."}  <|begin_of_text|> prompt completion <|end_of_text|>;
-//                                          the completion and <|end_of_text|> are trained
+//   {"conversations": [{"from", "value"}..]} ShareGPT: from human / gpt / system (or user /
+//                                          assistant), rendered as "messages"
+//   {"instruction", "input", "output"}     Alpaca: one user turn (the instruction, then a blank
+//                                          line and the input when there is one; a "system"
+//                                          field before it), the output as the reply
+//   {"prompt": "...", "completion": "..."}  BOS prompt completion EOS; the completion and EOS
+//                                          are trained
 // (`train_on_prompt` trains every token). A sample longer than `max_ids` is cut to its first
 // `max_ids` ids or dropped; one with nothing left to train is dropped. Both are counted.
 // A malformed record or an unknown role throws RuntimeError naming FILE:LINE.
@@ -26,17 +32,18 @@ struct SampleOptions {
 };
 
 struct SampleStats {
-  int64_t records = 0;  // non-blank lines
-  int64_t text = 0, chat = 0, prompt_completion = 0;
-  int64_t truncated = 0;          // kept, cut to max_ids
-  int64_t dropped_too_long = 0;   // data.truncation = "drop"
-  int64_t dropped_untrained = 0;  // nothing trained (e.g. a chat without a reply, or cut before it)
+  int64_t records = 0;                                // non-blank lines
+  int64_t text = 0, chat = 0, prompt_completion = 0;  // chat: messages, ShareGPT and Alpaca records
+  int64_t truncated = 0;                              // kept, cut to max_ids
+  int64_t dropped_too_long = 0;                       // data.truncation = "drop"
+  int64_t dropped_untrained = 0;                      // nothing trained (e.g. a chat without a reply, or cut before it)
 };
 
 class SampleSet {
  public:
   // `progress(bytes_done, bytes_total, ids)` every 1000 records and at the end.
-  static SampleSet from_jsonl(const std::string& path, const Tokenizer& tokenizer, const SampleOptions& options,
+  static SampleSet from_jsonl(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
+                              const SampleOptions& options,
                               const std::function<void(int64_t, int64_t, int64_t)>& progress = nullptr);
 
   // Appends a sample (already within max_ids); returns false, counting it, when it trains nothing.
@@ -64,7 +71,7 @@ class SampleSet {
 };
 
 // One JSONL record as a sample (before truncation). Throws RuntimeError (without location).
-Sample render_record(const Tokenizer& tokenizer, const std::string& json_line, bool train_on_prompt,
-                     SampleStats& stats);
+Sample render_record(const Tokenizer& tokenizer, const ChatFormat& format, const std::string& json_line,
+                     bool train_on_prompt, SampleStats& stats);
 
 }  // namespace ptrain

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/log.h"
+#include "data/chat.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 
@@ -31,7 +32,8 @@ int run_tokenize(const TokenizeRequest& a) {
   if (width == 2 && tok.vocab_size() > 65536)
     throw UsageError("the tokenizer has " + std::to_string(tok.vocab_size()) + " tokens; ids need --token-bytes 4");
   const bool jsonl = fs::path(in).extension() == ".jsonl";
-  const auto eod = jsonl ? tok.id_of("<|end_of_text|>") : std::nullopt;
+  const std::string eod_token = jsonl ? document_markers(tok).second : std::string();
+  const auto eod = eod_token.empty() ? std::nullopt : tok.splitting_token(eod_token);
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last_report = 0;
@@ -48,8 +50,9 @@ int run_tokenize(const TokenizeRequest& a) {
   write_token_file(out, ids, static_cast<uint32_t>(tok.vocab_size()), static_cast<uint32_t>(width));
   log::info("wrote ", log::grouped(static_cast<double>(ids.size())), " tokens (vocab ", tok.vocab_size(), ", ", width,
             " bytes each",
-            jsonl ? std::string(eod ? ", <|end_of_text|> after each document" : ", no end-of-text token") : "", ") to ",
-            out, " in ", log::fixed(s, 2), " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)),
+            jsonl ? (eod ? ", " + eod_token + " after each document" : std::string(", no end-of-text token")) : "",
+            ") to ", out, " in ", log::fixed(s, 2),
+            " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)),
             " tokens/s (wall clock, one thread)");
   return 0;
 }

@@ -704,7 +704,7 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+std::vector<int32_t> Tokenizer::encode(const std::string& text, bool text_start) const {
   const Impl& m = *impl_;
   if (!valid_utf8(text)) throw RuntimeError("text to tokenize is not valid UTF-8 (" + m.path + ")");
   std::vector<int32_t> out;
@@ -723,11 +723,11 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   };
   size_t last = 0;
   for (const auto& hit : m.find_added(text, false)) {
-    stretch(text.substr(last, hit.begin - last), last == 0);
+    stretch(text.substr(last, hit.begin - last), text_start && last == 0);
     out.push_back(hit.token->id);
     last = hit.end;
   }
-  stretch(text.substr(last), last == 0);
+  stretch(text.substr(last), text_start && last == 0);
   return out;
 }
 
@@ -835,6 +835,12 @@ std::optional<int32_t> Tokenizer::id_of(const std::string& token) const {
     if (a.content == token) return a.id;
   auto v = impl_->vocab.find(token);
   if (v != impl_->vocab.end()) return v->second;
+  return std::nullopt;
+}
+
+std::optional<int32_t> Tokenizer::splitting_token(const std::string& text) const {
+  for (const auto& a : impl_->added)
+    if (a.content == text && !a.lstrip && !a.rstrip && !a.normalized) return a.id;
   return std::nullopt;
 }
 

@@ -37,12 +37,18 @@ class Tokenizer {
   // Token ids of `text` (HF's encode with add_special_tokens=False: no BOS added); added
   // tokens written in the text (e.g. "<|eot_id|>") become their ids. Throws RuntimeError on
   // text that is not valid UTF-8 or a character the vocabulary cannot represent.
-  std::vector<int32_t> encode(const std::string& text) const;
+  // `text_start = false` encodes `text` as the continuation of a text after an added token
+  // (Metaspace's "first" prepend scheme then adds nothing): how a chat template's pieces between
+  // special tokens are encoded.
+  std::vector<int32_t> encode(const std::string& text, bool text_start = true) const;
   // The text of `ids` as HF's decode(skip_special_tokens=False) gives it; throws on an id
   // outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;
   // The id of a token as written ("<|eot_id|>", or a vocabulary entry), if it has one.
   std::optional<int32_t> id_of(const std::string& token) const;
+  // An added token that `text` is exactly and that splits any text it appears in cleanly (no
+  // lstrip / rstrip, matched on the raw text): its id.
+  std::optional<int32_t> splitting_token(const std::string& text) const;
   int64_t vocab_size() const;  // largest id + 1
   const std::string& path() const;
   // Whether encoding the pieces of a text cut after a newline that a non-space follows gives

@@ -124,34 +124,9 @@ RunData token_stream(const Config& c, bool eval_only) {
   return d;
 }
 
-// The chat template a model directory ships, when it is not the one render_chat() writes
-// (Llama 3 Instruct's): Llama 3.1 / 3.2's add a default system header with dates.
-void warn_on_other_chat_template(const Tokenizer& tok) {
-  // transformers writes the template into tokenizer_config.json, or (since 4.5x) beside it.
-  const fs::path dir = fs::path(tok.path()).parent_path();
-  std::string template_text;
-  if (fs::is_regular_file(dir / "chat_template.jinja"))
-    template_text = read_text_file((dir / "chat_template.jinja").string());
-  try {
-    if (fs::is_regular_file(dir / "tokenizer_config.json")) {
-      const auto j = nlohmann::json::parse(read_text_file((dir / "tokenizer_config.json").string()));
-      if (j.contains("chat_template") && j["chat_template"].is_string())
-        template_text += j["chat_template"].get<std::string>();
-    }
-  } catch (const std::exception&) {
-    // not ours to validate: the tokenizer itself loaded
-  }
-  if (template_text.find("Cutting Knowledge Date") != std::string::npos)
-    log::warn(
-        dir.string(),
-        ": the chat template adds a default system header (\"Cutting Knowledge Date ...\", Llama 3.1 / "
-        "3.2); ptrain renders chats with Llama 3 Instruct's template, which has none: put such a system message in "
-        "your data where you want the model to see it");
-}
-
 RunData jsonl_samples(const Config& c, bool eval_only) {
   const Tokenizer tok(c.tokenizer_path());
-  warn_on_other_chat_template(tok);
+  const ChatFormat format = chat_format(tok, c.data.chat_template);
   SampleOptions o;
   o.max_ids = c.data.seq_len + 1;
   o.drop_too_long = c.data.truncation == Truncation::drop;
@@ -160,7 +135,7 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last = 0;
   auto set = std::make_shared<SampleSet>(
-      SampleSet::from_jsonl(c.data.path, tok, o, [&](int64_t done, int64_t total, int64_t ids) {
+      SampleSet::from_jsonl(c.data.path, tok, format, o, [&](int64_t done, int64_t total, int64_t ids) {
         if (seconds() - last < 1.0 || done == total) return;
         last = seconds();
         log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)),
@@ -193,8 +168,12 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
   const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
   d.report.push_back(
       "data: " + c.data.path + ": " + n(st.records) + " records (" + n(st.text) + " text, " + n(st.chat) + " chat, " +
-      n(st.prompt_completion) + " prompt/completion) tokenized with " + tok.path() + " in " + log::fixed(took, 2) +
-      " s (" + n(static_cast<int64_t>(static_cast<double>(set->total_ids()) / std::max(took, 1e-9))) + " tokens/s)");
+      n(st.prompt_completion) + " prompt/completion) tokenized with " + tok.path() +
+      (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] + " renders them (" +
+                     format.source + ")"
+               : std::string()) +
+      " in " + log::fixed(took, 2) + " s (" +
+      n(static_cast<int64_t>(static_cast<double>(set->total_ids()) / std::max(took, 1e-9))) + " tokens/s)");
   d.report.push_back(
       "samples: " + n(set->size()) + " (train " + n(static_cast<int64_t>(split.train.size())) + ", validation " +
       n(static_cast<int64_t>(split.val.size())) + ") | " + n(set->total_ids()) + " tokens | trained on " +

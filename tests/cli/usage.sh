@@ -58,13 +58,15 @@ expect 0 "samples: 40 \(train 38, validation 2\).*trained on" -- bash -c "'$bin'
 expect 0 "packing: [0-9]+ training rows of 256 per epoch, [0-9.]+% filled" -- "$bin" check "${chat[@]}"
 expect 0 "trained tokens in [0-9]+ rows of 256" -- "$bin" eval "${chat[@]}" --data "$tmp/chats.jsonl"
 expect 1 "chats.jsonl:1: a chat or prompt/completion record has a loss mask" -- "$bin" tokenize --tokenizer "$src/tests/fixtures/hf_chat" --in "$tmp/chats.jsonl" --out "$tmp/chats.bin"
-# A model directory whose chat template is not Llama 3 Instruct's (3.1's adds a dated system
-# header) gets a warning: ptrain renders the Llama 3 template.
-cp -r "$src/tests/fixtures/hf_chat" "$tmp/hf_chat31"
-echo '{"chat_template": "{{ \"Cutting Knowledge Date: December 2023\" }}"}' > "$tmp/hf_chat31/tokenizer_config.json"
-expect 0 "the chat template adds a default system header" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31"
-echo '{{ "Cutting Knowledge Date: December 2023" }}' > "$tmp/hf_chat31/chat_template.jinja"; echo '{}' > "$tmp/hf_chat31/tokenizer_config.json"
-expect 0 "the chat template adds a default system header" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31"
+# The model directory's chat template decides how chats render: Llama 3.1's (dated system
+# header) is recognized, in tokenizer_config.json or chat_template.jinja; a template ptrain does
+# not know is refused (exit 2) unless data.chat_template names one.
+cp -r "$src/tests/fixtures/hf_chat" "$tmp/hf_chat31"; rm -f "$tmp/hf_chat31/chat_template.jinja"  # the template moves to tokenizer_config.json
+echo '{"chat_template": "{{ bos_token }}<|start_header_id|>system<|end_header_id|>{{ \"Cutting Knowledge Date: December 2023\" }}"}' > "$tmp/hf_chat31/tokenizer_config.json"
+expect 0 "chats as llama3.1 renders them" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31"
+echo '{{ "<start_of_turn>" }}' > "$tmp/hf_chat31/chat_template.jinja"; echo '{}' > "$tmp/hf_chat31/tokenizer_config.json"
+expect 2 "chat_template.jinja: the chat template is not one ptrain recognizes.*data.chat_template" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31"
+expect 0 "chats as llama3 renders them \(data.chat_template\)" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31" --set data.chat_template=llama3
 # Resuming on other data is said, not silent: the checkpoint keeps the rows' fingerprint.
 expect 0 "" -- "$bin" "${chat[@]}" --set training.steps=2 --set training.eval_every=0 --set run.output_dir="$tmp/chatrun"
 expect 0 "\"data\": \"samples:[0-9a-f]{16}\"" -- cat "$tmp/chatrun/checkpoints/step_2/meta.json"

@@ -32,7 +32,14 @@ std::vector<int32_t> cat(std::initializer_list<std::vector<int32_t>> parts) {
   return out;
 }
 
-SampleSet load(const std::string& path, SampleOptions o = {}) { return SampleSet::from_jsonl(path, tok(), o); }
+const ChatFormat& format() {
+  static const ChatFormat f = chat_format(tok(), ChatTemplate::automatic);  // Llama 3's: the tokenizer's header tokens
+  return f;
+}
+
+SampleSet load(const std::string& path, SampleOptions o = {}) {
+  return SampleSet::from_jsonl(path, tok(), format(), o);
+}
 
 std::vector<int32_t> ids_of(const SampleSet& s, int64_t i) { return {s.ids(i), s.ids(i) + s.length(i)}; }
 std::vector<uint8_t> trained_of(const SampleSet& s, int64_t i) { return {s.trained(i), s.trained(i) + s.length(i)}; }
@@ -87,7 +94,7 @@ TEST(Samples, EachRecordKindRendersWithItsLossMask) {
     mask.insert(mask.end(), completion.size() + 1, 1);
     EXPECT_EQ(trained_of(s, 1), mask);
     // chat: exactly render_chat's (equal to transformers' apply_chat_template, Chat.* tests).
-    const Sample chat = render_chat(tok(), {{"user", "hi"}, {"assistant", "hello"}}, on_prompt);
+    const Sample chat = render_chat(tok(), format(), {{"user", "hi"}, {"assistant", "hello"}}, on_prompt);
     EXPECT_EQ(ids_of(s, 2), chat.ids);
     EXPECT_EQ(trained_of(s, 2), chat.trained);
     int64_t trained = 0;
@@ -109,6 +116,9 @@ TEST(Samples, BadRecordsNameTheFileAndLine) {
       {"{\"messages\": []}\n", "non-empty array"},
       {"{\"messages\": [{\"role\": \"user\"}]}\n", "needs \"role\" and \"content\""},
       {"{\"messages\": [{\"role\": \"robot\", \"content\": \"beep\"}]}\n", "unknown role 'robot'"},
+      {"{\"conversations\": [{\"from\": \"human\"}]}\n", "needs \"from\" and \"value\""},
+      {"{\"conversations\": [{\"from\": \"bot\", \"value\": \"x\"}]}\n", "unknown role 'bot'"},
+      {"{\"instruction\": \"do it\"}\n", "needs \"instruction\" and \"output\""},
   };
   for (const auto& [line, why] : cases) {
     test::write_text(dir / "bad.jsonl", good + "\n" + line + good);
@@ -122,6 +132,36 @@ TEST(Samples, BadRecordsNameTheFileAndLine) {
     }
   }
   EXPECT_THROW(load(dir / "missing.jsonl"), RuntimeError);
+}
+
+// Alpaca and ShareGPT records are the conversations they hold: the same samples (ids and loss
+// mask) as ptrain's {"messages"} records of the same turns.
+TEST(Samples, AlpacaAndShareGptAreTheirConversations) {
+  test::TempDir dir;
+  test::write_text(dir / "alpaca.jsonl",
+                   "{\"instruction\": \"Add the numbers.\", \"input\": \"2 and 3\", \"output\": \"5\"}\n"
+                   "{\"instruction\": \"Say hi.\", \"input\": \"\", \"output\": \"hi\", \"system\": \"Be brief.\"}\n");
+  test::write_text(dir / "sharegpt.jsonl",
+                   "{\"conversations\": [{\"from\": \"human\", \"value\": \"Add the numbers.\\n\\n2 and 3\"}, "
+                   "{\"from\": \"gpt\", \"value\": \"5\"}]}\n"
+                   "{\"conversations\": [{\"from\": \"system\", \"value\": \"Be brief.\"}, {\"from\": \"human\", "
+                   "\"value\": \"Say hi.\"}, {\"from\": \"gpt\", \"value\": \"hi\"}]}\n");
+  test::write_text(dir / "messages.jsonl",
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"Add the numbers.\\n\\n2 and 3\"}, "
+                   "{\"role\": \"assistant\", \"content\": \"5\"}]}\n"
+                   "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+                   "\"content\": \"Say hi.\"}, {\"role\": \"assistant\", \"content\": \"hi\"}]}\n");
+  const SampleSet want = load(dir / "messages.jsonl");
+  ASSERT_EQ(want.size(), 2);
+  for (const std::string name : {"alpaca.jsonl", "sharegpt.jsonl"}) {
+    const SampleSet got = load(dir / name);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    EXPECT_EQ(got.stats.chat, 2) << name;
+    for (int64_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(ids_of(got, i), ids_of(want, i)) << name << " record " << i;
+      EXPECT_EQ(trained_of(got, i), trained_of(want, i)) << name << " record " << i;
+    }
+  }
 }
 
 TEST(Samples, LongSamplesAreTruncatedOrDroppedAndCounted) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -152,7 +154,9 @@ TEST(Chat, RendersAndMasksAsTransformersAndGivesItsLoss) {
   const auto expected = nlohmann::json::parse(read_text_file(test::fixture("hf_chat_expected.json")));
   std::vector<ChatMessage> messages;
   for (const auto& m : expected.at("messages")) messages.push_back({m.at("role"), m.at("content")});
-  const Sample s = render_chat(tok, messages, false);
+  const ChatFormat format = chat_format(tok, ChatTemplate::automatic);
+  ASSERT_EQ(format.kind, ChatTemplate::llama3);
+  const Sample s = render_chat(tok, format, messages, false);
   EXPECT_EQ(s.ids, expected.at("ids").get<std::vector<int32_t>>());
   const auto labels = expected.at("labels").get<std::vector<int64_t>>();
   ASSERT_EQ(s.trained.size(), labels.size());
@@ -173,13 +177,70 @@ TEST(Chat, RendersAndMasksAsTransformersAndGivesItsLoss) {
             << loss << " (transformers " << expected.at("loss").get<double>() << ")\n";
 
   // Everything trained with train_on_prompt; an unknown role is refused, naming it.
-  const Sample all = render_chat(tok, messages, true);
+  const Sample all = render_chat(tok, format, messages, true);
   EXPECT_EQ(all.ids, s.ids);
   EXPECT_EQ(std::count(all.trained.begin(), all.trained.end(), 1), n);
   try {
-    render_chat(tok, {{"narrator", "hi"}}, false);
+    render_chat(tok, format, {{"narrator", "hi"}}, false);
     ADD_FAILURE() << "accepted an unknown role";
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("unknown role 'narrator'"), std::string::npos) << e.what();
+  }
+}
+
+// Each chat template as transformers' apply_chat_template renders it with the family's own
+// template (tests/fixtures/make_chat_template_fixtures.py): recognized from the model directory's
+// tokenizer_config.json, the same ids for multi-turn chats with and without a system message, and
+// the replies — what the template adds after each assistant header through its end of turn —
+// trained, nothing else.
+TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
+  const auto expected = nlohmann::json::parse(read_text_file(test::fixture("chat_templates_expected.json")));
+  const std::map<std::string, ChatTemplate> kinds{{"llama3.1", ChatTemplate::llama3_1},
+                                                  {"llama3.2", ChatTemplate::llama3_2},
+                                                  {"qwen2.5", ChatTemplate::qwen2_5},
+                                                  {"chatml", ChatTemplate::chatml},
+                                                  {"mistral", ChatTemplate::mistral}};
+  ASSERT_EQ(expected.size(), kinds.size());
+  for (const auto& [name, e] : expected.items()) {
+    Tokenizer tok(test::fixture("chat_templates/" + name));
+    ChatFormat format = chat_format(tok, ChatTemplate::automatic);
+    EXPECT_EQ(format.kind, kinds.at(name)) << name << " recognized from " << format.source;
+    if (format.kind == ChatTemplate::llama3_2) format.date = "26 Jul 2024";  // the fixture's date_string (else today)
+    int64_t trained = 0, tokens = 0;
+    for (size_t c = 0; c < e.at("chats").size(); ++c) {
+      std::vector<ChatMessage> messages;
+      for (const auto& m : e.at("chats")[c]) messages.push_back({m.at("role"), m.at("content")});
+      const Sample s = render_chat(tok, format, messages, false);
+      EXPECT_EQ(s.ids, e.at("ids")[c].get<std::vector<int32_t>>()) << name << " chat " << c;
+      const auto labels = e.at("labels")[c].get<std::vector<int64_t>>();
+      ASSERT_EQ(s.trained.size(), labels.size()) << name << " chat " << c;
+      for (size_t t = 0; t < labels.size(); ++t)
+        EXPECT_EQ(s.trained[t] != 0, labels[t] != -100) << name << " chat " << c << " position " << t;
+      trained += std::count(s.trained.begin(), s.trained.end(), 1);
+      tokens += static_cast<int64_t>(s.ids.size());
+    }
+    std::cout << name << ": " << e.at("chats").size() << " chats, " << tokens << " tokens, " << trained
+              << " trained, as transformers renders them\n";
+  }
+}
+
+// Templates ptrain does not render are refused with the file and the options, never guessed.
+TEST(Chat, UnknownTemplatesAreRefusedNamingTheOptions) {
+  test::TempDir dir;
+  for (const auto& [tmpl, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"{% for m in messages %}<start_of_turn>{{ m.content }}<end_of_turn>{% endfor %}",
+            "not one ptrain recognizes"},
+           {"{{ '<|im_start|>' }}{% if '</think>' in content %}<think>{% endif %}", "Qwen3"},
+           {"{{ ' [INST] ' + message['content'] + ' [/INST]' }}", "v0.1 / v0.2"}}) {
+    std::filesystem::copy_file(test::fixture("chat_templates/chatml/tokenizer.json"), dir / "tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    test::write_text(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", tmpl}}.dump());
+    try {
+      chat_format(Tokenizer(dir.path), ChatTemplate::automatic);
+      ADD_FAILURE() << "accepted " << tmpl;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("data.chat_template"), std::string::npos) << e.what();
+    }
   }
 }
