@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Writes data/tiny_chat.jsonl: synthetic chats for configs/tiny_chat_qlora.toml.
+"""Writes data/tiny_chat.jsonl: synthetic chats for configs/tiny_chat_qlora.toml (or, to an
+OUT ending in .parquet, the same chats as a ShareGPT Parquet file — a "conversations" column of
+{from, value} turns — for configs/tiny_qwen_chat_qlora.toml; that needs pyarrow, which the
+project venv has).
 
 Generated here from a fixed seed, so no third-party text is involved and every machine gets
 the same file. Each line is {"messages": [...]} in the roles Llama 3 Instruct uses; the
@@ -7,6 +10,7 @@ assistant's answers follow from the question by a rule (sums, word order, counti
 so a small model can learn them and the loss on answer tokens visibly falls.
 
     python3 launch/make_chat_data.py [OUT] [--chats N]
+    $PTRAIN_VENV/bin/python launch/make_chat_data.py data/tiny_chat_sharegpt.parquet
 """
 import json
 import random
@@ -63,9 +67,17 @@ def main():
         del args[i:i + 2]
     out = args[0] if args else "data/tiny_chat.jsonl"
     rng = random.Random(20261123)
-    with open(out, "w", encoding="utf-8") as f:
-        for _ in range(chats):
-            f.write(json.dumps(chat(rng)) + "\n")
+    records = [chat(rng) for _ in range(chats)]
+    if out.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        speaker = {"system": "system", "user": "human", "assistant": "gpt"}
+        turns = [[{"from": speaker[m["role"]], "value": m["content"]} for m in r["messages"]] for r in records]
+        pq.write_table(pa.table({"conversations": turns}), out)
+    else:
+        with open(out, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
     print(f"wrote {chats} chats to {out}")
 
 

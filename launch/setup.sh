@@ -13,8 +13,9 @@
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
-# Reference clients for the tests (HF export round trips, PEFT adapters, fixture scripts).
-PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0)
+# Reference clients for the tests (HF export round trips, PEFT adapters, fixture scripts), and
+# pyarrow, whose wheel ships the Arrow/Parquet C++ libraries ptrain reads Parquet datasets with.
+PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0 pyarrow==26.0.1)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"
 VENV="${PTRAIN_VENV:-$CACHE_HOME/ptrain/venv-torch-$TORCH_VERSION}"
@@ -102,6 +103,14 @@ if [ ! -s "$CHATS" ]; then
   python3 "$ROOT/launch/make_chat_data.py" "$CHATS.tmp" >/dev/null
   mv "$CHATS.tmp" "$CHATS"
   say "built $CHATS ($(wc -l < "$CHATS") chats)"
+fi
+
+# --- 3c. the same chats as ShareGPT Parquet, for configs/tiny_qwen_chat_qlora.toml (venv pyarrow)
+SHAREGPT="$ROOT/data/tiny_chat_sharegpt.parquet"
+if [ ! -s "$SHAREGPT" ]; then
+  "$VENV/bin/python" "$ROOT/launch/make_chat_data.py" "$SHAREGPT.tmp.parquet" >/dev/null
+  mv "$SHAREGPT.tmp.parquet" "$SHAREGPT"
+  say "built $SHAREGPT"
 fi
 
 [ "$DEPS_ONLY" = 1 ] && exit 0

@@ -20,7 +20,9 @@ struct PrecisionPolicy;
 // The options that take one of a few names, parsed once when the config loads; enum_names<E>()
 // lists the names as TOML spells them, in enumerator order (an unknown name is a config error
 // at its line, listing them).
-enum class DataFormat { text, tokens, jsonl };
+enum class DataFormat { text, tokens, jsonl, parquet };
+// jsonl and parquet: records (text, chats, prompt/completion) rendered into samples with a loss mask.
+inline bool holds_records(DataFormat f) { return f == DataFormat::jsonl || f == DataFormat::parquet; }
 enum class Truncation { truncate, drop };
 enum class DeviceChoice { automatic, cpu, cuda };  // "auto", "cpu", "cuda"
 enum class OptimizerName { adamw, adamw8bit };

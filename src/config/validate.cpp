@@ -11,6 +11,7 @@
 #include "checkpoint/peft.h"
 #include "common/fs_util.h"
 #include "config/config.h"
+#include "data/parquet.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "model/layout.h"
@@ -57,9 +58,13 @@ std::string check_data(const Config& c) {
     } catch (const std::exception& e) {
       return e.what();
     }
-  } else if (c.data.format == DataFormat::jsonl) {
+  } else if (holds_records(c.data.format)) {
     if (fs::file_size(c.data.path) == 0)
-      return "'" + c.data.path + "' is empty; a JSONL dataset holds one record per line";
+      return "'" + c.data.path + "' is empty; a dataset holds one record per line (JSONL) or row (Parquet)";
+    if (c.data.format == DataFormat::parquet && !parquet_supported())
+      return "this ptrain was built without Parquet support (no pyarrow in the build's venv); run launch/setup.sh, "
+             "which "
+             "installs it, and rebuild";
   } else if (static_cast<int64_t>(fs::file_size(c.data.path)) < 2 * window) {
     return "text file is shorter than two windows of seq_len+1 bytes";
   }
@@ -163,14 +168,15 @@ const std::vector<Rule>& rules() {
        }},
       {"data.tokenizer",
        [](const Config& c, const Environment& env) -> std::string {
-         if (c.data.format != DataFormat::jsonl)
+         if (!holds_records(c.data.format))
            return !c.data.tokenizer.empty()
-                      ? "applies to data.format = \"jsonl\" only (token files are tokenized already; "
+                      ? "applies to data.format = \"jsonl\" or \"parquet\" only (token files are tokenized already; "
                         "text is read as bytes)"
                       : "";
          if (!env.local) return "";  // --plan: no files are read
          if (c.tokenizer_path().empty())
-           return "data.format = \"jsonl\" needs a tokenizer: set data.tokenizer to a tokenizer.json (or the HF model "
+           return "data.format = \"" + name_of(c.data.format) +
+                  "\" needs a tokenizer: set data.tokenizer to a tokenizer.json (or the HF model "
                   "directory holding it), or model.hf_path to a model directory that has one";
          try {
            const Tokenizer tok(c.tokenizer_path());
@@ -184,20 +190,21 @@ const std::vector<Rule>& rules() {
        }},
       {"data.packing",
        [](const Config& c, const Environment&) -> std::string {
-         return c.data.packing && c.data.format != DataFormat::jsonl
-                    ? "applies to data.format = \"jsonl\" only (token streams already fill every row)"
+         return c.data.packing && !holds_records(c.data.format)
+                    ? "applies to data.format = \"jsonl\" or \"parquet\" only (token streams already fill every row)"
                     : "";
        }},
       {"data.train_on_prompt",
        [](const Config& c, const Environment&) -> std::string {
-         return c.data.train_on_prompt && c.data.format != DataFormat::jsonl
-                    ? "applies to data.format = \"jsonl\" only (text and token files train on every token)"
+         return c.data.train_on_prompt && !holds_records(c.data.format)
+                    ? "applies to data.format = \"jsonl\" or \"parquet\" only (text and token files train on every "
+                      "token)"
                     : "";
        }},
       {"data.truncation",
        [](const Config& c, const Environment&) -> std::string {
-         return c.data.truncation == Truncation::drop && c.data.format != DataFormat::jsonl
-                    ? "applies to data.format = \"jsonl\" only (token streams are cut into windows)"
+         return c.data.truncation == Truncation::drop && !holds_records(c.data.format)
+                    ? "applies to data.format = \"jsonl\" or \"parquet\" only (token streams are cut into windows)"
                     : "";
        }},
       {"data.seq_len", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.seq_len, 1); }},

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "data/parquet.h"
 #include "data/tokenizer.h"
 
 namespace ptrain {
@@ -119,23 +120,48 @@ SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, c
                                 const SampleOptions& o,
                                 const std::function<void(int64_t, int64_t, int64_t)>& progress) {
   const std::string data = read_text_file(path);
-  SampleSet set;
-  set.source_ = path;
+  std::vector<std::string> records;
+  std::vector<int64_t> lines, ends;  // each record's line and the byte after it
   size_t pos = 0;
   int64_t line = 0;
   while (pos < data.size()) {
     size_t end = data.find('\n', pos);
     end = end == std::string::npos ? data.size() : end + 1;
     ++line;
-    const std::string record = data.substr(pos, end - pos);
+    std::string record = data.substr(pos, end - pos);
     pos = end;
     if (record.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+    records.push_back(std::move(record));
+    lines.push_back(line);
+    ends.push_back(static_cast<int64_t>(pos));
+  }
+  return from_records(path, records, lines, ends, static_cast<int64_t>(data.size()), ":", tok, format, o, progress);
+}
+
+SampleSet SampleSet::from_parquet(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
+                                  const SampleOptions& o,
+                                  const std::function<void(int64_t, int64_t, int64_t)>& progress) {
+  const std::vector<std::string> records = parquet_records(path);
+  std::vector<int64_t> rows(records.size());
+  std::iota(rows.begin(), rows.end(), int64_t{1});
+  return from_records(path, records, rows, rows, static_cast<int64_t>(records.size()), ": row ", tok, format, o,
+                      progress);
+}
+
+SampleSet SampleSet::from_records(const std::string& path, const std::vector<std::string>& records,
+                                  const std::vector<int64_t>& where, const std::vector<int64_t>& done, int64_t total,
+                                  const std::string& separator, const Tokenizer& tok, const ChatFormat& format,
+                                  const SampleOptions& o,
+                                  const std::function<void(int64_t, int64_t, int64_t)>& progress) {
+  SampleSet set;
+  set.source_ = path;
+  for (size_t r = 0; r < records.size(); ++r) {
     ++set.stats.records;
     Sample s;
     try {
-      s = render_record(tok, format, record, o.train_on_prompt, set.stats);
+      s = render_record(tok, format, records[r], o.train_on_prompt, set.stats);
     } catch (const std::exception& e) {
-      throw RuntimeError(path + ":" + std::to_string(line) + ": " + e.what());
+      throw RuntimeError(path + separator + std::to_string(where[r]) + ": " + e.what());
     }
     if (o.max_ids > 0 && static_cast<int64_t>(s.ids.size()) > o.max_ids) {
       if (o.drop_too_long) {
@@ -146,11 +172,10 @@ SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, c
       s.ids.resize(o.max_ids);
       s.trained.resize(o.max_ids);
     }
-    set.add(s, line);
-    if (progress && (set.stats.records % 1000 == 0))
-      progress(static_cast<int64_t>(pos), static_cast<int64_t>(data.size()), set.total_ids());
+    set.add(s, where[r]);
+    if (progress && (set.stats.records % 1000 == 0)) progress(done[r], total, set.total_ids());
   }
-  if (progress) progress(static_cast<int64_t>(data.size()), static_cast<int64_t>(data.size()), set.total_ids());
+  if (progress) progress(total, total, set.total_ids());
   return set;
 }
 

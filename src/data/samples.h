@@ -1,4 +1,5 @@
-// Training samples from a JSONL file, tokenized as the file is read: each line one record,
+// Training samples from a JSONL file (or the rows of a Parquet file), tokenized as the file is
+// read: each line one record,
 //   {"text": "..."}                        BOS text EOS (the tokenizer's document markers), all
 //                                          trained
 //   {"messages": [{"role", "content"}..]}   the model's chat template (chat.h); only the
@@ -42,6 +43,11 @@ struct SampleStats {
 class SampleSet {
  public:
   // `progress(bytes_done, bytes_total, ids)` every 1000 records and at the end.
+  // from_parquet: each row of a Parquet file as the record its columns spell (parquet.h); errors
+  // name FILE: row N; progress counts rows.
+  static SampleSet from_parquet(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
+                                const SampleOptions& options,
+                                const std::function<void(int64_t, int64_t, int64_t)>& progress = nullptr);
   static SampleSet from_jsonl(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
                               const SampleOptions& options,
                               const std::function<void(int64_t, int64_t, int64_t)>& progress = nullptr);
@@ -61,6 +67,11 @@ class SampleSet {
   SampleStats stats;
 
  private:
+  // Records with their location (`path` + `separator` + where[i] in errors) and progress marks.
+  static SampleSet from_records(const std::string& path, const std::vector<std::string>& records,
+                                const std::vector<int64_t>& where, const std::vector<int64_t>& done, int64_t total,
+                                const std::string& separator, const Tokenizer& tok, const ChatFormat& format,
+                                const SampleOptions& o, const std::function<void(int64_t, int64_t, int64_t)>& progress);
   std::string source_;
   std::vector<int32_t> ids_;
   std::vector<uint8_t> trained_;

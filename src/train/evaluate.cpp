@@ -32,9 +32,10 @@ int run_eval(const EvalRequest& a) {
     if (!fs::is_regular_file(data)) throw UsageError("no such data file '" + data + "'");
     char magic[8] = {};
     std::ifstream(data, std::ios::binary).read(magic, 8);
-    const char* format = std::memcmp(magic, kTokenMagic, 8) == 0  ? "tokens"
-                         : fs::path(data).extension() == ".jsonl" ? "jsonl"
-                                                                  : "text";
+    const char* format = std::memcmp(magic, kTokenMagic, 8) == 0    ? "tokens"
+                         : fs::path(data).extension() == ".jsonl"   ? "jsonl"
+                         : fs::path(data).extension() == ".parquet" ? "parquet"
+                                                                    : "text";
     sets.push_back("data.path=" + data);
     sets.push_back(std::string("data.format=") + format);
   }
@@ -54,7 +55,7 @@ int run_eval(const EvalRequest& a) {
   EvalResult r = evaluate(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
   if (r.rows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");
   if (!print) return 0;
-  const bool windows = c.data.format != DataFormat::jsonl;
+  const bool windows = !holds_records(c.data.format);
   if (a.json) {
     nlohmann::ordered_json j = {{"data", path},
                                 {"model", source},

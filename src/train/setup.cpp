@@ -135,13 +135,14 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last = 0;
   auto set = std::make_shared<SampleSet>(
-      SampleSet::from_jsonl(c.data.path, tok, format, o, [&](int64_t done, int64_t total, int64_t ids) {
-        if (seconds() - last < 1.0 || done == total) return;
-        last = seconds();
-        log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)),
-                  " | ", log::grouped(static_cast<double>(ids)), " tokens | ",
-                  log::grouped(static_cast<double>(ids) / last), " tokens/s");
-      }));
+      (c.data.format == DataFormat::parquet ? SampleSet::from_parquet : SampleSet::from_jsonl)(
+          c.data.path, tok, format, o, [&](int64_t done, int64_t total, int64_t ids) {
+            if (seconds() - last < 1.0 || done == total) return;
+            last = seconds();
+            log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)),
+                      " | ", log::grouped(static_cast<double>(ids)), " tokens | ",
+                      log::grouped(static_cast<double>(ids) / last), " tokens/s");
+          }));
   const double took = seconds();
   const SampleStats& st = set->stats;
   if (set->size() == 0)
@@ -196,7 +197,7 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
 
 RunData open_data(const Config& c, bool eval_only) {
   try {
-    return c.data.format == DataFormat::jsonl ? jsonl_samples(c, eval_only) : token_stream(c, eval_only);
+    return holds_records(c.data.format) ? jsonl_samples(c, eval_only) : token_stream(c, eval_only);
   } catch (const RuntimeError& e) {
     const Config::Origin o = c.origin("data.path");
     throw ConfigError({{o.file, o.line, "data.path", e.what()}});

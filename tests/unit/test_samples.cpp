@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "data/chat.h"
+#include "data/parquet.h"
 #include "data/rows.h"
 #include "data/samples.h"
 #include "data/tokenizer.h"
@@ -162,6 +163,41 @@ TEST(Samples, AlpacaAndShareGptAreTheirConversations) {
       EXPECT_EQ(trained_of(got, i), trained_of(want, i)) << name << " record " << i;
     }
   }
+}
+
+// Parquet rows (written by pyarrow: tests/fixtures/make_parquet_fixtures.py) are the records their
+// columns spell: messages as list<struct<role, content>>, ShareGPT conversations, dictionary-
+// encoded Alpaca columns, large_string text beside an unused int64 column — the same samples as
+// the same records in JSONL. A column with no JSON equivalent is refused naming it.
+TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
+  if (!parquet_supported()) GTEST_SKIP() << "built without Parquet support (no pyarrow in the venv)";
+  const SampleSet want = load(test::fixture("parquet/records.jsonl"));
+  ASSERT_EQ(want.size(), 8);
+  int64_t at = 0;
+  for (const auto& [name, rows] : std::vector<std::pair<std::string, int64_t>>{
+           {"messages.parquet", 3}, {"alpaca.parquet", 3}, {"text.parquet", 2}}) {
+    const SampleSet got = SampleSet::from_parquet(test::fixture("parquet/" + name), tok(), format(), {});
+    ASSERT_EQ(got.size(), rows) << name;
+    for (int64_t i = 0; i < rows; ++i) {
+      EXPECT_EQ(ids_of(got, i), ids_of(want, at + i)) << name << " row " << i + 1;
+      EXPECT_EQ(trained_of(got, i), trained_of(want, at + i)) << name << " row " << i + 1;
+      EXPECT_EQ(got.line(i), i + 1);
+    }
+    if (name == "messages.parquet") {  // ShareGPT holds the same chats
+      const SampleSet sharegpt =
+          SampleSet::from_parquet(test::fixture("parquet/sharegpt.parquet"), tok(), format(), {});
+      ASSERT_EQ(sharegpt.size(), rows);
+      for (int64_t i = 0; i < rows; ++i) EXPECT_EQ(ids_of(sharegpt, i), ids_of(want, i)) << "sharegpt row " << i + 1;
+    }
+    at += rows;
+  }
+  try {
+    SampleSet::from_parquet(test::fixture("parquet/binary.parquet"), tok(), format(), {});
+    ADD_FAILURE() << "a binary column was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1: column 'blob' holds binary values"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(SampleSet::from_parquet(test::fixture("parquet/records.jsonl"), tok(), format(), {}), RuntimeError);
 }
 
 TEST(Samples, LongSamplesAreTruncatedOrDroppedAndCounted) {

@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "config/config.h"
 #include "data/dataset.h"
+#include "data/parquet.h"
 #include "model/layout.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
@@ -296,6 +297,33 @@ TEST(Train, JsonlResumeIsExact) {
 
 // configs/tiny_chat_qlora.toml as shipped (the data is launch/setup.sh's generated chats): the
 // loss on answer tokens starts near uniform over the vocabulary and falls, on held-out chats too.
+// configs/tiny_qwen_chat_qlora.toml: a Qwen-shaped model (q/k/v biases, tied embedding), its own
+// Qwen-style tokenizer and Qwen2.5 chat template (recognized from its directory), ShareGPT chats
+// from a Parquet file: the answer-token loss starts near uniform and falls.
+TEST(Train, TinyQwenChatQloraLearnsFromShareGptParquet) {
+  if (!parquet_supported()) GTEST_SKIP() << "built without Parquet support (no pyarrow in the venv)";
+  const std::string data = test::source_dir() + "/data/tiny_chat_sharegpt.parquet";
+  ASSERT_TRUE(fs::exists(data)) << data << " is missing: launch/setup.sh generates it";
+  test::TempDir dir;
+  Config c = load(test::source_dir() + "/configs/tiny_qwen_chat_qlora.toml",
+                  {"run.output_dir=" + (dir / "run"), "model.hf_path=" + test::fixture("hf_qwen_chat"),
+                   "data.path=" + data, "checkpoint.save_final=false"});
+  ASSERT_EQ(train(c), 0);
+  auto l = losses(dir / "run/metrics.jsonl");
+  std::vector<double> val;
+  std::ifstream in(dir / "run/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) val.push_back(j["val_loss"].get<double>());
+  }
+  ASSERT_EQ(val.size(), 3u);                // steps 50, 100, 150
+  EXPECT_NEAR(l[1], std::log(563.0), 1.0);  // random weights: about uniform over the vocabulary
+  EXPECT_LT(val[0], 0.7 * l[1]);
+  EXPECT_LT(val[2], val[0]);
+  std::cout << "Qwen chat from Parquet, answer-token loss: step 1 " << l[1] << ", val_loss at steps 50/100/150 "
+            << val[0] << " / " << val[1] << " / " << val[2] << "\n";
+}
+
 TEST(Train, TinyChatQloraLearnsTheAnswers) {
   const std::string data = test::source_dir() + "/data/tiny_chat.jsonl";
   ASSERT_TRUE(fs::exists(data)) << data << " is missing: launch/setup.sh generates it";
