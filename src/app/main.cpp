@@ -34,7 +34,7 @@ usage:
   ptrain eval    --config FILE [--set ...] [--checkpoint DIR] [--data PATH] [--json]
   ptrain compare --config FILE --modes LIST [--steps N] [--out DIR] [--set ...]
   ptrain export  --checkpoint DIR --out DIR [--merge]
-  ptrain tokenize --in TEXT|FILE.jsonl --out FILE.bin [--tokenizer DIR] [--token-bytes 2|4]
+  ptrain tokenize --in TEXT|FILE.jsonl --out FILE.bin [--tokenizer DIR] [--token-bytes 2|4] [--threads N]
   ptrain --help | --version | --config-reference
 
   train     trains as configured; writes config.resolved.toml, metrics.jsonl, memory.json and
@@ -75,9 +75,9 @@ Args parse_args(int argc, char** argv) {
     if (std::find(commands.begin(), commands.end(), a.command) == commands.end())
       throw UsageError("unknown command '" + a.command + "' (see ptrain --help)");
   }
-  static const std::vector<std::string> valued{"--config",      "--set",   "--world-size", "--gpu-memory",
-                                               "--checkpoint",  "--data",  "--out",        "--in",
-                                               "--token-bytes", "--modes", "--steps",      "--tokenizer"};
+  static const std::vector<std::string> valued{
+      "--config", "--set",         "--world-size", "--gpu-memory", "--checkpoint", "--data",   "--out",
+      "--in",     "--token-bytes", "--modes",      "--steps",      "--tokenizer",  "--threads"};
   for (; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -184,6 +184,7 @@ int cmd_tokenize(const Args& a) {
   r.out = required(a, "--out");
   if (a.options.count("--tokenizer")) r.tokenizer = a.options.at("--tokenizer");
   r.token_bytes = int_option(a, "--token-bytes", 0, 2);
+  r.threads = static_cast<int>(int_option(a, "--threads", 1, 1));
   if (r.token_bytes != 0 && r.token_bytes != 2 && r.token_bytes != 4) throw UsageError("--token-bytes must be 2 or 4");
   return run_tokenize(r);
 }

@@ -24,6 +24,7 @@ enum class DataFormat { text, tokens, jsonl, parquet };
 // jsonl and parquet: records (text, chats, prompt/completion) rendered into samples with a loss mask.
 inline bool holds_records(DataFormat f) { return f == DataFormat::jsonl || f == DataFormat::parquet; }
 enum class Truncation { truncate, drop };
+enum class BadRecord { error, skip };
 enum class DeviceChoice { automatic, cpu, cuda };  // "auto", "cpu", "cuda"
 enum class OptimizerName { adamw, adamw8bit };
 enum class PrecisionMode { fp32, mixed, bf16 };
@@ -54,7 +55,9 @@ struct Config {
   struct Data {
     std::string path;  // text file (byte-level tokens), .bin token file or .jsonl records
     DataFormat format = DataFormat::text;
-    std::string tokenizer;  // jsonl: tokenizer.json or its directory (default: model.hf_path)
+    std::string tokenizer;                       // jsonl: tokenizer.json or its directory (default: model.hf_path)
+    std::vector<std::string> fields;             // jsonl/parquet: "canonical=theirs" field names ("output=answer")
+    BadRecord on_bad_record = BadRecord::error;  // jsonl/parquet: stop at a malformed record, or skip and count it
     ChatTemplate chat_template =
         ChatTemplate::automatic;                   // jsonl chats: the template (auto: the tokenizer directory's)
     bool packing = false;                          // jsonl: several samples per row

@@ -12,6 +12,7 @@
 #include "common/fs_util.h"
 #include "config/config.h"
 #include "data/parquet.h"
+#include "data/samples.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "model/layout.h"
@@ -187,6 +188,23 @@ const std::vector<Rule>& rules() {
            return e.what();
          }
          return "";
+       }},
+      {"data.fields",
+       [](const Config& c, const Environment&) -> std::string {
+         for (const auto& f : c.data.fields) {
+           const auto eq = f.find('=');
+           const std::string canonical = f.substr(0, eq);
+           const auto& known = record_fields();
+           if (eq == std::string::npos || eq + 1 == f.size())
+             return "'" + f + "' is not \"canonical=theirs\" (e.g. \"output=answer\")";
+           if (std::find(known.begin(), known.end(), canonical) == known.end())
+             return "'" + canonical +
+                    "' is not a record field (text, messages, role, content, conversations, from, value, "
+                    "instruction, input, output, system, prompt, completion)";
+         }
+         return !c.data.fields.empty() && !holds_records(c.data.format)
+                    ? "applies to data.format = \"jsonl\" or \"parquet\" only"
+                    : "";
        }},
       {"data.packing",
        [](const Config& c, const Environment&) -> std::string {

@@ -65,8 +65,33 @@ std::vector<ChatMessage> alpaca_of(const json& j) {
 
 }  // namespace
 
+const std::vector<std::string>& record_fields() {
+  static const std::vector<std::string> f{"text",   "messages", "role",        "content", "conversations",
+                                          "from",   "value",    "instruction", "input",   "output",
+                                          "system", "prompt",   "completion"};
+  return f;
+}
+
+namespace {
+// Renames a dataset's own field names to the canonical ones, in the record and in its turns.
+void canonical_names(json& j, const FieldNames& fields) {
+  if (fields.empty() || !j.is_object()) return;
+  auto rename = [&](json& o) {
+    for (const auto& [canonical, theirs] : fields)
+      if (o.is_object() && o.contains(theirs) && !o.contains(canonical)) {
+        o[canonical] = std::move(o[theirs]);
+        o.erase(theirs);
+      }
+  };
+  rename(j);
+  for (const char* list : {"messages", "conversations"})
+    if (j.contains(list) && j[list].is_array())
+      for (auto& turn : j[list]) rename(turn);
+}
+}  // namespace
+
 Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
-                     SampleStats& stats) {
+                     SampleStats& stats, const FieldNames& fields) {
   json j;
   try {
     j = json::parse(line);
@@ -74,9 +99,11 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
     throw RuntimeError(std::string("not valid JSON (") + e.what() + ")");
   }
   if (!j.is_object()) throw RuntimeError("a record must be a JSON object");
+  canonical_names(j, fields);
   const auto chat = [&](const std::vector<ChatMessage>& messages) {
-    ++stats.chat;
-    return render_chat(tok, format, messages, train_on_prompt);
+    Sample s = render_chat(tok, format, messages, train_on_prompt);
+    ++stats.chat;  // counted once rendered: a record skipped as bad is counted there
+    return s;
   };
   if (j.contains("messages")) return chat(messages_of(j));
   if (j.contains("conversations")) return chat(sharegpt_of(j));
@@ -84,13 +111,15 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
   if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion"))
       throw RuntimeError("a prompt/completion record needs both \"prompt\" and \"completion\"");
+    Sample s = render_document(tok, format, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}},
+                               train_on_prompt);
     ++stats.prompt_completion;
-    return render_document(tok, format, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}},
-                           train_on_prompt);
+    return s;
   }
   if (j.contains("text")) {
+    Sample s = render_document(tok, format, {{string_field(j, "text"), true}}, true);
     ++stats.text;
-    return render_document(tok, format, {{string_field(j, "text"), true}}, true);
+    return s;
   }
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
@@ -159,9 +188,12 @@ SampleSet SampleSet::from_records(const std::string& path, const std::vector<std
     ++set.stats.records;
     Sample s;
     try {
-      s = render_record(tok, format, records[r], o.train_on_prompt, set.stats);
+      s = render_record(tok, format, records[r], o.train_on_prompt, set.stats, o.fields);
     } catch (const std::exception& e) {
-      throw RuntimeError(path + separator + std::to_string(where[r]) + ": " + e.what());
+      const std::string why = path + separator + std::to_string(where[r]) + ": " + e.what();
+      if (!o.skip_bad_records) throw RuntimeError(why);
+      if (set.stats.skipped_bad++ == 0) set.stats.first_bad = why;
+      continue;
     }
     if (o.max_ids > 0 && static_cast<int64_t>(s.ids.size()) > o.max_ids) {
       if (o.drop_too_long) {

@@ -26,10 +26,18 @@ namespace ptrain {
 
 class Tokenizer;
 
+// The record fields a dataset names differently: canonical field -> its name in the data
+// (data.fields, e.g. instruction -> "question"). Canonical fields: text, messages, role, content,
+// conversations, from, value, instruction, input, output, system, prompt, completion.
+using FieldNames = std::vector<std::pair<std::string, std::string>>;
+const std::vector<std::string>& record_fields();
+
 struct SampleOptions {
   int64_t max_ids = 0;  // seq_len + 1: the ids one row holds (its seq_len predictions)
   bool drop_too_long = false;
   bool train_on_prompt = false;
+  bool skip_bad_records = false;  // data.on_bad_record = "skip": count and report them instead of stopping
+  FieldNames fields;
 };
 
 struct SampleStats {
@@ -37,6 +45,8 @@ struct SampleStats {
   int64_t text = 0, chat = 0, prompt_completion = 0;  // chat: messages, ShareGPT and Alpaca records
   int64_t truncated = 0;                              // kept, cut to max_ids
   int64_t dropped_too_long = 0;                       // data.truncation = "drop"
+  int64_t skipped_bad = 0;                            // malformed records skipped (data.on_bad_record = "skip")
+  std::string first_bad;                              // the first one's location and problem
   int64_t dropped_untrained = 0;                      // nothing trained (e.g. a chat without a reply, or cut before it)
 };
 
@@ -83,6 +93,6 @@ class SampleSet {
 
 // One JSONL record as a sample (before truncation). Throws RuntimeError (without location).
 Sample render_record(const Tokenizer& tokenizer, const ChatFormat& format, const std::string& json_line,
-                     bool train_on_prompt, SampleStats& stats);
+                     bool train_on_prompt, SampleStats& stats, const FieldNames& fields = {});
 
 }  // namespace ptrain

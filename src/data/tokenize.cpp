@@ -37,23 +37,27 @@ int run_tokenize(const TokenizeRequest& a) {
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last_report = 0;
-  auto ids = tokenize_file(tok, in, jsonl, eod ? *eod : -1, [&](int64_t done, int64_t total, int64_t tokens) {
-    const double s = seconds();
-    if (s - last_report < 1.0 && done < total) return;
-    last_report = s;
-    log::info("tokenize: ", log::bytes(static_cast<double>(done)), " of ", log::bytes(static_cast<double>(total)), " (",
-              log::fixed(100.0 * static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), 1),
-              "%), ", log::grouped(static_cast<double>(tokens)), " tokens, ",
-              log::grouped(static_cast<double>(tokens) / std::max(s, 1e-9)), " tokens/s");
-  });
+  auto ids = tokenize_file(
+      tok, in, jsonl, eod ? *eod : -1,
+      [&](int64_t done, int64_t total, int64_t tokens) {
+        const double s = seconds();
+        if (s - last_report < 1.0 && done < total) return;
+        last_report = s;
+        log::info("tokenize: ", log::bytes(static_cast<double>(done)), " of ", log::bytes(static_cast<double>(total)),
+                  " (",
+                  log::fixed(100.0 * static_cast<double>(done) / static_cast<double>(std::max<int64_t>(total, 1)), 1),
+                  "%), ", log::grouped(static_cast<double>(tokens)), " tokens, ",
+                  log::grouped(static_cast<double>(tokens) / std::max(s, 1e-9)), " tokens/s");
+      },
+      size_t{1} << 20, a.threads);
   const double s = seconds();
   write_token_file(out, ids, static_cast<uint32_t>(tok.vocab_size()), static_cast<uint32_t>(width));
   log::info("wrote ", log::grouped(static_cast<double>(ids.size())), " tokens (vocab ", tok.vocab_size(), ", ", width,
             " bytes each",
             jsonl ? (eod ? ", " + eod_token + " after each document" : std::string(", no end-of-text token")) : "",
             ") to ", out, " in ", log::fixed(s, 2),
-            " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)),
-            " tokens/s (wall clock, one thread)");
+            " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)), " tokens/s (wall clock, ",
+            a.threads, a.threads == 1 ? " thread)" : " threads)");
   return 0;
 }
 

@@ -5,11 +5,15 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
+#include <thread>
 #include <unordered_map>
 
 #include "common/error.h"
@@ -224,6 +228,25 @@ std::string replace_all(const std::string& s, const std::string& from, const std
 
 // ---- the tokenizer ----------------------------------------------------------------------------
 
+namespace {
+uint64_t next_instance() {
+  static std::atomic<uint64_t> n{0};
+  return ++n;
+}
+
+// Each thread's cache of piece -> ids, for the tokenizer it last used (encode is called from
+// several threads at once by tokenize_file).
+std::unordered_map<std::string, std::vector<int32_t>>& piece_cache(uint64_t instance) {
+  thread_local uint64_t owner = 0;
+  thread_local std::unordered_map<std::string, std::vector<int32_t>> cache;
+  if (owner != instance) {
+    cache.clear();
+    owner = instance;
+  }
+  return cache;
+}
+}  // namespace
+
 struct Tokenizer::Impl {
   std::string path;
   [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
@@ -252,8 +275,8 @@ struct Tokenizer::Impl {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left id, right id) -> (rank, merged id)
   bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
   int32_t unk = -1;
-  int32_t byte_id[256];                                                 // byte_fallback: the id of "<0xNN>"
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // piece -> ids
+  int32_t byte_id[256];                 // byte_fallback: the id of "<0xNN>"
+  uint64_t instance = next_instance();  // keys this tokenizer's piece cache in each thread
 
   // Decoder steps, in order, over the list of token strings.
   struct DecStep {
@@ -375,6 +398,7 @@ struct Tokenizer::Impl {
 
   void bpe(const std::string& piece, std::vector<int32_t>& out) const {
     if (piece.empty()) return;
+    auto& cache = piece_cache(instance);
     auto hit = cache.find(piece);
     if (hit != cache.end()) {
       out.insert(out.end(), hit->second.begin(), hit->second.end());
@@ -859,20 +883,17 @@ bool Tokenizer::cuts_at_lines() const {
 
 std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,
                                     int32_t end_of_document,
-                                    const std::function<void(int64_t, int64_t, int64_t)>& progress,
-                                    size_t chunk_bytes) {
+                                    const std::function<void(int64_t, int64_t, int64_t)>& progress, size_t chunk_bytes,
+                                    int threads) {
   const std::string data = read_text_file(path);
   const auto total = static_cast<int64_t>(data.size());
   std::vector<uint32_t> out;
   auto append = [&](const std::vector<int32_t>& ids) { out.insert(out.end(), ids.begin(), ids.end()); };
-  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
-  const bool cuts = tokenizer.cuts_at_lines();
-  size_t pos = 0;
-  int64_t line = 0;
-  while (pos < data.size()) {
-    size_t end = data.size();
-    if (jsonl) {
-      end = data.find('\n', pos);
+  if (jsonl) {
+    size_t pos = 0;
+    int64_t line = 0;
+    while (pos < data.size()) {
+      size_t end = data.find('\n', pos);
       end = end == std::string::npos ? data.size() : end + 1;
       ++line;
       const std::string record = data.substr(pos, end - pos);
@@ -880,7 +901,8 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
         std::string text;
         try {
           const json j = json::parse(record);
-          if (j.is_object() && (j.contains("messages") || j.contains("prompt")))
+          if (j.is_object() && (j.contains("messages") || j.contains("prompt") || j.contains("conversations") ||
+                                j.contains("instruction")))
             throw RuntimeError(path + ":" + std::to_string(line) +
                                ": a chat or prompt/completion record has a loss mask, which a token file cannot hold; "
                                "train on the JSONL file itself (data.format = \"jsonl\")");
@@ -893,21 +915,55 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
         append(tokenizer.encode(text));
         if (end_of_document >= 0) out.push_back(static_cast<uint32_t>(end_of_document));
       }
-    } else if (cuts && data.size() - pos > chunk_bytes) {
-      // The first newline after chunk_bytes that a non-space follows (else the rest).
+      pos = end;
+      if (progress && (line % 1000 == 0 || pos == data.size()))
+        progress(static_cast<int64_t>(pos), total, static_cast<int64_t>(out.size()));
+    }
+    return out;
+  }
+  // Plain text: chunks cut after a newline that a non-space follows (or the whole text), encoded
+  // by `threads` threads, joined in order.
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  std::vector<std::pair<size_t, size_t>> chunks;
+  for (size_t pos = 0; pos < data.size();) {
+    size_t end = data.size();
+    if (tokenizer.cuts_at_lines() && data.size() - pos > chunk_bytes)
       for (size_t i = pos + chunk_bytes; i + 1 < data.size(); ++i)
         if (data[i] == '\n' && !is_space(data[i + 1])) {
           end = i + 1;
           break;
         }
-      append(tokenizer.encode(data.substr(pos, end - pos)));
-    } else {
-      append(tokenizer.encode(data.substr(pos)));
-    }
+    chunks.emplace_back(pos, end);
     pos = end;
-    if (progress && (!jsonl || line % 1000 == 0 || pos == data.size()))
-      progress(static_cast<int64_t>(pos), total, static_cast<int64_t>(out.size()));
   }
+  std::vector<std::vector<int32_t>> ids(chunks.size());
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> bytes_done{0}, tokens_done{0};
+  std::mutex report;
+  std::exception_ptr error;
+  auto work = [&] {
+    try {
+      for (size_t k; (k = next++) < chunks.size();) {
+        ids[k] = tokenizer.encode(data.substr(chunks[k].first, chunks[k].second - chunks[k].first));
+        const int64_t b = bytes_done += static_cast<int64_t>(chunks[k].second - chunks[k].first);
+        const int64_t t = tokens_done += static_cast<int64_t>(ids[k].size());
+        if (progress) {
+          std::lock_guard<std::mutex> lock(report);
+          progress(b, total, t);
+        }
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(report);
+      if (!error) error = std::current_exception();
+      next = chunks.size();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  for (const auto& c : ids) append(c);
   return out;
 }
 

@@ -65,11 +65,12 @@ class Tokenizer {
 // (each followed by `end_of_document` when >= 0). Plain text goes in chunks of about
 // `chunk_bytes`, each cut after a newline that a non-space follows — where no pre-token can
 // span the cut, so the ids equal encode() of the whole text (tokenizers whose result depends
-// on where a text starts encode it whole). `progress(bytes_done, bytes_total, tokens)` is
-// called after each chunk. A malformed JSONL line throws RuntimeError naming file:line.
+// on where a text starts encode it whole), `threads` chunks at a time. `progress(bytes_done,
+// bytes_total, tokens)` is called after each chunk (from the thread that finished it, one call at
+// a time). A malformed JSONL line throws RuntimeError naming file:line.
 std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,
                                     int32_t end_of_document,
                                     const std::function<void(int64_t, int64_t, int64_t)>& progress,
-                                    size_t chunk_bytes = 1 << 20);
+                                    size_t chunk_bytes = 1 << 20, int threads = 1);
 
 }  // namespace ptrain

@@ -131,6 +131,8 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
   o.max_ids = c.data.seq_len + 1;
   o.drop_too_long = c.data.truncation == Truncation::drop;
   o.train_on_prompt = c.data.train_on_prompt;
+  o.skip_bad_records = c.data.on_bad_record == BadRecord::skip;
+  for (const auto& f : c.data.fields) o.fields.emplace_back(f.substr(0, f.find('=')), f.substr(f.find('=') + 1));
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last = 0;
@@ -181,9 +183,12 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
       n(set->total_trained()) + " = " +
       percent(static_cast<double>(set->total_trained()) / static_cast<double>(set->total_ids() - set->size())) +
       " of the predicted tokens" + (c.data.train_on_prompt ? " (train_on_prompt)" : " (replies / completions)"));
-  d.report.push_back("longer than seq_len+1 = " + std::to_string(o.max_ids) + " tokens: " + n(st.truncated) +
-                     " truncated, " + n(st.dropped_too_long) +
-                     " dropped | nothing to train: " + n(st.dropped_untrained) + " dropped");
+  d.report.push_back(
+      "longer than seq_len+1 = " + std::to_string(o.max_ids) + " tokens: " + n(st.truncated) + " truncated, " +
+      n(st.dropped_too_long) + " dropped | nothing to train: " + n(st.dropped_untrained) + " dropped" +
+      (st.skipped_bad
+           ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
+           : std::string()));
   const int64_t T = c.data.seq_len;
   const RowFill tf = rows->train_fill(), vf = rows->val_fill();
   d.report.push_back(std::string(c.data.packing ? "packing" : "padding (one sample per row)") + ": " + n(tf.rows) +

@@ -200,6 +200,40 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
   EXPECT_THROW(SampleSet::from_parquet(test::fixture("parquet/records.jsonl"), tok(), format(), {}), RuntimeError);
 }
 
+// data.fields maps a dataset's own names onto the record fields (in the record and in each turn);
+// data.on_bad_record = "skip" leaves malformed records out, counted, the first one named.
+TEST(Samples, OwnFieldNamesAndSkippedBadRecords) {
+  test::TempDir dir;
+  test::write_text(dir / "alpaca.jsonl", "{\"instruction\": \"Say hi.\", \"output\": \"hi\"}\n");
+  test::write_text(dir / "renamed.jsonl", "{\"question\": \"Say hi.\", \"answer\": \"hi\"}\n");
+  test::write_text(dir / "messages.jsonl",
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"Say hi.\"}, {\"role\": \"assistant\", "
+                   "\"content\": \"hi\"}]}\n");
+  test::write_text(dir / "dialog.jsonl",
+                   "{\"dialog\": [{\"speaker\": \"user\", \"text\": \"Say hi.\"}, {\"speaker\": \"assistant\", "
+                   "\"text\": \"hi\"}]}\n");
+  SampleOptions renamed;
+  renamed.fields = {{"instruction", "question"}, {"output", "answer"}};
+  EXPECT_EQ(ids_of(SampleSet::from_jsonl(dir / "renamed.jsonl", tok(), format(), renamed), 0),
+            ids_of(load(dir / "alpaca.jsonl"), 0));
+  SampleOptions dialog;
+  dialog.fields = {{"messages", "dialog"}, {"role", "speaker"}, {"content", "text"}};
+  const SampleSet d = SampleSet::from_jsonl(dir / "dialog.jsonl", tok(), format(), dialog);
+  EXPECT_EQ(ids_of(d, 0), ids_of(load(dir / "messages.jsonl"), 0));
+  EXPECT_EQ(trained_of(d, 0), trained_of(load(dir / "messages.jsonl"), 0));
+
+  test::write_text(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": 42}\n{\"text\": \"fine\"}\n{broken\n");
+  EXPECT_THROW(load(dir / "bad.jsonl"), RuntimeError);
+  SampleOptions skip;
+  skip.skip_bad_records = true;
+  const SampleSet kept = SampleSet::from_jsonl(dir / "bad.jsonl", tok(), format(), skip);
+  EXPECT_EQ(kept.size(), 2);
+  EXPECT_EQ(kept.stats.skipped_bad, 2);
+  EXPECT_EQ(kept.stats.text, 2);
+  EXPECT_NE(kept.stats.first_bad.find("bad.jsonl:2: \"text\" must be a string"), std::string::npos)
+      << kept.stats.first_bad;
+}
+
 TEST(Samples, LongSamplesAreTruncatedOrDroppedAndCounted) {
   test::TempDir dir;
   // A long text, a chat whose reply starts after the cut, and a short text.
