@@ -45,7 +45,12 @@ def corpus(mib):
         size += len(text.encode())
         if size >= mib << 20:
             break
-    return "".join(out)[: mib << 20]
+    # Characters newer than Python's Unicode tables (14.0, as Debian's PCRE2) are dropped: ptrain
+    # refuses text holding them rather than risk splitting it otherwise than HF tokenizers.
+    import unicodedata
+    text = "".join(out)
+    text = "".join(c for c in text if c < "\x80" or unicodedata.category(c) != "Cn")
+    return text[: mib << 20]
 
 
 def run_ptrain(binary, tok_dir, text_path, threads, tmp):
@@ -53,9 +58,10 @@ def run_ptrain(binary, tok_dir, text_path, threads, tmp):
     p = subprocess.run([binary, "tokenize", "--tokenizer", tok_dir, "--in", text_path, "--out", out, "--token-bytes", "4",
                         "--threads", str(threads)], capture_output=True, text=True, check=True)
     m = re.search(r"in ([0-9.]+) s: ([0-9,]+) tokens/s", p.stdout + p.stderr)
+    rate = float(m.group(2).replace(",", ""))
     import numpy as np
     ids = np.frombuffer(open(out, "rb").read()[32:], dtype=np.uint32)
-    return ids, float(m.group(1))
+    return ids, rate
 
 
 def main():

@@ -224,6 +224,51 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   return out + s.substr(pos);
 }
 
+// The split regexes classify characters as letters, numbers, separators or other with PCRE2's
+// Unicode tables (Debian's PCRE2: Unicode 14); HF tokenizers uses newer ones. A character the two
+// would class differently — one PCRE2 does not know (assigned later: CJK extension H, new Latin
+// letters, ...), or one unassigned in utf8proc's Unicode 15 tables too (Unicode 16 and later),
+// which HF may know — could split where HF's does not. Such characters are refused, naming them.
+// Classes are worked out once per code point, on first sight.
+class UnicodeClasses {
+ public:
+  // "" when `cp` classes alike in PCRE2 and utf8proc, else why not.
+  std::string check(uint32_t cp) {
+    if (cp < 0x80 || cp >= state_.size()) return "";
+    uint8_t st = state_[cp].load(std::memory_order_relaxed);
+    if (st == 0) {
+      st = classify(cp) ? 1 : 2;
+      state_[cp].store(st, std::memory_order_relaxed);
+    }
+    if (st == 1) return "";
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "U+%04X", cp);
+    return std::string(buf) + (utf8proc_category(static_cast<int32_t>(cp)) == UTF8PROC_CATEGORY_CN
+                                   ? " is unassigned in this build's Unicode 15 tables (utf8proc)"
+                                   : " is not in this build's PCRE2 Unicode tables (older than utf8proc's Unicode 15)");
+  }
+
+ private:
+  bool classify(uint32_t cp) {
+    const int cat = utf8proc_category(static_cast<int32_t>(cp));
+    if (cat == UTF8PROC_CATEGORY_CN) return false;
+    const bool letter = cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO;
+    const bool number = cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO;
+    const bool separator = cat >= UTF8PROC_CATEGORY_ZS && cat <= UTF8PROC_CATEGORY_ZP;
+    const std::string c = utf8(cp);
+    return letter == matches(letter_, c) && number == matches(number_, c) && separator == matches(separator_, c);
+  }
+  bool matches(const Regex& re, const std::string& c) { return !re.matches(c).empty(); }
+  static void fail(const std::string& what) { throw RuntimeError(what); }
+  Regex letter_{"^\\p{L}$", fail}, number_{"^\\p{N}$", fail}, separator_{"^\\p{Z}$", fail};
+  std::vector<std::atomic<uint8_t>> state_ = std::vector<std::atomic<uint8_t>>(0x110000);  // 0 unknown, 1 alike, 2 not
+};
+
+UnicodeClasses& unicode_classes() {
+  static UnicodeClasses c;
+  return c;
+}
+
 }  // namespace
 
 // ---- the tokenizer ----------------------------------------------------------------------------
@@ -268,6 +313,7 @@ struct Tokenizer::Impl {
     bool split_words = true;  // metaspace: split before each replacement
   };
   std::vector<PreStep> pre;
+  bool classes_by_regex = false;  // a pre-tokenizer regex classes characters with Unicode properties
 
   // BPE.
   std::unordered_map<std::string, int32_t> vocab;
@@ -627,6 +673,7 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
       } else {
         m.fail("pre-tokenizer '" + t + "' is not supported (Split, ByteLevel, Metaspace, Sequence)");
       }
+      m.classes_by_regex |= s.regex != nullptr;
       m.pre.push_back(std::move(s));
     }
 
@@ -731,6 +778,18 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool text_start) const {
   const Impl& m = *impl_;
   if (!valid_utf8(text)) throw RuntimeError("text to tokenize is not valid UTF-8 (" + m.path + ")");
+  if (m.classes_by_regex)
+    for (size_t i = 0; i < text.size();) {
+      const size_t n = utf8_length(static_cast<unsigned char>(text[i]));
+      if (n > 1) {
+        const std::string why = unicode_classes().check(code_point(text, i, n));
+        if (!why.empty())
+          throw RuntimeError("text to tokenize holds " + why + " at byte " + std::to_string(i) +
+                             ": the split regex could class it otherwise than HF tokenizers does, so it is refused "
+                             "rather than tokenized differently (" + m.path + ")");
+      }
+      i += n;
+    }
   std::vector<int32_t> out;
   // Added tokens matched in the raw text split it; each stretch between them is normalized,
   // split again on the added tokens matched after normalization, and encoded.

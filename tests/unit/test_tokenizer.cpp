@@ -71,6 +71,24 @@ TEST(Tokenizer, EveryFamilysSetUpMatchesHfTokenizers) {
   }
 }
 
+// A character the split regex's Unicode tables (PCRE2) could class otherwise than HF's newer ones
+// is refused by name, not tokenized differently: U+31350 (CJK Extension H, Unicode 15, a letter
+// in utf8proc's tables but unknown to PCRE2's) and U+A7DB (Unicode 16, unknown to both). A
+// SentencePiece-style tokenizer without a split regex takes them.
+TEST(Tokenizer, RefusesCharactersItsUnicodeTablesCannotClass) {
+  Tokenizer tok(test::fixture("tokenizer_bpe"));
+  for (const auto& [text, name] : std::vector<std::pair<std::string, std::string>>{
+           {"rare \U00031350 ideograph", "U+31350"}, {"\"\ua7db\",", "U+A7DB"}}) {
+    try {
+      tok.encode(text);
+      ADD_FAILURE() << "accepted " << name;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(Tokenizer(test::fixture("tokenizer_families/llama2")).encode("\ua7db").empty());
+}
+
 TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
   test::TempDir dir;
   auto refused = [&](const std::string& json_text, const std::string& needle) {
