@@ -77,6 +77,22 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   write_hf_config(out_dir, s);
 }
 
+namespace {
+// The tokenizer files of the run's model directory (model.hf_path), beside an exported model: a
+// directory transformers loads whole. Nothing when the run started from the seeded init.
+void copy_tokenizer(const std::string& checkpoint_dir, const std::string& out_dir) {
+  Environment env = Environment::detect();
+  env.local = false;  // the run's data files need not be here
+  const Config c = load_config((fs::path(checkpoint_dir) / "config.toml").string(), {}, env);
+  const std::string source = c.tokenizer_path();
+  if (source.empty() || !fs::is_directory(source)) return;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"})
+    if (fs::is_regular_file(fs::path(source) / f))
+      fs::copy_file(fs::path(source) / f, fs::path(out_dir) / f, fs::copy_options::overwrite_existing);
+  log::info("copied the tokenizer of ", source, " beside it");
+}
+}  // namespace
+
 int run_export(const std::string& checkpoint_dir, const std::string& out_dir, bool merge) {
   if (merge) {
     export_merged(checkpoint_dir, out_dir);
@@ -86,6 +102,7 @@ int run_export(const std::string& checkpoint_dir, const std::string& out_dir, bo
     export_hf(checkpoint_dir, out_dir);
     log::info("exported ", checkpoint_dir, " to ", out_dir);
   }
+  copy_tokenizer(checkpoint_dir, out_dir);
   return 0;
 }
 
