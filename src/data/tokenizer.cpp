@@ -786,7 +786,8 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool text_start)
         if (!why.empty())
           throw RuntimeError("text to tokenize holds " + why + " at byte " + std::to_string(i) +
                              ": the split regex could class it otherwise than HF tokenizers does, so it is refused "
-                             "rather than tokenized differently (" + m.path + ")");
+                             "rather than tokenized differently (" +
+                             m.path + ")");
       }
       i += n;
     }

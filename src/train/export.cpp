@@ -83,8 +83,13 @@ namespace {
 void copy_tokenizer(const std::string& checkpoint_dir, const std::string& out_dir) {
   Environment env = Environment::detect();
   env.local = false;  // the run's data files need not be here
-  const Config c = load_config((fs::path(checkpoint_dir) / "config.toml").string(), {}, env);
-  const std::string source = c.tokenizer_path();
+  std::string source;
+  try {
+    source = load_config((fs::path(checkpoint_dir) / "config.toml").string(), {}, env).tokenizer_path();
+  } catch (const std::exception& e) {  // the model directory is not here: the export itself is whole
+    log::warn("not copying a tokenizer beside the export: the run's config does not load here (", e.what(), ")");
+    return;
+  }
   if (source.empty() || !fs::is_directory(source)) return;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"})
     if (fs::is_regular_file(fs::path(source) / f))
