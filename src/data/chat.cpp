@@ -118,7 +118,8 @@ std::vector<int64_t> Sample::targets() const {
 }
 
 const std::vector<std::string>& chat_template_names() {
-  static const std::vector<std::string> n{"auto", "llama3", "llama3.1", "llama3.2", "qwen2.5", "chatml", "mistral"};
+  static const std::vector<std::string> n{"auto",    "llama3", "llama3.1", "llama3.2",
+                                          "qwen2.5", "qwen3",  "chatml",   "mistral"};
   return n;
 }
 
@@ -144,7 +145,7 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
     const std::string t = template_text(dir, where);
     f.source = where;
     const std::string options =
-        " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, chatml, mistral "
+        " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral "
         "if your data was made for one of them)";
     if (t.empty()) {
       if (!tok.splitting_token("<|start_header_id|>"))
@@ -158,10 +159,14 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
                : has(t, "strftime_now")          ? ChatTemplate::llama3_2
                                                  : ChatTemplate::llama3_1;
     } else if (has(t, "<|im_start|>")) {
-      if (has(t, "<think>"))
-        throw RuntimeError(where + ": Qwen3's chat template (<think> blocks in replies) is not implemented yet" +
+      if (has(t, "<think>") && !has(t, "last_query_index"))
+        throw RuntimeError(where +
+                           ": this ChatML template with <think> blocks (QwQ, distilled reasoners) is not one ptrain "
+                           "renders; Qwen3's is" +
                            options);
-      f.kind = has(t, kQwenSystem) ? ChatTemplate::qwen2_5 : ChatTemplate::chatml;
+      f.kind = has(t, "<think>")     ? ChatTemplate::qwen3
+               : has(t, kQwenSystem) ? ChatTemplate::qwen2_5
+                                     : ChatTemplate::chatml;
     } else if (has(t, "[INST]")) {
       if (!has(t, "loop.last and system_message is defined") || !has(t, "\"[INST] \""))
         throw RuntimeError(where +
@@ -244,6 +249,54 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
         parts.push_back({m.content, reply});
         parts.push_back({"<|im_end|>", reply});
         parts.push_back({"\n", reply});
+      }
+      break;
+    }
+    case ChatTemplate::qwen3: {
+      // The last user turn: replies after it keep their reasoning, earlier ones lose it.
+      size_t last_query = messages.empty() ? 0 : messages.size() - 1;
+      for (size_t i = messages.size(); i-- > 0;)
+        if (messages[i].role == "user" &&
+            !(messages[i].content.rfind("<tool_response>", 0) == 0 && messages[i].content.size() >= 16 &&
+              messages[i].content.compare(messages[i].content.size() - 16, 16, "</tool_response>") == 0)) {
+          last_query = i;
+          break;
+        }
+      auto strip_nl = [](const std::string& s, bool left, bool right) {
+        size_t b = 0, e = s.size();
+        while (left && b < e && s[b] == '\n') ++b;
+        while (right && e > b && s[e - 1] == '\n') --e;
+        return s.substr(b, e - b);
+      };
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        role_check(m, {"system", "user", "assistant"});
+        parts.push_back({"<|im_start|>", false});
+        if (m.role != "assistant") {
+          parts.push_back({m.role + "\n" + m.content, false});
+          parts.push_back({"<|im_end|>", false});
+          parts.push_back({"\n", false});
+          continue;
+        }
+        std::string content = m.content, reasoning;
+        const size_t close = content.find("</think>");
+        if (close != std::string::npos) {  // Python's split('</think>')[0] / [-1]
+          std::string before = strip_nl(content.substr(0, close), false, true);
+          const size_t open = before.rfind("<think>");
+          reasoning = strip_nl(open == std::string::npos ? before : before.substr(open + 7), true, false);
+          content = strip_nl(content.substr(content.rfind("</think>") + 8), true, false);
+        }
+        parts.push_back({"assistant\n", false});
+        if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+          parts.push_back({"<think>", true});
+          parts.push_back({"\n" + strip_nl(reasoning, true, true) + "\n", true});
+          parts.push_back({"</think>", true});
+          parts.push_back({"\n\n" + strip_nl(content, true, false), true});
+        } else {
+          parts.push_back({content, true});
+        }
+        parts.push_back({"<|im_end|>", true});
+        parts.push_back({"\n", true});
       }
       break;
     }

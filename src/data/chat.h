@@ -10,6 +10,10 @@
 //   llama3.2  Llama 3.2 Instruct: llama3.1 with today's date (the template's strftime_now)
 //   qwen2.5   ChatML with Qwen2.5's default system message when the chat has none:
 //             <|im_start|>ROLE\n CONTENT <|im_end|>\n
+//   qwen3     Qwen3: ChatML without a default system message; a reply's "<think>...</think>" is
+//             split off as its reasoning and rendered as "<think>\nREASONING\n</think>\n\n" before
+//             the content for the replies after the last user turn (always for the last message),
+//             dropped for earlier ones
 //   chatml    ChatML without a default system message
 //   mistral   Mistral v0.3 / Mistral-Small: <s>, user turns [INST] CONTENT[/INST] (the system
 //             message goes before the last user turn's content, so a chat that ends with a
@@ -40,7 +44,7 @@ struct Sample {
 };
 
 // data.chat_template: `automatic` recognizes the template in the tokenizer's directory.
-enum class ChatTemplate { automatic, llama3, llama3_1, llama3_2, qwen2_5, chatml, mistral };
+enum class ChatTemplate { automatic, llama3, llama3_1, llama3_2, qwen2_5, qwen3, chatml, mistral };
 const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
 
 struct ChatFormat {

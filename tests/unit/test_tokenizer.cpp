@@ -217,6 +217,7 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
                                                   {"llama3.2", ChatTemplate::llama3_2},
                                                   {"qwen2.5", ChatTemplate::qwen2_5},
                                                   {"chatml", ChatTemplate::chatml},
+                                                  {"qwen3", ChatTemplate::qwen3},
                                                   {"mistral", ChatTemplate::mistral}};
   ASSERT_EQ(expected.size(), kinds.size());
   for (const auto& [name, e] : expected.items()) {
@@ -248,7 +249,7 @@ TEST(Chat, UnknownTemplatesAreRefusedNamingTheOptions) {
   for (const auto& [tmpl, needle] : std::vector<std::pair<std::string, std::string>>{
            {"{% for m in messages %}<start_of_turn>{{ m.content }}<end_of_turn>{% endfor %}",
             "not one ptrain recognizes"},
-           {"{{ '<|im_start|>' }}{% if '</think>' in content %}<think>{% endif %}", "Qwen3"},
+           {"{{ '<|im_start|>' }}{% if '</think>' in content %}<think>{% endif %}", "QwQ"},
            {"{{ ' [INST] ' + message['content'] + ' [/INST]' }}", "v0.1 / v0.2"}}) {
     std::filesystem::copy_file(test::fixture("chat_templates/chatml/tokenizer.json"), dir / "tokenizer.json",
                                std::filesystem::copy_options::overwrite_existing);
