@@ -313,8 +313,9 @@ const std::vector<Key>& keys() {
           PTRAIN_KEY("optimizer", "eps", optimizer.eps, R"(`1e-8`)", R"(Adam epsilon (> 0))"),
           PTRAIN_KEY("optimizer", "weight_decay", optimizer.weight_decay, R"(`0.1`)",
                      R"(decoupled weight decay on matrices (embedding, projections); norm weights are not decayed)"),
-          PTRAIN_KEY("optimizer",
-                     "in_backward", optimizer.in_backward, R"(`false`)", R"(step each unit's shard right after its gradient is reduced and drop the gradient, so no full set of gradients ever exists (`grad_bytes` 0 in memory.json); needs `training.grad_accum_steps = 1` and `training.max_grad_norm = 0`; `grad_norm` is then logged unclipped)"),
+          PTRAIN_KEY(
+              "optimizer",
+              "in_backward", optimizer.in_backward, R"(`false`)", R"(step each unit's shard right after its gradient is reduced and drop the gradient, so no full set of gradients ever exists (`grad_bytes` 0 in memory.json); needs `training.grad_accum_steps = 1` and `training.max_grad_norm = 0`; `grad_norm` is then logged unclipped)"),
           PTRAIN_KEY("lr_schedule", "warmup_steps", lr_schedule.warmup_steps, R"(`20`)",
                      R"(linear warmup: step s (0-based) uses `lr * (s+1) / warmup_steps`)"),
           PTRAIN_KEY(
