@@ -202,6 +202,7 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
                   {{"rank", model.options().lora_rank},
                    {"alpha", model.options().lora_alpha},
                    {"dropout", model.options().lora_dropout},
+                   {"rslora", model.options().lora_rslora},
                    {"targets", model.options().lora_targets}}},
                  {"shape", shape_json(model.shape())},
                  {"units", units}};
@@ -289,6 +290,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
     o.lora_targets = a.targets = l.at("targets").get<std::vector<std::string>>();
     a.alpha = l.at("alpha").get<double>();
     a.dropout = l.at("dropout").get<double>();
+    a.rslora = l.value("rslora", false);
   }
   const ModelPlan plan = ModelPlan::make(shape_from_json(meta.at("shape")), o);
   ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());

@@ -2,13 +2,17 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "model/layout.h"
+#include "model/shape.h"
 
 namespace ptrain {
 
@@ -17,31 +21,140 @@ using nlohmann::json;
 
 namespace {
 const std::string kPrefix = "base_model.model.";
+
+// Keys that describe the file, the PEFT version or how the adapter was initialised: a trained
+// adapter computes the same whatever they say.
+const std::set<std::string>& descriptive_keys() {
+  static const std::set<std::string> k{"inference_mode",    "init_lora_weights", "peft_version",      "revision",
+                                       "auto_mapping",      "megatron_config",   "megatron_core",     "loftq_config",
+                                       "corda_config",      "eva_config",        "kasa_config",       "lora_ga_config",
+                                       "monteclora_config", "velora_config",     "qalora_group_size", "runtime_config",
+                                       "task_type"};
+  return k;
+}
+
+// Keys that change the network unless they hold their neutral value (null, false, {}, [], "none").
+bool neutral(const std::string& key, const json& v) {
+  static const std::set<std::string> k{"rank_pattern",
+                                       "alpha_pattern",
+                                       "layers_to_transform",
+                                       "layers_pattern",
+                                       "modules_to_save",
+                                       "fan_in_fan_out",
+                                       "use_dora",
+                                       "lora_bias",
+                                       "layer_replication",
+                                       "target_parameters",
+                                       "exclude_modules",
+                                       "trainable_token_indices",
+                                       "alora_invocation_tokens",
+                                       "use_qalora",
+                                       "use_bdlora",
+                                       "arrow_config",
+                                       "ensure_weight_tying",
+                                       "bias"};
+  if (!k.count(key)) return false;
+  if (key == "bias") return v == "none";
+  return v.is_null() || v == false || (v.is_object() && v.empty()) || (v.is_array() && v.empty());
+}
+
+std::string why_refused(const std::string& key) {
+  if (key == "rank_pattern" || key == "alpha_pattern") return "per-module ranks and alphas are not implemented";
+  if (key == "layers_to_transform" || key == "layers_pattern" || key == "exclude_modules")
+    return "ptrain adapts the same projections in every block";
+  if (key == "modules_to_save") return "fully trained extra modules are not implemented";
+  if (key == "use_dora") return "DoRA is not implemented";
+  if (key == "bias" || key == "lora_bias") return "trained biases are not implemented (biases stay part of the base)";
+  return "ptrain does not implement it";
+}
+
+// The module names of a model of `shape` that PEFT could target, and ptrain's target for each.
+std::vector<std::pair<std::string, std::string>> modules_of(const LlamaShape& shape) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (int64_t l = 0; l < shape.n_layers; ++l)
+    for (const auto& p : block_projections(shape))
+      out.emplace_back("model.layers." + std::to_string(l) + "." + p.module, p.target);
+  out.emplace_back("lm_head", "output");
+  return out;
+}
 }  // namespace
 
-PeftAdapter read_peft(const std::string& dir) {
+PeftAdapter read_peft_config(const std::string& dir, const LlamaShape& shape) {
   const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
+  if (!fs::is_regular_file(cfg_path)) throw RuntimeError("no PEFT adapter at '" + dir + "' (no adapter_config.json)");
   PeftAdapter a;
   try {
     json cfg = json::parse(read_text_file(cfg_path));
+    if (!cfg.is_object()) throw RuntimeError(cfg_path + ": not a JSON object");
     if (cfg.value("peft_type", "") != "LORA")
       throw RuntimeError(cfg_path + ": peft_type is '" + cfg.value("peft_type", "") + "', ptrain reads LORA adapters");
-    if (cfg.value("use_dora", false) || cfg.value("use_rslora", false))
-      throw RuntimeError(cfg_path + ": DoRA / rsLoRA adapters are not supported; plain LoRA only");
+    if (cfg.contains("task_type") && !cfg["task_type"].is_null() && cfg["task_type"] != "CAUSAL_LM")
+      throw RuntimeError(cfg_path + ": task_type " + cfg["task_type"].dump() + " is not CAUSAL_LM");
+    static const std::set<std::string> read{
+        "peft_type", "r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "base_model_name_or_path"};
+    for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+      if (read.count(it.key()) || descriptive_keys().count(it.key()) || neutral(it.key(), it.value())) continue;
+      throw RuntimeError(cfg_path + ": \"" + it.key() + "\" = " + it.value().dump().substr(0, 80) + ": " +
+                         why_refused(it.key()));
+    }
     a.rank = cfg.at("r").get<int64_t>();
     a.alpha = cfg.at("lora_alpha").get<double>();
-    a.dropout = cfg.value("lora_dropout", 0.0);
-    a.base_model = cfg.value("base_model_name_or_path", "");
-    for (const auto& m : cfg.at("target_modules")) {
-      const std::string t = target_of_peft_module(m.get<std::string>());
-      if (t.empty())
-        throw RuntimeError(cfg_path + ": target module '" + m.get<std::string>() +
-                           "' is not a Llama projection ptrain adapts");
-      a.targets.push_back(t);
+    a.dropout =
+        cfg.contains("lora_dropout") && !cfg["lora_dropout"].is_null() ? cfg["lora_dropout"].get<double>() : 0.0;
+    a.rslora = cfg.contains("use_rslora") && cfg["use_rslora"] == true;
+    a.base_model = cfg.contains("base_model_name_or_path") && cfg["base_model_name_or_path"].is_string()
+                       ? cfg["base_model_name_or_path"].get<std::string>()
+                       : "";
+    // target_modules: a list of names (a module matches by its last part), a regex PEFT
+    // full-matches against module names, or "all-linear" (every linear layer but the output).
+    const json& t = cfg.at("target_modules");
+    std::map<std::string, std::set<int64_t>> hits;  // target -> layers it matched
+    for (const auto& [module, target] : modules_of(shape)) {
+      const std::string last = module.substr(module.rfind('.') + 1);
+      bool match = false;
+      if (t.is_array()) {
+        for (const auto& name : t) match |= name.is_string() && name == last;
+      } else if (t == "all-linear") {
+        match = target != "output";
+      } else if (t.is_string()) {
+        match = std::regex_match(module, std::regex(t.get<std::string>()));
+      } else {
+        throw RuntimeError(cfg_path + ": target_modules must be a list of names or a regex string");
+      }
+      if (match) hits[target].insert(module == "lm_head" ? -1 : std::stoll(module.substr(13)));
     }
+    if (t.is_array())
+      for (const auto& name : t) {
+        const std::string n = name.is_string() ? name.get<std::string>() : name.dump();
+        if (target_of_peft_module(n).empty())
+          throw RuntimeError(cfg_path + ": target module '" + n + "' is not a projection ptrain adapts (" +
+                             "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head)");
+      }
+    for (const auto& [target, layers] : hits) {
+      if (target != "output" && static_cast<int64_t>(layers.size()) != shape.n_layers)
+        throw RuntimeError(cfg_path + ": target_modules " + t.dump() + " adapts " + peft_module(target) + " in " +
+                           std::to_string(layers.size()) + " of " + std::to_string(shape.n_layers) +
+                           " blocks; ptrain adapts the same projections in every block");
+      a.targets.push_back(target);
+    }
+    if (a.targets.empty()) throw RuntimeError(cfg_path + ": target_modules " + t.dump() + " matches no projection");
+    std::sort(a.targets.begin(), a.targets.end(), [](const std::string& x, const std::string& y) {
+      const auto& all = lora_targets();
+      auto pos = [&](const std::string& n) {
+        return std::find_if(all.begin(), all.end(), [&](const LoraTarget& l) { return n == l.name; }) - all.begin();
+      };
+      return pos(x) < pos(y);
+    });
   } catch (const json::exception& e) {
     throw RuntimeError(cfg_path + " is not a valid PEFT adapter config: " + e.what());
+  } catch (const std::regex_error& e) {
+    throw RuntimeError(cfg_path + ": target_modules is not a regex ptrain can read: " + e.what());
   }
+  return a;
+}
+
+PeftAdapter read_peft(const std::string& dir, const LlamaShape& shape) {
+  PeftAdapter a = read_peft_config(dir, shape);
   SafetensorsFile file((fs::path(dir) / "adapter_model.safetensors").string());
   for (const auto& e : file.entries()) {
     if (e.name.rfind(kPrefix, 0) != 0)
@@ -69,10 +182,10 @@ void write_peft(const std::string& dir, const PeftAdapter& a) {
               {"fan_in_fan_out", false},
               {"inference_mode", true},
               {"init_lora_weights", true},
-              {"use_rslora", false},
+              {"use_rslora", a.rslora},
               {"use_dora", false},
               {"modules_to_save", nullptr},
-              {"base_model_name_or_path", a.base_model}};
+              {"base_model_name_or_path", a.base_model.empty() ? json(nullptr) : json(a.base_model)}};
   write_file_atomic((fs::path(dir) / "adapter_config.json").string(), cfg.dump(2) + "\n");
 }
 

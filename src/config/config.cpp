@@ -374,6 +374,9 @@ const std::vector<Key>& keys() {
           PTRAIN_KEY("lora", "alpha", lora.alpha, R"(`16`)", R"(scaling numerator (> 0))"),
           PTRAIN_KEY("lora", "dropout", lora.dropout, R"(`0.0`)", R"(in [0, 1))"),
           PTRAIN_KEY(
+              "lora", "rslora", lora.rslora, R"(`false`)",
+              R"(rank-stabilized LoRA: adapters scaled by `alpha / sqrt(rank)` instead of `alpha / rank` (PEFT's `use_rslora`))"),
+          PTRAIN_KEY(
               "lora", "targets", lora.targets, R"(`["q", "v"]`)",
               R"(among q, k, v, o, gate, up, down, output (`output`: `lm_head`, applied inside the chunked loss as h W^T + s (h A^T) B^T; refused for tied embeddings))"),
           PTRAIN_KEY(

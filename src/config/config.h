@@ -122,6 +122,7 @@ struct Config {
     int64_t rank = 8;
     double alpha = 16.0;
     double dropout = 0.0;
+    bool rslora = false;  // scale alpha / sqrt(rank) instead of alpha / rank (PEFT use_rslora)
     std::vector<std::string> targets{"q", "v"};
     std::string adapter_path;  // "" | a PEFT adapter directory to start from
   } lora;

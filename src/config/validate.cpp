@@ -450,27 +450,25 @@ const std::vector<Rule>& rules() {
                  if (c.lora.adapter_path.empty()) return "";
                  if (!c.lora.enabled) return "only used with LoRA; set lora.enabled = true or remove it";
                  if (!env.local) return "";
-                 const fs::path cfg = fs::path(c.lora.adapter_path) / "adapter_config.json";
-                 if (!fs::is_regular_file(cfg))
-                   return "no PEFT adapter at '" + c.lora.adapter_path + "' (no adapter_config.json)";
-                 try {
-                   const auto j = nlohmann::json::parse(read_text_file(cfg.string()));
-                   if (j.value("r", int64_t{0}) != c.lora.rank)
-                     return "the adapter has rank " + std::to_string(j.value("r", int64_t{0})) +
-                            "; set lora.rank to match";
-                   if (j.value("lora_alpha", 0.0) != c.lora.alpha)
-                     return "the adapter has lora_alpha " + std::to_string(j.value("lora_alpha", 0.0)) +
-                            "; set lora.alpha to match";
-                   std::vector<std::string> want, have;
-                   for (const auto& t : c.lora.targets) want.push_back(peft_module(t));
-                   for (const auto& m : j.value("target_modules", nlohmann::json::array()))
-                     have.push_back(m.get<std::string>());
+                 try {  // adapter_config.json as PEFT writes it, every key accounted for (checkpoint/peft.h)
+                   const PeftAdapter p = read_peft_config(c.lora.adapter_path, c.model.shape);
+                   if (p.rank != c.lora.rank)
+                     return "the adapter has rank " + std::to_string(p.rank) + "; set lora.rank to match";
+                   if (p.alpha != c.lora.alpha)
+                     return "the adapter has lora_alpha " + std::to_string(p.alpha) + "; set lora.alpha to match";
+                   if (p.rslora != c.lora.rslora)
+                     return std::string("the adapter ") + (p.rslora ? "uses" : "does not use") +
+                            " rsLoRA (use_rslora); set lora.rslora to match";
+                   std::vector<std::string> want = c.lora.targets, have = p.targets;
                    std::sort(want.begin(), want.end());
                    std::sort(have.begin(), have.end());
-                   if (want != have)
-                     return "the adapter targets other projections than lora.targets; list the same ones";
+                   if (want != have) {
+                     std::string names;
+                     for (const auto& t : p.targets) names += (names.empty() ? "" : ", ") + t;
+                     return "the adapter targets " + names + "; set lora.targets to the same";
+                   }
                  } catch (const std::exception& e) {
-                   return "'" + cfg.string() + "' is not a valid PEFT adapter config: " + e.what();
+                   return e.what();
                  }
                  return "";
                }},

@@ -163,6 +163,11 @@ std::string peft_module(const std::string& target) {
   return "";
 }
 
+double lora_scale(double alpha, int64_t rank, bool rslora) {
+  const double r = static_cast<double>(rank);
+  return alpha / (rslora ? std::sqrt(r) : r);
+}
+
 std::string target_of_peft_module(const std::string& module) {
   for (const auto& t : lora_targets())
     if (module == last_part(t.module)) return t.name;

@@ -91,6 +91,9 @@ const std::vector<LoraTarget>& lora_targets();
 std::string peft_module(const std::string& target);
 std::string target_of_peft_module(const std::string& module);
 
+// The factor an adapter's B·A is scaled by: alpha / rank, or alpha / sqrt(rank) with rsLoRA.
+double lora_scale(double alpha, int64_t rank, bool rslora);
+
 // The projection names in block order and their (in, out) sizes.
 struct Projection {
   std::string target;  // q, k, v, o, gate, up, down

@@ -69,6 +69,7 @@ struct FsdpOptions {
   int64_t lora_rank = 8;
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
+  bool lora_rslora = false;  // scale alpha / sqrt(rank) (rsLoRA) instead of alpha / rank
   // quant.base = "nf4" (with LoRA): every block's four matrix groups are frozen NF4 tensors,
   // kept as one byte unit per block (nf4_unit_layout) that is sharded, all-gathered as 4-bit
   // bytes and released like the block's other units; the rest of the base stays in the units.

@@ -173,8 +173,8 @@ at::Tensor FsdpModel::compute_block(size_t unit, const at::Tensor& x, const at::
   BlockLora l;
   if (lora)
     l = BlockLora::from_flat(trained.defined() ? trained : gathered_view(adapter(unit)), adapters_[unit].layout, shape_,
-                             options_.lora_alpha / static_cast<double>(options_.lora_rank), options_.lora_dropout,
-                             true);
+                             lora_scale(options_.lora_alpha, options_.lora_rank, options_.lora_rslora),
+                             options_.lora_dropout, true);
   const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit).data())
                                             : BlockWeights::from_flat(w, units_[unit].layout);
   return block_forward(bw, x, batch_rope_, shape_, lora ? &l : nullptr);
@@ -217,8 +217,8 @@ at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTa
   BlockLora lora;
   if (a.defined())
     lora = BlockLora::from_flat(a, adapters_[i].layout, shape_,
-                                options_.lora_alpha / static_cast<double>(options_.lora_rank), options_.lora_dropout,
-                                training_);
+                                lora_scale(options_.lora_alpha, options_.lora_rank, options_.lora_rslora),
+                                options_.lora_dropout, training_);
   // A frozen block gets no reduce-scatter to release it: release once its backward is done.
   if (options_.lora && training_ && x.requires_grad())
     x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
@@ -241,7 +241,7 @@ HeadWeights FsdpModel::head() {
     const auto& slots = adapters_[h].layout.slots;
     out_adapter_.a = slot_view(flat, slots[0]);
     out_adapter_.b = slot_view(flat, slots[1]);
-    out_adapter_.scale = options_.lora_alpha / static_cast<double>(options_.lora_rank);
+    out_adapter_.scale = lora_scale(options_.lora_alpha, options_.lora_rank, options_.lora_rslora);
   }
   return head;
 }

@@ -41,7 +41,7 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   at::NoGradGuard no_grad;
   const LlamaShape& s = c.model.shape;
   const auto& full = model->plan().full;  // every base tensor, the blocks' matrices included
-  const double scale = c.lora.alpha / static_cast<double>(c.lora.rank);
+  const double scale = lora_scale(c.lora.alpha, c.lora.rank, c.lora.rslora);
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (size_t i = 0; i < full.size(); ++i) {
     const FlatUnit& u = model->units()[i];

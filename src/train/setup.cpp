@@ -67,6 +67,7 @@ FsdpOptions fsdp_options(const Config& c) {
   o.lora_rank = c.lora.rank;
   o.lora_alpha = c.lora.alpha;
   o.lora_dropout = c.lora.dropout;
+  o.lora_rslora = c.lora.rslora;
   o.nf4_base = c.quant.base == QuantBase::nf4;
   o.double_quant = c.quant.double_quant;
   return o;
@@ -97,7 +98,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   } else {
     model->init_weights(static_cast<uint64_t>(c.run.seed));
   }
-  if (!c.lora.adapter_path.empty()) model->load_adapters(read_peft(c.lora.adapter_path).tensors);
+  if (!c.lora.adapter_path.empty()) model->load_adapters(read_peft(c.lora.adapter_path, c.model.shape).tensors);
   return model;
 }
 

@@ -209,6 +209,62 @@ TEST(Qlora, Nf4BaseTrainsAndEqualsItsDequantizedDenseModel) {
 // PEFT: an adapter saved by PEFT 0.21.2 over hf_tiny (tests/fixtures/make_peft_fixtures.py)
 // loaded through lora.adapter_path gives PEFT's logits; a ptrain LoRA checkpoint exports to
 // PEFT's files and key names and loads back exactly.
+// Adapters PEFT saves in other configurations (tests/fixtures/make_peft_fixtures.py) load as PEFT
+// reads them — a null base model, rsLoRA's alpha/sqrt(r), target_modules as a regex or
+// "all-linear" — and give PEFT's logits; the configurations ptrain does not implement are refused
+// naming the key, by `ptrain check` too.
+TEST(Peft, AdaptersPeftSavesLoadAsPeftReadsThemOrAreRefusedByName) {
+  test::TempDir dir;
+  test::small_config(dir);  // the corpus
+  const std::string base = test::fixture("hf_tiny");
+  const LlamaShape shape = read_hf_config(base);
+  SafetensorsFile expected(test::fixture("peft_variants_expected.safetensors"));
+  const std::map<std::string, std::pair<std::string, bool>> accepted{
+      {"null_base", {"[\"q\", \"v\", \"down\"]", false}},
+      {"rslora", {"[\"q\", \"k\", \"v\", \"o\"]", true}},
+      {"regex", {"[\"q\", \"down\"]", false}},
+      {"all_linear", {"[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]", false}}};
+  for (const auto& [name, how] : accepted) {
+    const std::string adapter = test::fixture("peft_variants/" + name);
+    test::write_text(dir / "peft.toml",
+                     "[model]\nhf_path = \"" + base + "\"\n[data]\npath = \"" + (dir / "corpus.txt") +
+                         "\"\nseq_len = 24\n[training]\ndevice = \"cpu\"\n[lora]\nenabled = true\n"
+                         "targets = " +
+                         how.first + "\nrank = 4\nalpha = 8.0\nrslora = " + (how.second ? "true" : "false") +
+                         "\nadapter_path = \"" + adapter + "\"\n");
+    Config c = load(dir / "peft.toml");
+    auto m = build_model(c, at::kCPU, test::local_comm());
+    const double diff = (m->logits(expected.tensor("tokens")).view({2, 24, 256}) - expected.tensor(name + ".logits"))
+                            .abs()
+                            .max()
+                            .item<double>();
+    EXPECT_LE(diff, 1e-4) << name;
+    std::cout << name << ": max |logits - PEFT's| = " << diff << "\n";
+  }
+  for (const auto& [name, key] :
+       std::vector<std::pair<std::string, std::string>>{{"rank_pattern", "\"rank_pattern\""},
+                                                        {"layers_to_transform", "\"layers_to_transform\""},
+                                                        {"modules_to_save", "\"modules_to_save\""},
+                                                        {"bias", "\"bias\""},
+                                                        {"use_dora", "\"use_dora\""},
+                                                        {"regex_one_layer", "in 1 of 2 blocks"}}) {
+    try {
+      read_peft_config(test::fixture("peft_variants/" + name), shape);
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  // Through the config: rsLoRA that the config does not say is named, exit 2 in `ptrain check`.
+  try {
+    load(dir / "peft.toml", {"lora.adapter_path=\"" + test::fixture("peft_variants/rslora") + "\"",
+                             "lora.targets=[\"q\", \"k\", \"v\", \"o\"]", "lora.rslora=false"});
+    ADD_FAILURE() << "an rsLoRA adapter loaded into a plain LoRA config";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("lora.adapter_path: the adapter uses rsLoRA"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
   test::TempDir dir;
   const std::string base = test::fixture("hf_tiny"), peft = test::fixture("peft_tiny");
@@ -239,7 +295,7 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
   ASSERT_EQ(train(t), 0);
   const std::string ck = d2 / "run/checkpoints/step_3";
   export_hf(ck, d2 / "peft");
-  PeftAdapter a = read_peft(d2 / "peft");
+  PeftAdapter a = read_peft(d2 / "peft", test::small_shape());
   EXPECT_EQ(a.rank, 4);
   EXPECT_EQ(a.alpha, 16.0);
   SafetensorsFile mine(d2 / "peft/adapter_model.safetensors"), theirs(peft + "/adapter_model.safetensors");
