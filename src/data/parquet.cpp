@@ -91,9 +91,7 @@ bool parquet_supported() { return true; }
 std::vector<std::string> parquet_records(const std::string& path) {
   auto file = ok(arrow::io::ReadableFile::Open(path), path);
   auto reader = ok(parquet::arrow::OpenFile(file, arrow::default_memory_pool()), path);
-  std::shared_ptr<arrow::Table> table;
-  const arrow::Status st = reader->ReadTable(&table);
-  if (!st.ok()) throw RuntimeError("'" + path + "' is not a readable Parquet file: " + st.ToString());
+  const std::shared_ptr<arrow::Table> table = ok(reader->ReadTable(), path);
   std::vector<json> rows(static_cast<size_t>(table->num_rows()), json::object());
   for (int c = 0; c < table->num_columns(); ++c) {
     const std::string name = table->schema()->field(c)->name();

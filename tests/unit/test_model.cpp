@@ -212,8 +212,9 @@ TEST(Shape, PresetParameterCounts) {
     const int64_t embeddings = s.embedding_params() * (s.tie_embeddings ? 1 : 2);
     const double unit = std::string(card.preset).rfind("qwen3", 0) == 0 ? 0.1 : 0.01;  // Qwen3's cards: one decimal
     EXPECT_NEAR(static_cast<double>(s.total_params()) / 1e9, card.total, unit) << card.preset;
-    if (card.non_embedding > 0)
+    if (card.non_embedding > 0) {
       EXPECT_NEAR(static_cast<double>(s.total_params() - embeddings) / 1e9, card.non_embedding, 0.01) << card.preset;
+    }
   }
   auto tiny = preset_shape("tiny").value();
   EXPECT_GE(tiny.total_params(), 10'000'000);

@@ -102,7 +102,7 @@ TEST(Checkpoint, LatestSkipsIncompleteAndKeepPrunesOldest) {
   std::vector<OptimTarget> targets;
   for (auto& u : model->units()) targets.push_back({u.layout.name, u.shard, u.layout.decay_numel});
   AdamW opt(targets, {});
-  for (int64_t step : {30, 40}) save_checkpoint(root, *model, opt, {step, 0}, 2, "");
+  for (int64_t step : {30, 40}) save_checkpoint(root, *model, opt, {step, 0, ""}, 2, "");
   std::set<std::string> left;
   for (const auto& e : fs::directory_iterator(root)) left.insert(e.path().filename());
   // keep = 2 complete checkpoints; the incomplete step_15 and the temp dir are never touched
@@ -114,7 +114,7 @@ TEST(Checkpoint, RefusesADifferentModel) {
   Config c = load(test::small_config(dir));
   auto model = build_model(c, at::kCPU, test::local_comm());
   AdamW opt({}, {});
-  const std::string ck = save_checkpoint(dir / "ck", *model, opt, {1, 0}, 1, "");
+  const std::string ck = save_checkpoint(dir / "ck", *model, opt, {1, 0, ""}, 1, "");
   Config other = load(test::small_config(dir), {"model.ffn_dim=96"});
   auto m2 = build_model(other, at::kCPU, test::local_comm());
   TrainProgress p;
