@@ -188,7 +188,7 @@ BlockWeights BlockWeights::from_flat(const at::Tensor& flat, const UnitLayout& l
 }
 
 BlockWeights BlockWeights::from_nf4(const at::Tensor& flat, const UnitLayout& layout,
-                                    const nf4::Quantized* const q4[kMatrixGroups]) {
+                                    const std::array<std::vector<const nf4::Quantized*>, kMatrixGroups>& q4) {
   BlockWeights w = from_flat(flat, layout);
   for (int g = 0; g < kMatrixGroups; ++g) w.q4[g] = q4[g];
   return w;
@@ -239,8 +239,8 @@ namespace {
 // The base's matrix group g (dense or 4-bit), with its bias where the family has one.
 at::Tensor base_linear(const BlockWeights& w, MatrixGroup g, const at::Tensor& x) {
   const auto i = static_cast<int>(g);
-  if (!w.q4[i]) return gemm::linear(x, w.matrix[i], w.bias[i]);
-  at::Tensor y = linear4bit(x, *w.q4[i]);
+  if (w.q4[i].empty()) return gemm::linear(x, w.matrix[i], w.bias[i]);
+  at::Tensor y = linear4bit(x, w.q4[i]);
   return w.bias[i].defined() ? y + w.bias[i] : y;
 }
 

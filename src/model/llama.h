@@ -4,6 +4,9 @@
 #pragma once
 #include <ATen/Tensor.h>
 
+#include <array>
+#include <vector>
+
 #include "model/layout.h"
 #include "model/shape.h"
 
@@ -52,13 +55,14 @@ struct BlockWeights {
   at::Tensor attn_norm;       // [dim]
   at::Tensor ffn_norm;        // [dim]
   at::Tensor q_norm, k_norm;  // [head_dim] (qwen3), else undefined
-  // NF4 base: the four matrices are these frozen 4-bit weights instead.
-  const nf4::Quantized* q4[kMatrixGroups] = {nullptr, nullptr, nullptr, nullptr};
+  // NF4 base: each matrix group is these frozen 4-bit modules instead, their rows stacked
+  // (q, k, v for MatrixGroup::qkv; gate, up for gate_up); empty for a dense base.
+  std::vector<const nf4::Quantized*> q4[kMatrixGroups];
   // Every tensor of the block unit's layout (a full llama_units() block, or one without the
   // matrices: then q4 holds the four NF4 matrices).
   static BlockWeights from_flat(const at::Tensor& flat, const UnitLayout& layout);
   static BlockWeights from_nf4(const at::Tensor& flat, const UnitLayout& layout,
-                               const nf4::Quantized* const q4[kMatrixGroups]);
+                               const std::array<std::vector<const nf4::Quantized*>, kMatrixGroups>& q4);
 };
 
 // One tensor of a unit's flat buffer, shaped as the slot says (a view: it shares storage and

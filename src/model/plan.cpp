@@ -7,25 +7,23 @@
 namespace ptrain {
 
 UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant) {
-  static const char* const kGroups[kMatrixGroups] = {"qkv", "o", "gate_up", "down"};
   UnitLayout l;
   l.name = block.name + ".nf4";
   l.kind = UnitKind::block;
   l.layer = block.layer;
-  const auto groups = block_matrix_groups(block);
-  if (groups.size() != kMatrixGroups) throw std::logic_error("a block has 4 matrix groups");
-  for (int g = 0; g < kMatrixGroups; ++g) {
-    int64_t n = 0;
-    for (const auto& slot : groups[static_cast<size_t>(g)]) n += slot.numel;
-    ParamSlot s;
-    s.name = "model.layers." + std::to_string(block.layer) + ".nf4." + kGroups[g];
-    s.numel = nf4::byte_layout(n, double_quant).bytes;
-    s.shape = {s.numel};
-    s.offset = l.numel;
-    l.group_begins.push_back(s.offset);
-    l.numel += s.numel;
-    l.slots.push_back(std::move(s));
-  }
+  for (const auto& group : block_matrix_groups(block))
+    for (const auto& module : group) {  // q, k, v, o, gate, up, down: each quantized on its own
+      ParamSlot s;
+      const std::string stem = module.name.substr(0, module.name.rfind(".weight"));
+      s.name = "model.layers." + std::to_string(block.layer) + ".nf4." + stem.substr(stem.rfind('.') + 1);
+      s.numel = nf4::byte_layout(module.numel, double_quant).bytes;
+      s.shape = {s.numel};
+      s.offset = l.numel;
+      l.group_begins.push_back(s.offset);
+      l.numel += s.numel;
+      l.slots.push_back(std::move(s));
+    }
+  if (l.slots.size() != kProjections) throw std::logic_error("a block has 7 projections");
   return l;
 }
 

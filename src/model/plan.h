@@ -58,7 +58,8 @@ struct ModelPlan {
 };
 
 // The byte unit an NF4 base keeps beside block `block` (a full block layout): one slot per
-// matrix group (MatrixGroup order) named "<layer prefix>.nf4.<group>", holding that group's
+// projection (Proj order: each HF module quantized on its own, as bitsandbytes quantizes a
+// Linear4bit) named "<layer prefix>.nf4.<module>" ("model.layers.0.nf4.q_proj"), holding its
 // packed codes and scales as nf4::byte_layout lays them out.
 UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant);
 

@@ -84,23 +84,22 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
   // the shard, used in place at one rank, bound once here).
   for (size_t i = 0; i < nf4_units_.size(); ++i) {
     if (!has_nf4(i)) continue;
-    const auto groups = block_matrix_groups(plan_.full[i]);
-    for (size_t g = 0; g < 4; ++g) {
-      auto q = std::make_unique<nf4::Quantized>();
-      int64_t rows = 0;
-      for (const auto& slot : groups[g]) rows += slot.shape[0];
-      q->shape = {rows, groups[g].front().shape[1]};
-      q->numel = rows * q->shape[1];
-      q->double_quant = options_.double_quant;
-      nf4_[i][g] = std::move(q);
-    }
+    for (const auto& group : block_matrix_groups(plan_.full[i]))
+      for (const auto& module : group) {  // Proj order
+        auto q = std::make_unique<nf4::Quantized>();
+        q->shape = module.shape;
+        q->numel = module.numel;
+        q->double_quant = options_.double_quant;
+        nf4_[i].push_back(std::move(q));
+      }
     if (aliases_shard(nf4_unit(i))) bind_nf4(i);
   }
 }
 
 void FsdpModel::bind_nf4(size_t unit) {
   const at::Tensor bytes = gathered_view(nf4_unit(unit));
-  for (size_t g = 0; g < 4; ++g) nf4::bind_bytes(*nf4_[unit][g], slot_view(bytes, nf4_units_[unit].layout.slots[g]));
+  for (size_t p = 0; p < nf4_[unit].size(); ++p)
+    nf4::bind_bytes(*nf4_[unit][p], slot_view(bytes, nf4_units_[unit].layout.slots[p]));
 }
 
 FlatUnit& FsdpModel::at(size_t unit) { return const_cast<FlatUnit&>(std::as_const(*this).at(unit)); }
@@ -257,9 +256,20 @@ void FsdpModel::release_frozen(size_t unit) {
   if (has_nf4(unit)) release(nf4_unit(unit));
 }
 
-std::array<const nf4::Quantized*, 4> FsdpModel::nf4_weights(size_t unit) const {
+std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> FsdpModel::nf4_weights(size_t unit) const {
+  std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> out;
   const auto& q = nf4_.at(unit);
-  return {q[0].get(), q[1].get(), q[2].get(), q[3].get()};
+  if (q.empty()) return out;
+  out[static_cast<int>(MatrixGroup::qkv)] = {q[0].get(), q[1].get(), q[2].get()};
+  out[static_cast<int>(MatrixGroup::o)] = {q[3].get()};
+  out[static_cast<int>(MatrixGroup::gate_up)] = {q[4].get(), q[5].get()};
+  out[static_cast<int>(MatrixGroup::down)] = {q[6].get()};
+  return out;
+}
+
+const nf4::Quantized* FsdpModel::nf4_weight(size_t unit, Proj p) const {
+  const auto& q = nf4_.at(unit);
+  return q.empty() ? nullptr : q.at(static_cast<size_t>(p)).get();
 }
 
 at::Tensor FsdpModel::gathered_view(size_t unit) {

@@ -70,9 +70,10 @@ struct FsdpOptions {
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
   bool lora_rslora = false;  // scale alpha / sqrt(rank) (rsLoRA) instead of alpha / rank
-  // quant.base = "nf4" (with LoRA): every block's four matrix groups are frozen NF4 tensors,
-  // kept as one byte unit per block (nf4_unit_layout) that is sharded, all-gathered as 4-bit
-  // bytes and released like the block's other units; the rest of the base stays in the units.
+  // quant.base = "nf4" (with LoRA): every block's seven projections are frozen NF4 tensors, each
+  // quantized on its own as bitsandbytes quantizes a Linear4bit, kept as one byte unit per block
+  // (nf4_unit_layout) that is sharded, all-gathered as 4-bit bytes and released like the block's
+  // other units; the rest of the base stays in the units.
   bool nf4_base = false;
   bool double_quant = true;
 };
@@ -95,7 +96,7 @@ class FsdpModel : public WeightSource {
   // LoRA: A Kaiming-uniform, B zeros (seeded per adapter unit), so the model starts as its base.
   void init_adapters(uint64_t seed);
   // Copies this rank's slice of every parameter from `tensor` (of a memory-mapped checkpoint,
-  // only those bytes are read); an NF4 base quantizes one matrix group at a time.
+  // only those bytes are read); an NF4 base quantizes one projection at a time.
   void load(const TensorByName& tensor);
   // LoRA: copies this rank's slice of every adapter tensor, by slot name ("model.layers.0.
   // self_attn.q_proj.lora_A.weight"); every adapter slot must be present with its shape.
@@ -124,10 +125,10 @@ class FsdpModel : public WeightSource {
   // weights the whole model holds in 4 bits.
   int64_t nf4_bytes() const;
   int64_t nf4_params() const;
-  // NF4 base: matrix group g (0 q/k/v, 1 o, 2 gate/up, 3 down) of block unit `unit`, or null.
+  // NF4 base: projection p of block unit `unit` (each HF module quantized on its own), or null.
   // Its tensors view the block's gathered bytes: readable while the block is gathered, which
   // at world size 1 is always (the shard is used in place).
-  const nf4::Quantized* nf4_weight(size_t unit, int g) const { return nf4_.at(unit)[static_cast<size_t>(g)].get(); }
+  const nf4::Quantized* nf4_weight(size_t unit, Proj p) const;
   Collectives& comm() const { return *comm_; }
   void zero_grad();
   const LlamaShape& shape() const { return shape_; }
@@ -218,9 +219,11 @@ class FsdpModel : public WeightSource {
   // NF4 base: per unit (blocks only) q/k/v, o, gate/up, down, viewing nf4_units_[i]'s gathered
   // bytes (rebound at each fill); the autograd graph refers to them by address, so they never
   // move.
-  std::vector<std::array<std::unique_ptr<nf4::Quantized>, 4>> nf4_;
-  void quantize_block(size_t unit, const std::vector<at::Tensor>& groups);
-  std::array<const nf4::Quantized*, 4> nf4_weights(size_t unit) const;
+  std::vector<std::vector<std::unique_ptr<nf4::Quantized>>> nf4_;  // per unit, per Proj (blocks only)
+  // Quantizes block `unit`'s seven projections (Proj order), each on its own, into its NF4 unit.
+  void quantize_block(size_t unit, const std::vector<at::Tensor>& modules);
+  // The NF4 modules of each matrix group of block `unit` (q/k/v, o, gate/up, down).
+  std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> nf4_weights(size_t unit) const;
   void bind_nf4(size_t unit);  // points nf4_[unit] at the gathered bytes
   void fill_nf4(size_t unit);  // gathers block `unit`'s NF4 bytes (if any) and binds them
   FlatUnit& at(size_t unit);

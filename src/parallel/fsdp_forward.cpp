@@ -175,7 +175,7 @@ at::Tensor FsdpModel::compute_block(size_t unit, const at::Tensor& x, const at::
     l = BlockLora::from_flat(trained.defined() ? trained : gathered_view(adapter(unit)), adapters_[unit].layout, shape_,
                              lora_scale(options_.lora_alpha, options_.lora_rank, options_.lora_rslora),
                              options_.lora_dropout, true);
-  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit).data())
+  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit))
                                             : BlockWeights::from_flat(w, units_[unit].layout);
   return block_forward(bw, x, batch_rope_, shape_, lora ? &l : nullptr);
 }
@@ -222,7 +222,7 @@ at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTa
   // A frozen block gets no reduce-scatter to release it: release once its backward is done.
   if (options_.lora && training_ && x.requires_grad())
     x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
-  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, nf4_weights(i).data())
+  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, nf4_weights(i))
                                             : BlockWeights::from_flat(w, units_[i].layout);
   x = block_forward(bw, x, rope, shape_, a.defined() ? &lora : nullptr);
   if (!training_ || options_.reshard_after_forward) {

@@ -44,12 +44,10 @@ void FsdpModel::init_weights(uint64_t seed) {
     full.shard_numel = full.layout.numel;
     full.shard = at::zeros({full.layout.numel}, at::kFloat);
     init_unit(full, mix_seed(seed, i));
-    std::vector<at::Tensor> groups;
-    for (const auto& g : block_matrix_groups(full.layout)) {
-      const int64_t begin = g.front().offset, end = g.back().offset + g.back().numel;
-      groups.push_back(full.shard.narrow(0, begin, end - begin).view({-1, g.front().shape[1]}));
-    }
-    quantize_block(i, groups);
+    std::vector<at::Tensor> modules;
+    for (const auto& g : block_matrix_groups(full.layout))
+      for (const auto& slot : g) modules.push_back(slot_view(full.shard, slot));
+    quantize_block(i, modules);
     FlatUnit& u = units_[i];
     u.shard.zero_();
     for (const auto& slot : u.layout.slots) {  // the norms
@@ -59,19 +57,19 @@ void FsdpModel::init_weights(uint64_t seed) {
   init_adapters(seed);
 }
 
-// Every rank quantizes each whole group (double quantization's scales span the group) and keeps
-// the bytes that fall in its shard.
-void FsdpModel::quantize_block(size_t unit, const std::vector<at::Tensor>& groups) {
-  TORCH_CHECK(groups.size() == 4, "a block has 4 matrix groups");
+// Every rank quantizes each whole module (double quantization's scales span it) and keeps the
+// bytes that fall in its shard.
+void FsdpModel::quantize_block(size_t unit, const std::vector<at::Tensor>& modules) {
+  TORCH_CHECK(static_cast<int>(modules.size()) == kProjections, "a block has 7 projections");
   FlatUnit& u = nf4_units_.at(unit);
   u.shard.zero_();
-  for (size_t g = 0; g < 4; ++g) {
-    const nf4::Quantized q = nf4::quantize(groups[g], options_.double_quant);  // on the CPU
-    const ParamSlot& slot = u.layout.slots[g];
+  for (size_t p = 0; p < modules.size(); ++p) {
+    const nf4::Quantized q = nf4::quantize(modules[p], options_.double_quant);  // on the CPU
+    const ParamSlot& slot = u.layout.slots[p];
     at::Tensor bytes = at::empty({slot.numel}, at::kByte);
     nf4::write_bytes(q, bytes);
     copy_rank_slice(u, slot, bytes);
-    nf4_[unit][g]->offset = q.offset;
+    nf4_[unit][p]->offset = q.offset;
   }
 }
 
@@ -106,23 +104,20 @@ void FsdpModel::init_unit(FlatUnit& u, uint64_t seed) {
 void FsdpModel::load(const TensorByName& tensor) {
   at::NoGradGuard no_grad;
   if (options_.nf4_base) {
-    // One matrix group at a time: read it from the memory-mapped files, quantize, drop it; the
-    // full-precision model never exists in memory.
+    // One module at a time: read from the memory-mapped files (a view: no copy), quantized, and
+    // dropped; the full-precision model never exists in memory.
     for (size_t i = 0; i < units_.size(); ++i) {
       if (units_[i].layout.kind != UnitKind::block) continue;
-      std::vector<at::Tensor> groups;
-      for (const auto& g : block_matrix_groups(plan_.full[i])) {
-        std::vector<at::Tensor> parts;
+      std::vector<at::Tensor> modules;
+      for (const auto& g : block_matrix_groups(plan_.full[i]))
         for (const auto& slot : g) {
           at::Tensor src = tensor(slot.name);
           if (src.sizes().vec() != slot.shape)
             throw RuntimeError("HF tensor '" + slot.name + "' has shape " + c10::str(src.sizes()) +
                                ", the model expects " + c10::str(c10::IntArrayRef(slot.shape)));
-          parts.push_back(src);
+          modules.push_back(src);
         }
-        groups.push_back(parts.size() == 1 ? parts[0] : at::cat(parts));
-      }
-      quantize_block(i, groups);
+      quantize_block(i, modules);
     }
   }
   for (auto& u : units_) {

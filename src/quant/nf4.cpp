@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "quant/blockwise8.h"
 #include "quant/blockwise8_math.h"
@@ -114,10 +115,12 @@ at::Tensor block_absmax(const Quantized& q) {
          q.offset;
 }
 
-at::Tensor dequantize(const Quantized& q, c10::ScalarType dtype) {
+void dequantize_into(const Quantized& q, const at::Tensor& out) {
+  TORCH_CHECK(out.is_contiguous() && out.numel() == q.numel && out.device() == q.packed.device(),
+              "NF4 dequantize_into: a contiguous tensor of ", q.numel, " elements on ", q.packed.device(), " expected");
+  const c10::ScalarType dtype = out.scalar_type();
   if (q.packed.is_cuda()) {
 #ifdef PTRAIN_CUDA
-    at::Tensor out = at::empty({q.numel}, q.packed.options().dtype(dtype));
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "NF4 dequantizes to float32 or bfloat16 on CUDA");
     at::Tensor code8 = q.double_quant ? q8::dynamic_map(true).to(q.packed.device()) : at::Tensor();
     kernels::Nf4Dequant k{q.packed.data_ptr<uint8_t>(),
@@ -130,20 +133,35 @@ at::Tensor dequantize(const Quantized& q, c10::ScalarType dtype) {
                           out.data_ptr(),
                           dtype == at::kBFloat16};
     kernels::nf4_dequantize(k, at::cuda::getCurrentCUDAStream(q.packed.device().index()).stream());
-    return out.view(q.shape);
+    return;
 #else
     TORCH_CHECK(false, "NF4 on CUDA needs a build with nvcc");
 #endif
   }
   at::Tensor absmax = block_absmax(q).contiguous();
-  at::Tensor out = at::empty({q.numel}, at::kFloat);
   const uint8_t* p = q.packed.data_ptr<uint8_t>();
   const float* am = absmax.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
-  at::parallel_for(0, q.numel, 1 << 14, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) dst[i] = kCode[nibble(p, i)] * am[i / kBlock];
-  });
-  return out.view(q.shape).to(dtype);
+  auto fill = [&](auto* dst) {
+    using T = std::remove_pointer_t<decltype(dst)>;
+    at::parallel_for(0, q.numel, 1 << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<T>(kCode[nibble(p, i)] * am[i / kBlock]);
+    });
+  };
+  if (dtype == at::kFloat) {
+    fill(out.data_ptr<float>());
+  } else if (dtype == at::kBFloat16) {
+    fill(out.data_ptr<c10::BFloat16>());  // rounded to nearest even, as .to(kBFloat16) rounds
+  } else {
+    at::Tensor f = at::empty({q.numel}, at::kFloat);
+    fill(f.data_ptr<float>());
+    out.view({q.numel}).copy_(f);
+  }
+}
+
+at::Tensor dequantize(const Quantized& q, c10::ScalarType dtype) {
+  at::Tensor out = at::empty(q.shape, q.packed.options().dtype(dtype));
+  dequantize_into(q, out);
+  return out;
 }
 
 }  // namespace ptrain::nf4

@@ -46,5 +46,8 @@ void bind_bytes(Quantized& q, const at::Tensor& bytes);
 at::Tensor block_absmax(const Quantized& q);
 // The weight in `dtype` on q.packed's device (CUDA: one kernel pass).
 at::Tensor dequantize(const Quantized& q, c10::ScalarType dtype);
+// The same written into `out` (contiguous, q.numel elements, on q.packed's device, any shape):
+// a row block of a larger buffer takes a module's weight without a temporary.
+void dequantize_into(const Quantized& q, const at::Tensor& out);
 
 }  // namespace ptrain::nf4

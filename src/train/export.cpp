@@ -46,15 +46,14 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   for (size_t i = 0; i < full.size(); ++i) {
     const FlatUnit& u = model->units()[i];
     at::Tensor flat = at::zeros({full[i].numel}, at::kFloat);
-    // The base: dense units copy over by slot; NF4 groups are dequantized into place.
+    // The base: dense units copy over by slot; NF4 modules are dequantized into place.
     for (const auto& slot : u.layout.slots)
       flat.narrow(0, full[i].offset_of(slot.name), slot.numel).copy_(u.shard.narrow(0, slot.offset, slot.numel));
     if (c.quant.base == QuantBase::nf4 && full[i].kind == UnitKind::block) {
-      const auto groups = block_matrix_groups(full[i]);
-      for (int g = 0; g < 4; ++g) {
-        at::Tensor w = nf4::dequantize(*model->nf4_weight(i, g), at::kFloat).reshape({-1});
-        flat.narrow(0, groups[static_cast<size_t>(g)].front().offset, w.numel()).copy_(w);
-      }
+      int p = 0;
+      for (const auto& group : block_matrix_groups(full[i]))
+        for (const auto& module : group)
+          slot_view(flat, module).copy_(nf4::dequantize(*model->nf4_weight(i, static_cast<Proj>(p++)), at::kFloat));
     }
     const FlatUnit& a = model->trainable_units()[i];
     for (const auto& slot : a.layout.slots) {  // W += scale * B @ A, per adapted projection

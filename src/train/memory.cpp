@@ -209,7 +209,8 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   const bool copies = shard_numel(block, world_size) * world_size != block || cb != rb;
   const int64_t unit_grad = lora ? 0 : block * cb + (copies ? shard_numel(block, world_size) * world_size * rb : 0);
   const int64_t widest = std::max(2 * s.ffn_dim, s.q_dim() + 2 * s.kv_dim());
-  // NF4: a 4-bit linear dequantizes one matrix group at a time, for its forward and its backward.
+  // NF4: a 4-bit linear dequantizes one matrix group at a time (each module straight into its
+  // rows of the group's buffer), for its forward and its backward.
   const int64_t dequantized = nf4 ? widest * s.dim * cb : 0;
   // Offloading: the block's input fetched back and the previous block's, prefetched.
   const int64_t fetched = in.checkpointing && in.offloading ? 2 * N * cb * s.dim : 0;

@@ -89,7 +89,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
       model->load(ckpt.by_name());
       if (model->lora())
         log::info(
-            "loaded ", c.model.hf_path, (c.quant.base == QuantBase::nf4 ? " (NF4, one matrix group at a time)" : ""),
+            "loaded ", c.model.hf_path, (c.quant.base == QuantBase::nf4 ? " (NF4, one projection at a time)" : ""),
             ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),
             " (the checkpoint's full-precision weights: ", log::bytes(4.0 * static_cast<double>(model->num_params())),
             " in float32)");

@@ -4,9 +4,11 @@
 //      parameter's gradient, all-gathered from the shards and named as HF names it;
 //   2. ten train_step()s — the trainer's step — with the fixture's lr, AdamW and clipping:
 //      writes each step's loss (mean over ranks).
-// Usage: step_parity EXPECTED.safetensors HF_DIR OUT.safetensors [--checkpointing]. Rank 0
-// writes OUT; the comparison with the reference is the test's. --checkpointing recomputes each
-// block in backward (memory.activation_checkpointing = "full").
+// Usage: step_parity EXPECTED.safetensors HF_DIR OUT.safetensors [--checkpointing] [--qlora ADAPTER_DIR].
+// Rank 0 writes OUT; the comparison with the reference is the test's. --checkpointing recomputes
+// each block in backward (memory.activation_checkpointing = "full"). --qlora trains the PEFT
+// adapter in ADAPTER_DIR over the model quantized to NF4 (quant.base = "nf4", double-quantized
+// statistics), as tests/fixtures/make_qlora_fixtures.py does: the gradients are the adapters'.
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <map>
 
 #include "checkpoint/hf.h"
+#include "checkpoint/peft.h"
 #include "checkpoint/safetensors.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -26,9 +29,20 @@
 using namespace ptrain;
 
 int main(int argc, char** argv) {
-  const bool checkpointing = argc == 5 && std::string(argv[4]) == "--checkpointing";
-  if (argc != 4 && !checkpointing) {
-    std::cerr << "usage: step_parity EXPECTED.safetensors HF_DIR OUT.safetensors [--checkpointing]\n";
+  bool checkpointing = false, usage_error = argc < 4;
+  std::string qlora_adapter;
+  for (int i = 4; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--checkpointing")
+      checkpointing = true;
+    else if (arg == "--qlora" && i + 1 < argc)
+      qlora_adapter = argv[++i];
+    else
+      usage_error = true;
+  }
+  if (usage_error) {
+    std::cerr << "usage: step_parity EXPECTED.safetensors HF_DIR OUT.safetensors [--checkpointing] "
+                 "[--qlora ADAPTER_DIR]\n";
     return 2;
   }
   try {
@@ -45,10 +59,20 @@ int main(int argc, char** argv) {
     FsdpOptions fsdp;
     fsdp.activation_checkpointing = checkpointing;
     const LlamaShape shape = read_hf_config(argv[2]);
+    PeftAdapter adapter;
+    if (!qlora_adapter.empty()) {
+      adapter = read_peft(qlora_adapter, shape);
+      fsdp.lora = fsdp.nf4_base = fsdp.double_quant = true;
+      fsdp.lora_targets = adapter.targets;
+      fsdp.lora_rank = adapter.rank;
+      fsdp.lora_alpha = adapter.alpha;
+      fsdp.lora_rslora = adapter.rslora;
+    }
     const HfCheckpoint hf(argv[2]);
     verify_hf_tensors(hf, shape, true);
     FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, comm, fsdp);
     model.load(hf.by_name());
+    if (fsdp.lora) model.load_adapters(adapter.tensors);
     const int64_t T = tokens.size(2) - 1;
     std::vector<std::pair<std::string, at::Tensor>> out;
 
@@ -60,7 +84,8 @@ int main(int argc, char** argv) {
     at::Tensor mean0 = loss0.detach().to(at::kDouble).reshape({1}) / static_cast<double>(ws);
     comm->all_reduce_sum(mean0);
     out.emplace_back("loss0", mean0);
-    for (auto& u : model.units()) {
+    for (auto& u : model.trainable_units()) {
+      if (u.layout.slots.empty()) continue;  // LoRA: the embedding's and the head's adapter units are empty
       at::Tensor full = at::empty({u.shard_numel * ws}, at::kFloat);
       comm->all_gather(full, u.shard.grad());
       for (const auto& slot : u.layout.slots) out.emplace_back("grad." + slot.name, slot_view(full, slot).clone());

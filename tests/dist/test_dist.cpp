@@ -471,48 +471,67 @@ TEST(Dist, QloraShardsTheNf4BaseAcrossRanks) {
 // every parameter gradient after one forward/backward, and the losses of ten clipped AdamW steps,
 // against transformers + torch.optim (tests/fixtures/make_step_fixtures.py), at 1, 2 and 3 ranks,
 // with and without activation checkpointing.
-TEST(Dist, StepParityWithTransformersForEveryFamilyAtOneTwoAndThreeRanks) {
+namespace {
+// Runs tests/dist/step_parity.cpp against the reference in `expected_path` at 1, 2 and 3 ranks,
+// with and without activation checkpointing: step 0's loss within 1e-6, every gradient the
+// reference has (and only those) within 1e-5 of its tensor's largest, ten losses within 1e-5.
+// Prints the worst differences.
+void expect_step_parity(const std::string& label, const std::string& expected_path, const std::string& hf_dir,
+                        const std::string& extra = "") {
   test::TempDir dir;
-  for (const std::string model : {"hf_odd", "hf_llama_bias", "hf_qwen2", "hf_qwen3", "hf_mistral"}) {
-    const std::string expected_path = test::fixture(model + "_step_expected.safetensors");
-    SafetensorsFile expected(expected_path);
-    double worst_grad = 0, worst_loss = 0;
-    std::string worst_name;
-    for (int np : {1, 2, 3})
-      for (bool checkpointing : {false, true}) {
-        const std::string what = model + " np=" + std::to_string(np) + (checkpointing ? " checkpointing" : "");
-        const std::string out = dir / (model + std::to_string(np) + std::to_string(checkpointing) + ".safetensors");
-        Proc r = sh(mpirun(np) + PTRAIN_STEP_PARITY_PATH + " " + expected_path + " " + test::fixture(model) + " " +
-                    out + (checkpointing ? " --checkpointing" : ""));
-        ASSERT_EQ(r.rc, 0) << what << "\n" << r.output;
-        SafetensorsFile got(out);
-        EXPECT_LE(rel(got.tensor("loss0").item<double>(), expected.tensor("loss0").item<double>()), 1e-6) << what;
-        int64_t grads = 0, got_grads = 0;
-        for (const auto& entry : got.entries()) got_grads += entry.name.rfind("grad.", 0) == 0;
-        for (const auto& entry : expected.entries()) {
-          const std::string& name = entry.name;
-          if (name.rfind("grad.", 0) != 0) continue;
-          ++grads;
-          ASSERT_TRUE(got.contains(name)) << name << " " << what;
-          at::Tensor ref = expected.tensor(name), g = got.tensor(name);
-          ASSERT_EQ(g.sizes(), ref.sizes()) << name;
-          // Largest elementwise difference relative to the tensor's largest gradient.
-          const double d = (g - ref).abs().max().item<double>() / ref.abs().max().item<double>();
-          if (d > worst_grad) worst_grad = d, worst_name = name;
-          EXPECT_LE(d, 1e-5) << name << " " << what;
-        }
-        EXPECT_EQ(got_grads, grads) << "every parameter of the model, and only those, has its gradient compared: "
-                                    << what;
-        at::Tensor losses = got.tensor("losses"), ref_losses = expected.tensor("losses");
-        for (int64_t s = 0; s < ref_losses.size(0); ++s) {
-          const double d = rel(losses[s].item<double>(), ref_losses[s].item<double>());
-          worst_loss = std::max(worst_loss, d);
-          EXPECT_LE(d, 1e-5) << "step " << s + 1 << " " << what;
-        }
+  SafetensorsFile expected(expected_path);
+  double worst_grad = 0, worst_loss = 0;
+  std::string worst_name;
+  for (int np : {1, 2, 3})
+    for (bool checkpointing : {false, true}) {
+      const std::string what = label + " np=" + std::to_string(np) + (checkpointing ? " checkpointing" : "");
+      const std::string out = dir / (checkpointing ? "np" + std::to_string(np) + "_checkpointing.safetensors"
+                                                   : "np" + std::to_string(np) + ".safetensors");
+      Proc r = sh(mpirun(np) + PTRAIN_STEP_PARITY_PATH + " " + expected_path + " " + hf_dir + " " + out +
+                  (checkpointing ? " --checkpointing" : "") + extra);
+      ASSERT_EQ(r.rc, 0) << what << "\n" << r.output;
+      SafetensorsFile got(out);
+      EXPECT_LE(rel(got.tensor("loss0").item<double>(), expected.tensor("loss0").item<double>()), 1e-6) << what;
+      int64_t grads = 0, got_grads = 0;
+      for (const auto& entry : got.entries()) got_grads += entry.name.rfind("grad.", 0) == 0;
+      for (const auto& entry : expected.entries()) {
+        const std::string& name = entry.name;
+        if (name.rfind("grad.", 0) != 0) continue;
+        ++grads;
+        ASSERT_TRUE(got.contains(name)) << name << " " << what;
+        at::Tensor ref = expected.tensor(name), g = got.tensor(name);
+        ASSERT_EQ(g.sizes(), ref.sizes()) << name;
+        // Largest elementwise difference relative to the tensor's largest gradient.
+        const double d = (g - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+        if (d > worst_grad) worst_grad = d, worst_name = name;
+        EXPECT_LE(d, 1e-5) << name << " " << what;
       }
-    std::cout << model << " (np 1-3, with and without checkpointing): worst gradient difference " << worst_grad << " ("
-              << worst_name << "), worst loss difference over 10 steps " << worst_loss << "\n";
-  }
+      EXPECT_EQ(got_grads, grads) << "every trained parameter, and only those, has its gradient compared: " << what;
+      at::Tensor losses = got.tensor("losses"), ref_losses = expected.tensor("losses");
+      for (int64_t s = 0; s < ref_losses.size(0); ++s) {
+        const double d = rel(losses[s].item<double>(), ref_losses[s].item<double>());
+        worst_loss = std::max(worst_loss, d);
+        EXPECT_LE(d, 1e-5) << "step " << s + 1 << " " << what;
+      }
+    }
+  std::cout << label << " (np 1-3, with and without checkpointing): worst gradient difference " << worst_grad << " ("
+            << worst_name << "), worst loss difference over 10 steps " << worst_loss << "\n";
+}
+}  // namespace
+
+TEST(Dist, StepParityWithTransformersForEveryFamilyAtOneTwoAndThreeRanks) {
+  for (const std::string model : {"hf_odd", "hf_llama_bias", "hf_qwen2", "hf_qwen3", "hf_mistral"})
+    expect_step_parity(model, test::fixture(model + "_step_expected.safetensors"), test::fixture(model));
+}
+
+// QLoRA step parity: a PEFT adapter on all seven projections trained over hf_odd quantized to
+// NF4 with double-quantized statistics, against PEFT over bitsandbytes' NF4 round trip of each
+// Linear (tests/fixtures/make_qlora_fixtures.py): the adapters' gradients after one
+// forward/backward and ten clipped AdamW steps' losses, at 1, 2 and 3 ranks (the 4-bit bytes
+// sharded and all-gathered), with and without activation checkpointing.
+TEST(Dist, QloraStepParityWithPeftOverBitsandbytesNf4AtOneTwoAndThreeRanks) {
+  expect_step_parity("QLoRA on hf_odd", test::fixture("qlora_step_expected.safetensors"), test::fixture("hf_odd"),
+                     " --qlora " + test::fixture("qlora_adapter"));
 }
 
 // Every family trains the same at any world size in every mode — fp32, mixed, bf16, bf16 with

@@ -175,13 +175,14 @@ TEST(Qlora, Nf4BaseTrainsAndEqualsItsDequantizedDenseModel) {
     for (size_t i = 0; i < dm->units().size(); ++i) {
       const UnitLayout& layout = dm->units()[i].layout;
       if (layout.kind != UnitKind::block) continue;
-      const auto groups = block_matrix_groups(layout);
-      ASSERT_EQ(groups.size(), 4u);
-      for (int g = 0; g < 4; ++g) {
-        ASSERT_NE(qm->nf4_weight(i, g), nullptr);
-        at::Tensor w = nf4::dequantize(*qm->nf4_weight(i, g), at::kFloat).reshape({-1});
-        dm->units()[i].shard.narrow(0, groups[g].front().offset, w.numel()).copy_(w);
-      }
+      int p = 0;  // each projection is its own NF4 module
+      for (const auto& group : block_matrix_groups(layout))
+        for (const auto& module : group) {
+          const nf4::Quantized* q = qm->nf4_weight(i, static_cast<Proj>(p++));
+          ASSERT_NE(q, nullptr);
+          slot_view(dm->units()[i].shard.detach(), module).copy_(nf4::dequantize(*q, at::kFloat));
+        }
+      EXPECT_EQ(p, kProjections);
     }
   }
   at::manual_seed(3);

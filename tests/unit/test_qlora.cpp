@@ -122,10 +122,10 @@ TEST(Qlora, LoraStartsAsBaseAndItsGradientsMatchDense) {
   EXPECT_TRUE(at::allclose(b1.grad(), b2.grad(), 1e-5, 1e-6));
 }
 
-// Loading an HF checkpoint into an NF4 base quantizes one matrix group at a time: host
-// allocations during the load peak at a few copies of the largest group plus the NF4 weights,
-// never at the checkpoint's full-precision matrices (measured with the allocation meter).
-TEST(Qlora, HfLoadQuantizesOneGroupAtATime) {
+// Loading an HF checkpoint into an NF4 base quantizes one projection at a time: host
+// allocations during the load peak at a few copies of the largest projection plus the NF4
+// weights, never at the checkpoint's full-precision matrices (measured with the allocation meter).
+TEST(Qlora, HfLoadQuantizesOneProjectionAtATime) {
   const std::string dir = test::fixture("hf_tiny");
   const LlamaShape shape = read_hf_config(dir);
   FsdpOptions o;
@@ -143,13 +143,12 @@ TEST(Qlora, HfLoadQuantizesOneGroupAtATime) {
   int64_t matrices = 0, largest = 0;
   for (const auto& u : llama_units(shape, 0.02))
     if (u.kind == UnitKind::block)
-      for (const auto& g : block_matrix_groups(u)) {
-        int64_t n = 0;
-        for (const auto& s : g) n += s.numel;
-        matrices += n;
-        largest = std::max(largest, n);
-      }
-  std::printf("HF load: peak host allocation %lld B; largest group %lld B in float32; all block matrices %lld B\n",
+      for (const auto& g : block_matrix_groups(u))
+        for (const auto& s : g) {
+          matrices += s.numel;
+          largest = std::max(largest, s.numel);
+        }
+  std::printf("HF load: peak host allocation %lld B; largest projection %lld B in float32; all block matrices %lld B\n",
               (long long)peak, (long long)largest * 4, (long long)matrices * 4);
   EXPECT_GT(peak, 0);
   EXPECT_LE(peak, 3 * largest * 4 + m.nf4_bytes());
