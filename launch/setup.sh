@@ -13,9 +13,10 @@
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
-# Reference clients for the tests (HF export round trips, PEFT adapters, fixture scripts), and
-# pyarrow, whose wheel ships the Arrow/Parquet C++ libraries ptrain reads Parquet datasets with.
-PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0 pyarrow==26.0.1)
+# Reference clients for the tests (HF export round trips, PEFT adapters, bitsandbytes' 4-bit
+# models and NF4 kernels, fixture scripts), and pyarrow, whose wheel ships the Arrow/Parquet C++
+# libraries ptrain reads Parquet datasets with.
+PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0 pyarrow==26.0.1 bitsandbytes==0.50.2)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"
 VENV="${PTRAIN_VENV:-$CACHE_HOME/ptrain/venv-torch-$TORCH_VERSION}"

@@ -112,9 +112,6 @@ bool neutral(const std::string& key, const json& v) {
 
 // Why a key ptrain does not read would make it a different network, where a word helps.
 std::string refusal_hint(const std::string& key) {
-  if (key == "quantization_config")
-    return "the checkpoint is quantized; ptrain loads full-precision weights (use the unquantized model, with "
-           "quant.base = \"nf4\" for QLoRA)";
   if (key == "auto_map") return "the model ships its own modeling code, which ptrain cannot check against its families";
   if (key.find("expert") != std::string::npos || key.find("moe") != std::string::npos)
     return "mixture-of-experts layers are not implemented";
@@ -208,6 +205,10 @@ LlamaShape read_hf_config(const std::string& dir) {
   // Every key is read, metadata, or neutral at its value; the first other one is refused.
   for (auto it = c.begin(); it != c.end(); ++it) {
     const std::string& k = it.key();
+    if (k == "quantization_config") {  // bitsandbytes NF4 is read; anything else is refused by name
+      read_hf_storage(dir);
+      continue;
+    }
     const bool own = std::find(f.own_keys.begin(), f.own_keys.end(), k) != f.own_keys.end();
     if (common_keys().count(k) || metadata_keys().count(k) || own || neutral(k, it.value())) continue;
     throw UnsupportedInput(path + ": key \"" + k + "\" (= " + it.value().dump() + ") is not one ptrain reads for " +
@@ -353,10 +354,23 @@ std::vector<std::string> HfCheckpoint::names() const {
   return out;
 }
 
-void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, bool compare_values) {
+void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, const HfStorage& storage,
+                       bool compare_values) {
   std::map<std::string, std::vector<int64_t>> expected;
   for (const auto& unit : llama_units(shape, 0.0))
     for (const auto& slot : unit.slots) expected[slot.name] = slot.shape;
+  // A bitsandbytes NF4 checkpoint stores each projection as its codes and statistics.
+  std::map<std::string, StoredTensor> quantized;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> projections;
+  if (storage.nf4)
+    for (const auto& unit : llama_units(shape, 0.0))
+      if (unit.kind == UnitKind::block)
+        for (const auto& group : block_matrix_groups(unit))
+          for (const auto& slot : group) {
+            expected.erase(slot.name);
+            projections.emplace_back(slot.name, slot.shape);
+            quantized.merge(bnb_nf4_tensors(slot.name, slot.numel, storage.double_quant));
+          }
   // Redundant copies: accepted when equal to what they duplicate.
   std::map<std::string, std::vector<int64_t>> redundant;
   if (shape.tie_embeddings) redundant["lm_head.weight"] = {shape.vocab_size, shape.dim};
@@ -368,9 +382,26 @@ void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, bool c
   for (const auto& name : ckpt.names()) {
     present.insert(name);
     const SafetensorsEntry& e = ckpt.entry(name);
+    if (auto q = quantized.find(name); q != quantized.end()) {
+      const bool any_length = q->second.shape == std::vector<int64_t>{-1};
+      if (e.dtype != q->second.dtype || (any_length ? e.shape.size() != 1 : e.shape != q->second.shape))
+        problems.push_back("tensor '" + name + "' is " + e.dtype + " " + c10::str(c10::IntArrayRef(e.shape)) +
+                           "; bitsandbytes NF4 (" + (storage.double_quant ? "" : "no ") +
+                           "double quantization, as config.json says) stores it as " + q->second.dtype + " " +
+                           (any_length ? std::string("[bytes]") : c10::str(c10::IntArrayRef(q->second.shape))));
+      continue;
+    }
     auto want = expected.find(name);
     const bool extra = want == expected.end();
     if (extra && !redundant.count(name)) {
+      if (name.find(".quant_state.bitsandbytes__") != std::string::npos || name.ends_with(".absmax") ||
+          name.ends_with(".SCB")) {
+        problems.push_back("tensor '" + name + "' is quantization data " +
+                           (storage.nf4 ? "of a kind other than NF4 (FP4? 8-bit?), or for a module ptrain keeps "
+                                          "unquantized (the embedding, the head, a norm)"
+                                        : "but config.json has no quantization_config describing it"));
+        continue;
+      }
       problems.push_back("tensor '" + name + "' is not part of a " + traits(shape.family).name +
                          " model of this config (config.json describes no such tensor; ptrain would leave it unused)");
       continue;
@@ -381,12 +412,27 @@ void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, bool c
                          ", config.json gives " + c10::str(c10::IntArrayRef(shape_wanted)));
     else if (!floats.count(e.dtype))
       problems.push_back("tensor '" + name + "' is stored as " + e.dtype +
-                         " (ptrain loads F32, BF16 or F16 weights; a quantized checkpoint is not supported)");
+                         (storage.nf4 ? " (ptrain keeps it unquantized: F32, BF16 or F16)"
+                                      : " (ptrain loads F32, BF16 or F16 weights, or a bitsandbytes NF4 checkpoint "
+                                        "whose config.json says so)"));
   }
+  for (const auto& [name, stored] : quantized)
+    if (!present.count(name))
+      problems.push_back("tensor '" + name + "' is missing (bitsandbytes NF4 stores it beside every projection" +
+                         (storage.double_quant ? ", with double quantization" : "") +
+                         "; a projection stored unquantized, e.g. by llm_int8_skip_modules, is not supported)");
   for (const auto& [name, dims] : expected)
     if (!present.count(name))
       problems.push_back("tensor '" + name + "' is missing (a " + traits(shape.family).name +
                          " model of this config needs it)");
+  if (problems.empty() && compare_values)
+    for (const auto& [name, dims] : projections) {
+      try {
+        read_bnb_nf4(ckpt, name, dims, storage.double_quant);
+      } catch (const UnsupportedInput& e) {
+        problems.push_back(e.what());
+      }
+    }
   if (problems.empty() && compare_values) {
     if (shape.tie_embeddings && present.count("lm_head.weight") &&
         !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat),

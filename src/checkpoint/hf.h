@@ -18,12 +18,25 @@
 
 #include "checkpoint/safetensors.h"
 #include "model/shape.h"
+#include "quant/nf4.h"
 
 namespace ptrain {
 
 // Reads DIR/config.json. Throws UnsupportedInput naming the key (unknown family, a key that
 // changes the computation in a way ptrain does not implement) or RuntimeError (no file, bad JSON).
 LlamaShape read_hf_config(const std::string& dir);
+
+// How config.json's `quantization_config` says the weights are stored. ptrain loads one kind of
+// quantized checkpoint: bitsandbytes NF4 as transformers saves it (BitsAndBytesConfig(
+// load_in_4bit=True, bnb_4bit_quant_type="nf4"), the "*-bnb-4bit" repositories): the seven
+// projections of every block as packed 4-bit codes with their statistics, every other tensor in
+// a float dtype. FP4, 8-bit (LLM.int8), GPTQ, AWQ and every other method or option are refused
+// naming the key (UnsupportedInput).
+struct HfStorage {
+  bool nf4 = false;           // the projections are bitsandbytes NF4
+  bool double_quant = false;  // with 8-bit absmax codes (bnb_4bit_use_double_quant)
+};
+HfStorage read_hf_storage(const std::string& dir);
 
 // Writes DIR/config.json for `shape` in its family's format (float32 weights).
 void write_hf_config(const std::string& dir, const LlamaShape& shape);
@@ -50,11 +63,28 @@ class HfCheckpoint {
 };
 
 // Checks that `ckpt` holds exactly the tensors a model of `shape` consumes, each with its shape
-// and a floating-point dtype (F32, BF16, F16). Two redundant tensors are accepted when they
-// say nothing new: lm_head.weight of a tied model equal to the embedding, and the
+// and a floating-point dtype (F32, BF16, F16) — with `storage.nf4`, each projection as the six
+// tensors bitsandbytes saves for it (read_bnb_nf4; their values checked with `compare_values`). Two redundant tensors
+// are accepted when they say nothing new: lm_head.weight of a tied model equal to the embedding, and the
 // rotary_emb.inv_freq buffers older transformers saved, equal to the frequencies `shape` gives —
 // their values are compared when `compare_values` (it reads them; `ptrain check` reads headers
 // only). Throws UnsupportedInput listing every problem.
-void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, bool compare_values);
+void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, const HfStorage& storage,
+                       bool compare_values);
+
+// The bitsandbytes NF4 weight `weight` ("model.layers.0.self_attn.q_proj.weight", of `shape`) as
+// stored: the packed codes, absmax (8-bit codes with double quantization), nested_absmax and the
+// mean from its quant_state, viewed over the mapped file (not copied, not requantized). Refuses,
+// naming the tensor, a quant_state that is not NF4 in blocks of 64 (256 for the statistics) of
+// this shape, a quant_map other than NF4's or a nested_quant_map other than the signed dynamic map.
+// The tensors transformers saves for a bitsandbytes NF4 weight `weight` of `numel` elements,
+// by name: their safetensors dtype and shape (quant_state: a JSON blob, U8 of any length, -1).
+struct StoredTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+};
+std::map<std::string, StoredTensor> bnb_nf4_tensors(const std::string& weight, int64_t numel, bool double_quant);
+nf4::Quantized read_bnb_nf4(const HfCheckpoint& ckpt, const std::string& weight, const std::vector<int64_t>& shape,
+                            bool double_quant);
 
 }  // namespace ptrain

@@ -211,182 +211,186 @@ struct Key {
   }()
 
 const std::vector<Key>& keys() {
-  static const std::vector<Key> kKeys =
-      {
-          PTRAIN_KEY("run", "name", run.name, R"(`"ptrain"`)",
-                     R"(run name; the output directory defaults to `runs/<name>`)"),
-          PTRAIN_KEY("run", "output_dir", run.output_dir, R"(`runs/<name>`)",
-                     R"(where `config.resolved.toml`, `metrics.jsonl`, `memory.json`, `checkpoints/` go)"),
-          PTRAIN_KEY("run", "seed", run.seed, R"(`1234`)", R"(seeds weight init (per unit) and the data order)"),
-          PTRAIN_KEY(
-              "model", "preset", model.preset, R"(`"tiny"`)",
-              R"(`tiny` (~12M, CPU demo), `llama3_2_1b` (1.24B, tied), `llama3_8b`, `llama3_70b`, `qwen2_5_0_5b`, `qwen2_5_1_5b`, `qwen2_5_7b`, `qwen3_0_6b`, `qwen3_8b`, `mistral_7b` (v0.3) — the published shapes, initialised from `run.seed` (set `hf_path` to fine-tune released weights))"),
-          PTRAIN_KEY(
-              "model", "hf_path", model.hf_path, R"(`""`)",
-              R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name)"),
-          PTRAIN_KEY(
-              "model", "init_std", model.init_std, R"(`0.02`)",
-              R"(std of the normal init of matrices; `o_proj`/`down_proj` use `init_std / sqrt(2 * n_layers)`; norms start at 1)"),
-          PTRAIN_DIM(
-              "family", model.shape.family, R"(preset (`"llama"`))",
-              R"(`llama`, `mistral`, `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm): the decoder's variations, `docs/models.md`)"),
-          PTRAIN_DIM("attention_bias", model.shape.attention_bias, R"(`false`)",
-                     R"(`llama`, `qwen3`: biases on the q/k/v/o projections)"),
-          PTRAIN_DIM("mlp_bias", model.shape.mlp_bias, R"(`false`)",
-                     R"(`llama`: biases on the gate/up/down projections)"),
-          PTRAIN_DIM("dim", model.shape.dim, R"(preset)", R"(hidden size)"),
-          PTRAIN_DIM("n_layers", model.shape.n_layers, R"(preset)", R"(transformer blocks)"),
-          PTRAIN_DIM("n_heads", model.shape.n_heads, R"(preset)",
-                     R"(query heads; `dim % n_heads == 0` unless `head_dim` is set)"),
-          PTRAIN_DIM("n_kv_heads", model.shape.n_kv_heads, R"(preset)",
-                     R"(key/value heads (GQA); must divide `n_heads`)"),
-          PTRAIN_DIM("head_dim", model.shape.head_dim, R"(`dim / n_heads`)",
-                     R"(per-head size (even: RoPE rotates pairs))"),
-          PTRAIN_DIM("ffn_dim", model.shape.ffn_dim, R"(preset)", R"(SwiGLU hidden size)"),
-          PTRAIN_DIM("vocab_size", model.shape.vocab_size, R"(preset)",
-                     R"(vocabulary; text data needs >= 256 (bytes))"),
-          PTRAIN_DIM("max_seq_len", model.shape.max_seq_len, R"(preset)",
-                     R"(longest sequence; `data.seq_len` must not exceed it)"),
-          PTRAIN_DIM("rope_theta", model.shape.rope_theta, R"(preset)", R"(RoPE base)"),
-          PTRAIN_DIM("norm_eps", model.shape.norm_eps, R"(preset)", R"(RMSNorm epsilon)"),
-          PTRAIN_DIM("tie_embeddings", model.shape.tie_embeddings, R"(`false`)",
-                     R"(output projection shares the embedding matrix)"),
-          PTRAIN_DIM("rope_scaling_factor", model.shape.rope_scaling.factor, R"(preset (8 for Llama 3))",
-                     R"(Llama-3.1 RoPE frequency scaling; 0 disables)"),
-          PTRAIN_DIM("rope_low_freq_factor", model.shape.rope_scaling.low_freq_factor, R"(`1.0`)",
-                     R"(Llama-3.1 scaling parameter)"),
-          PTRAIN_DIM("rope_high_freq_factor", model.shape.rope_scaling.high_freq_factor, R"(`4.0`)",
-                     R"(Llama-3.1 scaling parameter)"),
-          PTRAIN_DIM("rope_original_max_seq_len", model.shape.rope_scaling.original_max_seq_len, R"(`8192`)",
-                     R"(Llama-3.1 scaling parameter)"),
-          PTRAIN_KEY("data", "path", data.path, R"(— (required))",
-                     R"(text file, token file or JSONL file (`docs/data.md`))"),
-          PTRAIN_KEY(
-              "data", "format", data.format, R"(`"text"`)",
-              R"(`text` (byte-level tokens, vocab 256), `tokens` (`.bin` made by `ptrain tokenize`) `jsonl` (text, chat — messages, ShareGPT, Alpaca — or prompt/completion records, tokenized as they load) or `parquet` (the same records, one per row, a column per field))"),
-          PTRAIN_KEY("data", "tokenizer", data.tokenizer, R"(`model.hf_path`)",
-                     R"(jsonl: `tokenizer.json`, or the HF model directory holding it)"),
-          PTRAIN_KEY(
-              "data", "fields", data.fields, R"(`[]`)",
-              R"(jsonl/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, prompt, completion)"),
-          PTRAIN_KEY(
-              "data", "on_bad_record", data.on_bad_record, R"(`"error"`)",
-              R"(jsonl/parquet: a malformed record stops with its `FILE:LINE` and field (`error`), or is left out, counted and reported with the first one's location (`skip`))"),
-          PTRAIN_KEY(
-              "data", "chat_template", data.chat_template, R"(`"auto"`)",
-              R"(jsonl chats (messages, ShareGPT, Alpaca): `auto` recognizes the template in the tokenizer's directory (`tokenizer_config.json` / `chat_template.jinja`) and refuses one it does not know; or `llama3`, `llama3.1`, `llama3.2`, `qwen2.5`, `qwen3`, `chatml`, `mistral` (docs/data.md))"),
-          PTRAIN_KEY(
-              "data", "packing", data.packing, R"(`false`)",
-              R"(jsonl: pack several samples into each row (attention and positions stay inside each sample); `false` pads one sample per row)"),
-          PTRAIN_KEY(
-              "data", "train_on_prompt", data.train_on_prompt, R"(`false`)",
-              R"(jsonl: also train on system/user turns and prompts (by default only replies and completions are))"),
-          PTRAIN_KEY(
-              "data", "truncation", data.truncation, R"(`"truncate"`)",
-              R"(jsonl: a sample longer than `seq_len + 1` tokens is cut to its start (`truncate`) or left out (`drop`); both are counted and reported)"),
-          PTRAIN_KEY("data", "seq_len", data.seq_len, R"(`128`)",
-                     R"(tokens per sequence; windows hold `seq_len + 1` tokens)"),
-          PTRAIN_KEY("data", "micro_batch_size", data.micro_batch_size, R"(`8`)", R"(sequences per forward/backward)"),
-          PTRAIN_KEY(
-              "data", "val_fraction", data.val_fraction, R"(`0.05`)",
-              R"(held out for validation (0 to 0.5): the tail of a token stream; jsonl: that share of the samples, drawn with a fixed seed)"),
-          PTRAIN_KEY("training", "steps", training.steps, R"(`200`)", R"(optimizer steps (>= 1))"),
-          PTRAIN_KEY("training", "grad_accum_steps", training.grad_accum_steps, R"(`1`)",
-                     R"(micro-batches accumulated per optimizer step)"),
-          PTRAIN_KEY("training", "max_grad_norm", training.max_grad_norm, R"(`1.0`)",
-                     R"(global-norm clipping threshold; 0 disables)"),
-          PTRAIN_KEY("training", "log_every", training.log_every, R"(`10`)",
-                     R"(console line + `metrics.jsonl` record every N steps (and at steps 1 and last))"),
-          PTRAIN_KEY("training", "eval_every", training.eval_every, R"(`100`)",
-                     R"(validation loss every N steps and at the end; 0 disables)"),
-          PTRAIN_KEY("training", "eval_batches", training.eval_batches, R"(`4`)",
-                     R"(micro-batches of consecutive validation windows per evaluation)"),
-          PTRAIN_KEY("training", "device", training.device, R"(`"auto"`)",
-                     R"(`auto` (CUDA if visible), `cpu`, `cuda` (an error without a GPU))"),
-          PTRAIN_KEY("training", "threads", training.threads, R"(`0`)",
-                     R"(CPU intra-op threads; 0 keeps LibTorch's default)"),
-          PTRAIN_KEY(
-              "optimizer", "name", optimizer.name, R"(`"adamw"`)",
-              R"(`adamw` (float32 or bf16 moments per precision mode) or `adamw8bit` (bitsandbytes' blockwise 8-bit moments: uint8 codes + a float32 absmax per 256 elements, float32 moments for tensors under 4096 elements; ~2.03 B/param instead of 8))"),
-          PTRAIN_KEY("optimizer", "lr", optimizer.lr, R"(`3e-4`)", R"(peak learning rate (> 0))"),
-          PTRAIN_KEY("optimizer", "betas", optimizer.betas, R"(`[0.9, 0.95]`)", R"(Adam betas, each in [0, 1))"),
-          PTRAIN_KEY("optimizer", "eps", optimizer.eps, R"(`1e-8`)", R"(Adam epsilon (> 0))"),
-          PTRAIN_KEY("optimizer", "weight_decay", optimizer.weight_decay, R"(`0.1`)",
-                     R"(decoupled weight decay on matrices (embedding, projections); norm weights are not decayed)"),
-          PTRAIN_KEY(
-              "optimizer",
-              "in_backward", optimizer.in_backward, R"(`false`)", R"(step each unit's shard right after its gradient is reduced and drop the gradient, so no full set of gradients ever exists (`grad_bytes` 0 in memory.json); needs `training.grad_accum_steps = 1` and `training.max_grad_norm = 0`; `grad_norm` is then logged unclipped)"),
-          PTRAIN_KEY("lr_schedule", "warmup_steps", lr_schedule.warmup_steps, R"(`20`)",
-                     R"(linear warmup: step s (0-based) uses `lr * (s+1) / warmup_steps`)"),
-          PTRAIN_KEY(
-              "lr_schedule", "decay", lr_schedule.decay, R"(`"cosine"`)",
-              R"(after warmup: `cosine` or `linear` down to `lr * min_lr_ratio` at the last step, or `constant`)"),
-          PTRAIN_KEY("lr_schedule", "min_lr_ratio", lr_schedule.min_lr_ratio, R"(`0.1`)",
-                     R"(final learning rate as a fraction of `lr`)"),
-          PTRAIN_KEY(
-              "precision", "mode", precision.mode, R"(`"fp32"`)",
-              R"(`fp32`; `mixed` (bf16 compute over fp32 master weights, 16 B/param); `bf16` (bf16 params, grads and AdamW moments, fp32 update math, fp32 logits/loss and RoPE, 8 B/param))"),
-          PTRAIN_KEY(
-              "precision", "param_dtype", precision.param_dtype, R"(from mode)",
-              R"(compute / all-gather dtype; `float32` with `fp32`, `bfloat16` with `mixed` and `bf16` (other combinations are errors))"),
-          PTRAIN_KEY(
-              "precision", "reduce_dtype", precision.reduce_dtype, R"(from mode)",
-              R"(gradient reduction dtype: `float32` in `fp32`/`mixed`, `bfloat16` in `bf16`; MPI (CPU) sums bfloat16 gradients as float32)"),
-          PTRAIN_KEY(
-              "precision", "logits_dtype", precision.logits_dtype, R"(`"float32"`)",
-              R"(dtype the logits are held in (the output GEMM always accumulates in float32, the loss is summed in float32). `bfloat16` is allowed in `mixed`/`bf16` only with `allow_bf16_logits = true`: it saves at most one loss chunk and rounds every logit, so ptrain warns)"),
-          PTRAIN_KEY("precision", "allow_bf16_logits", precision.allow_bf16_logits, R"(`false`)",
-                     R"(explicit opt-in for `logits_dtype = "bfloat16"`; an error with any other `logits_dtype`)"),
-          PTRAIN_KEY("precision", "rope_dtype", precision.rope_dtype, R"(`"float32"`)",
-                     R"(RoPE is always computed in float32)"),
-          PTRAIN_KEY(
-              "precision", "stochastic_rounding", precision.stochastic_rounding, R"(`false`)",
-              R"(`bf16` only: round updated parameters stochastically (unbiased, reproducible from `run.seed`) instead of to nearest)"),
-          PTRAIN_KEY("parallel", "backend", parallel.backend, R"(`"auto"`)",
-                     R"(`auto`, `nccl` (CUDA only), `mpi`; `gloo` is refused (the torch wheel ships no gloo headers))"),
-          PTRAIN_KEY("parallel", "reshard_after_forward", parallel.reshard_after_forward, R"(`true`)",
-                     R"(free gathered units after forward (ZeRO-3))"),
-          PTRAIN_KEY(
-              "parallel", "prefetch", parallel.prefetch, R"(`true`)",
-              R"(issue the next unit's all-gather before computing the current one (forward: unit i+1 during block i; backward: block i-1 during block i's backward), so communication overlaps compute and at most two gathered units are alive; `false` gathers each unit when it is needed)"),
-          PTRAIN_KEY(
-              "parallel", "timeout_s", parallel.timeout_s, R"(`600`)",
-              R"(seconds a collective may take before this rank declares a peer stuck and aborts the job (> 0))"),
-          PTRAIN_KEY(
-              "memory", "activation_checkpointing", memory.activation_checkpointing, R"(`"none"`)",
-              R"(`none`, or `full`: each block keeps only its input and is recomputed in backward (about one extra forward of compute; activation memory of one block plus the block inputs))"),
-          PTRAIN_KEY(
-              "memory", "activation_offloading", memory.activation_offloading, R"(`false`)",
-              R"(with `activation_checkpointing = "full"`: the input each block keeps goes to pinned host memory in forward (a side stream on CUDA, at most 2 copies in flight) and comes back ahead of the block's backward; the GPU keeps none of the block inputs. Refused (exit 2) without full checkpointing)"),
-          PTRAIN_KEY("memory", "loss_chunk_tokens", memory.loss_chunk_tokens, R"(`0`)",
-                     R"(tokens per cross-entropy chunk; 0 picks ~64 MiB of float32 logits per chunk)"),
-          PTRAIN_KEY("checkpoint", "dir", checkpoint.dir, R"(`<output_dir>/checkpoints`)",
-                     R"(where `step_N/` directories go)"),
-          PTRAIN_KEY("checkpoint", "every_steps", checkpoint.every_steps, R"(`0`)",
-                     R"(save every N steps; 0 saves only at the end)"),
-          PTRAIN_KEY("checkpoint", "keep", checkpoint.keep, R"(`3`)", R"(newest complete checkpoints kept (>= 1))"),
-          PTRAIN_KEY(
-              "checkpoint", "resume", checkpoint.resume, R"(`""`)",
-              R"(`""` fresh start, `"auto"` newest complete checkpoint in `checkpoint.dir` (fresh if none), or a `step_N` directory)"),
-          PTRAIN_KEY("checkpoint", "save_final", checkpoint.save_final, R"(`true`)", R"(save after the last step)"),
-          PTRAIN_KEY("lora", "enabled", lora.enabled, R"(`false`)", R"(LoRA adapters over a frozen base)"),
-          PTRAIN_KEY("lora", "rank", lora.rank, R"(`8`)", R"(adapter rank (>= 1))"),
-          PTRAIN_KEY("lora", "alpha", lora.alpha, R"(`16`)", R"(scaling numerator (> 0))"),
-          PTRAIN_KEY("lora", "dropout", lora.dropout, R"(`0.0`)", R"(in [0, 1))"),
-          PTRAIN_KEY(
-              "lora", "rslora", lora.rslora, R"(`false`)",
-              R"(rank-stabilized LoRA: adapters scaled by `alpha / sqrt(rank)` instead of `alpha / rank` (PEFT's `use_rslora`))"),
-          PTRAIN_KEY(
-              "lora", "targets", lora.targets, R"(`["q", "v"]`)",
-              R"(among q, k, v, o, gate, up, down, output (`output`: `lm_head`, applied inside the chunked loss as h W^T + s (h A^T) B^T; refused for tied embeddings))"),
-          PTRAIN_KEY(
-              "lora", "adapter_path", lora.adapter_path, R"(`""`)",
-              R"(a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`) to start from; its `r`, `lora_alpha` and target modules must equal `lora.rank`, `lora.alpha`, `lora.targets`)"),
-          PTRAIN_KEY(
-              "quant", "base", quant.base, R"(`"none"`)",
-              R"(`none` or `nf4`: every block's matrices as frozen NF4 weights (QLoRA; needs LoRA: a frozen base alone trains nothing))"),
-          PTRAIN_KEY("quant", "double_quant", quant.double_quant, R"(`true`)", R"(quantize the NF4 absmax scales too)"),
-      };
+  static const std::vector<Key>
+      kKeys =
+          {
+              PTRAIN_KEY("run", "name", run.name, R"(`"ptrain"`)",
+                         R"(run name; the output directory defaults to `runs/<name>`)"),
+              PTRAIN_KEY("run", "output_dir", run.output_dir, R"(`runs/<name>`)",
+                         R"(where `config.resolved.toml`, `metrics.jsonl`, `memory.json`, `checkpoints/` go)"),
+              PTRAIN_KEY("run", "seed", run.seed, R"(`1234`)", R"(seeds weight init (per unit) and the data order)"),
+              PTRAIN_KEY(
+                  "model", "preset", model.preset, R"(`"tiny"`)",
+                  R"(`tiny` (~12M, CPU demo), `llama3_2_1b` (1.24B, tied), `llama3_8b`, `llama3_70b`, `qwen2_5_0_5b`, `qwen2_5_1_5b`, `qwen2_5_7b`, `qwen3_0_6b`, `qwen3_8b`, `mistral_7b` (v0.3) — the published shapes, initialised from `run.seed` (set `hf_path` to fine-tune released weights))"),
+              PTRAIN_KEY(
+                  "model", "hf_path", model.hf_path, R"(`""`)",
+                  R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name; a bitsandbytes NF4 checkpoint (`*-bnb-4bit`) loads as the QLoRA base as stored (`docs/qlora.md`))"),
+              PTRAIN_KEY(
+                  "model", "init_std", model.init_std, R"(`0.02`)",
+                  R"(std of the normal init of matrices; `o_proj`/`down_proj` use `init_std / sqrt(2 * n_layers)`; norms start at 1)"),
+              PTRAIN_DIM(
+                  "family", model.shape.family, R"(preset (`"llama"`))",
+                  R"(`llama`, `mistral`, `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm): the decoder's variations, `docs/models.md`)"),
+              PTRAIN_DIM("attention_bias", model.shape.attention_bias, R"(`false`)",
+                         R"(`llama`, `qwen3`: biases on the q/k/v/o projections)"),
+              PTRAIN_DIM("mlp_bias", model.shape.mlp_bias, R"(`false`)",
+                         R"(`llama`: biases on the gate/up/down projections)"),
+              PTRAIN_DIM("dim", model.shape.dim, R"(preset)", R"(hidden size)"),
+              PTRAIN_DIM("n_layers", model.shape.n_layers, R"(preset)", R"(transformer blocks)"),
+              PTRAIN_DIM("n_heads", model.shape.n_heads, R"(preset)",
+                         R"(query heads; `dim % n_heads == 0` unless `head_dim` is set)"),
+              PTRAIN_DIM("n_kv_heads", model.shape.n_kv_heads, R"(preset)",
+                         R"(key/value heads (GQA); must divide `n_heads`)"),
+              PTRAIN_DIM("head_dim", model.shape.head_dim, R"(`dim / n_heads`)",
+                         R"(per-head size (even: RoPE rotates pairs))"),
+              PTRAIN_DIM("ffn_dim", model.shape.ffn_dim, R"(preset)", R"(SwiGLU hidden size)"),
+              PTRAIN_DIM("vocab_size", model.shape.vocab_size, R"(preset)",
+                         R"(vocabulary; text data needs >= 256 (bytes))"),
+              PTRAIN_DIM("max_seq_len", model.shape.max_seq_len, R"(preset)",
+                         R"(longest sequence; `data.seq_len` must not exceed it)"),
+              PTRAIN_DIM("rope_theta", model.shape.rope_theta, R"(preset)", R"(RoPE base)"),
+              PTRAIN_DIM("norm_eps", model.shape.norm_eps, R"(preset)", R"(RMSNorm epsilon)"),
+              PTRAIN_DIM("tie_embeddings", model.shape.tie_embeddings, R"(`false`)",
+                         R"(output projection shares the embedding matrix)"),
+              PTRAIN_DIM("rope_scaling_factor", model.shape.rope_scaling.factor, R"(preset (8 for Llama 3))",
+                         R"(Llama-3.1 RoPE frequency scaling; 0 disables)"),
+              PTRAIN_DIM("rope_low_freq_factor", model.shape.rope_scaling.low_freq_factor, R"(`1.0`)",
+                         R"(Llama-3.1 scaling parameter)"),
+              PTRAIN_DIM("rope_high_freq_factor", model.shape.rope_scaling.high_freq_factor, R"(`4.0`)",
+                         R"(Llama-3.1 scaling parameter)"),
+              PTRAIN_DIM("rope_original_max_seq_len", model.shape.rope_scaling.original_max_seq_len, R"(`8192`)",
+                         R"(Llama-3.1 scaling parameter)"),
+              PTRAIN_KEY("data", "path", data.path, R"(— (required))",
+                         R"(text file, token file or JSONL file (`docs/data.md`))"),
+              PTRAIN_KEY(
+                  "data", "format", data.format, R"(`"text"`)",
+                  R"(`text` (byte-level tokens, vocab 256), `tokens` (`.bin` made by `ptrain tokenize`) `jsonl` (text, chat — messages, ShareGPT, Alpaca — or prompt/completion records, tokenized as they load) or `parquet` (the same records, one per row, a column per field))"),
+              PTRAIN_KEY("data", "tokenizer", data.tokenizer, R"(`model.hf_path`)",
+                         R"(jsonl: `tokenizer.json`, or the HF model directory holding it)"),
+              PTRAIN_KEY(
+                  "data", "fields", data.fields, R"(`[]`)",
+                  R"(jsonl/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, prompt, completion)"),
+              PTRAIN_KEY(
+                  "data", "on_bad_record", data.on_bad_record, R"(`"error"`)",
+                  R"(jsonl/parquet: a malformed record stops with its `FILE:LINE` and field (`error`), or is left out, counted and reported with the first one's location (`skip`))"),
+              PTRAIN_KEY(
+                  "data", "chat_template", data.chat_template, R"(`"auto"`)",
+                  R"(jsonl chats (messages, ShareGPT, Alpaca): `auto` recognizes the template in the tokenizer's directory (`tokenizer_config.json` / `chat_template.jinja`) and refuses one it does not know; or `llama3`, `llama3.1`, `llama3.2`, `qwen2.5`, `qwen3`, `chatml`, `mistral` (docs/data.md))"),
+              PTRAIN_KEY(
+                  "data", "packing", data.packing, R"(`false`)",
+                  R"(jsonl: pack several samples into each row (attention and positions stay inside each sample); `false` pads one sample per row)"),
+              PTRAIN_KEY(
+                  "data", "train_on_prompt", data.train_on_prompt, R"(`false`)",
+                  R"(jsonl: also train on system/user turns and prompts (by default only replies and completions are))"),
+              PTRAIN_KEY(
+                  "data", "truncation", data.truncation, R"(`"truncate"`)",
+                  R"(jsonl: a sample longer than `seq_len + 1` tokens is cut to its start (`truncate`) or left out (`drop`); both are counted and reported)"),
+              PTRAIN_KEY("data", "seq_len", data.seq_len, R"(`128`)",
+                         R"(tokens per sequence; windows hold `seq_len + 1` tokens)"),
+              PTRAIN_KEY("data", "micro_batch_size", data.micro_batch_size, R"(`8`)",
+                         R"(sequences per forward/backward)"),
+              PTRAIN_KEY(
+                  "data", "val_fraction", data.val_fraction, R"(`0.05`)",
+                  R"(held out for validation (0 to 0.5): the tail of a token stream; jsonl: that share of the samples, drawn with a fixed seed)"),
+              PTRAIN_KEY("training", "steps", training.steps, R"(`200`)", R"(optimizer steps (>= 1))"),
+              PTRAIN_KEY("training", "grad_accum_steps", training.grad_accum_steps, R"(`1`)",
+                         R"(micro-batches accumulated per optimizer step)"),
+              PTRAIN_KEY("training", "max_grad_norm", training.max_grad_norm, R"(`1.0`)",
+                         R"(global-norm clipping threshold; 0 disables)"),
+              PTRAIN_KEY("training", "log_every", training.log_every, R"(`10`)",
+                         R"(console line + `metrics.jsonl` record every N steps (and at steps 1 and last))"),
+              PTRAIN_KEY("training", "eval_every", training.eval_every, R"(`100`)",
+                         R"(validation loss every N steps and at the end; 0 disables)"),
+              PTRAIN_KEY("training", "eval_batches", training.eval_batches, R"(`4`)",
+                         R"(micro-batches of consecutive validation windows per evaluation)"),
+              PTRAIN_KEY("training", "device", training.device, R"(`"auto"`)",
+                         R"(`auto` (CUDA if visible), `cpu`, `cuda` (an error without a GPU))"),
+              PTRAIN_KEY("training", "threads", training.threads, R"(`0`)",
+                         R"(CPU intra-op threads; 0 keeps LibTorch's default)"),
+              PTRAIN_KEY(
+                  "optimizer", "name", optimizer.name, R"(`"adamw"`)",
+                  R"(`adamw` (float32 or bf16 moments per precision mode) or `adamw8bit` (bitsandbytes' blockwise 8-bit moments: uint8 codes + a float32 absmax per 256 elements, float32 moments for tensors under 4096 elements; ~2.03 B/param instead of 8))"),
+              PTRAIN_KEY("optimizer", "lr", optimizer.lr, R"(`3e-4`)", R"(peak learning rate (> 0))"),
+              PTRAIN_KEY("optimizer", "betas", optimizer.betas, R"(`[0.9, 0.95]`)", R"(Adam betas, each in [0, 1))"),
+              PTRAIN_KEY("optimizer", "eps", optimizer.eps, R"(`1e-8`)", R"(Adam epsilon (> 0))"),
+              PTRAIN_KEY(
+                  "optimizer", "weight_decay", optimizer.weight_decay, R"(`0.1`)",
+                  R"(decoupled weight decay on matrices (embedding, projections); norm weights are not decayed)"),
+              PTRAIN_KEY("optimizer", "in_backward", optimizer.in_backward, R"(`false`)", R"(step each unit's shard right after its gradient is reduced and drop the gradient, so no full set of gradients ever exists (`grad_bytes` 0 in memory.json); needs `training.grad_accum_steps = 1` and `training.max_grad_norm = 0`; `grad_norm` is then logged unclipped)"),
+              PTRAIN_KEY("lr_schedule", "warmup_steps", lr_schedule.warmup_steps, R"(`20`)",
+                         R"(linear warmup: step s (0-based) uses `lr * (s+1) / warmup_steps`)"),
+              PTRAIN_KEY(
+                  "lr_schedule", "decay", lr_schedule.decay, R"(`"cosine"`)",
+                  R"(after warmup: `cosine` or `linear` down to `lr * min_lr_ratio` at the last step, or `constant`)"),
+              PTRAIN_KEY("lr_schedule", "min_lr_ratio", lr_schedule.min_lr_ratio, R"(`0.1`)",
+                         R"(final learning rate as a fraction of `lr`)"),
+              PTRAIN_KEY(
+                  "precision", "mode", precision.mode, R"(`"fp32"`)",
+                  R"(`fp32`; `mixed` (bf16 compute over fp32 master weights, 16 B/param); `bf16` (bf16 params, grads and AdamW moments, fp32 update math, fp32 logits/loss and RoPE, 8 B/param))"),
+              PTRAIN_KEY(
+                  "precision", "param_dtype", precision.param_dtype, R"(from mode)",
+                  R"(compute / all-gather dtype; `float32` with `fp32`, `bfloat16` with `mixed` and `bf16` (other combinations are errors))"),
+              PTRAIN_KEY(
+                  "precision", "reduce_dtype", precision.reduce_dtype, R"(from mode)",
+                  R"(gradient reduction dtype: `float32` in `fp32`/`mixed`, `bfloat16` in `bf16`; MPI (CPU) sums bfloat16 gradients as float32)"),
+              PTRAIN_KEY(
+                  "precision", "logits_dtype", precision.logits_dtype, R"(`"float32"`)",
+                  R"(dtype the logits are held in (the output GEMM always accumulates in float32, the loss is summed in float32). `bfloat16` is allowed in `mixed`/`bf16` only with `allow_bf16_logits = true`: it saves at most one loss chunk and rounds every logit, so ptrain warns)"),
+              PTRAIN_KEY("precision", "allow_bf16_logits", precision.allow_bf16_logits, R"(`false`)",
+                         R"(explicit opt-in for `logits_dtype = "bfloat16"`; an error with any other `logits_dtype`)"),
+              PTRAIN_KEY("precision", "rope_dtype", precision.rope_dtype, R"(`"float32"`)",
+                         R"(RoPE is always computed in float32)"),
+              PTRAIN_KEY(
+                  "precision", "stochastic_rounding", precision.stochastic_rounding, R"(`false`)",
+                  R"(`bf16` only: round updated parameters stochastically (unbiased, reproducible from `run.seed`) instead of to nearest)"),
+              PTRAIN_KEY(
+                  "parallel", "backend", parallel.backend, R"(`"auto"`)",
+                  R"(`auto`, `nccl` (CUDA only), `mpi`; `gloo` is refused (the torch wheel ships no gloo headers))"),
+              PTRAIN_KEY("parallel", "reshard_after_forward", parallel.reshard_after_forward, R"(`true`)",
+                         R"(free gathered units after forward (ZeRO-3))"),
+              PTRAIN_KEY(
+                  "parallel", "prefetch", parallel.prefetch, R"(`true`)",
+                  R"(issue the next unit's all-gather before computing the current one (forward: unit i+1 during block i; backward: block i-1 during block i's backward), so communication overlaps compute and at most two gathered units are alive; `false` gathers each unit when it is needed)"),
+              PTRAIN_KEY(
+                  "parallel", "timeout_s", parallel.timeout_s, R"(`600`)",
+                  R"(seconds a collective may take before this rank declares a peer stuck and aborts the job (> 0))"),
+              PTRAIN_KEY(
+                  "memory", "activation_checkpointing", memory.activation_checkpointing, R"(`"none"`)",
+                  R"(`none`, or `full`: each block keeps only its input and is recomputed in backward (about one extra forward of compute; activation memory of one block plus the block inputs))"),
+              PTRAIN_KEY(
+                  "memory", "activation_offloading", memory.activation_offloading, R"(`false`)",
+                  R"(with `activation_checkpointing = "full"`: the input each block keeps goes to pinned host memory in forward (a side stream on CUDA, at most 2 copies in flight) and comes back ahead of the block's backward; the GPU keeps none of the block inputs. Refused (exit 2) without full checkpointing)"),
+              PTRAIN_KEY("memory", "loss_chunk_tokens", memory.loss_chunk_tokens, R"(`0`)",
+                         R"(tokens per cross-entropy chunk; 0 picks ~64 MiB of float32 logits per chunk)"),
+              PTRAIN_KEY("checkpoint", "dir", checkpoint.dir, R"(`<output_dir>/checkpoints`)",
+                         R"(where `step_N/` directories go)"),
+              PTRAIN_KEY("checkpoint", "every_steps", checkpoint.every_steps, R"(`0`)",
+                         R"(save every N steps; 0 saves only at the end)"),
+              PTRAIN_KEY("checkpoint", "keep", checkpoint.keep, R"(`3`)", R"(newest complete checkpoints kept (>= 1))"),
+              PTRAIN_KEY(
+                  "checkpoint", "resume", checkpoint.resume, R"(`""`)",
+                  R"(`""` fresh start, `"auto"` newest complete checkpoint in `checkpoint.dir` (fresh if none), or a `step_N` directory)"),
+              PTRAIN_KEY("checkpoint", "save_final", checkpoint.save_final, R"(`true`)", R"(save after the last step)"),
+              PTRAIN_KEY("lora", "enabled", lora.enabled, R"(`false`)", R"(LoRA adapters over a frozen base)"),
+              PTRAIN_KEY("lora", "rank", lora.rank, R"(`8`)", R"(adapter rank (>= 1))"),
+              PTRAIN_KEY("lora", "alpha", lora.alpha, R"(`16`)", R"(scaling numerator (> 0))"),
+              PTRAIN_KEY("lora", "dropout", lora.dropout, R"(`0.0`)", R"(in [0, 1))"),
+              PTRAIN_KEY(
+                  "lora", "rslora", lora.rslora, R"(`false`)",
+                  R"(rank-stabilized LoRA: adapters scaled by `alpha / sqrt(rank)` instead of `alpha / rank` (PEFT's `use_rslora`))"),
+              PTRAIN_KEY(
+                  "lora", "targets", lora.targets, R"(`["q", "v"]`)",
+                  R"(among q, k, v, o, gate, up, down, output (`output`: `lm_head`, applied inside the chunked loss as h W^T + s (h A^T) B^T; refused for tied embeddings))"),
+              PTRAIN_KEY(
+                  "lora", "adapter_path", lora.adapter_path, R"(`""`)",
+                  R"(a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`) to start from; its `r`, `lora_alpha` and target modules must equal `lora.rank`, `lora.alpha`, `lora.targets`)"),
+              PTRAIN_KEY(
+                  "quant", "base", quant.base, R"(`"none"`)",
+                  R"(`none` or `nf4`: every block's matrices as frozen NF4 weights (QLoRA; needs LoRA: a frozen base alone trains nothing). Must be `nf4` when `model.hf_path` is a bitsandbytes NF4 checkpoint)"),
+              PTRAIN_KEY(
+                  "quant", "double_quant", quant.double_quant, R"(`true`)",
+                  R"(quantize the NF4 absmax scales too; with a bitsandbytes NF4 checkpoint it must equal its `bnb_4bit_use_double_quant`)"),
+          };
   return kKeys;
 }
 #undef PTRAIN_KEY
@@ -636,6 +640,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!config.model.hf_path.empty()) {
     try {
       config.model.shape = read_hf_config(config.model.hf_path);
+      const HfStorage stored = read_hf_storage(config.model.hf_path);
+      config.model.hf_nf4 = stored.nf4;
+      config.model.hf_nf4_double_quant = stored.double_quant;
     } catch (const std::exception& e) {
       auto o = config.origin("model.hf_path");
       problems.push_back({o.file, o.line, "model.hf_path", e.what()});
@@ -710,8 +717,9 @@ unit (A [rank, in], B [out, rank] per target, PEFT's names and init) that is sha
 reduce-scattered, optimized and checkpointed like a full model's units; `memory.json` reports the
 base as `frozen_base_bytes`. With `quant.base = "nf4"` (QLoRA) every block's matrices are held
 as NF4 (`nf4_params`, `nf4_bytes` in `memory.json`; ~0.516 B per weight with double
-quantization), quantized one tensor at a time as the HF checkpoint is read, and sharded across
-the ranks like every unit (4-bit bytes on the wire). Activation checkpointing and offloading
+quantization), each projection quantized on its own as the HF checkpoint is read (as
+bitsandbytes quantizes a Linear4bit; a bitsandbytes NF4 checkpoint's codes are taken as
+stored), and sharded across the ranks like every unit (4-bit bytes on the wire). Activation checkpointing and offloading
 work with both. `ptrain export` of a LoRA checkpoint writes the adapters in PEFT's format;
 `lora.adapter_path` loads PEFT adapters. See docs/qlora.md.
 

@@ -50,7 +50,10 @@ struct Config {
     std::string preset = "tiny";  // tiny | llama3_8b | llama3_70b (ignored with hf_path)
     std::string hf_path;          // HF Llama directory (config.json + *.safetensors)
     LlamaShape shape;             // resolved from preset / hf_path, then per-key overrides
-    double init_std = 0.02;       // N(0, init_std) init of matrices; output projections / sqrt(2L)
+    // Read from hf_path's quantization_config (not a key): its projections are stored as
+    // bitsandbytes NF4, with double-quantized statistics when hf_nf4_double_quant.
+    bool hf_nf4 = false, hf_nf4_double_quant = false;
+    double init_std = 0.02;  // N(0, init_std) init of matrices; output projections / sqrt(2L)
   } model;
   struct Data {
     std::string path;  // text file (byte-level tokens), .bin token file or .jsonl records

@@ -143,7 +143,8 @@ const std::vector<Rule>& rules() {
          // of its shape and a float dtype; the shard index consistent with the files.
          if (c.model.hf_path.empty() || !env.local) return "";
          try {
-           verify_hf_tensors(HfCheckpoint(c.model.hf_path), c.model.shape, false);
+           verify_hf_tensors(HfCheckpoint(c.model.hf_path), c.model.shape,
+                             HfStorage{c.model.hf_nf4, c.model.hf_nf4_double_quant}, false);
          } catch (const std::exception& e) {
            return e.what();
          }
@@ -473,13 +474,29 @@ const std::vector<Rule>& rules() {
                  return "";
                }},
       {"quant.base",
-       [](const Config& c, const Environment&) -> std::
-                                                   string {
-                                                     return c.quant.base == QuantBase::nf4 && !c.lora.enabled
-                                                                ? "an NF4 base is frozen, so nothing would train; set "
-                                                                  "lora.enabled = true or quant.base = \"none\""
-                                                                : "";
-                                                   }},
+       [](const Config& c, const Environment&)
+           -> std::
+               string {
+                 if (c.model.hf_nf4 && c.quant.base != QuantBase::nf4)
+                   return "model.hf_path holds bitsandbytes NF4 weights (its config.json's quantization_config); set "
+                          "quant.base = \"nf4\" to train adapters on them as stored, or use the unquantized model";
+                 return c.quant.base == QuantBase::nf4 && !c.lora.enabled
+                            ? "an NF4 base is frozen, so nothing would train; set lora.enabled = true or quant.base = "
+                              "\"none\""
+                            : "";
+               }},
+      {"quant.double_quant",
+       [](const Config& c,
+          const Environment&) -> std::
+                                  string {
+                                    if (!c.model.hf_nf4 || c.quant.base != QuantBase::nf4 ||
+                                        c.quant.double_quant == c.model.hf_nf4_double_quant)
+                                      return "";
+                                    return std::string("model.hf_path's NF4 statistics are ") +
+                                           (c.model.hf_nf4_double_quant ? "" : "not ") +
+                                           "double-quantized (bnb_4bit_use_double_quant); set quant.double_quant = " +
+                                           (c.model.hf_nf4_double_quant ? "true" : "false") + " to load them as stored";
+                                  }},
 
   };
   return kRules;

@@ -37,6 +37,9 @@ namespace ptrain {
 // A model's tensors by Hugging Face name ("model.layers.0.self_attn.q_proj.weight"), any
 // dtype and shape as stored; e.g. HfCheckpoint::by_name(), views of memory-mapped files.
 using TensorByName = std::function<at::Tensor(const std::string& name)>;
+// A projection already quantized to NF4 (a bitsandbytes checkpoint), by the HF name of its
+// weight and the shape the model gives it; its tensors may be views of a mapped file.
+using Nf4ByName = std::function<nf4::Quantized(const std::string& name, const std::vector<int64_t>& shape)>;
 
 struct FlatUnit {
   UnitLayout layout;
@@ -96,8 +99,10 @@ class FsdpModel : public WeightSource {
   // LoRA: A Kaiming-uniform, B zeros (seeded per adapter unit), so the model starts as its base.
   void init_adapters(uint64_t seed);
   // Copies this rank's slice of every parameter from `tensor` (of a memory-mapped checkpoint,
-  // only those bytes are read); an NF4 base quantizes one projection at a time.
-  void load(const TensorByName& tensor);
+  // only those bytes are read); an NF4 base quantizes one projection at a time — or, given
+  // `quantized` (a pre-quantized checkpoint), takes each projection's codes and statistics as
+  // stored, bit for bit.
+  void load(const TensorByName& tensor, const Nf4ByName& quantized = {});
   // LoRA: copies this rank's slice of every adapter tensor, by slot name ("model.layers.0.
   // self_attn.q_proj.lora_A.weight"); every adapter slot must be present with its shape.
   void load_adapters(const std::map<std::string, at::Tensor>& tensors);
@@ -222,6 +227,8 @@ class FsdpModel : public WeightSource {
   std::vector<std::vector<std::unique_ptr<nf4::Quantized>>> nf4_;  // per unit, per Proj (blocks only)
   // Quantizes block `unit`'s seven projections (Proj order), each on its own, into its NF4 unit.
   void quantize_block(size_t unit, const std::vector<at::Tensor>& modules);
+  // Stores block `unit`'s seven quantized projections (Proj order) in its NF4 unit, this rank's bytes.
+  void store_nf4_block(size_t unit, const std::vector<nf4::Quantized>& modules);
   // The NF4 modules of each matrix group of block `unit` (q/k/v, o, gate/up, down).
   std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> nf4_weights(size_t unit) const;
   void bind_nf4(size_t unit);  // points nf4_[unit] at the gathered bytes

@@ -60,11 +60,19 @@ void FsdpModel::init_weights(uint64_t seed) {
 // Every rank quantizes each whole module (double quantization's scales span it) and keeps the
 // bytes that fall in its shard.
 void FsdpModel::quantize_block(size_t unit, const std::vector<at::Tensor>& modules) {
+  std::vector<nf4::Quantized> quantized;
+  for (const auto& m : modules) quantized.push_back(nf4::quantize(m, options_.double_quant));  // on the CPU
+  store_nf4_block(unit, quantized);
+}
+
+void FsdpModel::store_nf4_block(size_t unit, const std::vector<nf4::Quantized>& modules) {
   TORCH_CHECK(static_cast<int>(modules.size()) == kProjections, "a block has 7 projections");
   FlatUnit& u = nf4_units_.at(unit);
   u.shard.zero_();
   for (size_t p = 0; p < modules.size(); ++p) {
-    const nf4::Quantized q = nf4::quantize(modules[p], options_.double_quant);  // on the CPU
+    const nf4::Quantized& q = modules[p];
+    TORCH_CHECK(q.double_quant == options_.double_quant, "NF4 module ", p, " of block ", unit, " is ",
+                q.double_quant ? "" : "not ", "double-quantized, unlike quant.double_quant");
     const ParamSlot& slot = u.layout.slots[p];
     at::Tensor bytes = at::empty({slot.numel}, at::kByte);
     nf4::write_bytes(q, bytes);
@@ -101,13 +109,22 @@ void FsdpModel::init_unit(FlatUnit& u, uint64_t seed) {
   }
 }
 
-void FsdpModel::load(const TensorByName& tensor) {
+void FsdpModel::load(const TensorByName& tensor, const Nf4ByName& quantized) {
   at::NoGradGuard no_grad;
+  TORCH_CHECK(!quantized || options_.nf4_base, "a pre-quantized checkpoint loads into an NF4 base only");
   if (options_.nf4_base) {
     // One module at a time: read from the memory-mapped files (a view: no copy), quantized, and
-    // dropped; the full-precision model never exists in memory.
+    // dropped; the full-precision model never exists in memory. Pre-quantized modules are
+    // copied as stored.
     for (size_t i = 0; i < units_.size(); ++i) {
       if (units_[i].layout.kind != UnitKind::block) continue;
+      if (quantized) {
+        std::vector<nf4::Quantized> modules;
+        for (const auto& g : block_matrix_groups(plan_.full[i]))
+          for (const auto& slot : g) modules.push_back(quantized(slot.name, slot.shape));
+        store_nf4_block(i, modules);
+        continue;
+      }
       std::vector<at::Tensor> modules;
       for (const auto& g : block_matrix_groups(plan_.full[i]))
         for (const auto& slot : g) {

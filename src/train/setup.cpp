@@ -85,14 +85,22 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
     {
       MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
       const HfCheckpoint ckpt(c.model.hf_path);
-      verify_hf_tensors(ckpt, c.model.shape, /*compare_values=*/true);
-      model->load(ckpt.by_name());
+      const HfStorage stored{c.model.hf_nf4, c.model.hf_nf4_double_quant};
+      verify_hf_tensors(ckpt, c.model.shape, stored, /*compare_values=*/true);
+      if (stored.nf4)  // bitsandbytes' own codes and statistics, bit for bit: nothing requantized
+        model->load(ckpt.by_name(), [&](const std::string& name, const std::vector<int64_t>& shape) {
+          return read_bnb_nf4(ckpt, name, shape, stored.double_quant);
+        });
+      else
+        model->load(ckpt.by_name());
       if (model->lora())
-        log::info(
-            "loaded ", c.model.hf_path, (c.quant.base == QuantBase::nf4 ? " (NF4, one projection at a time)" : ""),
-            ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),
-            " (the checkpoint's full-precision weights: ", log::bytes(4.0 * static_cast<double>(model->num_params())),
-            " in float32)");
+        log::info("loaded ", c.model.hf_path,
+                  (stored.nf4                       ? " (bitsandbytes NF4 as stored)"
+                   : c.quant.base == QuantBase::nf4 ? " (NF4, one projection at a time)"
+                                                    : ""),
+                  ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),
+                  " (the checkpoint's full-precision weights: ",
+                  log::bytes(4.0 * static_cast<double>(model->num_params())), " in float32)");
     }
     model->init_adapters(static_cast<uint64_t>(c.run.seed));
   } else {

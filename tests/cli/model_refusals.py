@@ -76,7 +76,7 @@ def main():
     os.makedirs(work)
     write_tokens(f"{work}/train.bin", 4000, 257)  # 257: the smallest fixture vocabulary
 
-    def case(name, fixture, damage, *patterns, seq_len=16, check_too=True):
+    def case(name, fixture, damage, *patterns, seq_len=16, check_too=True, extra=""):
         d = f"{work}/{name}"
         shutil.copytree(f"{fixtures}/{fixture}", d)
         damage(d)
@@ -84,7 +84,7 @@ def main():
         with open(cfg, "w") as f:
             f.write(f'[run]\noutput_dir = "{d}.run"\n[model]\nhf_path = "{d}"\n'
                     f'[data]\npath = "{work}/train.bin"\nformat = "tokens"\nseq_len = {seq_len}\nmicro_batch_size = 2\n'
-                    f'[training]\nsteps = 2\ndevice = "cpu"\n')
+                    f'[training]\nsteps = 2\ndevice = "cpu"\n' + extra)
         for command in (["check"] if check_too else []) + ["train"]:
             p = subprocess.run([binary, command, "--config", cfg], capture_output=True, text=True)
             out = p.stdout + p.stderr
@@ -108,8 +108,56 @@ def main():
                                                                                "mrope_section": [2, 2]}), "mrope_section")
     case("gelu", "hf_odd", lambda d: edit_config(d, hidden_act="gelu"), '"gelu"')
     case("attention_dropout", "hf_qwen2", lambda d: edit_config(d, attention_dropout=0.1), "attention_dropout")
+    # quantization: bitsandbytes NF4 is read (as QLoRA's base); every other kind is refused by name
+    qlora = '[lora]\nenabled = true\ntargets = ["q", "v"]\n[quant]\nbase = "nf4"\n'
     case("quantized", "hf_odd", lambda d: edit_config(d, quantization_config={"quant_method": "bitsandbytes"}),
-         '"quantization_config"')
+         "quantization_config.load_in_4bit", extra=qlora)
+    case("gptq", "hf_odd", lambda d: edit_config(d, quantization_config={"quant_method": "gptq", "bits": 4}),
+         "quantization_config.quant_method", "GPTQ", extra=qlora)
+
+    def bnb_config(**changes):
+        def damage(d):
+            with open(f"{d}/config.json") as f:
+                q = json.load(f)["quantization_config"]
+            q.update(changes)
+            edit_config(d, quantization_config=q)
+        return damage
+    case("bnb_fp4", "hf_odd_bnb4", bnb_config(bnb_4bit_quant_type="fp4"), "quantization_config.bnb_4bit_quant_type",
+         "FP4", extra=qlora)
+    case("bnb_8bit", "hf_odd_bnb4", bnb_config(load_in_8bit=True, _load_in_8bit=True, load_in_4bit=False,
+                                               _load_in_4bit=False), "quantization_config.load_in_8bit", extra=qlora)
+    case("bnb_unknown_option", "hf_odd_bnb4", bnb_config(bnb_4bit_new_option=1),
+         "quantization_config.bnb_4bit_new_option", extra=qlora)
+    case("bnb_without_nf4_base", "hf_odd_bnb4", lambda d: None, "quant.base", "bitsandbytes NF4",
+         extra='[lora]\nenabled = true\n')
+    case("bnb_double_quant_differs", "hf_odd_bnb4", lambda d: None, "quant.double_quant", "double-quantized",
+         extra=qlora + "double_quant = false\n")
+
+    def rename_state(t):
+        for k in [k for k in t if k.endswith("quant_state.bitsandbytes__nf4")]:
+            t[k.replace("__nf4", "__fp4")] = t.pop(k)
+    case("bnb_fp4_tensors", "hf_odd_bnb4", lambda d: edit_tensors(d, rename_state),
+         "quant_state.bitsandbytes__fp4' is quantization data", extra=qlora)
+
+    def skip_module(t):  # q_proj kept in float32, as llm_int8_skip_modules would leave it
+        for k in [k for k in t if k.startswith("model.layers.0.self_attn.q_proj.weight.")]:
+            t.pop(k)
+        t["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(96, 96)
+    case("bnb_unquantized_projection", "hf_odd_bnb4", lambda d: edit_tensors(d, skip_module),
+         "'model.layers.0.self_attn.q_proj.weight' is F32", extra=qlora)
+
+    def custom_map(t):
+        t["model.layers.1.mlp.up_proj.weight.quant_map"] = torch.linspace(-1, 1, 16)
+    case("bnb_custom_quant_map", "hf_odd_bnb4", lambda d: edit_tensors(d, custom_map),
+         "'model.layers.1.mlp.up_proj.weight.quant_map' is not bitsandbytes' table", check_too=False, extra=qlora)
+
+    def state_shape(t):
+        name = "model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4"
+        state = json.loads(bytes(t[name].tolist()))
+        state["shape"] = list(reversed(state["shape"]))
+        t[name] = torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
+    case("bnb_quant_state_shape", "hf_odd_bnb4", lambda d: edit_tensors(d, state_shape),
+         "model.layers.0.mlp.down_proj.weight", "quant_state.shape", check_too=False, extra=qlora)
     case("remote_code", "hf_qwen2", lambda d: edit_config(d, auto_map={"AutoModelForCausalLM": "x.Y"}), '"auto_map"')
     case("qwen2_attention_bias", "hf_qwen2", lambda d: edit_config(d, attention_bias=True), '"attention_bias"')
     case("qwen_sliding", "hf_qwen2", lambda d: edit_config(d, use_sliding_window=True, sliding_window=8),

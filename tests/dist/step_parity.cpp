@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
       fsdp.lora_rslora = adapter.rslora;
     }
     const HfCheckpoint hf(argv[2]);
-    verify_hf_tensors(hf, shape, true);
+    verify_hf_tensors(hf, shape, HfStorage{}, true);
     FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, comm, fsdp);
     model.load(hf.by_name());
     if (fsdp.lora) model.load_adapters(adapter.tensors);

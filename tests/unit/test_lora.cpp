@@ -195,9 +195,10 @@ TEST(Qlora, Nf4BaseTrainsAndEqualsItsDequantizedDenseModel) {
   EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(qc, 1).to_json()));
   // The format's bytes per weight (4 bits + a float32 absmax per 64, or with double quantization
   // an 8-bit absmax per 64 + a float32 per 256 x 64), plus at most the alignment padding of each
-  // block's byte unit: kUnitAlign at its end and kByteAlign after each of its 12 parts.
+  // block's byte unit: kUnitAlign at its end and kByteAlign after each of its 21 parts (codes,
+  // absmax, absmax2 of 7 projections).
   const double params = measured["nf4_params"].get<double>();
-  const double padding = qc.model.shape.n_layers * (kUnitAlign + 12 * nf4::kByteAlign) / params;
+  const double padding = qc.model.shape.n_layers * (kUnitAlign + 3 * kProjections * nf4::kByteAlign) / params;
   const double dq = 0.5 + 1.0 / 64 + 4.0 / (64 * 256), plain_format = 0.5 + 4.0 / 64;
   EXPECT_GE(measured["nf4_bytes_per_param"].get<double>(), dq);
   EXPECT_LE(measured["nf4_bytes_per_param"].get<double>(), dq + padding);
@@ -205,6 +206,68 @@ TEST(Qlora, Nf4BaseTrainsAndEqualsItsDequantizedDenseModel) {
   auto plain = nlohmann::json::parse(predict_memory(load(cfg, q), 1).to_json());
   EXPECT_GE(plain["nf4_bytes_per_param"].get<double>(), plain_format);
   EXPECT_LE(plain["nf4_bytes_per_param"].get<double>(), plain_format + padding);
+}
+
+// A pre-quantized bitsandbytes checkpoint (tests/fixtures/make_bnb4bit_fixtures.py: transformers +
+// bitsandbytes saved hf_odd in NF4, with and without double quantization) loads into the NF4 base
+// as stored — every projection's codes, absmax, nested absmax and mean equal the file's bytes —
+// and the model scores as its dequantized reference: transformers with each Linear holding
+// bitsandbytes' dequantization of the stored weight, bare and with a PEFT adapter applied.
+// `check --plan` counts the same NF4 bytes the model holds.
+TEST(Qlora, BitsandbytesCheckpointLoadsAsStoredAndScoresAsItsDequantizedReference) {
+  test::TempDir dir;
+  test::small_config(dir);  // the corpus
+  SafetensorsFile expected(test::fixture("hf_bnb4_expected.safetensors"));
+  const at::Tensor tokens = expected.tensor("tokens");
+  for (const std::string name : {"hf_odd_bnb4", "hf_odd_bnb4_nodq"}) {
+    const std::string base = test::fixture(name);
+    const bool dq = name == "hf_odd_bnb4";
+    const HfStorage stored = read_hf_storage(base);
+    EXPECT_TRUE(stored.nf4);
+    EXPECT_EQ(stored.double_quant, dq);
+    const std::string toml = "[model]\nhf_path = \"" + base + "\"\n[data]\npath = \"" + (dir / "corpus.txt") +
+                             "\"\nseq_len = 24\n[training]\ndevice = \"cpu\"\n[precision]\nmode = \"fp32\"\n"
+                             "[lora]\nenabled = true\nrank = 4\nalpha = 8.0\n"
+                             "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"
+                             "[quant]\nbase = \"nf4\"\ndouble_quant = " +
+                             (dq ? "true" : "false") + "\n";
+    test::write_text(dir / (name + ".toml"), toml);
+    Config c = load(dir / (name + ".toml"));
+    auto m = build_model(c, at::kCPU, test::local_comm());
+    // The bytes as stored: nothing dequantized and requantized.
+    const HfCheckpoint ckpt(base);
+    int64_t modules = 0;
+    for (size_t i = 0; i < m->plan().full.size(); ++i) {
+      if (m->plan().full[i].kind != UnitKind::block) continue;
+      int p = 0;
+      for (const auto& group : block_matrix_groups(m->plan().full[i]))
+        for (const auto& module : group) {
+          const nf4::Quantized* q = m->nf4_weight(i, static_cast<Proj>(p++));
+          ASSERT_NE(q, nullptr);
+          const nf4::Quantized file = read_bnb_nf4(ckpt, module.name, module.shape, dq);
+          EXPECT_TRUE(at::equal(q->packed.reshape({-1}), file.packed.reshape({-1}))) << module.name;
+          EXPECT_TRUE(at::equal(q->absmax.reshape({-1}), file.absmax.reshape({-1}))) << module.name;
+          if (dq) {
+            EXPECT_TRUE(at::equal(q->absmax2, file.absmax2)) << module.name;
+            EXPECT_EQ(q->offset, file.offset) << module.name;
+          }
+          ++modules;
+        }
+    }
+    EXPECT_EQ(modules, kProjections * c.model.shape.n_layers);
+    auto diff = [&](const at::Tensor& want) {
+      const at::Tensor got = m->logits(tokens).view(want.sizes());
+      return ((got - want).abs().max() / want.abs().max()).item<double>();
+    };
+    const double bare = diff(expected.tensor("logits." + name));
+    m->load_adapters(read_peft(test::fixture("qlora_adapter"), c.model.shape).tensors);
+    const double adapted = diff(expected.tensor("adapter_logits." + name));
+    std::cout << name << ": logits vs the dequantized reference " << bare << " (with the PEFT adapter " << adapted
+              << ", relative to the largest)\n";
+    EXPECT_LE(bare, 1e-5) << name;
+    EXPECT_LE(adapted, 1e-5) << name;
+    EXPECT_EQ(m->nf4_bytes(), predict_memory(c, 1).nf4_bytes) << name;
+  }
 }
 
 // PEFT: an adapter saved by PEFT 0.21.2 over hf_tiny (tests/fixtures/make_peft_fixtures.py)

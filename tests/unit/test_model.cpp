@@ -144,7 +144,7 @@ TEST(HfParity, EveryFamilysLogitsMatchTransformers) {
     const std::string dir = test::fixture(name);
     const LlamaShape shape = read_hf_config(dir);
     HfCheckpoint ckpt(dir);
-    verify_hf_tensors(ckpt, shape, true);
+    verify_hf_tensors(ckpt, shape, HfStorage{}, true);
     DenseWeights dense(shape, at::kFloat, at::kCPU);
     dense.load(ckpt.by_name());
     FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
