@@ -208,6 +208,38 @@ TEST(Qlora, Nf4BaseTrainsAndEqualsItsDequantizedDenseModel) {
   EXPECT_LE(plain["nf4_bytes_per_param"].get<double>(), plain_format + padding);
 }
 
+// Loading hf_odd into an NF4 base quantizes each projection as bitsandbytes quantizes a
+// Linear4bit: every module's packed codes, absmax codes, absmax2 and mean equal bitsandbytes
+// 0.50.2's (its portable kernels, tests/fixtures/make_qlora_fixtures.py), bit for bit — 96-column
+// rows, so NF4 blocks straddle rows; 48 to 317 blocks per module, the last one short.
+TEST(Qlora, EveryProjectionQuantizesToBitsandbytesBytes) {
+  test::TempDir dir;
+  test::small_config(dir);  // the corpus
+  SafetensorsFile expected(test::fixture("qlora_nf4_expected.safetensors"));
+  test::write_text(dir / "q.toml", "[model]\nhf_path = \"" + test::fixture("hf_odd") + "\"\n[data]\npath = \"" +
+                                       (dir / "corpus.txt") +
+                                       "\"\nseq_len = 24\n[training]\ndevice = \"cpu\"\n[lora]\nenabled = true\n"
+                                       "[quant]\nbase = \"nf4\"\n");
+  Config c = load(dir / "q.toml");
+  auto m = build_model(c, at::kCPU, test::local_comm());
+  int64_t modules = 0;
+  for (size_t i = 0; i < m->plan().full.size(); ++i) {
+    if (m->plan().full[i].kind != UnitKind::block) continue;
+    int p = 0;
+    for (const auto& group : block_matrix_groups(m->plan().full[i]))
+      for (const auto& module : group) {
+        const nf4::Quantized* q = m->nf4_weight(i, static_cast<Proj>(p++));
+        ASSERT_NE(q, nullptr);
+        EXPECT_TRUE(at::equal(q->packed.reshape({-1}), expected.tensor(module.name + ".packed"))) << module.name;
+        EXPECT_TRUE(at::equal(q->absmax.reshape({-1}), expected.tensor(module.name + ".absmax"))) << module.name;
+        EXPECT_TRUE(at::equal(q->absmax2, expected.tensor(module.name + ".absmax2"))) << module.name;
+        EXPECT_EQ(q->offset, expected.tensor(module.name + ".offset").item<float>()) << module.name;
+        ++modules;
+      }
+  }
+  EXPECT_EQ(modules * 4, static_cast<int64_t>(expected.entries().size()));
+}
+
 // A pre-quantized bitsandbytes checkpoint (tests/fixtures/make_bnb4bit_fixtures.py: transformers +
 // bitsandbytes saved hf_odd in NF4, with and without double quantization) loads into the NF4 base
 // as stored — every projection's codes, absmax, nested absmax and mean equal the file's bytes —
