@@ -110,8 +110,10 @@ def main():
     if device.type == "cuda":
         peak, source = torch.cuda.max_memory_allocated(device), "cuda_allocator_peak_allocated"
     else:
-        import resource
-        peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process_peak_rss"
+        # The process's own high-water mark, as ptrain reads it (ru_maxrss would carry a launcher's).
+        with open("/proc/self/status") as f:
+            peak = int(next(line for line in f if line.startswith("VmHWM")).split()[1]) * 1024
+        source = "process_peak_rss"
     print(json.dumps({"variant": ("compiled" if a.compile else "eager"), "mode": a.mode,
                       "activation_checkpointing": a.activation_checkpointing, "device": str(device),
                       "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -4,6 +4,8 @@
 #pragma once
 #include <ATen/core/ivalue.h>
 
+#include <vector>
+
 namespace ptrain {
 
 template <class T>
@@ -20,6 +22,23 @@ c10::IValue saved_ref(T* object) {
 template <class T>
 T* saved_ref_of(const c10::IValue& value) {
   return static_cast<SavedRef<T>*>(value.toCapsule().get())->ptr;
+}
+
+// The same for several objects at once: a capsule holding a vector of T*.
+template <class T>
+struct SavedRefs : torch::CustomClassHolder {
+  explicit SavedRefs(std::vector<T*> p) : ptrs(std::move(p)) {}
+  std::vector<T*> ptrs;
+};
+
+template <class T>
+c10::IValue saved_refs(std::vector<T*> objects) {
+  return c10::IValue::make_capsule(c10::make_intrusive<SavedRefs<T>>(std::move(objects)));
+}
+
+template <class T>
+const std::vector<T*>& saved_refs_of(const c10::IValue& value) {
+  return static_cast<SavedRefs<T>*>(value.toCapsule().get())->ptrs;
 }
 
 }  // namespace ptrain

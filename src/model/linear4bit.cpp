@@ -17,18 +17,14 @@ using torch::autograd::variable_list;
 
 // The graph refers to the NF4 modules by address: they are the model's own (already resident)
 // storage, which outlives every graph built over it, so "saving" them costs nothing.
-std::vector<const nf4::Quantized*> modules_of(AutogradContext* ctx) {
-  std::vector<const nf4::Quantized*> out;
-  for (int64_t i = 0; i < ctx->saved_data["n"].toInt(); ++i)
-    out.push_back(saved_ref_of<const nf4::Quantized>(ctx->saved_data["w" + std::to_string(i)]));
-  return out;
+const std::vector<const nf4::Quantized*>& modules_of(AutogradContext* ctx) {
+  return saved_refs_of<const nf4::Quantized>(ctx->saved_data["w"]);
 }
 
 class Linear4bitFn : public torch::autograd::Function<Linear4bitFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::vector<const nf4::Quantized*>& w) {
-    ctx->saved_data["n"] = static_cast<int64_t>(w.size());
-    for (size_t i = 0; i < w.size(); ++i) ctx->saved_data["w" + std::to_string(i)] = saved_ref(w[i]);
+    ctx->saved_data["w"] = saved_refs(w);
     // Custom Function forward runs with grad mode off: the dequantized temporary is never saved.
     return gemm::linear(x, dequantize_rows(w, x.scalar_type()));
   }

@@ -1,11 +1,11 @@
 #include "train/memory.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "config/config.h"
 #include "model/layout.h"
 #include "model/loss.h"
@@ -226,9 +226,13 @@ PeakMemory peak_memory(const c10::Device& device) {
     return {stats.allocated_bytes[0].peak, "cuda_allocator_peak_allocated"};
   }
 #endif
-  struct rusage ru {};
-  ::getrusage(RUSAGE_SELF, &ru);
-  return {static_cast<int64_t>(ru.ru_maxrss) * 1024, "process_peak_rss"};
+  // The process's own high-water mark: VmHWM, which exec resets. (getrusage's ru_maxrss carries
+  // the launcher's peak into its child across fork + exec: a tiny run started by a Python driver
+  // holding 3 GiB would report 3 GiB.)
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return {std::stoll(line.substr(6)) * 1024, "process_peak_rss"};
+  throw RuntimeError("/proc/self/status has no VmHWM line: the process's peak memory cannot be measured");
 }
 
 }  // namespace ptrain
