@@ -4,6 +4,7 @@
 // 0 success, 2 usage/config error, 1 runtime failure.
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/suggest.h"
 #include "config/config.h"
 #include "data/tokenize.h"
 #include "parallel/collectives.h"
@@ -26,35 +28,121 @@ using namespace ptrain;
 
 namespace {
 
-constexpr const char* kUsage = R"(ptrain — sharded Llama training on LibTorch
+// Every subcommand with the flags it takes: `ptrain --help` and `ptrain CMD --help` print from
+// here, and a flag a subcommand does not take is refused (never silently ignored).
+struct Flag {
+  const char* name;
+  const char* value;  // nullptr: a switch
+  const char* help;
+  bool required = false;
+};
+struct Command {
+  const char* name;
+  const char* summary;
+  std::vector<Flag> flags;
+};
 
-usage:
-  ptrain [train] --config FILE [--set section.key=value]...
-  ptrain check   --config FILE [--set ...] [--world-size N] [--gpu-memory GIB] [--json] [--plan]
-  ptrain eval    --config FILE [--set ...] [--checkpoint DIR] [--data PATH] [--json]
-  ptrain compare --config FILE --modes LIST [--steps N] [--out DIR] [--set ...]
-  ptrain export  --checkpoint DIR --out DIR [--merge]
-  ptrain tokenize --in TEXT|FILE.jsonl --out FILE.bin [--tokenizer DIR] [--token-bytes 2|4] [--threads N]
-  ptrain --help | --version | --config-reference
+const Flag kConfig{"--config", "FILE", "the TOML config (docs/config.md)", true};
+const Flag kSet{"--set", "section.key=value", "override a config key (repeatable; the value is TOML or a bare string)"};
 
-  train     trains as configured; writes config.resolved.toml, metrics.jsonl, memory.json and
-            checkpoints/step_N/ under run.output_dir (default runs/<run.name>)
-  check     validates the config, prints the resolved config, the precision table and the
-            predicted per-rank memory, and exits; --plan checks a config meant for another
-            machine (its data files, checkpoints and GPUs are not looked for here)
-  eval      mean loss / perplexity over every consecutive non-overlapping seq_len+1 window of
-            a text or token file (default: data.path), in order
-  compare   trains each mode (fp32, mixed, bf16, bf16-sr, bf16-adam8bit) from the same init on the
-            same data; writes DIR/<mode>/metrics.jsonl, summary.md, summary.csv, loss.svg
-  export    writes a Hugging Face model directory of the run's family (config.json + model.safetensors), or for a
-            LoRA checkpoint the adapters in PEFT's format (adapter_config.json +
-            adapter_model.safetensors); --merge writes the base with the adapters merged in
-  tokenize  converts text to a token file: byte-level, or with --tokenizer an HF tokenizer.json
-            (byte-level BPE, e.g. Llama 3's; a .jsonl input holds {"text": ...} documents, each
-            followed by <|end_of_text|>), with progress and tokens/s (see docs/data.md)
+const std::vector<Command>& commands() {
+  static const std::vector<Command> k{
+      {"train",
+       "trains as configured; writes config.resolved.toml, metrics.jsonl, memory.json and checkpoints/step_N/ under "
+       "run.output_dir (default runs/<run.name>). `train` may be left out.",
+       {kConfig, kSet}},
+      {"check",
+       "validates the config, prints the resolved config, the precision table and the predicted per-rank memory, "
+       "and exits; exit 2 when the config is invalid or does not fit.",
+       {kConfig,
+        kSet,
+        {"--world-size", "N", "plan for N ranks (default 1)"},
+        {"--gpu-memory", "GIB", "check the prediction against GPUs of this many GiB"},
+        {"--json", nullptr, "print the prediction as JSON (the fields of memory.json)"},
+        {"--plan", nullptr,
+         "a config meant for another machine: its data files, checkpoints and GPUs are not looked for"}}},
+      {"eval",
+       "mean loss / perplexity over every consecutive non-overlapping seq_len+1 window of a text or token file, or "
+       "over the samples of a JSONL/Parquet dataset (default: data.path), in order.",
+       {kConfig,
+        kSet,
+        {"--checkpoint", "DIR", "a step_N directory to evaluate (default: the config's initial model)"},
+        {"--data", "PATH", "the data to score instead of data.path"},
+        {"--json", nullptr, "print the result as JSON"}}},
+      {"compare",
+       "trains each mode (fp32, mixed, bf16, bf16-sr, bf16-adam8bit) from the same init on the same data; writes "
+       "DIR/<mode>/metrics.jsonl, summary.md, summary.csv, loss.svg.",
+       {kConfig,
+        kSet,
+        {"--modes", "LIST", "comma-separated modes", true},
+        {"--steps", "N", "steps per mode (default training.steps)"},
+        {"--out", "DIR", "output directory (default runs/compare-<run.name>)"}}},
+      {"export",
+       "writes a Hugging Face model directory of the run's family (config.json + model.safetensors), or for a LoRA "
+       "checkpoint the adapters in PEFT's format (adapter_config.json + adapter_model.safetensors).",
+       {{"--checkpoint", "DIR", "the step_N directory to export", true},
+        {"--out", "DIR", "the directory to write", true},
+        {"--merge", nullptr, "LoRA: write the base with the adapters merged in (float32)"}}},
+      {"tokenize",
+       "converts text to a token file: byte-level, or with --tokenizer an HF tokenizer.json (a .jsonl input holds "
+       "{\"text\": ...} documents, each followed by the end-of-text token), with progress and tokens/s "
+       "(docs/data.md).",
+       {{"--in", "TEXT|FILE.jsonl", "the input", true},
+        {"--out", "FILE.bin", "the token file to write", true},
+        {"--tokenizer", "DIR", "tokenizer.json or the model directory holding it (default: bytes)"},
+        {"--token-bytes", "2|4", "bytes per token id (default 2, or 4 when the vocabulary needs it)"},
+        {"--threads", "N", "tokenizer threads (default 1)"}}},
+  };
+  return k;
+}
 
-exit codes: 0 success · 2 bad usage or invalid config (every problem listed) · 1 runtime failure
-)";
+const Command* find_command(const std::string& name) {
+  for (const auto& c : commands())
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+std::string synopsis(const Command& c) {
+  std::string out = std::string("ptrain ") + c.name;
+  for (const auto& f : c.flags) {
+    const std::string flag = f.value ? std::string(f.name) + " " + f.value : std::string(f.name);
+    out += f.required ? " " + flag : " [" + flag + "]" + (std::string(f.name) == "--set" ? "..." : "");
+  }
+  return out;
+}
+
+// `text` broken into lines of at most `width` columns, each after `indent` spaces.
+std::string wrap(const std::string& text, size_t indent, size_t width = 100) {
+  std::istringstream words(text);
+  std::string out, line;
+  for (std::string w; words >> w;) {
+    if (!line.empty() && indent + line.size() + 1 + w.size() > width) {
+      out += std::string(indent, ' ') + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + w;
+  }
+  return out + std::string(indent, ' ') + line + "\n";
+}
+
+std::string usage() {
+  std::string out = "ptrain — sharded Llama training on LibTorch\n\nusage:\n";
+  for (const auto& c : commands()) out += "  " + synopsis(c) + "\n";
+  out += "  ptrain --help | --version | --config-reference\n  ptrain COMMAND --help\n\n";
+  for (const auto& c : commands()) out += std::string("  ") + c.name + "\n" + wrap(c.summary, 4);
+  out += "\nexit codes: 0 success · 2 bad usage or invalid config (every problem listed) · 1 runtime failure\n";
+  return out;
+}
+
+std::string command_help(const Command& c) {
+  std::string out = "usage: " + synopsis(c) + "\n\n" + wrap(c.summary, 0) + "\noptions:\n";
+  for (const auto& f : c.flags) {
+    std::string lhs = std::string(f.name) + (f.value ? std::string(" ") + f.value : "");
+    out += "  " + lhs + std::string(lhs.size() < 28 ? 28 - lhs.size() : 1, ' ') + f.help + "\n";
+  }
+  out += "  --help                      this text\n";
+  return out;
+}
 
 struct Args {
   std::string command = "train";
@@ -64,51 +152,66 @@ struct Args {
   bool json = false;
   bool plan = false;
   bool merge = false;
+  bool help = false;
 };
 
 Args parse_args(int argc, char** argv) {
   Args a;
   int i = 1;
-  static const std::vector<std::string> commands{"train", "check", "eval", "export", "tokenize", "compare"};
+  std::vector<std::string> names;
+  for (const auto& c : commands()) names.push_back(c.name);
   if (i < argc && argv[i][0] != '-') {
     a.command = argv[i++];
-    if (std::find(commands.begin(), commands.end(), a.command) == commands.end())
-      throw UsageError("unknown command '" + a.command + "' (see ptrain --help)");
+    if (!find_command(a.command)) {
+      const std::string near = closest(a.command, names);
+      throw UsageError("unknown command '" + a.command + "'" + (near.empty() ? "" : "; did you mean " + near + "?") +
+                       " (see ptrain --help)");
+    }
   }
-  static const std::vector<std::string> valued{
-      "--config", "--set",         "--world-size", "--gpu-memory", "--checkpoint", "--data",   "--out",
-      "--in",     "--token-bytes", "--modes",      "--steps",      "--tokenizer",  "--threads"};
+  const Command& command = *find_command(a.command);
+  std::vector<std::string> flags;
+  for (const auto& f : command.flags) flags.push_back(f.name);
   for (; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
     const auto eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos && arg.substr(0, eq) != "--set") {
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
-    } else if (arg.rfind("--set=", 0) == 0) {
-      value = arg.substr(6);
-      arg = "--set";
     }
-    if (arg == "--json") {
-      a.json = true;
-    } else if (arg == "--plan") {
-      a.plan = true;
-    } else if (arg == "--merge") {
-      a.merge = true;
-    } else if (std::find(valued.begin(), valued.end(), arg) != valued.end()) {
-      if (value.empty()) {
-        if (i + 1 >= argc) throw UsageError(arg + " needs a value");
-        value = argv[++i];
-      }
-      if (arg == "--config")
-        a.config = value;
-      else if (arg == "--set")
-        a.sets.push_back(value);
-      else
-        a.options[arg] = value;
-    } else {
-      throw UsageError("unknown argument '" + arg + "' (see ptrain --help)");
+    if (arg == "--help" || arg == "-h") {
+      a.help = true;
+      continue;
     }
+    auto flag = std::find_if(command.flags.begin(), command.flags.end(), [&](const Flag& f) { return arg == f.name; });
+    if (flag == command.flags.end()) {
+      const std::string near = closest(arg, flags);
+      bool other = false;  // a flag of another subcommand
+      for (const auto& c : commands())
+        for (const auto& f : c.flags) other = other || arg == f.name;
+      std::string known;
+      for (const auto& f : flags) known += (known.empty() ? "" : ", ") + f;
+      throw UsageError((other ? "ptrain " + a.command + " does not take " + arg : "unknown argument '" + arg + "'") +
+                       (near.empty() ? "" : "; did you mean " + near + "?") + " (ptrain " + a.command + " takes " +
+                       known + "; see ptrain " + a.command + " --help)");
+    }
+    if (!flag->value) {
+      if (eq != std::string::npos) throw UsageError(arg + " takes no value");
+      a.json = a.json || arg == "--json";
+      a.plan = a.plan || arg == "--plan";
+      a.merge = a.merge || arg == "--merge";
+      continue;
+    }
+    if (eq == std::string::npos) {
+      if (i + 1 >= argc) throw UsageError(arg + " needs a value (" + flag->value + ")");
+      value = argv[++i];
+    }
+    if (arg == "--config")
+      a.config = value;
+    else if (arg == "--set")
+      a.sets.push_back(value);
+    else
+      a.options[arg] = value;
   }
   return a;
 }
@@ -195,7 +298,7 @@ int main(int argc, char** argv) {
   try {
     if (argc >= 2 &&
         (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help"))) {
-      std::cout << kUsage;
+      std::cout << usage();
       return 0;
     }
     if (argc >= 2 && !std::strcmp(argv[1], "--config-reference")) {  // docs/config.md, from the key table
@@ -207,10 +310,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (argc < 2) {
-      std::cerr << kUsage;
+      std::cerr << usage();
       return 2;
     }
     Args a = parse_args(argc, argv);
+    if (a.help) {
+      std::cout << command_help(*find_command(a.command));
+      return 0;
+    }
     if (a.command == "train") return train(config_of(a));
     if (a.command == "check") return cmd_check(a);
     if (a.command == "eval") return cmd_eval(a);

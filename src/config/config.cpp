@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "checkpoint/hf.h"
+#include "common/suggest.h"
 #include "parallel/precision.h"
 
 namespace ptrain {
@@ -402,47 +403,23 @@ const Key* find_key(const std::string& section, const std::string& name) {
   return nullptr;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // "did you mean ...": the closest known name within a third of its length, or the same key
 // name in another section.
 std::string suggest(const std::string& section, const std::string& name) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, name.size() / 3) + 1;
-  for (const auto& k : keys()) {
-    if (k.section == section) {
-      size_t d = edit_distance(name, k.name);
-      if (d < best_d) best_d = d, best = k.full();
-    }
-  }
-  if (best.empty())
-    for (const auto& k : keys())
-      if (k.name == name) return "; did you mean " + k.full() + "?";
-  return best.empty() ? "" : "; did you mean " + best + "?";
+  std::vector<std::string> names;
+  for (const auto& k : keys())
+    if (k.section == section) names.push_back(k.name);
+  if (const std::string best = closest(name, names); !best.empty())
+    return "; did you mean " + section + "." + best + "?";
+  for (const auto& k : keys())
+    if (k.name == name) return "; did you mean " + k.full() + "?";
+  return "";
 }
 
 std::string suggest_section(const std::string& section) {
   std::set<std::string> sections;
   for (const auto& k : keys()) sections.insert(k.section);
-  std::string best;
-  size_t best_d = std::max<size_t>(2, section.size() / 3) + 1;
-  for (const auto& s : sections) {
-    size_t d = edit_distance(section, s);
-    if (d < best_d) best_d = d, best = s;
-  }
+  const std::string best = closest(section, {sections.begin(), sections.end()});
   return best.empty() ? "" : "; did you mean [" + best + "]?";
 }
 

@@ -34,7 +34,15 @@ TOML
 expect 0 "usage:" -- "$bin" --help
 expect 0 "^ptrain [0-9]" -- "$bin" --version
 expect 2 "usage:" -- "$bin"
-expect 2 "unknown command 'trian'" -- "$bin" trian --config "$tmp/ok.toml"
+expect 2 "unknown command 'trian'; did you mean train\?" -- "$bin" trian --config "$tmp/ok.toml"
+for cmd in train check eval compare export tokenize; do  # every subcommand's own help, its flags listed
+  expect 0 "^usage: ptrain $cmd .*--" -- "$bin" $cmd --help
+  expect 0 "^  --help" -- "$bin" $cmd -h
+done
+expect 2 "did you mean --config\?" -- "$bin" check --confg "$tmp/ok.toml"
+expect 2 "did you mean --checkpoint\?" -- "$bin" export --chekpoint x --out y
+expect 2 "ptrain export does not take --config" -- "$bin" export --config "$tmp/ok.toml" --checkpoint x --out y
+expect 2 "--merge takes no value" -- "$bin" export --checkpoint x --out y --merge=yes
 expect 2 "needs --config" -- "$bin" check
 expect 2 "unknown argument '--confg'" -- "$bin" --confg x.toml
 expect 2 "no such config file" -- "$bin" check --config "$tmp/missing.toml"
