@@ -36,7 +36,7 @@ say() { printf '[setup] %s\n' "$*"; }
 # --- 1. Debian packages --------------------------------------------------------------
 APT_PACKAGES=(build-essential cmake ninja-build ccache pkg-config python3 python3-venv
               libtomlplusplus-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev
-              openmpi-bin libopenmpi-dev libpcre2-dev libutf8proc-dev fortunes gnuplot-nox clang-format)
+              openmpi-bin libopenmpi-dev libpcre2-dev libutf8proc-dev zlib1g-dev fortunes gnuplot-nox clang-format)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

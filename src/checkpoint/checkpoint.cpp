@@ -111,6 +111,33 @@ json read_meta(const std::string& dir) {
   }
 }
 
+std::string hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+json sum_json(const FileSum& s) { return {{"bytes", s.bytes}, {"crc32", hex32(s.crc32)}}; }
+
+// The file `name` of checkpoint `dir` against the size and CRC-32 meta.json records for it.
+// Checkpoints written before checksums (no "files" in meta.json) are read unverified.
+void verify_file(const std::string& dir, const json& meta, const std::string& name) {
+  if (!meta.contains("files")) return;
+  const json& files = meta.at("files");
+  if (!files.contains(name)) throw RuntimeError("checkpoint '" + dir + "': meta.json records no file '" + name + "'");
+  const fs::path path = fs::path(dir) / name;
+  if (!fs::is_regular_file(path)) throw RuntimeError("checkpoint '" + dir + "': '" + name + "' is missing");
+  const FileSum got = file_sum(path.string());
+  const uint64_t bytes = files[name].at("bytes").get<uint64_t>();
+  const std::string crc = files[name].at("crc32").get<std::string>();
+  if (got.bytes != bytes)
+    throw RuntimeError("checkpoint '" + dir + "': '" + name + "' has " + std::to_string(got.bytes) +
+                       " bytes, meta.json records " + std::to_string(bytes) + " (truncated or overwritten)");
+  if (hex32(got.crc32) != crc)
+    throw RuntimeError("checkpoint '" + dir + "': '" + name + "' is damaged: its CRC-32 is " + hex32(got.crc32) +
+                       ", meta.json records " + crc);
+}
+
 int64_t identity(int64_t e) { return e; }
 
 // Entries of an optimizer state vector that cover this rank's owned elements of its unit.
@@ -123,13 +150,15 @@ std::string shard_file(const std::string& kind, int rank) {
   return kind + ".rank" + std::to_string(rank) + ".safetensors";
 }
 
+std::string sums_file(int rank) { return "sums.rank" + std::to_string(rank) + ".json"; }
+
 // Reads part of a unit-wide vector out of the rank files that hold it: the entries covering
 // unit elements [begin, end), where `index` maps element offsets to vector positions (the
 // identity for parameters; see OptimState).
 class ShardReader {
  public:
-  ShardReader(std::string dir, std::string kind, int world_size)
-      : dir_(std::move(dir)), kind_(std::move(kind)), files_(world_size) {}
+  ShardReader(std::string dir, const json& meta, std::string kind, int world_size)
+      : dir_(std::move(dir)), meta_(meta), kind_(std::move(kind)), files_(world_size) {}
   void copy(const std::string& key, int64_t numel, int64_t begin, int64_t end, const at::Tensor& dst,
             const std::function<int64_t(int64_t)>& index = identity) {
     const int64_t ws = static_cast<int64_t>(files_.size()), S = shard_numel(numel, ws);
@@ -149,11 +178,15 @@ class ShardReader {
 
  private:
   SafetensorsFile& file(int rank) {
-    if (!files_[rank])
+    if (!files_[rank]) {
+      verify_file(dir_, meta_, shard_file(kind_, rank));  // every byte read is a byte written
       files_[rank] = std::make_unique<SafetensorsFile>((fs::path(dir_) / shard_file(kind_, rank)).string());
+    }
     return *files_[rank];
   }
-  std::string dir_, kind_;
+  std::string dir_;
+  const json& meta_;
+  std::string kind_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
 };
 
@@ -181,13 +214,52 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
     units.push_back({{"name", u.layout.name}, {"numel", u.layout.numel}});
   }
   for (const auto& s : optim.state()) state.emplace_back(s.key, owned_state(model, s));
-  write_safetensors((tmp / shard_file("model", rank)).string(), params);
-  write_safetensors((tmp / shard_file("optimizer", rank)).string(), state);
-  write_safetensors((tmp / shard_file("rng", rank)).string(),
-                    {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
-  comm.barrier();
+  // Each rank writes its part and records each file's size and CRC-32; a failure (a full disk)
+  // is caught so that every rank learns of it and none reports a checkpoint.
+  std::string failure;
+  try {
+    json sums = json::object();
+    sums[shard_file("model", rank)] = sum_json(write_safetensors((tmp / shard_file("model", rank)).string(), params));
+    sums[shard_file("optimizer", rank)] =
+        sum_json(write_safetensors((tmp / shard_file("optimizer", rank)).string(), state));
+    sums[shard_file("rng", rank)] = sum_json(write_safetensors(
+        (tmp / shard_file("rng", rank)).string(), {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}}));
+    write_file_atomic((tmp / sums_file(rank)).string(), sums.dump() + "\n");
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  at::Tensor failed = at::full({1}, failure.empty() ? 0.0f : 1.0f, at::TensorOptions().device(model.device()));
+  comm.all_reduce_sum(failed);  // also the barrier after every rank's writes
+  if (const int n = static_cast<int>(failed.item<float>()); n > 0) {
+    const std::string previous = latest_checkpoint(root);
+    if (rank == 0) {
+      try {
+        remove_tree(tmp.string());
+      } catch (const std::exception& e) {
+        log::warn("could not remove ", tmp.string(), ": ", e.what());
+      }
+    }
+    comm.barrier();  // the temporary is gone before any rank reports (and may take the job down)
+    throw RuntimeError("checkpoint " + step + " was not written: " + std::to_string(n) + " rank(s) failed to write " +
+                       "their part" + (failure.empty() ? "" : " (here: " + failure + ")") +
+                       "; its temporary directory is removed and " +
+                       (previous.empty() ? std::string("no earlier checkpoint exists")
+                                         : "the previous checkpoint " + previous + " is intact"));
+  }
 
   if (rank == 0) {
+    json files = json::object();  // every rank's files, as each recorded them
+    for (int r = 0; r < comm.world_size(); ++r) {
+      const fs::path sums = tmp / sums_file(r);
+      const json recorded = json::parse(read_text_file(sums.string()));
+      for (const auto& [name, sum] : recorded.items()) {
+        if (fs::file_size(tmp / name) != sum.at("bytes").get<uint64_t>())
+          throw RuntimeError("checkpoint " + step + ": " + name + " is not the size rank " + std::to_string(r) +
+                             " wrote");
+        files[name] = sum;
+      }
+      remove_tree(sums.string());
+    }
     write_file_atomic((tmp / "config.toml").string(), config_toml);
     json meta = {{"format_version", kFormatVersion},
                  {"step", progress.step},
@@ -205,7 +277,8 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
                    {"rslora", model.options().lora_rslora},
                    {"targets", model.options().lora_targets}}},
                  {"shape", shape_json(model.shape())},
-                 {"units", units}};
+                 {"units", units},
+                 {"files", files}};
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");  // last: marks completeness
     fsync_path(tmp.string());
     // Replacing an existing step_N (a rerun of the same step): move it aside first, so a
@@ -232,6 +305,60 @@ std::string latest_checkpoint(const std::string& root) {
   return all.empty() ? "" : all.back().string();
 }
 
+void recover_checkpoint_dir(const std::string& root) {
+  if (!fs::is_directory(root)) return;
+  static const std::regex temp(R"(\.(step_[0-9]+)\.(tmp|old))");
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(root)) found.push_back(e.path());
+  std::sort(found.begin(), found.end());
+  for (const auto& p : found) {
+    std::smatch m;
+    const std::string name = p.filename().string();
+    if (!std::regex_match(name, m, temp)) continue;
+    const fs::path final_dir = fs::path(root) / m[1].str();
+    if (m[2] == "old" && !fs::exists(final_dir) && fs::is_regular_file(p / "meta.json")) {
+      fs::rename(p, final_dir);
+      fsync_path(root);
+      log::warn("checkpoint ", final_dir.string(), " was left as ", name,
+                " by a run stopped in the middle of rewriting it; put back");
+    } else {
+      remove_tree(p.string());
+      log::warn("removed ", p.string(), ": the unfinished write of a run that stopped or failed");
+    }
+  }
+}
+
+std::string resume_latest(const std::string& root, FsdpModel& model, Optimizer* optim, TrainProgress& progress) {
+  auto all = complete_checkpoints(root);
+  std::vector<std::string> skipped;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::string why;
+    try {
+      load_checkpoint(it->string(), model, optim, progress);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    // Every rank must take the same checkpoint: one that any rank cannot read is skipped by all.
+    at::Tensor bad = at::full({1}, why.empty() ? 0.0f : 1.0f, at::TensorOptions().device(model.device()));
+    model.comm().all_reduce_sum(bad);
+    if (bad.item<float>() == 0) {
+      for (const auto& s : skipped) log::warn(s);
+      if (!skipped.empty())
+        log::warn("resuming from ", it->string(), ", the newest checkpoint that reads back intact (", skipped.size(),
+                  " newer one(s) skipped)");
+      return it->string();
+    }
+    if (why.empty()) why = "another rank could not read its part";
+    skipped.push_back(why.find(it->string()) != std::string::npos ? "skipped: " + why
+                                                                  : "skipped checkpoint " + it->string() + ": " + why);
+  }
+  if (all.empty()) return "";
+  std::string msg = "checkpoint.resume = \"auto\": none of the " + std::to_string(all.size()) + " checkpoint(s) in " +
+                    root + " reads back intact:";
+  for (const auto& s : skipped) msg += "\n  " + s;
+  throw RuntimeError(msg + "\nset checkpoint.resume = \"\" to start fresh, or to one of them to see its error alone");
+}
+
 void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim, TrainProgress& progress) {
   json meta = read_meta(dir);
   try {
@@ -250,7 +377,7 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
                          (meta.value("lora", false) ? "LoRA adapters" : "full model weights") + " but the config " +
                          (model.lora() ? "enables" : "does not enable") + " LoRA; match lora.enabled");
     const int saved_ws = meta.at("world_size").get<int>();
-    ShardReader params(dir, "model", saved_ws), state(dir, "optimizer", saved_ws);
+    ShardReader params(dir, meta, "model", saved_ws), state(dir, meta, "optimizer", saved_ws);
     at::NoGradGuard no_grad;
     for (auto& u : model.trainable_units()) {
       u.shard.detach().zero_();
@@ -267,6 +394,7 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
     }
     // Same world size: each rank gets its own generator back; otherwise rank 0's.
     const int rng_rank = saved_ws == model.comm().world_size() ? model.comm().rank() : 0;
+    verify_file(dir, meta, shard_file("rng", rng_rank));
     SafetensorsFile rng((fs::path(dir) / shard_file("rng", rng_rank)).string());
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -293,7 +421,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
     a.rslora = l.value("rslora", false);
   }
   const ModelPlan plan = ModelPlan::make(shape_from_json(meta.at("shape")), o);
-  ShardReader params(checkpoint_dir, "model", meta.at("world_size").get<int>());
+  ShardReader params(checkpoint_dir, meta, "model", meta.at("world_size").get<int>());
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& u : plan.trained()) {
     if (u.layout.numel == 0) continue;

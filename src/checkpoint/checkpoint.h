@@ -5,12 +5,15 @@
 //                                  OptimState for how non-elementwise state is sliced)
 //   rng.rank<r>.safetensors        LibTorch generator state
 // and, written last by rank 0,
-//   meta.json    step, data position, optimizer steps, world size, model shape, unit sizes
+//   meta.json    step, data position, optimizer steps, world size, model shape, unit sizes,
+//                and every file's size and CRC-32 (each rank records its own as it writes them)
 //   config.toml  the resolved config that wrote it
 // Rank r's slice of a unit is elements [r*S, r*S + S) of the flat buffer, S = shard_numel(numel, ws).
 // Every rank writes into one hidden temp directory; after a barrier rank 0 writes meta.json,
 // fsyncs and renames the directory to step_N in one atomic step. Only directories with
-// meta.json are ever picked up, so a crash mid-write never damages an earlier checkpoint.
+// meta.json are ever picked up, so a crash mid-write never damages an earlier checkpoint; a rank
+// that fails to write its part (a full disk) makes every rank fail the save, and its temporary
+// directory is removed. Every file is checked against its recorded size and CRC-32 as it is read.
 // Loading reshards: any world size reads the slices that overlap its own.
 #pragma once
 #include <cstdint>
@@ -34,6 +37,16 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
 
 // Newest complete checkpoint under root ("" when none).
 std::string latest_checkpoint(const std::string& root);
+
+// Tidies `root` before a run (rank 0): a `.step_N.old` that a crash left between the two renames
+// of a rewrite, with no step_N beside it, is put back as step_N; the other temporaries of crashed
+// or failed writes (`.step_N.tmp`, `.step_N.old`) are removed. Logs each.
+void recover_checkpoint_dir(const std::string& root);
+
+// checkpoint.resume = "auto" (collective): loads the newest complete checkpoint under `root` that
+// every rank reads back intact, warning which newer ones were skipped and why. Returns the
+// directory loaded; "" when root holds no checkpoint; throws when it holds some and none loads.
+std::string resume_latest(const std::string& root, FsdpModel& model, Optimizer* optim, TrainProgress& progress);
 
 // Restores model, optimizer, RNG and progress. Throws RuntimeError if the checkpoint is
 // incomplete, corrupt, or was written for a different model. Without an optimizer (eval,

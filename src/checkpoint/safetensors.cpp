@@ -166,8 +166,8 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
   return t;
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+FileSum write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<at::Tensor> cpu;
@@ -190,6 +190,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   out.write(json.data(), json.size());
   for (const auto& c : cpu) out.write(c.data_ptr(), c.numel() * c.element_size());
   out.commit();
+  return out.sum();
 }
 
 }  // namespace ptrain

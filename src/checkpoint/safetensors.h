@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/fs_util.h"
+
 namespace ptrain {
 
 struct SafetensorsEntry {
@@ -48,8 +50,9 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes tensors (in the given order) atomically: temp file, fsync, rename.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+// Writes tensors (in the given order) atomically: temp file, fsync, rename. Returns the file's
+// size and CRC-32, computed as it was written.
+FileSum write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                          const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace ptrain

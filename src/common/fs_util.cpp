@@ -4,12 +4,14 @@
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "common/error.h"
 
@@ -41,7 +43,30 @@ AtomicFile::~AtomicFile() {
   }
 }
 
+FileSum file_sum(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw RuntimeError(sys_error("cannot open", path));
+  FileSum s;
+  std::vector<unsigned char> buf(8 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      throw RuntimeError(sys_error("read failed for", path));
+    }
+    if (n == 0) break;
+    s.crc32 = static_cast<uint32_t>(::crc32_z(s.crc32, buf.data(), static_cast<size_t>(n)));
+    s.bytes += static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  return s;
+}
+
 void AtomicFile::write(const void* data, size_t size) {
+  if (size == 0) return;  // (zlib's crc32 of a null buffer is its initial value: it would reset the sum)
+  sum_.crc32 = static_cast<uint32_t>(::crc32_z(sum_.crc32, static_cast<const unsigned char*>(data), size));
+  sum_.bytes += size;
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd_, p, size);

@@ -2,11 +2,19 @@
 // crash leaves either the old file or the new one, never a torn one.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace ptrain {
 
 void fsync_path(const std::string& path);  // file or directory
+
+// A file's size and CRC-32 (zlib's: the checksum gzip and `crc32` compute).
+struct FileSum {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+FileSum file_sum(const std::string& path);  // reads the whole file; throws RuntimeError
 
 // Streams bytes into PATH.tmp.<pid>; commit() fsyncs and renames it over PATH (then fsyncs
 // the directory). Destroyed without commit(), it removes the temp file.
@@ -18,10 +26,12 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
   void write(const void* data, size_t size);
   void commit();
+  const FileSum& sum() const { return sum_; }  // of the bytes written so far
 
  private:
   std::string path_, tmp_;
   int fd_ = -1;
+  FileSum sum_;
 };
 // Writes to PATH.tmp.<pid>, fsyncs, renames over PATH, fsyncs the directory.
 void write_file_atomic(const std::string& path, const void* data, size_t size);

@@ -98,10 +98,14 @@ class Run {
     }
     model_ = build_model(c, device_, comm_);
     optim_ = make_optimizer(c, *model_, optim_targets(*model_));
-    const std::string resume =
-        c.checkpoint.resume == "auto" ? latest_checkpoint(c.checkpoint_dir()) : c.checkpoint.resume;
-    if (!resume.empty()) {
+    if (rank_ == 0) recover_checkpoint_dir(c.checkpoint_dir());  // a crashed run's leftovers
+    comm_->barrier();
+    std::string resume = c.checkpoint.resume;
+    if (resume == "auto")
+      resume = resume_latest(c.checkpoint_dir(), *model_, optim_.get(), progress);  // the newest that verifies
+    else if (!resume.empty())
       load_checkpoint(resume, *model_, optim_.get(), progress);
+    if (!resume.empty()) {
       log::info("resumed from ", resume, " at step ", progress.step, " (", progress.samples, " rows consumed)");
       if (!progress.data.empty() && progress.data != data_.rows->fingerprint())
         log::warn("the data differs from the checkpoint's (", progress.data, " then, ", data_.rows->fingerprint(),

@@ -261,6 +261,39 @@ TEST(Dist, HungRankMakesTheOthersAbortAfterTheTimeout) {
   expect_job_failed(fault(dir, "--set parallel.timeout_s=5", "STOP", 2), "did not complete within parallel.timeout_s");
 }
 
+// One rank failing to write its part of a checkpoint (its file size limited, as a full disk
+// would stop it: `ulimit -f`, SIGXFSZ ignored, so the write fails with EFBIG) at np 2 and 3:
+// every rank fails the save, no step_N and no temporary directory is left, the error names the
+// intact previous checkpoint, and the next run resumes from it.
+TEST(Dist, ARankFailingItsCheckpointWriteLeavesNoHalfCheckpoint) {
+  for (int np : {2, 3}) {
+    test::TempDir dir;
+    const std::string out = dir / "run", ck = out + "/checkpoints";
+    const std::string cfg = test::small_config(dir, "[checkpoint]\nevery_steps = 2\n");
+    const std::string args =
+        " --config " + cfg + " --set run.output_dir=" + out + " --set data.micro_batch_size=" + std::to_string(12 / np);
+    ASSERT_EQ(sh(mpirun(np) + bin() + args + " --set training.steps=2").rc, 0);
+    const int victim = np - 1;
+    test::write_text(dir / "limited.sh", "if [ \"$OMPI_COMM_WORLD_RANK\" = " + std::to_string(victim) +
+                                             " ]; then ulimit -f 16; trap '' XFSZ; fi\nexec \"$@\"\n");
+    Proc r = sh(mpirun(np) + "bash " + (dir / "limited.sh") + " " + bin() + args +
+                " --set training.steps=4 --set checkpoint.resume=auto");
+    EXPECT_NE(r.rc, 0) << r.output;
+    EXPECT_NE(r.output.find("checkpoint step_4 was not written: 1 rank(s) failed to write their part"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("the previous checkpoint " + ck + "/step_2 is intact"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("checkpoint written: " + ck + "/step_4"), std::string::npos) << r.output;
+    std::set<std::string> left;
+    for (const auto& e : fs::directory_iterator(ck)) left.insert(e.path().filename());
+    EXPECT_EQ(left, std::set<std::string>{"step_2"}) << "np=" << np;
+    Proc again = sh(mpirun(np) + bin() + args + " --set training.steps=4 --set checkpoint.resume=auto");
+    EXPECT_EQ(again.rc, 0) << again.output;
+    EXPECT_NE(again.output.find("resumed from " + ck + "/step_2"), std::string::npos) << again.output;
+    EXPECT_TRUE(fs::exists(ck + "/step_4/meta.json")) << "np=" << np;
+  }
+}
+
 TEST(Dist, ShardedCheckpointExportsToHfExactly) {
   test::TempDir dir;
   const std::string out = dir / "np2";

@@ -109,6 +109,62 @@ TEST(Checkpoint, LatestSkipsIncompleteAndKeepPrunesOldest) {
   EXPECT_EQ(left, (std::set<std::string>{"step_15", ".step_20.tmp.1", "step_30", "step_40"}));
 }
 
+// A flipped byte in a tensor of the newest checkpoint is caught by its CRC-32, and
+// checkpoint.resume = "auto" resumes from the previous one, warning why — the continuation equal
+// to an uninterrupted run. Leftovers of crashed writes are removed at start; a checkpoint a crash
+// left moved aside mid-rewrite (.step_N.old, no step_N) is put back. With every checkpoint
+// damaged, the run stops naming each, rather than starting fresh over them.
+TEST(Checkpoint, AutoResumeSkipsADamagedNewestAndTidiesLeftovers) {
+  test::TempDir dir;
+  const std::string cfg = test::small_config(dir, "[checkpoint]\nevery_steps = 2\nkeep = 5\n");
+  ASSERT_EQ(train(load(cfg, {"run.output_dir=" + (dir / "ref"), "training.steps=8"})), 0);
+  ASSERT_EQ(train(load(cfg, {"training.steps=6"})), 0);  // checkpoints at 2, 4, 6
+  const std::string ck = dir / "run/checkpoints";
+  {  // one byte in the middle of step_6's tensor data
+    const std::string path = ck + "/step_6/model.rank0.safetensors";
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header = 0;
+    f.read(reinterpret_cast<char*>(&header), 8);
+    const auto at = static_cast<std::streamoff>(8 + header + (fs::file_size(path) - 8 - header) / 2);
+    char byte = 0;
+    f.seekg(at);
+    f.get(byte);
+    f.seekp(at);
+    f.put(static_cast<char>(byte ^ 0x10));
+  }
+  fs::create_directories(ck + "/.step_9.tmp");
+  test::write_text(ck + "/.step_9.tmp/model.rank0.safetensors", "partial");
+  fs::create_directories(ck + "/.step_4.old");  // step_4 exists: a leftover
+  testing::internal::CaptureStderr();
+  const int rc = train(load(cfg, {"training.steps=8", "checkpoint.resume=auto"}));
+  const std::string log = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(rc, 0) << log;
+  for (const std::string& want : std::vector<std::string>{
+           "skipped: checkpoint '" + ck + "/step_6': 'model.rank0.safetensors' is damaged: its CRC-32 is",
+           "resuming from " + ck + "/step_4", "removed " + ck + "/.step_9.tmp", "removed " + ck + "/.step_4.old"})
+    EXPECT_NE(log.find(want), std::string::npos) << want << "\n" << log;
+  auto ref = losses(dir / "ref/metrics.jsonl"), got = losses(dir / "run/metrics.jsonl");
+  for (int64_t step = 5; step <= 8; ++step) EXPECT_EQ(got[step], ref[step]) << "step " << step;
+  EXPECT_FALSE(fs::exists(ck + "/.step_9.tmp"));
+
+  // A crash between the two renames of a rewrite: step_8 only as .step_8.old. It is put back.
+  fs::rename(ck + "/step_8", ck + "/.step_8.old");
+  testing::internal::CaptureStderr();
+  ASSERT_EQ(train(load(cfg, {"training.steps=8", "checkpoint.resume=auto"})), 0);
+  const std::string log2 = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log2.find("put back"), std::string::npos) << log2;
+  EXPECT_NE(log2.find("resumed from " + ck + "/step_8"), std::string::npos) << log2;
+
+  // Every checkpoint damaged: refused, naming each.
+  for (const auto& e : fs::directory_iterator(ck)) test::write_text(e.path() / "rng.rank0.safetensors", "x");
+  try {
+    train(load(cfg, {"training.steps=9", "checkpoint.resume=auto"}));
+    ADD_FAILURE() << "resumed from damaged checkpoints";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("none of the 4 checkpoint(s)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Checkpoint, RefusesADifferentModel) {
   test::TempDir dir;
   Config c = load(test::small_config(dir));
