@@ -10,6 +10,8 @@
 #                   shared by every clone so LibTorch (several GB) is installed once per machine.
 #   PTRAIN_BUILD    build directory (default: build)
 #   PTRAIN_BUILD_TYPE  CMake build type (default: Release)
+#   PTRAIN_FUZZ=1   also install clang-14 + libFuzzer and build the fuzz targets (fuzz/,
+#                   docs/fuzzing.md); ctest then runs their corpora and a short fuzzing smoke
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
@@ -37,6 +39,7 @@ say() { printf '[setup] %s\n' "$*"; }
 APT_PACKAGES=(build-essential cmake ninja-build ccache pkg-config python3 python3-venv
               libtomlplusplus-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev
               openmpi-bin libopenmpi-dev libpcre2-dev libutf8proc-dev zlib1g-dev fortunes gnuplot-nox clang-format)
+[ "${PTRAIN_FUZZ:-0}" = 1 ] && APT_PACKAGES+=(clang-14 libfuzzer-14-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -117,9 +120,11 @@ fi
 [ "$DEPS_ONLY" = 1 ] && exit 0
 
 # --- 4. configure + build (incremental; ccache across clones) ---------------------------
-if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  say "configuring $BUILD_DIR ($BUILD_TYPE)"
-  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DPTRAIN_VENV="$VENV" >/dev/null
+FUZZ=OFF; [ "${PTRAIN_FUZZ:-0}" = 1 ] && FUZZ=ON
+if [ ! -f "$BUILD_DIR/build.ninja" ] || ! grep -q "^PTRAIN_FUZZ:BOOL=$FUZZ$" "$BUILD_DIR/CMakeCache.txt"; then
+  say "configuring $BUILD_DIR ($BUILD_TYPE, fuzz targets $FUZZ)"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DPTRAIN_VENV="$VENV" \
+    -DPTRAIN_FUZZ="$FUZZ" >/dev/null
 fi
 say "building (ninja, $(nproc) jobs)"
 cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,0 +1,35 @@
+// One JSONL record from a dataset downloaded from anywhere — text, chat messages, ShareGPT,
+// Alpaca or prompt/completion — rendered with a real byte-level BPE tokenizer
+// (tests/fixtures/hf_chat) in every chat template. A malformed record must be refused with an
+// exception naming the problem; a crash, an out-of-bounds read or undefined behaviour is a finding.
+#include <exception>
+#include <memory>
+
+#include "data/chat.h"
+#include "data/samples.h"
+#include "data/tokenizer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const auto tok = std::make_unique<ptrain::Tokenizer>(PTRAIN_SOURCE_DIR "/tests/fixtures/hf_chat");
+  static const auto formats = [] {
+    std::vector<ptrain::ChatFormat> f;
+    for (auto t : {ptrain::ChatTemplate::llama3, ptrain::ChatTemplate::qwen2_5, ptrain::ChatTemplate::qwen3,
+                   ptrain::ChatTemplate::chatml, ptrain::ChatTemplate::mistral}) {
+      try {
+        f.push_back(ptrain::chat_format(*tok, t));
+      } catch (const std::exception&) {  // a template this tokenizer cannot render
+      }
+    }
+    return f;
+  }();
+  const std::string line(reinterpret_cast<const char*>(data), size);
+  for (const auto& format : formats)
+    for (bool train_on_prompt : {false, true}) {
+      try {
+        ptrain::SampleStats stats;
+        (void)ptrain::render_record(*tok, format, line, train_on_prompt, stats);
+      } catch (const std::exception&) {
+      }
+    }
+  return 0;
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Seed corpora for the fuzz targets (fuzz/corpus/<target>/): small valid inputs of each kind the
+readers take, and a few malformed ones, so that fuzzing starts from every branch's doorstep.
+
+Run with the project's venv (safetensors):  $PTRAIN_VENV/bin/python fuzz/make_corpus.py
+"""
+import json
+import os
+import shutil
+import struct
+
+import torch
+from safetensors.torch import save
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
+
+
+def put(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors_seeds():
+    put("safetensors", "f32_bf16_i64", save({"a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+                                             "b": torch.ones(3, dtype=torch.bfloat16),
+                                             "c": torch.tensor([1, -2], dtype=torch.int64)}, {"format": "pt"}))
+    put("safetensors", "empty_tensor_u8", save({"e": torch.zeros(0), "u": torch.arange(5, dtype=torch.uint8)}))
+    put("safetensors", "scalar_f16", save({"s": torch.tensor(1.5, dtype=torch.float16)}))
+    header = json.dumps({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                         "y": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}).encode()
+    put("safetensors", "overlap", struct.pack("<Q", len(header)) + header + bytes(12))
+    put("safetensors", "huge_header_length", struct.pack("<Q", 1 << 62) + b"{}")
+    put("safetensors", "empty", b"")
+
+
+def tokenizer_seeds():
+    text = "Hello, world! 123 héllo\tworld  <|begin_of_text|>ünïcödé 你好 🙂 don't\n"
+    for d in ("hf_chat", "hf_qwen_chat", "tokenizer_families/llama2", "tokenizer_families/mistral",
+              "tokenizer_families/nfd", "tokenizer_families/normalizers", "tokenizer_families/qwen2"):
+        with open(os.path.join(FIXTURES, d, "tokenizer.json"), "rb") as f:
+            put("tokenizer", d.replace("/", "_"), f.read() + b"\0" + text.encode())
+    tiny = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+            "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
+                                                  "trim_offsets": True, "use_regex": True},
+            "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": True,
+                                                "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}}
+    put("tokenizer", "tiny_bpe", json.dumps(tiny).encode() + b"\0abab")
+    put("tokenizer", "wordpiece", json.dumps({"model": {"type": "WordPiece", "vocab": {"a": 0}}}).encode() + b"\0a")
+
+
+def jsonl_seeds():
+    records = {
+        "text": {"text": "The quick brown fox."},
+        "messages": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+                                  {"role": "assistant", "content": "4"}]},
+        "sharegpt": {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]},
+        "alpaca": {"instruction": "Add", "input": "2 and 3", "output": "5"},
+        "prompt_completion": {"prompt": "Capital of France?", "completion": " Paris"},
+        "reasoning": {"messages": [{"role": "user", "content": "Why?"},
+                                   {"role": "assistant", "content": "Because.", "reasoning_content": "think"}]},
+        "bad_role": {"messages": [{"role": "wizard", "content": "x"}]},
+        "not_an_object": [1, 2, 3],
+    }
+    for name, r in records.items():
+        put("jsonl_record", name, json.dumps(r, ensure_ascii=False))
+    put("jsonl_record", "truncated", '{"messages": [{"role": "user", "content": "unterminated')
+
+
+def token_file_seeds():
+    def tokens(version, width, count, vocab, ids, fmt):
+        return b"PTRAINTK" + struct.pack("<IIQI", version, width, count, vocab) + bytes(4) + \
+            b"".join(struct.pack(fmt, i) for i in ids)
+    put("token_file", "u16", tokens(1, 2, 5, 300, [1, 2, 3, 299, 0], "<H"))
+    put("token_file", "u32", tokens(1, 4, 3, 70000, [69999, 5, 0], "<I"))
+    put("token_file", "count_past_end", tokens(1, 2, 9, 300, [1, 2], "<H"))
+    put("token_file", "id_past_vocab", tokens(1, 2, 2, 10, [3, 11], "<H"))
+    put("token_file", "bad_magic", b"NOTTOKEN" + bytes(24))
+
+
+def main():
+    shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
+    safetensors_seeds()
+    tokenizer_seeds()
+    jsonl_seeds()
+    token_file_seeds()
+    for target in ("safetensors", "tokenizer", "jsonl_record", "token_file"):
+        d = os.path.join(HERE, "regressions", target)
+        os.makedirs(d, exist_ok=True)
+        keep = os.path.join(d, "README")
+        if not os.listdir(d):
+            with open(keep, "w") as f:
+                f.write("Inputs that crashed fuzz_%s before their fix; ctest runs each (fuzz.%s.corpus).\n"
+                        % (target, target))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+// A tokenizer.json from anywhere, then text through it: the input is the JSON, a NUL byte, and
+// a text to encode; the ids are decoded back. A tokenizer ptrain does not fully understand must be
+// refused with an exception, never mis-handled; a crash, an out-of-bounds read or undefined
+// behaviour (also in the BPE merges, normalizers and pre-tokenizer regexes) is a finding.
+#include <sys/stat.h>
+
+#include <cstring>
+#include <exception>
+
+#include "data/tokenizer.h"
+#include "fuzz_util.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const auto* nul = static_cast<const uint8_t*>(std::memchr(data, 0, size));
+  const size_t json_size = nul ? static_cast<size_t>(nul - data) : size;
+  const std::string text = nul ? std::string(reinterpret_cast<const char*>(nul + 1), size - json_size - 1) : "";
+  const std::string path = ptrain::fuzz::as_file(data, json_size, "tokenizer.json");
+  try {
+    ptrain::Tokenizer tok(path);
+    const std::vector<int32_t> ids = tok.encode(text);
+    (void)tok.decode(ids);
+    (void)tok.encode(text, /*text_start=*/false);
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
