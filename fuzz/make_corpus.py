@@ -83,13 +83,31 @@ def token_file_seeds():
     put("token_file", "bad_magic", b"NOTTOKEN" + bytes(24))
 
 
+def checkpoint_meta_seeds():
+    shape = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "ffn_dim": 160,
+             "vocab_size": 1006, "max_seq_len": 256, "rope_theta": 500000.0, "norm_eps": 1e-5,
+             "tie_embeddings": False, "family": "qwen3", "attention_bias": False, "mlp_bias": False,
+             "sliding_window": 0, "rope_scaling": {"factor": 0.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                   "original_max_seq_len": 8192}}
+    meta = {"format_version": 2, "step": 20, "samples": 640, "data": "rows:1234", "optimizer_steps": 20,
+            "world_size": 2, "precision": "bf16", "master_dtype": "BFloat16", "lora": True,
+            "lora_config": {"rank": 8, "alpha": 16.0, "dropout": 0.0, "rslora": False, "targets": ["q", "v"]},
+            "shape": shape, "units": [{"name": "embed", "numel": 64384}, {"name": "block.0", "numel": 43136}],
+            "files": {"model.rank0.safetensors": {"bytes": 1234, "crc32": "0badf00d"}}}
+    put("checkpoint_meta", "lora_qwen3", json.dumps(meta, indent=2))
+    put("checkpoint_meta", "world_size_zero", json.dumps(dict(meta, world_size=0)))
+    put("checkpoint_meta", "old_format", json.dumps(dict(meta, format_version=1)))
+    put("checkpoint_meta", "not_json", "{\"format_version\": 2,")
+
+
 def main():
     shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
     safetensors_seeds()
     tokenizer_seeds()
     jsonl_seeds()
     token_file_seeds()
-    for target in ("safetensors", "tokenizer", "jsonl_record", "token_file"):
+    checkpoint_meta_seeds()
+    for target in ("safetensors", "tokenizer", "jsonl_record", "token_file", "checkpoint_meta"):
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)
         keep = os.path.join(d, "README")

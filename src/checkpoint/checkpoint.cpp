@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "checkpoint/hf.h"
+#include "checkpoint/meta.h"
 #include "checkpoint/peft.h"
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
@@ -26,59 +27,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-constexpr int kFormatVersion = 2;  // 2: units padded and sharded in multiples of kUnitAlign
-
-json shape_json(const LlamaShape& s) {
-  return {{"dim", s.dim},
-          {"n_layers", s.n_layers},
-          {"n_heads", s.n_heads},
-          {"n_kv_heads", s.n_kv_heads},
-          {"head_dim", s.head_dim},
-          {"ffn_dim", s.ffn_dim},
-          {"vocab_size", s.vocab_size},
-          {"max_seq_len", s.max_seq_len},
-          {"rope_theta", s.rope_theta},
-          {"norm_eps", s.norm_eps},
-          {"tie_embeddings", s.tie_embeddings},
-          {"family", traits(s.family).name},
-          {"attention_bias", s.attention_bias},
-          {"mlp_bias", s.mlp_bias},
-          {"sliding_window", s.sliding_window},
-          {"rope_scaling",
-           {{"factor", s.rope_scaling.factor},
-            {"low_freq_factor", s.rope_scaling.low_freq_factor},
-            {"high_freq_factor", s.rope_scaling.high_freq_factor},
-            {"original_max_seq_len", s.rope_scaling.original_max_seq_len}}}};
-}
-
-LlamaShape shape_from_json(const json& j) {
-  LlamaShape s;
-  s.dim = j.at("dim");
-  s.n_layers = j.at("n_layers");
-  s.n_heads = j.at("n_heads");
-  s.n_kv_heads = j.at("n_kv_heads");
-  s.head_dim = j.at("head_dim");
-  s.ffn_dim = j.at("ffn_dim");
-  s.vocab_size = j.at("vocab_size");
-  s.max_seq_len = j.at("max_seq_len");
-  s.rope_theta = j.at("rope_theta");
-  s.norm_eps = j.at("norm_eps");
-  s.tie_embeddings = j.at("tie_embeddings");
-  // Checkpoints from before the families hold Llamas without biases.
-  const std::string family = j.value("family", std::string("llama"));
-  const auto f = family_named(family);
-  if (!f)
-    throw UnsupportedInput("checkpoint meta.json: model family \"" + family + "\" is not one ptrain implements (" +
-                           family_names() + ")");
-  s.family = *f;
-  s.attention_bias = j.value("attention_bias", false);
-  s.mlp_bias = j.value("mlp_bias", false);
-  s.sliding_window = j.value("sliding_window", int64_t{0});
-  const auto& r = j.at("rope_scaling");
-  s.rope_scaling = {r.at("factor"), r.at("low_freq_factor"), r.at("high_freq_factor"), r.at("original_max_seq_len")};
-  return s;
-}
 
 int64_t step_of(const fs::path& p) {
   static const std::regex re("step_([0-9]+)");
@@ -102,9 +50,7 @@ json read_meta(const std::string& dir) {
   if (!fs::is_regular_file(p)) throw RuntimeError("'" + dir + "' is not a complete checkpoint (no meta.json)");
   try {
     json j = json::parse(read_text_file(p.string()));
-    if (j.value("format_version", 0) != kFormatVersion)
-      throw RuntimeError("checkpoint '" + dir + "' has format version " + std::to_string(j.value("format_version", 0)) +
-                         ", this ptrain reads version " + std::to_string(kFormatVersion));
+    validate_checkpoint_meta(j, dir);
     return j;
   } catch (const json::exception& e) {
     throw RuntimeError("checkpoint '" + dir + "': meta.json is corrupt: " + e.what());
@@ -261,7 +207,7 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
       remove_tree(sums.string());
     }
     write_file_atomic((tmp / "config.toml").string(), config_toml);
-    json meta = {{"format_version", kFormatVersion},
+    json meta = {{"format_version", kCheckpointFormatVersion},
                  {"step", progress.step},
                  {"samples", progress.samples},
                  {"data", progress.data},

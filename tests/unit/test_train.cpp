@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -162,6 +163,37 @@ TEST(Checkpoint, AutoResumeSkipsADamagedNewestAndTidiesLeftovers) {
     ADD_FAILURE() << "resumed from damaged checkpoints";
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("none of the 4 checkpoint(s)"), std::string::npos) << e.what();
+  }
+}
+
+// A damaged or hand-edited meta.json is refused naming the field — before a zero world size
+// divides anything (it used to end the process with SIGFPE) or a negative size allocates.
+TEST(Checkpoint, DamagedMetaIsRefusedNamingTheField) {
+  test::TempDir dir;
+  const std::string cfg = test::small_config(dir);
+  ASSERT_EQ(train(load(cfg, {"training.steps=2"})), 0);
+  const std::string ck = dir / "run/checkpoints/step_2";
+  const nlohmann::json good = nlohmann::json::parse(read_text_file(ck + "/meta.json"));
+  Config c = load(cfg);
+  auto model = build_model(c, at::kCPU, test::local_comm());
+  for (const auto& [edit, field] : std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>>{
+           {[](nlohmann::json& m) { m["world_size"] = 0; }, "world_size = 0 is outside"},
+           {[](nlohmann::json& m) { m["world_size"] = "2"; }, "world_size is not an integer"},
+           {[](nlohmann::json& m) { m["shape"]["n_kv_heads"] = 3; }, "shape.n_heads is not a multiple"},
+           {[](nlohmann::json& m) { m["shape"]["dim"] = -64; }, "shape.dim = -64 is outside"},
+           {[](nlohmann::json& m) { m.erase("step"); }, "step is missing"},
+           {[](nlohmann::json& m) { m["files"]["model.rank0.safetensors"]["crc32"] = "xyz"; },
+            "files.model.rank0.safetensors.crc32 is not 8 hex digits"}}) {
+    nlohmann::json bad = good;
+    edit(bad);
+    test::write_text(ck + "/meta.json", bad.dump());
+    TrainProgress progress;
+    try {
+      load_checkpoint(ck, *model, nullptr, progress);
+      ADD_FAILURE() << "accepted: " << field;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("meta.json: " + field), std::string::npos) << e.what();
+    }
   }
 }
 
