@@ -295,6 +295,16 @@ std::unordered_map<std::string, std::vector<int32_t>>& piece_cache(uint64_t inst
 struct Tokenizer::Impl {
   std::string path;
   [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
+  // A token id as tokenizer.json writes it: an integer in [0, 2^24) — a float, a negative or a
+  // huge id (which would size the id table) is refused.
+  int32_t token_id(const json& v, const std::string& token) const {
+    constexpr int64_t kLimit = int64_t{1} << 24;
+    const bool ok = v.is_number_unsigned()  ? v.get<uint64_t>() < static_cast<uint64_t>(kLimit)
+                    : v.is_number_integer() ? v.get<int64_t>() >= 0 && v.get<int64_t>() < kLimit
+                                            : false;
+    if (!ok) fail("token '" + token + "' has id " + v.dump() + ", not an integer in [0, 16777216)");
+    return static_cast<int32_t>(v.get<int64_t>());
+  }
 
   // Normalizer steps, in order.
   struct NormStep {
@@ -681,8 +691,7 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     m.byte_fallback = model.value("byte_fallback", false);
     m.fuse_unk = model.value("fuse_unk", false);
     for (const auto& [token, id] : model.at("vocab").items()) {
-      const int32_t i = id.get<int32_t>();
-      if (i < 0) m.fail("vocabulary id " + std::to_string(i) + " is negative");
+      const int32_t i = m.token_id(id, token);
       m.vocab[token] = i;
       if (static_cast<size_t>(i) >= m.token_of.size()) m.token_of.resize(static_cast<size_t>(i) + 1);
       m.token_of[static_cast<size_t>(i)] = token;
@@ -755,9 +764,12 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     for (const auto& a : j.value("added_tokens", json::array())) {
       if (a.value("single_word", false))
         m.fail("added token '" + a.value("content", "") + "' uses single_word, which is not supported");
-      Impl::Added t{a.at("content").get<std::string>(), "",
-                    a.at("id").get<int32_t>(),          a.value("lstrip", false),
-                    a.value("rstrip", false),           a.value("normalized", !a.value("special", false))};
+      Impl::Added t{a.at("content").get<std::string>(),
+                    "",
+                    m.token_id(a.at("id"), a.at("content").get<std::string>()),
+                    a.value("lstrip", false),
+                    a.value("rstrip", false),
+                    a.value("normalized", !a.value("special", false))};
       if (t.content.empty()) m.fail("an added token is empty");
       t.normalized_content = t.normalized ? m.normalize(t.content) : t.content;
       m.added_of[t.id] = t.content;

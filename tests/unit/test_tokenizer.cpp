@@ -114,6 +114,12 @@ TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
   refused(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [], "dropout": 0.1}})", "dropout");
   refused(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})", "merge 'a b' names a token");
   refused("{not json", "not valid JSON");
+  // Ids that are not small non-negative integers (found by fuzz_tokenizer: a float id was
+  // converted with undefined behaviour; a huge one would size the id table).
+  refused(R"({"model": {"type": "BPE", "vocab": {"a": 1.9e97}, "merges": []}})", "token 'a' has id 1.9e+97");
+  refused(R"({"model": {"type": "BPE", "vocab": {"a": 2147483647}, "merges": []}})", "token 'a' has id 2147483647");
+  refused(R"({"model": {"type": "BPE", "vocab": {"a": -1}, "merges": []}})", "token 'a' has id -1");
+  refused("{" + bpe + R"(, "added_tokens": [{"id": 0.5, "content": "<x>"}]})", "token '<x>' has id 0.5");
   try {
     Tokenizer t(dir / "missing");
     ADD_FAILURE() << "accepted a missing file";
