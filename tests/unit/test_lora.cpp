@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -155,6 +156,42 @@ TEST(Lora, StartsAsBaseTrainsOnlyAdaptersAndResumes) {
   }
 }
 
+namespace {
+
+// Calls fn(unit, HF weight slot, its NF4 module) for every projection of `m`'s NF4 base, in block
+// and Proj order; returns how many there were (a block without its seven modules fails the test).
+int64_t for_each_nf4_module(const FsdpModel& m,
+                            const std::function<void(size_t, const ParamSlot&, const nf4::Quantized&)>& fn) {
+  int64_t modules = 0;
+  for (size_t i = 0; i < m.plan().full.size(); ++i) {
+    if (m.plan().full[i].kind != UnitKind::block) continue;
+    int p = 0;
+    for (const auto& group : block_matrix_groups(m.plan().full[i]))
+      for (const auto& module : group) {
+        const nf4::Quantized* q = m.nf4_weight(i, static_cast<Proj>(p++));
+        if (!q) {
+          ADD_FAILURE() << "no NF4 module for " << module.name;
+          continue;
+        }
+        fn(i, module, *q);
+        ++modules;
+      }
+    EXPECT_EQ(p, kProjections);
+  }
+  return modules;
+}
+
+// The same codes, absmax (codes) and, with double quantization, absmax2 and mean.
+void expect_same_nf4(const nf4::Quantized& got, const nf4::Quantized& want, const std::string& name) {
+  EXPECT_TRUE(at::equal(got.packed.reshape({-1}), want.packed.reshape({-1}))) << name;
+  EXPECT_TRUE(at::equal(got.absmax.reshape({-1}), want.absmax.reshape({-1}))) << name;
+  if (!want.double_quant) return;
+  EXPECT_TRUE(at::equal(got.absmax2, want.absmax2)) << name;
+  EXPECT_EQ(got.offset, want.offset) << name;
+}
+
+}  // namespace
+
 // QLoRA through the trainer: an NF4 base (every block's matrices) + LoRA. At step 0 the model
 // equals a dense LoRA model whose base matrices are the NF4 weights dequantized; it trains;
 // memory.json equals `ptrain check`'s prediction, with 0.516 bytes per 4-bit weight under
@@ -171,19 +208,11 @@ TEST(Qlora, Nf4BaseTrainsAndEqualsItsDequantizedDenseModel) {
   auto dm = build_model(dc, at::kCPU, test::local_comm());
   // The dense model's base matrices <- the NF4 model's dequantized matrices.
   {
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < dm->units().size(); ++i) {
-      const UnitLayout& layout = dm->units()[i].layout;
-      if (layout.kind != UnitKind::block) continue;
-      int p = 0;  // each projection is its own NF4 module
-      for (const auto& group : block_matrix_groups(layout))
-        for (const auto& module : group) {
-          const nf4::Quantized* q = qm->nf4_weight(i, static_cast<Proj>(p++));
-          ASSERT_NE(q, nullptr);
-          slot_view(dm->units()[i].shard.detach(), module).copy_(nf4::dequantize(*q, at::kFloat));
-        }
-      EXPECT_EQ(p, kProjections);
-    }
+    at::NoGradGuard no_grad;  // each projection is its own NF4 module
+    const int64_t modules = for_each_nf4_module(*qm, [&](size_t i, const ParamSlot& module, const nf4::Quantized& q) {
+      slot_view(dm->units()[i].shard.detach(), module).copy_(nf4::dequantize(q, at::kFloat));
+    });
+    EXPECT_EQ(modules, kProjections * qc.model.shape.n_layers);
   }
   at::manual_seed(3);
   at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
@@ -222,21 +251,15 @@ TEST(Qlora, EveryProjectionQuantizesToBitsandbytesBytes) {
                                        "[quant]\nbase = \"nf4\"\n");
   Config c = load(dir / "q.toml");
   auto m = build_model(c, at::kCPU, test::local_comm());
-  int64_t modules = 0;
-  for (size_t i = 0; i < m->plan().full.size(); ++i) {
-    if (m->plan().full[i].kind != UnitKind::block) continue;
-    int p = 0;
-    for (const auto& group : block_matrix_groups(m->plan().full[i]))
-      for (const auto& module : group) {
-        const nf4::Quantized* q = m->nf4_weight(i, static_cast<Proj>(p++));
-        ASSERT_NE(q, nullptr);
-        EXPECT_TRUE(at::equal(q->packed.reshape({-1}), expected.tensor(module.name + ".packed"))) << module.name;
-        EXPECT_TRUE(at::equal(q->absmax.reshape({-1}), expected.tensor(module.name + ".absmax"))) << module.name;
-        EXPECT_TRUE(at::equal(q->absmax2, expected.tensor(module.name + ".absmax2"))) << module.name;
-        EXPECT_EQ(q->offset, expected.tensor(module.name + ".offset").item<float>()) << module.name;
-        ++modules;
-      }
-  }
+  const int64_t modules = for_each_nf4_module(*m, [&](size_t, const ParamSlot& module, const nf4::Quantized& q) {
+    nf4::Quantized want;
+    want.double_quant = true;
+    want.packed = expected.tensor(module.name + ".packed");
+    want.absmax = expected.tensor(module.name + ".absmax");
+    want.absmax2 = expected.tensor(module.name + ".absmax2");
+    want.offset = expected.tensor(module.name + ".offset").item<float>();
+    expect_same_nf4(q, want, module.name);
+  });
   EXPECT_EQ(modules * 4, static_cast<int64_t>(expected.entries().size()));
 }
 
@@ -268,24 +291,9 @@ TEST(Qlora, BitsandbytesCheckpointLoadsAsStoredAndScoresAsItsDequantizedReferenc
     auto m = build_model(c, at::kCPU, test::local_comm());
     // The bytes as stored: nothing dequantized and requantized.
     const HfCheckpoint ckpt(base);
-    int64_t modules = 0;
-    for (size_t i = 0; i < m->plan().full.size(); ++i) {
-      if (m->plan().full[i].kind != UnitKind::block) continue;
-      int p = 0;
-      for (const auto& group : block_matrix_groups(m->plan().full[i]))
-        for (const auto& module : group) {
-          const nf4::Quantized* q = m->nf4_weight(i, static_cast<Proj>(p++));
-          ASSERT_NE(q, nullptr);
-          const nf4::Quantized file = read_bnb_nf4(ckpt, module.name, module.shape, dq);
-          EXPECT_TRUE(at::equal(q->packed.reshape({-1}), file.packed.reshape({-1}))) << module.name;
-          EXPECT_TRUE(at::equal(q->absmax.reshape({-1}), file.absmax.reshape({-1}))) << module.name;
-          if (dq) {
-            EXPECT_TRUE(at::equal(q->absmax2, file.absmax2)) << module.name;
-            EXPECT_EQ(q->offset, file.offset) << module.name;
-          }
-          ++modules;
-        }
-    }
+    const int64_t modules = for_each_nf4_module(*m, [&](size_t, const ParamSlot& module, const nf4::Quantized& q) {
+      expect_same_nf4(q, read_bnb_nf4(ckpt, module.name, module.shape, dq), module.name);
+    });
     EXPECT_EQ(modules, kProjections * c.model.shape.n_layers);
     auto diff = [&](const at::Tensor& want) {
       const at::Tensor got = m->logits(tokens).view(want.sizes());
