@@ -124,6 +124,12 @@ nf4::Quantized read_bnb_nf4(const HfCheckpoint& ckpt, const std::string& weight,
     refuse("quant_state.quant_type is " + state.value("quant_type", json()).dump());
   if (state.value("blocksize", json()) != nf4::kBlock)
     refuse("quant_state.blocksize is " + state.value("blocksize", json()).dump());
+  // The dtype the weight had before quantization: it says nothing about how to read the codes, but
+  // a value bitsandbytes never writes means the blob is not what it claims.
+  static const std::set<std::string> dtypes{"float32", "float16", "bfloat16"};
+  const json dtype = state.value("dtype", json());
+  if (!dtype.is_string() || !dtypes.count(dtype.get<std::string>()))
+    refuse("quant_state.dtype is " + dtype.dump() + ", not float32, float16 or bfloat16");
   if (state.value("shape", json()) != json(shape))
     refuse("quant_state.shape " + state.value("shape", json()).dump() + " is not the model's " + json(shape).dump());
   const bool nested = state.contains("nested_blocksize");

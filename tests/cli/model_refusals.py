@@ -151,13 +151,20 @@ def main():
     case("bnb_custom_quant_map", "hf_odd_bnb4", lambda d: edit_tensors(d, custom_map),
          "'model.layers.1.mlp.up_proj.weight.quant_map' is not bitsandbytes' table", check_too=False, extra=qlora)
 
-    def state_shape(t):
-        name = "model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4"
-        state = json.loads(bytes(t[name].tolist()))
-        state["shape"] = list(reversed(state["shape"]))
-        t[name] = torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
+    def edit_state(change):
+        def damage(t):
+            name = "model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4"
+            state = json.loads(bytes(t[name].tolist()))
+            change(state)
+            t[name] = torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
+        return damage
+    state_shape = edit_state(lambda s: s.update(shape=list(reversed(s["shape"]))))
     case("bnb_quant_state_shape", "hf_odd_bnb4", lambda d: edit_tensors(d, state_shape),
          "model.layers.0.mlp.down_proj.weight", "quant_state.shape", check_too=False, extra=qlora)
+    case("bnb_quant_state_unknown_key", "hf_odd_bnb4", lambda d: edit_tensors(d, edit_state(lambda s: s.update(zero_point=1))),
+         "model.layers.0.mlp.down_proj.weight", 'quant_state key "zero_point"', check_too=False, extra=qlora)
+    case("bnb_quant_state_dtype", "hf_odd_bnb4", lambda d: edit_tensors(d, edit_state(lambda s: s.update(dtype="int3"))),
+         "model.layers.0.mlp.down_proj.weight", "quant_state.dtype is \"int3\"", check_too=False, extra=qlora)
     case("remote_code", "hf_qwen2", lambda d: edit_config(d, auto_map={"AutoModelForCausalLM": "x.Y"}), '"auto_map"')
     case("qwen2_attention_bias", "hf_qwen2", lambda d: edit_config(d, attention_bias=True), '"attention_bias"')
     case("qwen_sliding", "hf_qwen2", lambda d: edit_config(d, use_sliding_window=True, sliding_window=8),
