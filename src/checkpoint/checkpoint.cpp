@@ -174,9 +174,8 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  at::Tensor failed = at::full({1}, failure.empty() ? 0.0f : 1.0f, at::TensorOptions().device(model.device()));
-  comm.all_reduce_sum(failed);  // also the barrier after every rank's writes
-  if (const int n = static_cast<int>(failed.item<float>()); n > 0) {
+  // (also the barrier after every rank's writes)
+  if (const int n = ranks_where(comm, !failure.empty(), model.device()); n > 0) {
     const std::string previous = latest_checkpoint(root);
     if (rank == 0) {
       try {
@@ -285,9 +284,7 @@ std::string resume_latest(const std::string& root, FsdpModel& model, Optimizer* 
       why = e.what();
     }
     // Every rank must take the same checkpoint: one that any rank cannot read is skipped by all.
-    at::Tensor bad = at::full({1}, why.empty() ? 0.0f : 1.0f, at::TensorOptions().device(model.device()));
-    model.comm().all_reduce_sum(bad);
-    if (bad.item<float>() == 0) {
+    if (ranks_where(model.comm(), !why.empty(), model.device()) == 0) {
       for (const auto& s : skipped) log::warn(s);
       if (!skipped.empty())
         log::warn("resuming from ", it->string(), ", the newest checkpoint that reads back intact (", skipped.size(),

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -43,13 +45,13 @@ AtomicFile::~AtomicFile() {
   }
 }
 
-FileSum file_sum(const std::string& path) {
+FileSum file_sum(const std::string& path, uint64_t limit) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw RuntimeError(sys_error("cannot open", path));
   FileSum s;
   std::vector<unsigned char> buf(8 << 20);
   for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    const ssize_t n = ::read(fd, buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), limit - s.bytes)));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       ::close(fd);
@@ -61,6 +63,27 @@ FileSum file_sum(const std::string& path) {
   }
   ::close(fd);
   return s;
+}
+
+MappedFile::MappedFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw RuntimeError(sys_error("cannot open", path));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw RuntimeError(sys_error("cannot stat", path));
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) addr_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (addr_ == MAP_FAILED) {
+    addr_ = nullptr;
+    throw RuntimeError(sys_error("cannot map", path));
+  }
+}
+
+MappedFile::~MappedFile() {
+  if (addr_) ::munmap(addr_, size_);
 }
 
 void AtomicFile::write(const void* data, size_t size) {

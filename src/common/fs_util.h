@@ -14,7 +14,23 @@ struct FileSum {
   uint64_t bytes = 0;
   uint32_t crc32 = 0;
 };
-FileSum file_sum(const std::string& path);  // reads the whole file; throws RuntimeError
+// Reads the file (its first `limit` bytes); throws RuntimeError.
+FileSum file_sum(const std::string& path, uint64_t limit = UINT64_MAX);
+
+// A whole file mapped read-only; unmapped with the object. An empty file maps nothing.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);  // throws RuntimeError naming the file
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const unsigned char* data() const { return static_cast<const unsigned char*>(addr_); }
+  size_t size() const { return size_; }
+
+ private:
+  void* addr_ = nullptr;
+  size_t size_ = 0;
+};
 
 // Streams bytes into PATH.tmp.<pid>; commit() fsyncs and renames it over PATH (then fsyncs
 // the directory). Destroyed without commit(), it removes the temp file.

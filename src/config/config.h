@@ -66,6 +66,8 @@ struct Config {
     bool packing = false;                          // jsonl: several samples per row
     bool train_on_prompt = false;                  // jsonl: train on prompts too, not only on replies / completions
     Truncation truncation = Truncation::truncate;  // jsonl: samples longer than a row
+    bool cache = true;                             // jsonl/parquet: tokenize once into a mapped cache file
+    std::string cache_dir;                         // where (default: $PTRAIN_DATA_CACHE or ~/.cache/ptrain/datasets)
     int64_t seq_len = 128;                         // tokens per training sequence
     int64_t micro_batch_size = 8;                  // sequences per forward/backward per rank
     double val_fraction = 0.05;  // held out for validation: the tail of a token stream; jsonl: samples

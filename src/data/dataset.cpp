@@ -1,27 +1,16 @@
 #include "data/dataset.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cstring>
 
 #include "common/error.h"
+#include "common/fs_util.h"
 #include "data/token_file.h"
 
 namespace ptrain {
 
-struct TokenData::Mapping {
-  void* addr = nullptr;
-  size_t size = 0;
-  ~Mapping() {
-    if (addr && addr != MAP_FAILED) ::munmap(addr, size);
-  }
-};
-
-TokenData::TokenData(const std::string& path, const std::string& format) : map_(std::make_shared<Mapping>()) {
+TokenData::TokenData(const std::string& path, const std::string& format) {
   size_t header = 0;
   if (format == "tokens") {
     TokenFileHeader h = read_token_header(path);
@@ -32,20 +21,10 @@ TokenData::TokenData(const std::string& path, const std::string& format) : map_(
   } else if (format != "text") {
     throw RuntimeError("unknown data format '" + format + "' (use text or tokens)");
   }
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw RuntimeError("cannot open data file '" + path + "': " + std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  map_->size = static_cast<size_t>(st.st_size);
-  if (map_->size == 0) {
-    ::close(fd);
-    throw RuntimeError("data file '" + path + "' is empty");
-  }
-  map_->addr = ::mmap(nullptr, map_->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_->addr == MAP_FAILED) throw RuntimeError("cannot map data file '" + path + "': " + std::strerror(errno));
-  base_ = static_cast<const unsigned char*>(map_->addr) + header;
-  if (format == "text") count_ = static_cast<int64_t>(map_->size);
+  map_ = std::make_shared<MappedFile>(path);
+  if (map_->size() == 0) throw RuntimeError("data file '" + path + "' is empty");
+  base_ = map_->data() + header;
+  if (format == "text") count_ = static_cast<int64_t>(map_->size());
 }
 
 void TokenData::read(int64_t start, int64_t n, int64_t* out) const {

@@ -18,6 +18,8 @@
 
 namespace ptrain {
 
+class MappedFile;
+
 class TokenData {
  public:
   // format: "text" or "tokens". Throws RuntimeError for missing/corrupt files.
@@ -28,8 +30,7 @@ class TokenData {
   void read(int64_t start, int64_t n, int64_t* out) const;
 
  private:
-  struct Mapping;
-  std::shared_ptr<Mapping> map_;
+  std::shared_ptr<const MappedFile> map_;
   const unsigned char* base_ = nullptr;
   int64_t count_ = 0;
   int token_bytes_ = 1;

@@ -88,34 +88,42 @@ T ok(arrow::Result<T> r, const std::string& path) {
 
 bool parquet_supported() { return true; }
 
-std::vector<std::string> parquet_records(const std::string& path) {
+void parquet_records(const std::string& path, const ParquetBlock& block) {
   auto file = ok(arrow::io::ReadableFile::Open(path), path);
   auto reader = ok(parquet::arrow::OpenFile(file, arrow::default_memory_pool()), path);
-  const std::shared_ptr<arrow::Table> table = ok(reader->ReadTable(), path);
-  std::vector<json> rows(static_cast<size_t>(table->num_rows()), json::object());
-  for (int c = 0; c < table->num_columns(); ++c) {
-    const std::string name = table->schema()->field(c)->name();
-    int64_t row = 0;
-    for (const auto& chunk : table->column(c)->chunks())
-      for (int64_t i = 0; i < chunk->length(); ++i, ++row) {
-        try {
-          rows[static_cast<size_t>(row)][name] = value_of(*chunk, i, name);
-        } catch (const RuntimeError& e) {
-          throw RuntimeError(path + ": row " + std::to_string(row + 1) + ": " + e.what());
+  const int64_t total = reader->parquet_reader()->metadata()->num_rows();
+  int64_t first = 0;  // rows before this group
+  for (int g = 0; g < reader->num_row_groups(); ++g) {
+    const std::shared_ptr<arrow::Table> table = ok(reader->ReadRowGroup(g), path);
+    std::vector<json> rows(static_cast<size_t>(table->num_rows()), json::object());
+    for (int c = 0; c < table->num_columns(); ++c) {
+      const std::string name = table->schema()->field(c)->name();
+      int64_t row = 0;
+      for (const auto& chunk : table->column(c)->chunks())
+        for (int64_t i = 0; i < chunk->length(); ++i, ++row) {
+          try {
+            rows[static_cast<size_t>(row)][name] = value_of(*chunk, i, name);
+          } catch (const RuntimeError& e) {
+            throw RuntimeError(path + ": row " + std::to_string(first + row + 1) + ": " + e.what());
+          }
         }
-      }
+    }
+    std::vector<std::string> out;
+    out.reserve(rows.size());
+    for (auto& r : rows) {
+      out.push_back(r.dump());
+      r = json();  // the group's JSON values go as their text is made
+    }
+    block(std::move(out), first, total);
+    first += table->num_rows();
   }
-  std::vector<std::string> out;
-  out.reserve(rows.size());
-  for (const auto& r : rows) out.push_back(r.dump());
-  return out;
 }
 
 #else
 
 bool parquet_supported() { return false; }
 
-std::vector<std::string> parquet_records(const std::string& path) {
+void parquet_records(const std::string& path, const ParquetBlock&) {
   throw RuntimeError("'" + path +
                      "': this ptrain was built without Parquet support (no pyarrow in the build's venv); run "
                      "launch/setup.sh, which installs it, and rebuild");

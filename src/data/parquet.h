@@ -5,6 +5,8 @@
 // its Parquet reader from the `pyarrow` wheel (launch/setup.sh installs it); a build without
 // it refuses Parquet files, saying so.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,9 +15,11 @@ namespace ptrain {
 // Whether this build reads Parquet.
 bool parquet_supported();
 
-// Every row of `path` as a JSON object text, in file order. Throws RuntimeError naming the file
-// (and the row and column) for an unreadable file or a column type with no JSON equivalent
-// (binary, dates, maps, ...).
-std::vector<std::string> parquet_records(const std::string& path);
+// Every row of `path` as a JSON object text, in file order, one row group at a time (only that
+// group's rows are held): block(records, rows before them, rows in the file). Throws
+// RuntimeError naming the file (and the row and column) for an unreadable file or a column type
+// with no JSON equivalent (binary, dates, maps, ...).
+using ParquetBlock = std::function<void(std::vector<std::string>&& records, int64_t first_row, int64_t total_rows)>;
+void parquet_records(const std::string& path, const ParquetBlock& block);
 
 }  // namespace ptrain

@@ -37,6 +37,7 @@ uint64_t hash_values(uint64_t h, const T* values, int64_t n) {
 template uint64_t hash_values<int32_t>(uint64_t, const int32_t*, int64_t);
 template uint64_t hash_values<uint8_t>(uint64_t, const uint8_t*, int64_t);
 template uint64_t hash_values<int64_t>(uint64_t, const int64_t*, int64_t);
+template uint64_t hash_values<uint64_t>(uint64_t, const uint64_t*, int64_t);
 
 std::string hex_fingerprint(const char* kind, uint64_t h) {
   char buf[17];
@@ -112,8 +113,7 @@ RowFill SampleRows::fill(const std::vector<int64_t>& samples, const std::vector<
   f.rows = static_cast<int64_t>(starts.size()) - 1;
   for (int64_t s : samples) {
     f.positions += set_->length(s) - 1;
-    const uint8_t* t = set_->trained(s);
-    for (int64_t i = 1; i < set_->length(s); ++i) f.trained += t[i];
+    f.trained += set_->trained_count(s);
   }
   return f;
 }
@@ -164,12 +164,8 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
 
 std::string SampleRows::fingerprint() const {
   const int64_t shape[] = {seq_len_, packing_ ? 1 : 0, static_cast<int64_t>(split_.train.size()), set_->size()};
-  uint64_t h = hash_values(0, shape, 4);
-  for (int64_t i = 0; i < set_->size(); ++i) {
-    h = hash_values(h, set_->ids(i), set_->length(i));
-    h = hash_values(h, set_->trained(i), set_->length(i));
-  }
-  return hex_fingerprint("samples", h);
+  const uint64_t content = set_->content_hash();  // every sample's ids and flags, hashed as they were rendered
+  return hex_fingerprint("samples", hash_values(hash_values(0, shape, 4), &content, 1));
 }
 
 Batch SampleRows::val_batch(int64_t first, int64_t count) const {

@@ -1,11 +1,19 @@
 #include "data/samples.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <thread>
 
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "data/parquet.h"
+#include "data/rows.h"
+#include "data/sample_writer.h"
 #include "data/tokenizer.h"
 
 namespace ptrain {
@@ -129,86 +137,251 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
       (keys.empty() ? std::string("nothing") : keys) + ")");
 }
 
-bool SampleSet::add(const Sample& s, int64_t line) {
-  int64_t trained = 0;
-  for (size_t t = 1; t < s.ids.size(); ++t) trained += s.trained[t] ? 1 : 0;
-  if (trained == 0) {
-    ++stats.dropped_untrained;
-    return false;
-  }
-  ids_.insert(ids_.end(), s.ids.begin(), s.ids.end());
-  trained_.insert(trained_.end(), s.trained.begin(), s.trained.end());
-  offsets_.push_back(static_cast<int64_t>(ids_.size()));
-  lines_.push_back(line);
-  total_trained_ += trained;
-  for (int32_t id : s.ids) max_id_ = std::max(max_id_, id);
-  return true;
-}
+namespace {
 
-SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
-                                const SampleOptions& o,
-                                const std::function<void(int64_t, int64_t, int64_t)>& progress) {
-  const std::string data = read_text_file(path);
-  std::vector<std::string> records;
-  std::vector<int64_t> lines, ends;  // each record's line and the byte after it
-  size_t pos = 0;
-  int64_t line = 0;
-  while (pos < data.size()) {
-    size_t end = data.find('\n', pos);
-    end = end == std::string::npos ? data.size() : end + 1;
-    ++line;
-    std::string record = data.substr(pos, end - pos);
-    pos = end;
-    if (record.find_first_not_of(" \t\r\n") == std::string::npos) continue;
-    records.push_back(std::move(record));
-    lines.push_back(line);
-    ends.push_back(static_cast<int64_t>(pos));
-  }
-  return from_records(path, records, lines, ends, static_cast<int64_t>(data.size()), ":", tok, format, o, progress);
-}
-
-SampleSet SampleSet::from_parquet(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
-                                  const SampleOptions& o,
-                                  const std::function<void(int64_t, int64_t, int64_t)>& progress) {
-  const std::vector<std::string> records = parquet_records(path);
-  std::vector<int64_t> rows(records.size());
-  std::iota(rows.begin(), rows.end(), int64_t{1});
-  return from_records(path, records, rows, rows, static_cast<int64_t>(records.size()), ": row ", tok, format, o,
-                      progress);
-}
-
-SampleSet SampleSet::from_records(const std::string& path, const std::vector<std::string>& records,
-                                  const std::vector<int64_t>& where, const std::vector<int64_t>& done, int64_t total,
-                                  const std::string& separator, const Tokenizer& tok, const ChatFormat& format,
-                                  const SampleOptions& o,
-                                  const std::function<void(int64_t, int64_t, int64_t)>& progress) {
-  SampleSet set;
-  set.source_ = path;
-  for (size_t r = 0; r < records.size(); ++r) {
-    ++set.stats.records;
+// Records [begin, end) of a block rendered into `out` (its samples, counts and first error).
+void render_range(const std::string& path, const std::string& separator, const std::vector<std::string>& records,
+                  const std::vector<int64_t>& where, size_t begin, size_t end, const Tokenizer& tok,
+                  const ChatFormat& format, const SampleOptions& o, SampleBlock& out) {
+  for (size_t r = begin; r < end; ++r) {
+    ++out.stats.records;
     Sample s;
     try {
-      s = render_record(tok, format, records[r], o.train_on_prompt, set.stats, o.fields);
+      s = render_record(tok, format, records[r], o.train_on_prompt, out.stats, o.fields);
     } catch (const std::exception& e) {
       const std::string why = path + separator + std::to_string(where[r]) + ": " + e.what();
-      if (!o.skip_bad_records) throw RuntimeError(why);
-      if (set.stats.skipped_bad++ == 0) set.stats.first_bad = why;
+      if (!o.skip_bad_records) {
+        out.error = why;
+        return;
+      }
+      if (out.stats.skipped_bad++ == 0) out.stats.first_bad = why;
       continue;
     }
     if (o.max_ids > 0 && static_cast<int64_t>(s.ids.size()) > o.max_ids) {
       if (o.drop_too_long) {
-        ++set.stats.dropped_too_long;
+        ++out.stats.dropped_too_long;
         continue;
       }
-      ++set.stats.truncated;
+      ++out.stats.truncated;
       s.ids.resize(o.max_ids);
       s.trained.resize(o.max_ids);
     }
-    set.add(s, where[r]);
-    if (progress && (set.stats.records % 1000 == 0)) progress(done[r], total, set.total_ids());
+    int64_t trained = 0;
+    for (size_t t = 1; t < s.ids.size(); ++t) trained += s.trained[t] ? 1 : 0;
+    if (trained == 0) {
+      ++out.stats.dropped_untrained;
+      continue;
+    }
+    out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
+    out.trained.insert(out.trained.end(), s.trained.begin(), s.trained.end());
+    out.lengths.push_back(static_cast<int64_t>(s.ids.size()));
+    out.lines.push_back(where[r]);
+    out.counts.push_back(trained);
   }
-  if (progress) progress(total, total, set.total_ids());
-  return set;
+}
+
+void add_stats(SampleStats& to, const SampleStats& from) {
+  to.records += from.records;
+  to.text += from.text;
+  to.chat += from.chat;
+  to.prompt_completion += from.prompt_completion;
+  to.truncated += from.truncated;
+  to.dropped_too_long += from.dropped_too_long;
+  if (to.skipped_bad == 0 && from.skipped_bad > 0) to.first_bad = from.first_bad;
+  to.skipped_bad += from.skipped_bad;
+  to.dropped_untrained += from.dropped_untrained;
+}
+
+// Renders one block of records with up to `threads` threads, each a contiguous share of the
+// records (by bytes), and appends the shares in order; the first error in file order throws.
+void render_block(const std::string& path, const std::string& separator, const std::vector<std::string>& records,
+                  const std::vector<int64_t>& where, const Tokenizer& tok, const ChatFormat& format,
+                  const SampleOptions& o, SampleStats& stats, SampleWriter& out) {
+  const size_t n = records.size();
+  if (n == 0) return;
+  const size_t shares = std::clamp<size_t>(static_cast<size_t>(std::max(1, o.threads)), 1, std::max<size_t>(n, 1));
+  size_t bytes = 0;
+  for (const auto& r : records) bytes += r.size();
+  std::vector<size_t> cut{0};  // share k is records [cut[k], cut[k+1])
+  size_t seen = 0;
+  for (size_t r = 0; r < n && cut.size() < shares; ++r) {
+    seen += records[r].size();
+    if (seen * shares >= bytes * cut.size()) cut.push_back(r + 1);
+  }
+  if (cut.back() != n) cut.push_back(n);
+  std::vector<SampleBlock> parts(cut.size() - 1);
+  std::vector<std::exception_ptr> failed(parts.size());
+  auto work = [&](size_t k) {
+    try {
+      render_range(path, separator, records, where, cut[k], cut[k + 1], tok, format, o, parts[k]);
+    } catch (...) {
+      failed[k] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t k = 1; k < parts.size(); ++k) pool.emplace_back(work, k);
+  work(0);
+  for (auto& t : pool) t.join();
+  for (size_t k = 0; k < parts.size(); ++k) {
+    if (failed[k]) std::rethrow_exception(failed[k]);
+    add_stats(stats, parts[k].stats);
+    if (!parts[k].error.empty()) throw RuntimeError(parts[k].error);
+    out.append(parts[k]);
+  }
+}
+
+// The records of a JSONL file, `block_bytes` at a time (whole lines; a longer line is read whole).
+void jsonl_blocks(const std::string& path, size_t block_bytes,
+                  const std::function<void(std::vector<std::string>&&, std::vector<int64_t>&&, int64_t, int64_t)>& fn) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RuntimeError("cannot open '" + path + "': " + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const auto total = static_cast<int64_t>(in.tellg());
+  in.seekg(0);
+  std::string buf, tail;
+  int64_t line = 0, done = 0;
+  while (true) {
+    buf.resize(block_bytes);
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    buf.resize(static_cast<size_t>(in.gcount()));
+    if (in.bad()) throw RuntimeError("cannot read '" + path + "': " + std::strerror(errno));
+    const bool last = buf.empty();
+    std::string text = std::move(tail);
+    text += buf;
+    size_t usable = last ? text.size() : text.rfind('\n');
+    if (usable == std::string::npos) {  // no line end yet: keep reading
+      tail = std::move(text);
+      continue;
+    }
+    if (!last) ++usable;
+    tail = text.substr(usable);
+    std::vector<std::string> records;
+    std::vector<int64_t> lines;
+    for (size_t pos = 0; pos < usable;) {
+      size_t end = text.find('\n', pos);
+      end = end == std::string::npos || end >= usable ? usable : end + 1;
+      ++line;
+      if (text.find_first_not_of(" \t\r\n", pos) < end) {
+        records.push_back(text.substr(pos, end - pos));
+        lines.push_back(line);
+      }
+      pos = end;
+    }
+    done += static_cast<int64_t>(usable);
+    fn(std::move(records), std::move(lines), done, total);
+    if (last) break;
+  }
+}
+
+struct MemoryArrays {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;
+  std::vector<int64_t> offsets, lines, counts;
+};
+
+class MemoryWriter final : public SampleWriter {
+ public:
+  SampleSet finish(const std::string& source, const SampleStats& stats) {
+    auto a = std::make_shared<MemoryArrays>();
+    a->ids = std::move(ids_);
+    a->trained = std::move(trained_);
+    a->offsets = offsets_;
+    a->lines = lines_;
+    a->counts = counts_;
+    return assemble(source, stats, a, a->ids.data(), a->trained.data(), a->offsets.data(), a->lines.data(),
+                    a->counts.data());
+  }
+
+ private:
+  void store(const SampleBlock& b) override {
+    ids_.insert(ids_.end(), b.ids.begin(), b.ids.end());
+    trained_.insert(trained_.end(), b.trained.begin(), b.trained.end());
+  }
+  std::vector<int32_t> ids_;
+  std::vector<uint8_t> trained_;
+};
+
+}  // namespace
+
+void SampleWriter::append(const SampleBlock& b) {
+  size_t at = 0;
+  for (size_t i = 0; i < b.lengths.size(); ++i) {
+    const int64_t n = b.lengths[i];
+    hash_ = hash_values(hash_, b.ids.data() + at, n);
+    hash_ = hash_values(hash_, b.trained.data() + at, n);
+    at += static_cast<size_t>(n);
+    offsets_.push_back(offsets_.back() + n);
+    lines_.push_back(b.lines[i]);
+    counts_.push_back(b.counts[i]);
+    total_trained_ += b.counts[i];
+  }
+  for (int32_t id : b.ids) max_id_ = std::max(max_id_, id);
+  store(b);
+}
+
+SampleSet SampleWriter::assemble(std::string source, SampleStats stats, std::shared_ptr<const void> storage,
+                                 const int32_t* ids, const uint8_t* trained, const int64_t* offsets,
+                                 const int64_t* lines, const int64_t* counts) const {
+  return assemble(std::move(source), std::move(stats), std::move(storage), ids, trained, offsets, lines, counts,
+                  samples(), total_trained_, max_id_, hash_);
+}
+
+SampleSet SampleWriter::assemble(std::string source, SampleStats stats, std::shared_ptr<const void> storage,
+                                 const int32_t* ids, const uint8_t* trained, const int64_t* offsets,
+                                 const int64_t* lines, const int64_t* counts, int64_t n, int64_t total_trained,
+                                 int32_t max_id, uint64_t hash) {
+  SampleSet s;
+  s.source_ = std::move(source);
+  s.stats = std::move(stats);
+  s.storage_ = std::move(storage);
+  s.ids_ = ids;
+  s.trained_ = trained;
+  s.offsets_ = offsets;
+  s.lines_ = lines;
+  s.counts_ = counts;
+  s.n_ = n;
+  s.total_trained_ = total_trained;
+  s.max_id_ = max_id;
+  s.content_hash_ = hash;
+  return s;
+}
+
+SampleStats render_samples(const std::string& path, bool parquet, const Tokenizer& tok, const ChatFormat& format,
+                           const SampleOptions& o, const SampleProgress& progress, SampleWriter& out) {
+  SampleStats stats;
+  int64_t total = 0;
+  if (parquet) {
+    parquet_records(path, [&](std::vector<std::string>&& records, int64_t first, int64_t rows) {
+      std::vector<int64_t> where(records.size());
+      std::iota(where.begin(), where.end(), first + 1);
+      render_block(path, ": row ", records, where, tok, format, o, stats, out);
+      total = rows;
+      if (progress) progress(first + static_cast<int64_t>(records.size()), rows, out.ids());
+    });
+  } else {
+    jsonl_blocks(path, static_cast<size_t>(std::max<int64_t>(1, o.block_bytes)),
+                 [&](std::vector<std::string>&& records, std::vector<int64_t>&& lines, int64_t done, int64_t bytes) {
+                   render_block(path, ":", records, lines, tok, format, o, stats, out);
+                   total = bytes;
+                   if (progress) progress(done, bytes, out.ids());
+                 });
+  }
+  if (progress) progress(total, total, out.ids());
+  return stats;
+}
+
+SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
+                                const SampleOptions& o, const SampleProgress& progress) {
+  MemoryWriter w;
+  const SampleStats stats = render_samples(path, false, tok, format, o, progress, w);
+  return w.finish(path, stats);
+}
+
+SampleSet SampleSet::from_parquet(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
+                                  const SampleOptions& o, const SampleProgress& progress) {
+  MemoryWriter w;
+  const SampleStats stats = render_samples(path, true, tok, format, o, progress, w);
+  return w.finish(path, stats);
 }
 
 }  // namespace ptrain

@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,8 @@ struct SampleOptions {
   bool train_on_prompt = false;
   bool skip_bad_records = false;  // data.on_bad_record = "skip": count and report them instead of stopping
   FieldNames fields;
+  int threads = 1;  // records rendered by this many threads at once (the result does not depend on it)
+  int64_t block_bytes = int64_t{16} << 20;  // a JSONL file is read this many bytes of whole lines at a time
 };
 
 struct SampleStats {
@@ -50,45 +53,51 @@ struct SampleStats {
   int64_t dropped_untrained = 0;                      // nothing trained (e.g. a chat without a reply, or cut before it)
 };
 
+// `progress(done, total, ids)` after each block of records and at the end: bytes of a JSONL
+// file, rows of a Parquet file.
+using SampleProgress = std::function<void(int64_t, int64_t, int64_t)>;
+
+// The samples of a data file: ids, which targets are trained, and where each sample came from.
+// Held in memory (from_jsonl / from_parquet) or mapped read-only from a cache file written by
+// the same renderer (sample_cache.h); the accessors are the same.
 class SampleSet {
  public:
-  // `progress(bytes_done, bytes_total, ids)` every 1000 records and at the end.
+  // The file read in blocks (a JSONL file 16 MiB at a time, a Parquet file a row group at a
+  // time), each block's records rendered by `options.threads` threads and appended in file order.
   // from_parquet: each row of a Parquet file as the record its columns spell (parquet.h); errors
-  // name FILE: row N; progress counts rows.
+  // name FILE: row N.
   static SampleSet from_parquet(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
-                                const SampleOptions& options,
-                                const std::function<void(int64_t, int64_t, int64_t)>& progress = nullptr);
+                                const SampleOptions& options, const SampleProgress& progress = nullptr);
   static SampleSet from_jsonl(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
-                              const SampleOptions& options,
-                              const std::function<void(int64_t, int64_t, int64_t)>& progress = nullptr);
+                              const SampleOptions& options, const SampleProgress& progress = nullptr);
 
-  // Appends a sample (already within max_ids); returns false, counting it, when it trains nothing.
-  bool add(const Sample& sample, int64_t line);
-
-  int64_t size() const { return static_cast<int64_t>(lines_.size()); }
+  int64_t size() const { return n_; }
   int64_t length(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }  // ids
-  const int32_t* ids(int64_t i) const { return ids_.data() + offsets_[i]; }
-  const uint8_t* trained(int64_t i) const { return trained_.data() + offsets_[i]; }
-  int64_t line(int64_t i) const { return lines_[i]; }  // 1-based line of the source file
-  int64_t total_ids() const { return static_cast<int64_t>(ids_.size()); }
+  const int32_t* ids(int64_t i) const { return ids_ + offsets_[i]; }
+  const uint8_t* trained(int64_t i) const { return trained_ + offsets_[i]; }
+  int64_t trained_count(int64_t i) const { return counts_[i]; }  // trained targets of sample i
+  int64_t line(int64_t i) const { return lines_[i]; }            // 1-based line (row) of the source file
+  int64_t total_ids() const { return offsets_[n_]; }
   int64_t total_trained() const { return total_trained_; }  // trained targets over all samples
   int32_t max_id() const { return max_id_; }
+  // A hash of every sample's ids and trained flags, in order (computed as they were rendered).
+  uint64_t content_hash() const { return content_hash_; }
   const std::string& source() const { return source_; }
   SampleStats stats;
 
  private:
-  // Records with their location (`path` + `separator` + where[i] in errors) and progress marks.
-  static SampleSet from_records(const std::string& path, const std::vector<std::string>& records,
-                                const std::vector<int64_t>& where, const std::vector<int64_t>& done, int64_t total,
-                                const std::string& separator, const Tokenizer& tok, const ChatFormat& format,
-                                const SampleOptions& o, const std::function<void(int64_t, int64_t, int64_t)>& progress);
+  friend class SampleWriter;
   std::string source_;
-  std::vector<int32_t> ids_;
-  std::vector<uint8_t> trained_;
-  std::vector<int64_t> offsets_{0};
-  std::vector<int64_t> lines_;
+  std::shared_ptr<const void> storage_;  // owns the arrays below: vectors, or a file mapping
+  const int32_t* ids_ = nullptr;
+  const uint8_t* trained_ = nullptr;
+  const int64_t* offsets_ = nullptr;  // n_ + 1 entries, offsets_[0] = 0
+  const int64_t* lines_ = nullptr;
+  const int64_t* counts_ = nullptr;
+  int64_t n_ = 0;
   int64_t total_trained_ = 0;
   int32_t max_id_ = -1;
+  uint64_t content_hash_ = 0;
 };
 
 // One JSONL record as a sample (before truncation). Throws RuntimeError (without location).

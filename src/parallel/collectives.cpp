@@ -196,6 +196,12 @@ class MpiCollectives final : public Collectives {
 
 }  // namespace
 
+int ranks_where(Collectives& comm, bool flag, const c10::Device& device) {
+  at::Tensor n = at::full({1}, flag ? 1.0f : 0.0f, at::TensorOptions().device(device));
+  comm.all_reduce_sum(n);
+  return static_cast<int>(n.item<float>());
+}
+
 void mpi_abort(int code) {
   int initialized = 0;
   MPI_Initialized(&initialized);

@@ -55,6 +55,10 @@ class Collectives {
   int world_size_ = 1;
 };
 
+// How many ranks pass `flag` = true (a sum over ranks on `device`, the collectives' device);
+// also a barrier. Every rank must call it.
+int ranks_where(Collectives& comm, bool flag, const c10::Device& device);
+
 // Picks the implementation for `device` and parallel.backend (auto | nccl | mpi).
 std::unique_ptr<Collectives> make_collectives(const DistEnv& env, const std::string& backend, const c10::Device& device,
                                               double timeout_s);

@@ -1,6 +1,10 @@
 #include "parallel/dist.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "common/error.h"
 
@@ -42,6 +46,13 @@ DistEnv DistEnv::detect() {
   if (from(d, "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")) return d;
   if (from(d, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK")) return d;
   return d;
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace ptrain

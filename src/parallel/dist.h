@@ -18,4 +18,8 @@ struct DistEnv {
   static DistEnv detect();
 };
 
+// The CPUs this process may run on (its affinity mask, which a launcher's binding or a
+// container's cpuset narrows), at least 1.
+int usable_cpus();
+
 }  // namespace ptrain

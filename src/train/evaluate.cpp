@@ -41,10 +41,11 @@ int run_eval(const EvalRequest& a) {
   }
   const Config c = load_config(a.config, sets);
   const std::string& path = c.data.path;
-  const RunData data = open_data(c, /*eval_only=*/true);
   const DistEnv env = DistEnv::detect();
   const c10::Device device = resolve_device(c, env);
-  auto model = build_model(c, device, connect(c, env, device));
+  const std::shared_ptr<Collectives> comm = connect(c, env, device);
+  const RunData data = open_data(c, comm.get(), device, /*eval_only=*/true);
+  auto model = build_model(c, device, comm);
   const bool print = model->comm().rank() == 0;
   std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
   if (!a.checkpoint.empty()) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "checkpoint/hf.h"
@@ -21,6 +22,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/rows.h"
+#include "data/sample_cache.h"
 #include "data/samples.h"
 #include "data/tokenizer.h"
 #include "optim/adamw.h"
@@ -133,7 +135,72 @@ RunData token_stream(const Config& c, bool eval_only) {
   return d;
 }
 
-RunData jsonl_samples(const Config& c, bool eval_only) {
+// data.path's samples: mapped from the sample cache (built by rank 0 when missing or stale,
+// then mapped by every rank), or tokenized into memory when data.cache is off. `how` says which.
+std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& tok, const ChatFormat& format,
+                                              const SampleOptions& o, Collectives* comm, const c10::Device& device,
+                                              std::string& how) {
+  const bool parquet = c.data.format == DataFormat::parquet;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  double last = 0;
+  const SampleProgress progress = [&](int64_t done, int64_t total, int64_t ids) {
+    if (seconds() - last < 1.0 || done == total) return;
+    last = seconds();
+    log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)), " | ",
+              log::grouped(static_cast<double>(ids)), " tokens | ", log::grouped(static_cast<double>(ids) / last),
+              " tokens/s");
+  };
+  const auto tokenized = [&](const SampleSet& set) {
+    const double took = seconds();
+    return "in " + log::fixed(took, 2) + " s (" +
+           log::grouped(static_cast<double>(set.total_ids()) / std::max(took, 1e-9)) + " tokens/s, " +
+           std::to_string(o.threads) + (o.threads == 1 ? " thread)" : " threads)");
+  };
+  if (!c.data.cache) {
+    auto set = std::make_shared<SampleSet>(
+        (parquet ? SampleSet::from_parquet : SampleSet::from_jsonl)(c.data.path, tok, format, o, progress));
+    how = tokenized(*set) + ", held in memory (data.cache = false)";
+    return set;
+  }
+  const SampleCacheKey key = sample_cache_key(c.data.cache_dir.empty() ? default_sample_cache_dir() : c.data.cache_dir,
+                                              c.data.path, parquet, tok, format, o);
+  const int rank = comm ? comm->rank() : 0;
+  std::optional<SampleSet> set;
+  std::string failure;
+  const auto open_or_build = [&] {
+    std::string why;
+    set = open_sample_cache(key, c.data.path, &why);
+    if (set) {
+      how = "mapped from the cache " + key.path + " in " + log::fixed(seconds(), 2) + " s";
+      return;
+    }
+    if (!why.empty()) log::warn("sample cache ", why, "; tokenizing again");
+    if (rank != 0 && why.empty())
+      log::warn("the sample cache rank 0 wrote (", key.path,
+                ") is not visible on this rank (data.cache_dir is not "
+                "shared by the nodes); tokenizing here");
+    set = build_sample_cache(key, c.data.path, parquet, tok, format, o, progress);
+    how = tokenized(*set) + " into the cache " + key.path + " (" +
+          log::bytes(static_cast<double>(fs::file_size(key.path))) + ")";
+  };
+  if (rank == 0) {
+    try {
+      open_or_build();
+    } catch (const std::exception& e) {  // any failure must reach the other ranks, not leave them waiting
+      failure = e.what();
+    }
+  }
+  // The other ranks wait for rank 0's cache, then map it (or build their own where it is not
+  // visible: a node-local cache directory).
+  if (comm && comm->world_size() > 1 && ranks_where(*comm, !failure.empty(), device) > 0 && rank != 0)
+    throw RuntimeError("rank 0 could not read it (its error says why)");
+  if (!failure.empty()) throw RuntimeError(failure);
+  if (rank != 0) open_or_build();
+  return std::make_shared<SampleSet>(std::move(*set));
+}
+
+RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& device, bool eval_only) {
   const Tokenizer tok(c.tokenizer_path());
   const ChatFormat format = chat_format(tok, c.data.chat_template);
   SampleOptions o;
@@ -142,19 +209,9 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
   o.train_on_prompt = c.data.train_on_prompt;
   o.skip_bad_records = c.data.on_bad_record == BadRecord::skip;
   for (const auto& f : c.data.fields) o.fields.emplace_back(f.substr(0, f.find('=')), f.substr(f.find('=') + 1));
-  const auto t0 = std::chrono::steady_clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  double last = 0;
-  auto set = std::make_shared<SampleSet>(
-      (c.data.format == DataFormat::parquet ? SampleSet::from_parquet : SampleSet::from_jsonl)(
-          c.data.path, tok, format, o, [&](int64_t done, int64_t total, int64_t ids) {
-            if (seconds() - last < 1.0 || done == total) return;
-            last = seconds();
-            log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)),
-                      " | ", log::grouped(static_cast<double>(ids)), " tokens | ",
-                      log::grouped(static_cast<double>(ids) / last), " tokens/s");
-          }));
-  const double took = seconds();
+  o.threads = usable_cpus();
+  std::string how;
+  const std::shared_ptr<const SampleSet> set = load_samples(c, tok, format, o, comm, device, how);
   const SampleStats& st = set->stats;
   if (set->size() == 0)
     throw RuntimeError("'" + c.data.path + "' has no usable sample: " + std::to_string(st.records) + " records, " +
@@ -178,14 +235,13 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
       std::make_unique<SampleRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed), c.data.packing);
   RunData d;
   const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
-  d.report.push_back(
-      "data: " + c.data.path + ": " + n(st.records) + " records (" + n(st.text) + " text, " + n(st.chat) + " chat, " +
-      n(st.prompt_completion) + " prompt/completion) tokenized with " + tok.path() +
-      (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] + " renders them (" +
-                     format.source + ")"
-               : std::string()) +
-      " in " + log::fixed(took, 2) + " s (" +
-      n(static_cast<int64_t>(static_cast<double>(set->total_ids()) / std::max(took, 1e-9))) + " tokens/s)");
+  d.report.push_back("data: " + c.data.path + ": " + n(st.records) + " records (" + n(st.text) + " text, " +
+                     n(st.chat) + " chat, " + n(st.prompt_completion) + " prompt/completion) tokenized with " +
+                     tok.path() +
+                     (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] +
+                                    " renders them (" + format.source + ")"
+                              : std::string()) +
+                     ", " + how);
   d.report.push_back(
       "samples: " + n(set->size()) + " (train " + n(static_cast<int64_t>(split.train.size())) + ", validation " +
       n(static_cast<int64_t>(split.val.size())) + ") | " + n(set->total_ids()) + " tokens | trained on " +
@@ -209,9 +265,9 @@ RunData jsonl_samples(const Config& c, bool eval_only) {
 
 }  // namespace
 
-RunData open_data(const Config& c, bool eval_only) {
+RunData open_data(const Config& c, Collectives* comm, const c10::Device& device, bool eval_only) {
   try {
-    return holds_records(c.data.format) ? jsonl_samples(c, eval_only) : token_stream(c, eval_only);
+    return holds_records(c.data.format) ? jsonl_samples(c, comm, device, eval_only) : token_stream(c, eval_only);
   } catch (const RuntimeError& e) {
     const Config::Origin o = c.origin("data.path");
     throw ConfigError({{o.file, o.line, "data.path", e.what()}});

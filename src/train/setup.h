@@ -50,12 +50,15 @@ struct RunData {
   std::unique_ptr<RowSource> rows;
   std::vector<std::string> report;  // lines: samples/tokens, what was cut or left out, row fill
 };
-// data.path as data.format says: windows of a token stream, or the records of a JSONL file
-// tokenized now (with data.tokenizer; progress logged each second), one per row or packed.
+// data.path as data.format says: windows of a token stream, or the samples of a JSONL /
+// Parquet file — mapped from the sample cache (data.cache; rank 0 tokenizes the file into it
+// when it is missing or stale, with progress each second, and the other ranks map it after),
+// or tokenized into memory — one per row or packed. `comm` null: a single process.
 // `eval_only`: every window / sample is validation (`ptrain eval`). A data file that cannot be
 // used — a malformed record (FILE:LINE), an unknown role, no usable sample — is a ConfigError
-// on data.path: nothing has started.
-RunData open_data(const Config& config, bool eval_only = false);
+// on data.path on every rank: nothing has started.
+RunData open_data(const Config& config, Collectives* comm = nullptr, const c10::Device& device = c10::Device(c10::kCPU),
+                  bool eval_only = false);
 
 // optimizer.name's optimizer over the model's shards (targets[i] = unit i's shard).
 std::unique_ptr<Optimizer> make_optimizer(const Config& config, const FsdpModel& model,

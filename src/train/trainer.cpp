@@ -90,7 +90,7 @@ class Run {
         out_dir_(c.output_dir()),
         schedule_{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay,
                   c.lr_schedule.min_lr_ratio},
-        data_(open_data(c)) {
+        data_(open_data(c, comm_.get(), device_)) {
     for (const auto& line : data_.report) log::info(line);
     if (rank_ == 0) {
       fs::create_directories(out_dir_);

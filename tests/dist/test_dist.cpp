@@ -635,3 +635,31 @@ TEST(Dist, UnalignedShapesTrainAtOneToFourRanks) {
           << "np=" << np << ": loss must fall";
   }
 }
+
+// data.cache at np = 3: rank 0 tokenizes the JSONL file into the cache while the others wait,
+// then every rank maps it; a second run maps it and trains the same losses. A malformed record
+// stops every rank with exit 2 naming FILE:LINE (rank 0 found it; the others do not hang).
+TEST(Dist, RankZeroTokenizesIntoTheSampleCacheAndEveryRankMapsIt) {
+  test::TempDir dir;
+  const std::string data = test::chat_jsonl(dir / "chats.jsonl", 150);
+  const std::string model = "hf_path = \"" + test::fixture("hf_chat") + "\"\n";
+  const std::string flags =
+      "--set data.format=jsonl --set data.seq_len=96 --set training.steps=4 "
+      "--set data.cache_dir=" +
+      (dir / "cache") + " --set data.path=";
+  Proc built = train(dir, 3, dir / "built", flags + data, model);
+  ASSERT_EQ(built.rc, 0) << built.output;
+  EXPECT_NE(built.output.find("into the cache " + (dir / "cache")), std::string::npos) << built.output;
+  EXPECT_EQ(built.output.find("tokenizing here"), std::string::npos) << built.output;  // nobody else tokenized
+  Proc mapped = train(dir, 3, dir / "mapped", flags + data, model);
+  ASSERT_EQ(mapped.rc, 0) << mapped.output;
+  EXPECT_NE(mapped.output.find("mapped from the cache"), std::string::npos) << mapped.output;
+  const auto a = metrics(dir / "built"), b = metrics(dir / "mapped");
+  ASSERT_EQ(a.size(), 4u);
+  for (const auto& [step, m] : a) EXPECT_EQ(m["loss"].get<double>(), b.at(step)["loss"].get<double>()) << step;
+
+  test::write_text(dir / "bad.jsonl", read_text_file(data) + "{\"messages\": [}\n");
+  Proc bad = train(dir, 3, dir / "bad", flags + (dir / "bad.jsonl"), model);
+  EXPECT_EQ(bad.rc, 2) << bad.output;  // (a hang would be timeout's 124)
+  EXPECT_NE(bad.output.find("bad.jsonl:151: not valid JSON"), std::string::npos) << bad.output;
+}

@@ -5,13 +5,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
+#include <tuple>
 
 #include "common/error.h"
+#include "common/fs_util.h"
 #include "data/chat.h"
 #include "data/parquet.h"
 #include "data/rows.h"
+#include "data/sample_cache.h"
 #include "data/samples.h"
 #include "data/tokenizer.h"
 #include "model/loss.h"
@@ -187,7 +194,10 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
       const SampleSet sharegpt =
           SampleSet::from_parquet(test::fixture("parquet/sharegpt.parquet"), tok(), format(), {});
       ASSERT_EQ(sharegpt.size(), rows);
-      for (int64_t i = 0; i < rows; ++i) EXPECT_EQ(ids_of(sharegpt, i), ids_of(want, i)) << "sharegpt row " << i + 1;
+      for (int64_t i = 0; i < rows; ++i) {  // (three row groups: rows keep their numbers across them)
+        EXPECT_EQ(ids_of(sharegpt, i), ids_of(want, i)) << "sharegpt row " << i + 1;
+        EXPECT_EQ(sharegpt.line(i), i + 1);
+      }
     }
     at += rows;
   }
@@ -361,4 +371,154 @@ TEST(Rows, TheSplitIsBySampleFixedAndDisjoint) {
       EXPECT_EQ(split_samples(n, fraction).val, s.val);  // the same draw every time
     }
   }
+}
+
+namespace {
+// Every sample, count and total of two sets equal.
+void expect_same_set(const SampleSet& got, const SampleSet& want, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(got.size(), want.size());
+  for (int64_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(ids_of(got, i), ids_of(want, i)) << "sample " << i;
+    ASSERT_EQ(trained_of(got, i), trained_of(want, i)) << "sample " << i;
+    ASSERT_EQ(got.line(i), want.line(i)) << "sample " << i;
+    ASSERT_EQ(got.trained_count(i), want.trained_count(i)) << "sample " << i;
+  }
+  EXPECT_EQ(got.total_ids(), want.total_ids());
+  EXPECT_EQ(got.total_trained(), want.total_trained());
+  EXPECT_EQ(got.max_id(), want.max_id());
+  EXPECT_EQ(got.content_hash(), want.content_hash());
+  const SampleStats &g = got.stats, &w = want.stats;
+  EXPECT_EQ(std::make_tuple(g.records, g.text, g.chat, g.prompt_completion, g.truncated, g.dropped_too_long,
+                            g.skipped_bad, g.first_bad, g.dropped_untrained),
+            std::make_tuple(w.records, w.text, w.chat, w.prompt_completion, w.truncated, w.dropped_too_long,
+                            w.skipped_bad, w.first_bad, w.dropped_untrained));
+}
+
+// 301 chats of varying length with a malformed line, a chat with nothing to train and a text
+// record among them, and blank lines.
+std::string mixed_file(const test::TempDir& dir) {
+  std::string text = read_text_file(chats_file(dir, 301));
+  text.insert(text.find('\n', text.size() / 3) + 1,
+              "{\"messages\": [{\"role\": \"user\", \"content\": \"no reply\"}]}\n\n{not json\n");
+  text.insert(text.find('\n', text.size() / 2) + 1, "{\"text\": \"plain text among chats\"}\n\n\n");
+  test::write_text(dir / "mixed.jsonl", text);
+  return dir / "mixed.jsonl";
+}
+}  // namespace
+
+// The file is read in blocks (here 997 bytes: lines straddle blocks, a line longer than a block
+// is read whole), each block's records rendered by several threads: the samples, their lines
+// and every count equal one thread reading the whole file at once. The cache file holds the
+// same, built by one thread or three, and a later open maps it back.
+TEST(SampleCache, HoldsWhatTokenizingInMemoryGivesForAnyBlockAndThreadCount) {
+  test::TempDir dir;
+  const std::string data = mixed_file(dir);
+  SampleOptions o;
+  o.max_ids = 41;  // some chats are cut
+  o.skip_bad_records = true;
+  o.block_bytes = int64_t{1} << 30;
+  const SampleSet want = SampleSet::from_jsonl(data, tok(), format(), o);
+  ASSERT_GT(want.stats.truncated, 0);
+  ASSERT_EQ(want.stats.skipped_bad, 1);
+  ASSERT_EQ(want.stats.dropped_untrained, 1);
+  ASSERT_EQ(want.stats.text, 1);
+  for (int threads : {1, 3}) {
+    o.threads = threads;
+    o.block_bytes = 997;
+    expect_same_set(SampleSet::from_jsonl(data, tok(), format(), o), want,
+                    "in memory, " + std::to_string(threads) + " threads, blocks of 997 bytes");
+    const SampleCacheKey key =
+        sample_cache_key(dir / ("cache" + std::to_string(threads)), data, false, tok(), format(), o);
+    std::string why;
+    EXPECT_FALSE(open_sample_cache(key, data, &why));
+    EXPECT_EQ(why, "");  // absent, not damaged
+    expect_same_set(build_sample_cache(key, data, false, tok(), format(), o, nullptr), want,
+                    "built, " + std::to_string(threads) + " threads");
+    const std::optional<SampleSet> mapped = open_sample_cache(key, data, &why);
+    ASSERT_TRUE(mapped) << why;
+    expect_same_set(*mapped, want, "mapped");
+  }
+  if (parquet_supported()) {  // a Parquet file through the cache, a row group at a time
+    const std::string pq = test::fixture("parquet/sharegpt.parquet");
+    const SampleCacheKey key = sample_cache_key(dir / "pq", pq, true, tok(), format(), {});
+    build_sample_cache(key, pq, true, tok(), format(), {}, nullptr);
+    expect_same_set(open_sample_cache(key, pq, nullptr).value(), SampleSet::from_parquet(pq, tok(), format(), {}),
+                    "parquet");
+  }
+}
+
+// The key changes with everything the samples depend on — the data file's bytes or time, the
+// tokenizer.json, the chat template, the data options — and with nothing else.
+TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
+  test::TempDir dir;
+  const std::string data = chats_file(dir, 5);
+  const auto key = [&](const Tokenizer& t, const ChatFormat& f, const SampleOptions& o) {
+    return sample_cache_key(dir / "cache", data, false, t, f, o).hash;
+  };
+  SampleOptions o;
+  o.max_ids = 64;
+  const uint64_t base = key(tok(), format(), o);
+  SampleOptions threads = o;
+  threads.threads = 7;
+  threads.block_bytes = 100;
+  EXPECT_EQ(key(tok(), format(), threads), base);  // how it is read is not what it holds
+  std::map<std::string, uint64_t> others;
+  for (const auto& [name, change] : std::vector<std::pair<std::string, std::function<void(SampleOptions&)>>>{
+           {"max_ids", [](SampleOptions& x) { x.max_ids = 65; }},
+           {"drop_too_long", [](SampleOptions& x) { x.drop_too_long = true; }},
+           {"train_on_prompt", [](SampleOptions& x) { x.train_on_prompt = true; }},
+           {"skip_bad_records", [](SampleOptions& x) { x.skip_bad_records = true; }},
+           {"fields", [](SampleOptions& x) {
+              x.fields = {{"output", "answer"}};
+            }}}) {
+    SampleOptions changed = o;
+    change(changed);
+    others[name] = key(tok(), format(), changed);
+  }
+  others["chatml"] = key(tok(), chat_format(tok(), ChatTemplate::chatml), o);
+  // The same tokenizer with one more byte in its tokenizer.json.
+  std::filesystem::create_directory(dir / "tok");
+  test::write_text(dir / "tok/tokenizer.json", read_text_file(tok().path()) + "\n");
+  const Tokenizer edited(dir / "tok/tokenizer.json");
+  others["tokenizer.json"] = key(edited, format(), o);
+  // The data: one more record; then the same bytes written again (a new modification time).
+  const std::string before = read_text_file(data);
+  test::write_text(data, before + "{\"text\": \"one more\"}\n");
+  others["data bytes"] = key(tok(), format(), o);
+  test::write_text(data, before);
+  std::filesystem::last_write_time(data, std::filesystem::last_write_time(data) + std::chrono::seconds(5));
+  others["data time"] = key(tok(), format(), o);
+  std::set<uint64_t> distinct{base};
+  for (const auto& [name, h] : others) {
+    EXPECT_NE(h, base) << name;
+    distinct.insert(h);
+  }
+  EXPECT_EQ(distinct.size(), others.size() + 1);
+}
+
+// A cache file that does not verify is never used: a flipped byte anywhere (here in the ids),
+// lost bytes, a truncated file, another file under its name. open_sample_cache says why.
+TEST(SampleCache, ADamagedCacheFileIsRefusedSayingWhy) {
+  test::TempDir dir;
+  const std::string data = chats_file(dir, 40);
+  const SampleCacheKey key = sample_cache_key(dir / "cache", data, false, tok(), format(), {});
+  build_sample_cache(key, data, false, tok(), format(), {}, nullptr);
+  const std::string good = read_text_file(key.path);
+  const auto why_not = [&](const std::string& bytes) {
+    test::write_text(key.path, bytes);
+    std::string why;
+    EXPECT_FALSE(open_sample_cache(key, data, &why));
+    return why;
+  };
+  std::string flipped = good;
+  flipped[17] ^= 0x04;
+  EXPECT_NE(why_not(flipped).find("checksum mismatch"), std::string::npos);
+  EXPECT_NE(why_not(std::string(good).erase(100, 8)).find("do not add up"), std::string::npos);  // bytes lost inside
+  EXPECT_NE(why_not(good.substr(0, good.size() - 9)).find("not a ptrain sample cache"),
+            std::string::npos);  // cut short
+  EXPECT_NE(why_not(good.substr(0, 50)).find("shorter than its trailer"), std::string::npos);
+  EXPECT_NE(why_not(std::string(good.size(), 'x')).find("not a ptrain sample cache"), std::string::npos);
+  test::write_text(key.path, good);
+  EXPECT_TRUE(open_sample_cache(key, data, nullptr));
 }

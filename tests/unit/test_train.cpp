@@ -342,6 +342,63 @@ Config chat_config(const test::TempDir& dir, std::vector<std::string> sets, cons
 }
 }  // namespace
 
+// data.cache through open_data, as every run opens its data: the first open tokenizes into
+// the cache, the next maps it; a changed template, tokenizer.json or data option is another
+// cache file, tokenized anew; a damaged cache file is tokenized again, with a warning; the
+// rows are the same whichever way they came (their fingerprint hashes every id and flag).
+TEST(Train, TheSampleCacheIsBuiltOnceAndRebuiltWhenItsInputsChange) {
+  test::TempDir dir;
+  const std::string cache = dir / "cache";
+  Config c = chat_config(dir, {"data.cache_dir=" + cache, "data.seq_len=128"});
+  const auto open = [](const Config& config) {
+    RunData d = open_data(config);
+    return std::make_pair(d.report.at(0), d.rows->fingerprint());
+  };
+  const auto files = [&] {
+    std::set<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(cache)) out.insert(e.path().string());
+    return out;
+  };
+  const auto [built, rows] = open(c);
+  EXPECT_NE(built.find("into the cache " + cache), std::string::npos) << built;
+  const auto [mapped, same_rows] = open(c);
+  EXPECT_NE(mapped.find("mapped from the cache " + cache), std::string::npos) << mapped;
+  EXPECT_EQ(same_rows, rows);
+  ASSERT_EQ(files().size(), 1u);
+  const std::string cache_file = *files().begin();
+
+  Config in_memory = c;
+  in_memory.data.cache = false;
+  const auto [held, memory_rows] = open(in_memory);
+  EXPECT_NE(held.find("held in memory (data.cache = false)"), std::string::npos) << held;
+  EXPECT_EQ(memory_rows, rows);
+  EXPECT_EQ(files().size(), 1u);
+
+  Config prompt = c;
+  prompt.data.train_on_prompt = true;
+  EXPECT_NE(open(prompt).first.find("into the cache"), std::string::npos);
+  Config chatml = c;
+  chatml.data.chat_template = ChatTemplate::chatml;
+  EXPECT_NE(open(chatml).first.find("into the cache"), std::string::npos);
+  std::filesystem::create_directory(dir / "tok");
+  test::write_text(dir / "tok/tokenizer.json", read_text_file(test::fixture("hf_chat/tokenizer.json")) + "\n");
+  Config tokenizer = c;
+  tokenizer.data.tokenizer = dir / "tok/tokenizer.json";
+  tokenizer.data.chat_template = ChatTemplate::llama3;  // (the copy's directory has no template of its own)
+  const auto [retokenized, tokenizer_rows] = open(tokenizer);
+  EXPECT_NE(retokenized.find("into the cache"), std::string::npos) << retokenized;
+  EXPECT_EQ(tokenizer_rows, rows);  // the same tokens: only the file's bytes changed
+  EXPECT_EQ(files().size(), 4u);
+
+  std::string bytes = read_text_file(cache_file);
+  bytes[bytes.size() / 3] ^= 0x10;
+  test::write_text(cache_file, bytes);
+  const auto [repaired, repaired_rows] = open(c);
+  EXPECT_NE(repaired.find("into the cache"), std::string::npos) << repaired;
+  EXPECT_EQ(repaired_rows, rows);
+  EXPECT_NE(open(c).first.find("mapped from the cache"), std::string::npos);
+}
+
 // A step's loss and gradient are the mean over all its trained tokens, whichever micro-batch
 // holds them: 12 rows at once, or 4 rows x 3 accumulated micro-batches (whose trained tokens
 // differ), train the same losses; so does packing with a different row count per step... of
