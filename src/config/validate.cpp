@@ -226,6 +226,20 @@ const std::vector<Rule>& rules() {
                     ? "applies to data.format = \"jsonl\" or \"parquet\" only (token streams are cut into windows)"
                     : "";
        }},
+      {"data.cache",
+       [](const Config& c, const Environment&) -> std::string {
+         return !c.data.cache && !holds_records(c.data.format)
+                    ? "applies to data.format = \"jsonl\" or \"parquet\" only (text and token files are mapped as "
+                      "they are, never tokenized at start)"
+                    : "";
+       }},
+      {"data.cache_dir",
+       [](const Config& c, const Environment&) -> std::string {
+         if (c.data.cache_dir.empty()) return "";
+         if (!holds_records(c.data.format))
+           return "applies to data.format = \"jsonl\" or \"parquet\" only (text and token files need no cache)";
+         return c.data.cache ? "" : "is unused with data.cache = false: set one or the other";
+       }},
       {"data.seq_len", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.seq_len, 1); }},
       {"data.seq_len",
        [](const Config& c, const Environment&) -> std::string {

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <type_traits>
 #include <vector>
@@ -139,6 +141,9 @@ SampleStats stats_of(const json& j) {
 // appended after the ids when the data ends.
 class CacheWriter final : public SampleWriter {
  public:
+  struct Failed : RuntimeError {  // a write of the cache failed while the data was being rendered
+    using RuntimeError::RuntimeError;
+  };
   CacheWriter(const std::string& path) : out_(path) {
     std::string tmp = path + ".flags.XXXXXX";
     flags_ = ::mkstemp(tmp.data());
@@ -187,6 +192,13 @@ class CacheWriter final : public SampleWriter {
 
  private:
   void store(const SampleBlock& b) override {
+    try {
+      write_block(b);
+    } catch (const RuntimeError& e) {
+      throw Failed(e.what());
+    }
+  }
+  void write_block(const SampleBlock& b) {
     out_.write(b.ids.data(), b.ids.size() * sizeof(int32_t));
     const auto* p = b.trained.data();
     for (size_t left = b.trained.size(); left > 0;) {
@@ -282,14 +294,32 @@ std::optional<SampleSet> open_sample_cache(const SampleCacheKey& key, const std:
 SampleSet build_sample_cache(const SampleCacheKey& key, const std::string& data_path, bool parquet,
                              const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o,
                              const SampleProgress& progress) {
-  std::error_code ec;
-  fs::create_directories(fs::path(key.path).parent_path(), ec);
-  if (ec)
-    throw RuntimeError("cannot create the sample cache directory '" + fs::path(key.path).parent_path().string() +
-                       "': " + ec.message());
-  CacheWriter w(key.path);
-  const SampleStats stats = render_samples(data_path, parquet, tok, format, o, progress, w);
-  w.finish(key.hash, json{{"source", data_path}, {"stats", stats_json(stats)}, {"key", json::parse(key.parts)}});
+  const std::string dir = fs::path(key.path).parent_path().string();
+  const auto io = [&](const std::function<void()>& step) {
+    try {
+      step();
+    } catch (const RuntimeError& e) {
+      throw CacheWriteError(std::string(e.what()) + " (the sample cache in '" + dir +
+                            "': data.cache_dir picks another directory, data.cache = false tokenizes into memory)");
+    }
+  };
+  io([&] {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw RuntimeError("cannot create '" + dir + "': " + ec.message());
+  });
+  std::unique_ptr<CacheWriter> w;
+  io([&] { w = std::make_unique<CacheWriter>(key.path); });
+  SampleStats stats;
+  // A write failing inside rendering (a full disk) is the cache's problem; a bad record is the data's.
+  try {
+    stats = render_samples(data_path, parquet, tok, format, o, progress, *w);
+  } catch (const CacheWriter::Failed& e) {
+    io([&] { throw RuntimeError(e.what()); });
+  }
+  io([&] {
+    w->finish(key.hash, json{{"source", data_path}, {"stats", stats_json(stats)}, {"key", json::parse(key.parts)}});
+  });
   std::string why;
   std::optional<SampleSet> set = CacheReader::open(key, data_path, /*verify_sum=*/false, &why);
   if (!set) throw RuntimeError("the sample cache just written cannot be read back: " + why);

@@ -17,9 +17,15 @@
 #include <optional>
 #include <string>
 
+#include "common/error.h"
 #include "data/samples.h"
 
 namespace ptrain {
+
+// The cache directory or file cannot be made or written (not a problem of the data).
+struct CacheWriteError : RuntimeError {
+  using RuntimeError::RuntimeError;
+};
 
 struct SampleCacheKey {
   uint64_t hash = 0;
@@ -42,7 +48,8 @@ std::optional<SampleSet> open_sample_cache(const SampleCacheKey& key, const std:
 
 // Renders `data_path` (render_samples, options.threads threads) straight into the cache file —
 // only one block of records is in memory at a time — then maps it. Throws RuntimeError as
-// render_samples does, or when the cache file cannot be written; nothing is left behind then.
+// render_samples does, or CacheWriteError when the cache file cannot be written; nothing is left
+// behind then.
 SampleSet build_sample_cache(const SampleCacheKey& key, const std::string& data_path, bool parquet,
                              const Tokenizer& tokenizer, const ChatFormat& format, const SampleOptions& options,
                              const SampleProgress& progress);

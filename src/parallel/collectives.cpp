@@ -196,10 +196,14 @@ class MpiCollectives final : public Collectives {
 
 }  // namespace
 
-int ranks_where(Collectives& comm, bool flag, const c10::Device& device) {
-  at::Tensor n = at::full({1}, flag ? 1.0f : 0.0f, at::TensorOptions().device(device));
+int64_t sum_over_ranks(Collectives& comm, int64_t value, const c10::Device& device) {
+  at::Tensor n = at::full({1}, static_cast<double>(value), at::TensorOptions().dtype(at::kDouble).device(device));
   comm.all_reduce_sum(n);
-  return static_cast<int>(n.item<float>());
+  return static_cast<int64_t>(n.item<double>());
+}
+
+int ranks_where(Collectives& comm, bool flag, const c10::Device& device) {
+  return static_cast<int>(sum_over_ranks(comm, flag ? 1 : 0, device));
 }
 
 void mpi_abort(int code) {

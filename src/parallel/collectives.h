@@ -55,8 +55,10 @@ class Collectives {
   int world_size_ = 1;
 };
 
-// How many ranks pass `flag` = true (a sum over ranks on `device`, the collectives' device);
-// also a barrier. Every rank must call it.
+// The sum over ranks of each rank's `value` (|value| < 2^53), reduced on `device`, the
+// collectives' device; also a barrier. Every rank must call it.
+int64_t sum_over_ranks(Collectives& comm, int64_t value, const c10::Device& device);
+// How many ranks pass `flag` = true.
 int ranks_where(Collectives& comm, bool flag, const c10::Device& device);
 
 // Picks the implementation for `device` and parallel.backend (auto | nccl | mpi).

@@ -144,7 +144,21 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last = 0;
+  // While rank 0 tokenizes into the cache the other ranks wait for it in a series of short
+  // collectives, one after each block of records at most every 2 s (or timeout_s / 4), each
+  // carrying rank 0's state — so a long build never runs into parallel.timeout_s, which still
+  // catches a rank 0 that died.
+  enum : int64_t { kBuilding = 1, kDone = 2, kFailed = 3 };
+  const int rank = comm ? comm->rank() : 0;
+  const bool waited_for = comm && comm->world_size() > 1;
+  bool beating = false;  // rank 0, building while the others wait
+  double last_beat = 0;
+  const auto state_of_rank0 = [&](int64_t state) { return sum_over_ranks(*comm, rank == 0 ? state : 0, device); };
   const SampleProgress progress = [&](int64_t done, int64_t total, int64_t ids) {
+    if (beating && seconds() - last_beat >= std::min(2.0, c.parallel.timeout_s / 4)) {
+      last_beat = seconds();
+      state_of_rank0(kBuilding);
+    }
     if (seconds() - last < 1.0 || done == total) return;
     last = seconds();
     log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)), " | ",
@@ -165,7 +179,6 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
   }
   const SampleCacheKey key = sample_cache_key(c.data.cache_dir.empty() ? default_sample_cache_dir() : c.data.cache_dir,
                                               c.data.path, parquet, tok, format, o);
-  const int rank = comm ? comm->rank() : 0;
   std::optional<SampleSet> set;
   std::string failure;
   const auto open_or_build = [&] {
@@ -184,17 +197,27 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
     how = tokenized(*set) + " into the cache " + key.path + " (" +
           log::bytes(static_cast<double>(fs::file_size(key.path))) + ")";
   };
+  bool cache_failed = false;  // the cache could not be written, rather than the data read
   if (rank == 0) {
+    beating = waited_for;
     try {
       open_or_build();
+    } catch (const CacheWriteError& e) {
+      failure = e.what();
+      cache_failed = true;
     } catch (const std::exception& e) {  // any failure must reach the other ranks, not leave them waiting
       failure = e.what();
     }
+    beating = false;
+    if (waited_for) state_of_rank0(failure.empty() ? kDone : kFailed);
+  } else if (waited_for) {
+    int64_t state = kBuilding;
+    while (state == kBuilding) state = state_of_rank0(0);
+    if (state != kDone) throw RuntimeError("rank 0 could not read it (its error says why)");
   }
-  // The other ranks wait for rank 0's cache, then map it (or build their own where it is not
-  // visible: a node-local cache directory).
-  if (comm && comm->world_size() > 1 && ranks_where(*comm, !failure.empty(), device) > 0 && rank != 0)
-    throw RuntimeError("rank 0 could not read it (its error says why)");
+  // Then the other ranks map rank 0's cache (or build their own where it is not visible: a
+  // node-local cache directory).
+  if (cache_failed) throw CacheWriteError(failure);
   if (!failure.empty()) throw RuntimeError(failure);
   if (rank != 0) open_or_build();
   return std::make_shared<SampleSet>(std::move(*set));
@@ -269,8 +292,9 @@ RunData open_data(const Config& c, Collectives* comm, const c10::Device& device,
   try {
     return holds_records(c.data.format) ? jsonl_samples(c, comm, device, eval_only) : token_stream(c, eval_only);
   } catch (const RuntimeError& e) {
-    const Config::Origin o = c.origin("data.path");
-    throw ConfigError({{o.file, o.line, "data.path", e.what()}});
+    const char* key = dynamic_cast<const CacheWriteError*>(&e) ? "data.cache_dir" : "data.path";
+    const Config::Origin o = c.origin(key);
+    throw ConfigError({{o.file, o.line, key, e.what()}});
   }
 }
 

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "../unit/test_util.h"
 #include "checkpoint/hf.h"
@@ -639,6 +640,7 @@ TEST(Dist, UnalignedShapesTrainAtOneToFourRanks) {
 // data.cache at np = 3: rank 0 tokenizes the JSONL file into the cache while the others wait,
 // then every rank maps it; a second run maps it and trains the same losses. A malformed record
 // stops every rank with exit 2 naming FILE:LINE (rank 0 found it; the others do not hang).
+// A build that outlasts parallel.timeout_s does not look like a dead rank.
 TEST(Dist, RankZeroTokenizesIntoTheSampleCacheAndEveryRankMapsIt) {
   test::TempDir dir;
   const std::string data = test::chat_jsonl(dir / "chats.jsonl", 150);
@@ -657,6 +659,23 @@ TEST(Dist, RankZeroTokenizesIntoTheSampleCacheAndEveryRankMapsIt) {
   const auto a = metrics(dir / "built"), b = metrics(dir / "mapped");
   ASSERT_EQ(a.size(), 4u);
   for (const auto& [step, m] : a) EXPECT_EQ(m["loss"].get<double>(), b.at(step)["loss"].get<double>()) << step;
+
+  // A build longer than parallel.timeout_s: the waiting ranks hear from rank 0 after each
+  // block (16 MiB, half a second here), so nobody is declared dead.
+  std::string big;
+  for (int i = 0; big.size() < (size_t{128} << 20); ++i)
+    big += "{\"text\": \"record " + std::to_string(i) + std::string(400 + i % 300, 'x') + " model\"}\n";
+  test::write_text(dir / "big.jsonl", big);
+  Proc slow = train(dir, 2, dir / "slow", flags + (dir / "big.jsonl") + " --set parallel.timeout_s=1.5", model);
+  ASSERT_EQ(slow.rc, 0) << slow.output;
+  const std::smatch took = [&] {
+    std::smatch m;
+    std::regex_search(slow.output, m,
+                      std::regex("in ([0-9.]+) s \\([0-9,]+ tokens/s, \\d+ threads?\\) into the cache"));
+    return m;
+  }();
+  ASSERT_FALSE(took.empty()) << slow.output;
+  EXPECT_GT(std::stod(took[1]), 1.5) << "the build did not outlast the timeout: the check proves nothing";
 
   test::write_text(dir / "bad.jsonl", read_text_file(data) + "{\"messages\": [}\n");
   Proc bad = train(dir, 3, dir / "bad", flags + (dir / "bad.jsonl"), model);
