@@ -100,6 +100,31 @@ def checkpoint_meta_seeds():
     put("checkpoint_meta", "not_json", "{\"format_version\": 2,")
 
 
+def config_seeds():
+    root = os.path.join(HERE, "..")
+    for d in ("configs", os.path.join("tests", "configs", "bad")):
+        for name in sorted(os.listdir(os.path.join(root, d))):
+            if name.endswith(".toml"):
+                with open(os.path.join(root, d, name), "rb") as f:
+                    put("config", d.replace(os.sep, "_") + "_" + name, f.read())
+    put("config", "overrides_everything", "[model]\npreset = \"tiny\"\ndim = 96\nn_heads = 6\nn_kv_heads = 2\n"
+        "[data]\nseq_len = 64\n[lora]\nenabled = true\ntargets = [\"q\", \"v\"]\n[quant]\nbase = \"nf4\"\n")
+
+
+def hf_index_seeds():
+    # The shards fuzz/hf_index.cpp writes beside the index: model-00001-of-00002 holds
+    # model.embed_tokens.weight and model.norm.weight, model-00002-of-00002 lm_head.weight.
+    one, two = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    good = {"metadata": {"total_size": 80}, "weight_map": {"model.embed_tokens.weight": one,
+                                                           "model.norm.weight": one, "lm_head.weight": two}}
+    put("hf_index", "valid", json.dumps(good, indent=2))
+    put("hf_index", "wrong_shard", json.dumps({"weight_map": dict(good["weight_map"], **{"lm_head.weight": one})}))
+    put("hf_index", "left_out", json.dumps({"weight_map": {"model.embed_tokens.weight": one, "lm_head.weight": two}}))
+    put("hf_index", "outside", json.dumps({"weight_map": dict(good["weight_map"], **{"x": "../" + two})}))
+    put("hf_index", "missing_file", json.dumps({"weight_map": {"x": "model-00009-of-00009.safetensors"}}))
+    put("hf_index", "not_a_map", json.dumps({"weight_map": [one, two]}))
+
+
 def main():
     shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
     safetensors_seeds()
@@ -107,7 +132,9 @@ def main():
     jsonl_seeds()
     token_file_seeds()
     checkpoint_meta_seeds()
-    for target in ("safetensors", "tokenizer", "jsonl_record", "token_file", "checkpoint_meta"):
+    config_seeds()
+    hf_index_seeds()
+    for target in ("safetensors", "tokenizer", "jsonl_record", "token_file", "checkpoint_meta", "config", "hf_index"):
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)
         keep = os.path.join(d, "README")
