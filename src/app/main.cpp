@@ -1,10 +1,12 @@
 // ptrain entry point: parses the command line and calls the subcommand's function in the part
 // it belongs to — train (train/trainer.h), check (train/check.h), eval (train/evaluate.h),
-// compare (train/compare.h), export (train/export.h), tokenize (data/tokenize.h). Exit codes:
+// compare (train/compare.h), export (train/export.h), generate (train/generate.h), tokenize
+// (data/tokenize.h). Exit codes:
 // 0 success, 2 usage/config error, 1 runtime failure.
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -22,6 +24,7 @@
 #include "train/compare.h"
 #include "train/evaluate.h"
 #include "train/export.h"
+#include "train/generate.h"
 #include "train/trainer.h"
 
 using namespace ptrain;
@@ -83,6 +86,26 @@ const std::vector<Command>& commands() {
        {{"--checkpoint", "DIR", "the step_N directory to export", true},
         {"--out", "DIR", "the directory to write", true},
         {"--merge", nullptr, "LoRA: write the base with the adapters merged in (float32)"}}},
+      {"generate",
+       "answers prompts with the config's model (model.hf_path, lora.adapter_path, quant.base) or a checkpoint, "
+       "on one process with a KV cache: --prompt TEXT, --chat (the chat template; interactive on a terminal), or "
+       "--in prompts.jsonl --out answers.jsonl ({\"prompt\"}, {\"messages\"} or {\"ids\"} records). Greedy "
+       "unless --temperature > 0; prints prompt and decode tokens/s and the KV cache's size (docs/generate.md).",
+       {kConfig,
+        kSet,
+        {"--checkpoint", "DIR", "a step_N directory (any world size) instead of the config's weights"},
+        {"--tokenizer", "DIR", "tokenizer.json or its directory (default: data.tokenizer, else model.hf_path)"},
+        {"--prompt", "TEXT", "one prompt (plain text; the chat template with --chat)"},
+        {"--chat", nullptr, "render prompts with the chat template; without --prompt / --in, a conversation on stdin"},
+        {"--system", "TEXT", "the system message of a chat"},
+        {"--in", "FILE.jsonl", "prompts, one record per line"},
+        {"--out", "FILE.jsonl", "the answers of --in (each record with ids, text, finish)"},
+        {"--max-new-tokens", "N", "at most this many new tokens (default 256)"},
+        {"--temperature", "T", "0 is greedy (default); > 0 samples"},
+        {"--top-k", "K", "sample among the K most likely tokens (default: all)"},
+        {"--top-p", "P", "sample among the most likely tokens whose probability reaches P (default 1)"},
+        {"--seed", "S", "the sampling seed (default 0): the same seed draws the same tokens"},
+        {"--stop", "TEXT", "stop at this text (repeatable)"}}},
       {"tokenize",
        "converts text to a token file: byte-level, or with --tokenizer an HF tokenizer.json (a .jsonl input holds "
        "{\"text\": ...} documents, each followed by the end-of-text token), with progress and tokens/s "
@@ -152,7 +175,9 @@ struct Args {
   bool json = false;
   bool plan = false;
   bool merge = false;
+  bool chat = false;
   bool help = false;
+  std::vector<std::string> stops;  // --stop, repeatable
 };
 
 Args parse_args(int argc, char** argv) {
@@ -200,6 +225,7 @@ Args parse_args(int argc, char** argv) {
       a.json = a.json || arg == "--json";
       a.plan = a.plan || arg == "--plan";
       a.merge = a.merge || arg == "--merge";
+      a.chat = a.chat || arg == "--chat";
       continue;
     }
     if (eq == std::string::npos) {
@@ -210,6 +236,8 @@ Args parse_args(int argc, char** argv) {
       a.config = value;
     else if (arg == "--set")
       a.sets.push_back(value);
+    else if (arg == "--stop")
+      a.stops.push_back(value);
     else
       a.options[arg] = value;
   }
@@ -281,6 +309,41 @@ int cmd_compare(const Args& a) {
   return compare(o);
 }
 
+double real_option(const Args& a, const std::string& name, double fallback) {
+  auto it = a.options.find(name);
+  if (it == a.options.end()) return fallback;
+  try {
+    size_t used = 0;
+    const double v = std::stod(it->second, &used);
+    if (used == it->second.size() && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(name + " must be a number (got '" + it->second + "')");
+}
+
+int cmd_generate(const Args& a) {
+  if (a.config.empty()) throw UsageError("ptrain generate needs --config FILE");
+  GenerateRequest r;
+  r.config = a.config;
+  r.sets = a.sets;
+  const auto text = [&](const char* name) { return a.options.count(name) ? a.options.at(name) : std::string(); };
+  r.checkpoint = text("--checkpoint");
+  r.tokenizer = text("--tokenizer");
+  r.prompt = text("--prompt");
+  r.chat = a.chat;
+  r.system = text("--system");
+  r.in = text("--in");
+  r.out = text("--out");
+  if (a.options.count("--prompt") && r.prompt.empty()) throw UsageError("--prompt needs a non-empty text");
+  r.sampling.max_new_tokens = int_option(a, "--max-new-tokens", 256, 1);
+  r.sampling.temperature = real_option(a, "--temperature", 0.0);
+  r.sampling.top_k = int_option(a, "--top-k", 0, 0);
+  r.sampling.top_p = real_option(a, "--top-p", 1.0);
+  r.sampling.seed = static_cast<uint64_t>(int_option(a, "--seed", 0, 0));
+  r.sampling.stop = a.stops;
+  return run_generate(r);
+}
+
 int cmd_tokenize(const Args& a) {
   TokenizeRequest r;
   r.in = required(a, "--in");
@@ -324,6 +387,7 @@ int main(int argc, char** argv) {
     if (a.command == "export") return cmd_export(a);
     if (a.command == "tokenize") return cmd_tokenize(a);
     if (a.command == "compare") return cmd_compare(a);
+    if (a.command == "generate") return cmd_generate(a);
     throw UsageError("'ptrain " + a.command + "' is not implemented in ptrain " PTRAIN_VERSION);
   } catch (const UsageError& e) {
     std::cerr << "error: " << e.what() << "\n";

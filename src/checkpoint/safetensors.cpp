@@ -159,8 +159,19 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
   const DtypeInfo* dt = dtype_by_name(e.dtype);
   auto* ptr = const_cast<unsigned char*>(data_ + e.begin);
   auto keep = map_;
+  // When the last view of these bytes goes, their whole pages leave the process's memory
+  // (MADV_DONTNEED on a read-only private file mapping: a later read faults them in from the
+  // file again), so a load that copies tensor after tensor peaks at the copies, not at the copies
+  // plus every page of the file it has read.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(ptr) + page - 1) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(ptr) + (e.end - e.begin)) / page * page;
   at::Tensor t = at::from_blob(
-      ptr, e.shape, [keep](void*) {}, at::TensorOptions().dtype(dt->type));
+      ptr, e.shape,
+      [keep, lo, hi](void*) {
+        if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+      },
+      at::TensorOptions().dtype(dt->type));
   // Kernels may assume element alignment; copy the rare misaligned tensor.
   if (reinterpret_cast<uintptr_t>(ptr) % dt->bytes != 0) t = t.clone();
   return t;

@@ -72,6 +72,17 @@ std::string check_data(const Config& c) {
   return "";
 }
 
+// data.cache (`dir` false) or data.cache_dir (`dir` true): set only where JSONL / Parquet samples
+// are cached.
+std::string cache_problem(const Config& c, bool dir) {
+  const bool set = dir ? !c.data.cache_dir.empty() : !c.data.cache;
+  if (!set) return "";
+  if (!holds_records(c.data.format))
+    return std::string("applies to data.format = \"jsonl\" or \"parquet\" only (text and token files ") +
+           (dir ? "need no cache)" : "are mapped as they are, never tokenized at start)");
+  return dir && !c.data.cache ? "is unused with data.cache = false: set one or the other" : "";
+}
+
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> kRules = {
       {"run.name",
@@ -226,20 +237,8 @@ const std::vector<Rule>& rules() {
                     ? "applies to data.format = \"jsonl\" or \"parquet\" only (token streams are cut into windows)"
                     : "";
        }},
-      {"data.cache",
-       [](const Config& c, const Environment&) -> std::string {
-         return !c.data.cache && !holds_records(c.data.format)
-                    ? "applies to data.format = \"jsonl\" or \"parquet\" only (text and token files are mapped as "
-                      "they are, never tokenized at start)"
-                    : "";
-       }},
-      {"data.cache_dir",
-       [](const Config& c, const Environment&) -> std::string {
-         if (c.data.cache_dir.empty()) return "";
-         if (!holds_records(c.data.format))
-           return "applies to data.format = \"jsonl\" or \"parquet\" only (text and token files need no cache)";
-         return c.data.cache ? "" : "is unused with data.cache = false: set one or the other";
-       }},
+      {"data.cache", [](const Config& c, const Environment&) -> std::string { return cache_problem(c, false); }},
+      {"data.cache_dir", [](const Config& c, const Environment&) -> std::string { return cache_problem(c, true); }},
       {"data.seq_len", [](const Config& c, const Environment&) -> std::string { return at_least(c.data.seq_len, 1); }},
       {"data.seq_len",
        [](const Config& c, const Environment&) -> std::string {
@@ -265,6 +264,9 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const Environment&) -> std::string {
          return c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5 ? "" : "must be in [0, 0.5]";
        }},
+  };
+  // (Two lists: clang-format 14 mis-wraps lambdas deep inside a very long braced list.)
+  static const std::vector<Rule> kTrainingRules = {
       {"training.steps",
        [](const Config& c, const Environment&) -> std::string { return at_least(c.training.steps, 1); }},
       {"training.grad_accum_steps",
@@ -396,16 +398,13 @@ const std::vector<Rule>& rules() {
       {"parallel.timeout_s",
        [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
       {"memory.activation_offloading",
-       [](const Config& c,
-          const Environment&) -> std::
-                                  string {
-                                    return c.memory.activation_offloading &&
-                                                   c.memory.activation_checkpointing != Checkpointing::full
-                                               ? "offloading moves the inputs full activation checkpointing keeps; set "
-                                                 "memory.activation_checkpointing = \"full\" "
-                                                 "or memory.activation_offloading = false"
-                                               : "";
-                                  }},
+       [](const Config& c, const Environment&) -> std::string {
+         return c.memory.activation_offloading && c.memory.activation_checkpointing != Checkpointing::full
+                    ? "offloading moves the inputs full activation checkpointing keeps; set "
+                      "memory.activation_checkpointing = \"full\" "
+                      "or memory.activation_offloading = false"
+                    : "";
+       }},
       {"memory.loss_chunk_tokens",
        [](const Config& c, const Environment&) -> std::string { return at_least(c.memory.loss_chunk_tokens, 0); }},
       {"checkpoint.every_steps",
@@ -413,107 +412,96 @@ const std::vector<Rule>& rules() {
       {"checkpoint.keep",
        [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.keep, 1); }},
       {"checkpoint.resume",
-       [](const Config& c,
-          const Environment& env) -> std::
-                                      string {
-                                        const auto& r = c.checkpoint.resume;
-                                        if (r.empty() || r == "auto" || !env.local) return std::string();
-                                        return fs::is_regular_file(fs::path(r) / "meta.json")
-                                                   ? ""
-                                                   : "'" + r +
-                                                         "' is not a complete checkpoint directory (no meta.json); use "
-                                                         "\"auto\" or a step_N directory";
-                                      }},
+       [](const Config& c, const Environment& env) -> std::string {
+         const auto& r = c.checkpoint.resume;
+         if (r.empty() || r == "auto" || !env.local) return std::string();
+         return fs::is_regular_file(fs::path(r) / "meta.json")
+                    ? ""
+                    : "'" + r +
+                          "' is not a complete checkpoint directory (no meta.json); use "
+                          "\"auto\" or a step_N directory";
+       }},
       {"lora.rank", [](const Config& c, const Environment&) -> std::string { return at_least(c.lora.rank, 1); }},
       {"lora.alpha", [](const Config& c, const Environment&) -> std::string { return positive(c.lora.alpha); }},
       {"lora.dropout",
-       [](const Config& c, const Environment&)
-           -> std::string { return c.lora.dropout >= 0 && c.lora.dropout < 1 ? "" : "must be in [0, 1)"; }},
+       [](const Config& c, const Environment&) -> std::string {
+         return c.lora.dropout >= 0 && c.lora.dropout < 1 ? "" : "must be in [0, 1)";
+       }},
       {"lora.targets",
-       [](const Config& c, const Environment&) -> std::
-                                                   string {
-                                                     std::string names;
-                                                     for (const auto& known : lora_targets())
-                                                       names += (names.empty() ? "" : ", ") + std::string(known.name);
-                                                     for (const auto& t : c.lora.targets)
-                                                       if (peft_module(t).empty())
-                                                         return "unknown target '" + t + "'; use " + names;
-                                                     return std::string();
-                                                   }},
+       [](const Config& c, const Environment&) -> std::string {
+         std::string names;
+         for (const auto& known : lora_targets()) names += (names.empty() ? "" : ", ") + std::string(known.name);
+         for (const auto& t : c.lora.targets)
+           if (peft_module(t).empty()) return "unknown target '" + t + "'; use " + names;
+         return std::string();
+       }},
       {"lora.targets",
-       [](const Config& c, const Environment&) -> std::
-                                                   string {
-                                                     const auto& t = c.lora.targets;
-                                                     return c.lora.enabled && c.model.shape.tie_embeddings &&
-                                                                    std::find(t.begin(), t.end(), "output") != t.end()
-                                                                ? "this model ties its output projection to the "
-                                                                  "embedding; adapt other projections (drop \"output\")"
-                                                                : "";
-                                                   }},
+       [](const Config& c, const Environment&) -> std::string {
+         const auto& t = c.lora.targets;
+         return c.lora.enabled && c.model.shape.tie_embeddings && std::find(t.begin(), t.end(), "output") != t.end()
+                    ? "this model ties its output projection to the "
+                      "embedding; adapt other projections (drop \"output\")"
+                    : "";
+       }},
       {"lora.targets",
-       [](const Config& c, const Environment&)
-           -> std::
-               string {
-                 return c.lora.enabled && c.lora.targets.empty()
-                            ? "LoRA with no targets trains nothing; list some of q, k, v, o, gate, up, down"
-                            : "";
-               }},
+       [](const Config& c, const Environment&) -> std::string {
+         return c.lora.enabled && c.lora.targets.empty()
+                    ? "LoRA with no targets trains nothing; list some of q, k, v, o, gate, up, down"
+                    : "";
+       }},
       {"lora.adapter_path",
-       [](const Config& c, const Environment& env)
-           -> std::
-               string {
-                 if (c.lora.adapter_path.empty()) return "";
-                 if (!c.lora.enabled) return "only used with LoRA; set lora.enabled = true or remove it";
-                 if (!env.local) return "";
-                 try {  // adapter_config.json as PEFT writes it, every key accounted for (checkpoint/peft.h)
-                   const PeftAdapter p = read_peft_config(c.lora.adapter_path, c.model.shape);
-                   if (p.rank != c.lora.rank)
-                     return "the adapter has rank " + std::to_string(p.rank) + "; set lora.rank to match";
-                   if (p.alpha != c.lora.alpha)
-                     return "the adapter has lora_alpha " + std::to_string(p.alpha) + "; set lora.alpha to match";
-                   if (p.rslora != c.lora.rslora)
-                     return std::string("the adapter ") + (p.rslora ? "uses" : "does not use") +
-                            " rsLoRA (use_rslora); set lora.rslora to match";
-                   std::vector<std::string> want = c.lora.targets, have = p.targets;
-                   std::sort(want.begin(), want.end());
-                   std::sort(have.begin(), have.end());
-                   if (want != have) {
-                     std::string names;
-                     for (const auto& t : p.targets) names += (names.empty() ? "" : ", ") + t;
-                     return "the adapter targets " + names + "; set lora.targets to the same";
-                   }
-                 } catch (const std::exception& e) {
-                   return e.what();
-                 }
-                 return "";
-               }},
+       [](const Config& c, const Environment& env) -> std::string {
+         if (c.lora.adapter_path.empty()) return "";
+         if (!c.lora.enabled) return "only used with LoRA; set lora.enabled = true or remove it";
+         if (!env.local) return "";
+         try {  // adapter_config.json as PEFT writes it, every key accounted for (checkpoint/peft.h)
+           const PeftAdapter p = read_peft_config(c.lora.adapter_path, c.model.shape);
+           if (p.rank != c.lora.rank)
+             return "the adapter has rank " + std::to_string(p.rank) + "; set lora.rank to match";
+           if (p.alpha != c.lora.alpha)
+             return "the adapter has lora_alpha " + std::to_string(p.alpha) + "; set lora.alpha to match";
+           if (p.rslora != c.lora.rslora)
+             return std::string("the adapter ") + (p.rslora ? "uses" : "does not use") +
+                    " rsLoRA (use_rslora); set lora.rslora to match";
+           std::vector<std::string> want = c.lora.targets, have = p.targets;
+           std::sort(want.begin(), want.end());
+           std::sort(have.begin(), have.end());
+           if (want != have) {
+             std::string names;
+             for (const auto& t : p.targets) names += (names.empty() ? "" : ", ") + t;
+             return "the adapter targets " + names + "; set lora.targets to the same";
+           }
+         } catch (const std::exception& e) {
+           return e.what();
+         }
+         return "";
+       }},
       {"quant.base",
-       [](const Config& c, const Environment&)
-           -> std::
-               string {
-                 if (c.model.hf_nf4 && c.quant.base != QuantBase::nf4)
-                   return "model.hf_path holds bitsandbytes NF4 weights (its config.json's quantization_config); set "
-                          "quant.base = \"nf4\" to train adapters on them as stored, or use the unquantized model";
-                 return c.quant.base == QuantBase::nf4 && !c.lora.enabled
-                            ? "an NF4 base is frozen, so nothing would train; set lora.enabled = true or quant.base = "
-                              "\"none\""
-                            : "";
-               }},
+       [](const Config& c, const Environment&) -> std::string {
+         if (c.model.hf_nf4 && c.quant.base != QuantBase::nf4)
+           return "model.hf_path holds bitsandbytes NF4 weights (its config.json's quantization_config); set "
+                  "quant.base = \"nf4\" to train adapters on them as stored, or use the unquantized model";
+         return c.quant.base == QuantBase::nf4 && !c.lora.enabled
+                    ? "an NF4 base is frozen, so nothing would train; set lora.enabled = true or quant.base = "
+                      "\"none\""
+                    : "";
+       }},
       {"quant.double_quant",
-       [](const Config& c,
-          const Environment&) -> std::
-                                  string {
-                                    if (!c.model.hf_nf4 || c.quant.base != QuantBase::nf4 ||
-                                        c.quant.double_quant == c.model.hf_nf4_double_quant)
-                                      return "";
-                                    return std::string("model.hf_path's NF4 statistics are ") +
-                                           (c.model.hf_nf4_double_quant ? "" : "not ") +
-                                           "double-quantized (bnb_4bit_use_double_quant); set quant.double_quant = " +
-                                           (c.model.hf_nf4_double_quant ? "true" : "false") + " to load them as stored";
-                                  }},
+       [](const Config& c, const Environment&) -> std::string {
+         if (!c.model.hf_nf4 || c.quant.base != QuantBase::nf4 || c.quant.double_quant == c.model.hf_nf4_double_quant)
+           return "";
+         return std::string("model.hf_path's NF4 statistics are ") + (c.model.hf_nf4_double_quant ? "" : "not ") +
+                "double-quantized (bnb_4bit_use_double_quant); set quant.double_quant = " +
+                (c.model.hf_nf4_double_quant ? "true" : "false") + " to load them as stored";
+       }},
 
   };
-  return kRules;
+  static const std::vector<Rule> kAll = [] {
+    std::vector<Rule> all = kRules;
+    all.insert(all.end(), kTrainingRules.begin(), kTrainingRules.end());
+    return all;
+  }();
+  return kAll;
 }
 
 }  // namespace

@@ -329,6 +329,45 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
   return tokenize_parts(tok, parts, train_on_prompt);
 }
 
+std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
+                                   const std::vector<ChatMessage>& messages) {
+  if (messages.empty() || messages.back().role != "user")
+    throw RuntimeError("a prompt to answer must end with a user message");
+  std::vector<int32_t> ids = render_chat(tok, f, messages, /*train_on_prompt=*/true).ids;
+  std::vector<Part> cue;
+  switch (f.kind) {
+    case ChatTemplate::llama3:
+    case ChatTemplate::llama3_1:
+    case ChatTemplate::llama3_2:
+      cue = {{"<|start_header_id|>", false}, {"assistant", false}, {"<|end_header_id|>", false}, {"\n\n", false}};
+      break;
+    case ChatTemplate::qwen2_5:
+    case ChatTemplate::qwen3:
+    case ChatTemplate::chatml:
+      cue = {{"<|im_start|>", false}, {"assistant\n", false}};
+      break;
+    case ChatTemplate::mistral:
+    case ChatTemplate::automatic:
+      break;
+  }
+  const std::vector<int32_t> more = tokenize_parts(tok, cue, true).ids;
+  ids.insert(ids.end(), more.begin(), more.end());
+  return ids;
+}
+
+std::string end_of_turn(const ChatFormat& f) {
+  switch (f.kind) {
+    case ChatTemplate::qwen2_5:
+    case ChatTemplate::qwen3:
+    case ChatTemplate::chatml:
+      return "<|im_end|>";
+    case ChatTemplate::mistral:
+      return "</s>";
+    default:
+      return "<|eot_id|>";
+  }
+}
+
 Sample render_document(const Tokenizer& tok, const ChatFormat& f,
                        const std::vector<std::pair<std::string, bool>>& parts, bool train_all) {
   Sample s;

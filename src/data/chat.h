@@ -75,6 +75,15 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested);
 Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::vector<ChatMessage>& messages,
                    bool train_on_prompt);
 
+// A prompt for the model to answer: the conversation (ending with a user turn) followed by the
+// template's generation prompt — what apply_chat_template(add_generation_prompt=True) renders:
+// Llama 3's "<|start_header_id|>assistant<|end_header_id|>\n\n", ChatML's / Qwen's
+// "<|im_start|>assistant\n", nothing for Mistral (its last [/INST] is the cue).
+std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& format,
+                                   const std::vector<ChatMessage>& messages);
+// The token that ends a reply in this format: <|eot_id|>, <|im_end|> or </s>.
+std::string end_of_turn(const ChatFormat& format);
+
 // bos, the parts (each trained or not), eos (trained), markers left out where there are none.
 Sample render_document(const Tokenizer& tok, const ChatFormat& format,
                        const std::vector<std::pair<std::string, bool>>& parts, bool train_all);

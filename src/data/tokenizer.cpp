@@ -323,6 +323,9 @@ struct Tokenizer::Impl {
     bool split_words = true;  // metaspace: split before each replacement
   };
   std::vector<PreStep> pre;
+  // The post-processor's special tokens around a single text; what it holds that is not read.
+  std::vector<int32_t> special_prefix, special_suffix;
+  std::string post_unsupported;
   bool classes_by_regex = false;  // a pre-tokenizer regex classes characters with Unicode properties
 
   // BPE.
@@ -778,6 +781,30 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     }
     std::stable_sort(m.added.begin(), m.added.end(),
                      [](const Impl::Added& a, const Impl::Added& b) { return a.content.size() > b.content.size(); });
+
+    // The post-processor: the special tokens HF's encode(add_special_tokens=True) puts around one
+    // text. Read for encode_with_special_tokens; one that is not understood is named there.
+    if (present(j, "post_processor"))
+      for (const auto& step : steps_of(j.at("post_processor"), "processors")) {
+        const std::string t = step.value("type", "");
+        if (t == "ByteLevel") continue;  // offsets only: no ids
+        if (t != "TemplateProcessing") {
+          m.post_unsupported = "post_processor '" + t + "'";
+          continue;
+        }
+        bool after = false;
+        for (const auto& piece : step.at("single")) {
+          if (piece.contains("Sequence") && piece.at("Sequence").value("id", "") == "A" && !after) {
+            after = true;
+          } else if (piece.contains("SpecialToken")) {
+            const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
+            for (const auto& id : step.at("special_tokens").at(name).at("ids"))
+              (after ? m.special_suffix : m.special_prefix).push_back(m.token_id(id, name));
+          } else {
+            m.post_unsupported = "post_processor TemplateProcessing piece " + piece.dump();
+          }
+        }
+      }
   } catch (const json::exception& e) {
     m.fail(std::string("malformed tokenizer.json: ") + e.what());
   }
@@ -786,6 +813,18 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+std::vector<int32_t> Tokenizer::encode_with_special_tokens(const std::string& text) const {
+  const Impl& m = *impl_;
+  if (!m.post_unsupported.empty())
+    throw RuntimeError(m.path + ": the " + m.post_unsupported +
+                       " is not supported (ptrain reads TemplateProcessing and ByteLevel post-processors)");
+  std::vector<int32_t> ids = m.special_prefix;
+  const std::vector<int32_t> body = encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), m.special_suffix.begin(), m.special_suffix.end());
+  return ids;
+}
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool text_start) const {
   const Impl& m = *impl_;

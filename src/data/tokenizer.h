@@ -41,6 +41,11 @@ class Tokenizer {
   // (Metaspace's "first" prepend scheme then adds nothing): how a chat template's pieces between
   // special tokens are encoded.
   std::vector<int32_t> encode(const std::string& text, bool text_start = true) const;
+  // HF's encode(text) with add_special_tokens=True: encode() inside the special tokens the
+  // tokenizer.json's post-processor adds (TemplateProcessing's single template, e.g. Llama 3's
+  // <|begin_of_text|>; ByteLevel adds none). Throws RuntimeError naming a post-processor it
+  // does not read.
+  std::vector<int32_t> encode_with_special_tokens(const std::string& text) const;
   // The text of `ids` as HF's decode(skip_special_tokens=False) gives it; throws on an id
   // outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;

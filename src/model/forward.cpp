@@ -51,6 +51,21 @@ at::Tensor llama_logits(WeightSource& source, const LlamaShape& shape, const Rop
   return logits;
 }
 
+at::Tensor llama_next_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
+                             const at::Tensor& inputs) {
+  at::NoGradGuard no_grad;
+  at::Tensor logits;
+  const int64_t B = inputs.size(0), T = inputs.size(1);
+  llama_forward(source, shape, rope, inputs,
+                [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+                  const at::Tensor last = h.view({B, T, shape.dim}).select(1, T - 1);
+                  logits = at::linear(last, out).to(at::kFloat);
+                  if (adapter)
+                    logits += at::linear(at::linear(last, adapter->a), adapter->b).to(at::kFloat) * adapter->scale;
+                });
+  return logits;
+}
+
 DenseWeights::DenseWeights(const LlamaShape& shape, c10::ScalarType dtype, const at::Device& device)
     : shape_(shape), layouts_(llama_units(shape, 0.0)) {
   for (const auto& l : layouts_)
@@ -78,7 +93,8 @@ at::Tensor DenseWeights::embedding() { return embedding_weight(flats_.front(), l
 
 at::Tensor DenseWeights::block(int64_t layer, const at::Tensor& x, const RopeTables& rope) {
   const auto unit = static_cast<size_t>(layer + 1);
-  return block_forward(BlockWeights::from_flat(flats_[unit], layouts_[unit]), x, rope, shape_);
+  return block_forward(BlockWeights::from_flat(flats_[unit], layouts_[unit]), x, rope, shape_, nullptr,
+                       cache_layer(rope, layer));
 }
 
 HeadWeights DenseWeights::head() { return HeadWeights::from_flat(flats_.back(), layouts_.back(), embedding(), shape_); }

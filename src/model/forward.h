@@ -50,6 +50,11 @@ LossSum llama_loss_sum(WeightSource& source, const LlamaShape& shape, const Rope
 at::Tensor llama_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
                         const at::Tensor& inputs);
 
+// Logits [B, vocab] in float32 of each sequence's last position, no autograd (decoding: with a
+// KV cache in `rope`, inputs are the new tokens after the cached ones).
+at::Tensor llama_next_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
+                             const at::Tensor& inputs);
+
 // A whole dense model in memory: one flat buffer per unit of llama_units(shape), in one dtype.
 class DenseWeights : public WeightSource {
  public:

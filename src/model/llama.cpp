@@ -92,6 +92,33 @@ RopeTables rope_tables(const LlamaShape& s, int64_t seq_len, const at::Device& d
   return r;
 }
 
+KvCache::KvCache(const LlamaShape& s, int64_t batch, int64_t capacity, c10::ScalarType dtype, const at::Device& device)
+    : capacity(capacity) {
+  for (int64_t l = 0; l < s.n_layers; ++l)
+    layers.push_back({at::empty({batch, s.n_kv_heads, capacity, s.head_dim}, at::TensorOptions(dtype).device(device)),
+                      at::empty({batch, s.n_kv_heads, capacity, s.head_dim}, at::TensorOptions(dtype).device(device))});
+}
+
+int64_t KvCache::bytes() const {
+  int64_t n = 0;
+  for (const auto& l : layers) n += static_cast<int64_t>(l.k.nbytes() + l.v.nbytes());
+  return n;
+}
+
+RopeTables cached_positions(const RopeTables& tables, KvCache& cache, int64_t T) {
+  TORCH_CHECK(cache.length + T <= cache.capacity, "the KV cache holds ", cache.capacity, " positions; ", cache.length,
+              " + ", T, " do not fit");
+  TORCH_CHECK(cache.length + T <= tables.cos.size(0), "the RoPE tables are shorter than the cached positions");
+  RopeTables r;
+  r.cos = tables.cos;
+  r.sin = tables.sin;
+  const int64_t half = tables.cos.size(1);
+  r.token_cos = tables.cos.narrow(0, cache.length, T).view({1, T, 1, half});
+  r.token_sin = tables.sin.narrow(0, cache.length, T).view({1, T, 1, half});
+  r.cache = &cache;
+  return r;
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // ATen's fused RMSNorm (float32 accumulation); in float32 it is bit-identical to HF's
   // weight * (x * rsqrt(mean(x^2) + eps)) and about 1.5x faster forward + backward on CPU.
@@ -262,7 +289,7 @@ at::Tensor heads_with_rope(const at::Tensor& x, int64_t heads, const at::Tensor&
 }  // namespace
 
 at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope, const LlamaShape& s,
-                         const BlockLora* lora) {
+                         const BlockLora* lora, KvCache::Layer* kv) {
   const int64_t B = x.size(0), T = x.size(1), hd = s.head_dim;
   const int64_t Q = s.q_dim(), KV = s.kv_dim();
 
@@ -273,14 +300,34 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
   at::Tensor q = heads_with_rope(qkv[0], s.n_heads, w.q_norm, rope, s);
   at::Tensor k = heads_with_rope(qkv[1], s.n_kv_heads, w.k_norm, rope, s);
   at::Tensor v = qkv[2].reshape({B, T, s.n_kv_heads, hd}).transpose(1, 2);
-  // Packed documents attend within their own document (causal inside it); else plain causal.
-  at::Tensor attn =
-      rope.doc_mask.defined()
-          ? at::scaled_dot_product_attention(q, k, v, rope.doc_mask, /*dropout_p=*/0.0, /*is_causal=*/false,
-                                             /*scale=*/std::nullopt, /*enable_gqa=*/s.n_kv_heads != s.n_heads)
-          : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                             /*is_causal=*/true, /*scale=*/std::nullopt,
-                                             /*enable_gqa=*/s.n_kv_heads != s.n_heads);
+  // Which held positions each new token sees. Without a cache the new tokens are all there is
+  // (start = 0); with one they follow its `start` positions, whose keys and values come first.
+  // Token i (position start + i) sees positions j <= start + i and, with a sliding window
+  // (Mistral), only the last `sliding_window` of them: j > start + i - window.
+  const int64_t start = kv ? rope.cache->length : 0;
+  if (kv) {
+    kv->k.narrow(2, start, T).copy_(k);
+    kv->v.narrow(2, start, T).copy_(v);
+    k = kv->k.narrow(2, 0, start + T);
+    v = kv->v.narrow(2, 0, start + T);
+  }
+  const int64_t window = s.sliding_window;
+  const bool windowed = window > 0 && start + T > window;
+  TORCH_CHECK(!(windowed && rope.doc_mask.defined()), "packed rows longer than the sliding window (", window,
+              " positions) are not supported");
+  std::optional<at::Tensor> mask;  // none: plain causal (or, one new token after the cache, every position)
+  if (rope.doc_mask.defined()) {   // packed documents attend within their own document, causally
+    mask = rope.doc_mask;
+  } else if ((start > 0 && T > 1) || windowed) {
+    const at::Tensor ones = at::ones({T, start + T}, at::TensorOptions(at::kBool).device(x.device()));
+    at::Tensor allowed = ones.tril(start);
+    if (windowed) allowed = allowed.logical_and(ones.tril(start - window).logical_not());
+    mask = allowed;
+  }
+  const at::Tensor attn = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
+                                                           /*is_causal=*/!mask && start == 0,
+                                                           /*scale=*/std::nullopt,
+                                                           /*enable_gqa=*/s.n_kv_heads != s.n_heads);
   at::Tensor ao = attn.transpose(1, 2).reshape({B, T, Q});
   at::Tensor h = x + with_lora(base_linear(w, MatrixGroup::o, ao), lora, Proj::o, ao);
 

@@ -16,8 +16,24 @@ namespace nf4 {
 struct Quantized;
 }
 
+// Decoding state: every layer's keys (after RoPE) and values of the positions so far, in
+// buffers of `capacity` positions allocated once. A forward over new tokens with a cache runs
+// them at positions [length, length + T), appends their keys and values, and attends over all
+// held positions (causally among the new ones).
+struct KvCache {
+  struct Layer {
+    at::Tensor k, v;  // [batch, n_kv_heads, capacity, head_dim]
+  };
+  std::vector<Layer> layers;
+  int64_t length = 0;  // positions held: the next token's position
+  int64_t capacity = 0;
+  KvCache(const LlamaShape& shape, int64_t batch, int64_t capacity, c10::ScalarType dtype, const at::Device& device);
+  int64_t bytes() const;  // of the buffers (all layers, keys and values)
+};
+
 // RoPE tables in float32 for positions [0, seq_len): cos/sin of shape [seq_len, head_dim/2],
 // with Llama-3.1 frequency scaling when shape.rope_scaling.factor > 0 (same math as HF).
+// With the fields below, the attention context of one forward (every block reads it).
 struct RopeTables {
   at::Tensor cos;
   at::Tensor sin;
@@ -29,6 +45,8 @@ struct RopeTables {
   at::Tensor positions;
   at::Tensor doc_mask;
   at::Tensor token_cos, token_sin;  // packed: cos/sin at each token's position [B, T, 1, head_dim/2]
+  // Decoding (cached_positions): the cache the blocks extend; null otherwise.
+  KvCache* cache = nullptr;
 };
 // `tables` for a batch of packed documents: doc_ids [B, T] numbers each token's document
 // (consecutive tokens of one document share an id); positions restart at 0 in each document,
@@ -36,6 +54,8 @@ struct RopeTables {
 // dtype: the compute dtype).
 RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids,
                             c10::ScalarType mask_dtype = c10::kFloat);
+// `tables` for T new tokens after the cache's `length` positions (tables must cover length + T).
+RopeTables cached_positions(const RopeTables& tables, KvCache& cache, int64_t T);
 at::Tensor rope_inv_freq(const LlamaShape& shape);
 RopeTables rope_tables(const LlamaShape& shape, int64_t seq_len, const at::Device& device);
 
@@ -98,8 +118,13 @@ struct BlockLora {
 // One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x: [B, T, dim]. The family's
 // variations come from the weights present: projection biases, and (qwen3) an RMSNorm over each
 // head of q and k before RoPE. With `lora`, each targeted projection adds its adapter's delta to
-// the frozen base's output (its bias included).
+// the frozen base's output (its bias included). With `kv` (this block's layer of rope.cache),
+// the keys and values of x's tokens are appended there and attention covers every held position.
 at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope, const LlamaShape& shape,
-                         const BlockLora* lora = nullptr);
+                         const BlockLora* lora = nullptr, KvCache::Layer* kv = nullptr);
+// The cache layer of block `layer` in rope's attention context, or null when not decoding.
+inline KvCache::Layer* cache_layer(const RopeTables& rope, int64_t layer) {
+  return rope.cache ? &rope.cache->layers[static_cast<size_t>(layer)] : nullptr;
+}
 
 }  // namespace ptrain

@@ -117,6 +117,9 @@ class FsdpModel : public WeightSource {
                     const at::Tensor& doc_ids = at::Tensor());
   // Logits [B*T, vocab] in float32, no autograd (tests, inspection: materialises them all).
   at::Tensor logits(const at::Tensor& inputs);
+  // Decoding: logits [B, vocab] (float32) of the last of `inputs` [B, T], the new tokens after
+  // the cache's positions, which it appends to the cache (cache.length += T). No autograd.
+  at::Tensor next_logits(const at::Tensor& inputs, KvCache& cache);
 
   // The base units: embedding, blocks, head.
   std::vector<FlatUnit>& units() { return units_; }

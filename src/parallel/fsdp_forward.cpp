@@ -224,7 +224,7 @@ at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTa
     x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
   const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, nf4_weights(i))
                                             : BlockWeights::from_flat(w, units_[i].layout);
-  x = block_forward(bw, x, rope, shape_, a.defined() ? &lora : nullptr);
+  x = block_forward(bw, x, rope, shape_, a.defined() ? &lora : nullptr, cache_layer(rope, layer));
   if (!training_ || options_.reshard_after_forward) {
     release_block(i);
     if (training_) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::regather);
@@ -273,6 +273,14 @@ at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& t
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                              const at::Tensor& doc_ids) {
   return llama_loss_sum(*this, shape_, batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
+}
+
+at::Tensor FsdpModel::next_logits(const at::Tensor& inputs, KvCache& cache) {
+  const int64_t T = inputs.size(1);
+  const RopeTables r = cached_positions(rope(cache.length + T), cache, T);
+  at::Tensor logits = llama_next_logits(*this, shape_, r, inputs);
+  cache.length += T;
+  return logits;
 }
 
 at::Tensor FsdpModel::logits(const at::Tensor& inputs) {

@@ -35,7 +35,7 @@ expect 0 "usage:" -- "$bin" --help
 expect 0 "^ptrain [0-9]" -- "$bin" --version
 expect 2 "usage:" -- "$bin"
 expect 2 "unknown command 'trian'; did you mean train\?" -- "$bin" trian --config "$tmp/ok.toml"
-for cmd in train check eval compare export tokenize; do  # every subcommand's own help, its flags listed
+for cmd in train check eval compare export generate tokenize; do  # every subcommand's own help, its flags listed
   expect 0 "^usage: ptrain $cmd .*--" -- "$bin" $cmd --help
   expect 0 "^  --help" -- "$bin" $cmd -h
 done
@@ -80,6 +80,26 @@ expect 0 "" -- "$bin" "${chat[@]}" --set training.steps=2 --set training.eval_ev
 expect 0 "\"data\": \"samples:[0-9a-f]{16}\"" -- cat "$tmp/chatrun/checkpoints/step_2/meta.json"
 expect 0 "the data differs from the checkpoint's" -- "$bin" "${chat[@]}" --set training.steps=3 --set training.eval_every=0 --set run.output_dir="$tmp/chatrun" --set checkpoint.resume=auto --set data.packing=false
 expect 2 "data.path: no such file 'data/chats.jsonl'" -- "$bin" check --config "$src/configs/llama3_8b_qlora.toml"
+# generate: what to answer, the sampling settings, a tokenizer for text, room for the prompt.
+gen=(generate "${chat[@]}" --max-new-tokens 4)
+expect 2 "what to answer: --prompt TEXT, --chat" -- "$bin" "${gen[@]}"
+expect 2 "--in needs --out" -- "$bin" "${gen[@]}" --in "$tmp/chats.jsonl"
+expect 2 "--prompt and --in: give one or the other" -- "$bin" "${gen[@]}" --prompt hi --in "$tmp/chats.jsonl" --out "$tmp/a.jsonl"
+expect 2 "--temperature must be >= 0" -- "$bin" "${gen[@]}" --prompt hi --temperature -1
+expect 2 "--temperature must be a number" -- "$bin" "${gen[@]}" --prompt hi --temperature warm
+expect 2 "--top-p must be in \(0, 1\]" -- "$bin" "${gen[@]}" --prompt hi --temperature 1 --top-p 1.5
+expect 2 "give a --temperature > 0 with them" -- "$bin" "${gen[@]}" --prompt hi --top-k 5
+expect 2 "--max-new-tokens must be an integer >= 1" -- "$bin" "${gen[@]}" --prompt hi --max-new-tokens 0
+expect 2 "the prompt has [0-9]+ tokens; the model has 256 positions" -- "$bin" "${gen[@]}" --prompt "$(head -c 3000 "$tmp/corpus.txt")"
+expect 2 "text prompts need the model's tokenizer: no --tokenizer, data.tokenizer or model.hf_path" -- "$bin" generate --config "$tmp/ok.toml" --prompt hi
+expect 2 "text prompts need the model's tokenizer: .*no tokenizer file" -- "$bin" generate --config "$tmp/ok.toml" --prompt hi --tokenizer "$tmp"
+echo '{"ids": [1, 2, 3]}' > "$tmp/ids.jsonl"; echo '{"prompt": 7}' > "$tmp/bad_prompt.jsonl"
+expect 0 "wrote 1 answers" -- "$bin" generate --config "$tmp/ok.toml" --in "$tmp/ids.jsonl" --out "$tmp/ids_out.jsonl" --max-new-tokens 3
+expect 0 "\"finish\":\"length\".*\"ids\":\[[0-9]+,[0-9]+,[0-9]+\]" -- cat "$tmp/ids_out.jsonl"
+expect 2 "bad_prompt.jsonl:1: a record needs \"prompt\" \(text\), \"messages\" \(a chat\) or \"ids\"" -- "$bin" "${gen[@]}" --in "$tmp/bad_prompt.jsonl" --out "$tmp/b.jsonl"
+expect 1 "not a complete checkpoint" -- "$bin" "${gen[@]}" --prompt hi --checkpoint "$tmp/nowhere"
+expect 0 "prompt [0-9]+ tokens in .* new tokens, decoded in .*tokens/s.*KV cache [0-9.]+ KiB" -- "$bin" "${gen[@]}" --chat --prompt "What is 2 + 2?" --system "Be brief."
+expect 0 "finished: (eos|stop|length)" -- bash -c "printf 'Hi\nWhat is 3 + 4?\n' | '$bin' ${gen[*]} --chat"
 # tokenize -> eval on the token file gives the same numbers as eval on the text.
 expect 0 "byte-level tokens" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$tmp/corpus.bin"
 a=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.txt" --json 2>/dev/null | sed 's/"data":"[^"]*",//')

@@ -1,0 +1,346 @@
+#include "train/generate.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "checkpoint/checkpoint.h"
+#include "common/error.h"
+#include "common/fs_util.h"
+#include "common/log.h"
+#include "config/config.h"
+#include "data/chat.h"
+#include "data/tokenizer.h"
+#include "parallel/collectives.h"
+#include "parallel/dist.h"
+#include "parallel/fsdp.h"
+#include "train/setup.h"
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The next token from float32 logits [vocab] on the CPU.
+int32_t pick(const at::Tensor& logits, const SamplingOptions& o, at::Generator& gen) {
+  if (o.temperature <= 0) return static_cast<int32_t>(logits.argmax().item<int64_t>());
+  at::Tensor l = logits / o.temperature;
+  const double inf = std::numeric_limits<double>::infinity();
+  if (o.top_k > 0 && o.top_k < l.size(0)) {  // ties with the k-th largest stay, as transformers' TopK
+    const at::Tensor kth = std::get<0>(l.topk(o.top_k)).min();
+    l = l.masked_fill(l < kth, -inf);
+  }
+  if (o.top_p < 1.0) {  // drop a token once the more probable ones reach top_p (at least one stays)
+    auto [sorted, order] = l.sort(/*dim=*/0, /*descending=*/true);
+    const at::Tensor probs = sorted.softmax(0);
+    const at::Tensor before = probs.cumsum(0) - probs;
+    at::Tensor drop = before >= o.top_p;
+    drop[0] = false;
+    l = l.index_put({order.masked_select(drop)}, at::scalar_tensor(-inf, l.options()));
+  }
+  return static_cast<int32_t>(at::multinomial(l.softmax(0), 1, false, gen).item<int64_t>());
+}
+
+// The length of `text`'s prefix of whole UTF-8 characters (a trailing incomplete sequence or a
+// replacement character, which a later token may complete, held back).
+size_t whole_characters(const std::string& text) {
+  size_t n = text.size();
+  if (n >= 3 && text.compare(n - 3, 3, "\xEF\xBF\xBD") == 0) return n - 3;
+  size_t i = n;
+  while (i > 0 && i > n - 4 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) --i;
+  if (i == 0) return n;
+  const auto lead = static_cast<unsigned char>(text[i - 1]);
+  const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  return n - (i - 1) < need ? i - 1 : n;
+}
+
+}  // namespace
+
+Completion complete(FsdpModel& model, const std::vector<int32_t>& prompt, const std::vector<int32_t>& eos,
+                    const SamplingOptions& o, const Tokenizer* tok,
+                    const std::function<void(const std::string&)>& on_text) {
+  const LlamaShape& s = model.shape();
+  const auto P = static_cast<int64_t>(prompt.size());
+  if (P == 0) throw UsageError("the prompt is empty");
+  if (P >= s.max_seq_len)
+    throw UsageError("the prompt has " + std::to_string(P) + " tokens; the model has " + std::to_string(s.max_seq_len) +
+                     " positions (model.max_seq_len) and needs one for the answer");
+  if (!o.stop.empty() && !tok) throw UsageError("stop strings need a tokenizer (data.tokenizer or model.hf_path)");
+  const int64_t capacity = std::min(P + o.max_new_tokens, s.max_seq_len);
+  at::NoGradGuard no_grad;
+  KvCache cache(s, 1, capacity, model.policy().compute_dtype, model.device());
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  Completion c;
+  c.prompt_tokens = P;
+  c.cache_bytes = cache.bytes();
+  const std::set<int32_t> stops(eos.begin(), eos.end());
+  size_t hold = 0;  // bytes held back while they could be the start of a stop string
+  for (const auto& stop : o.stop) hold = std::max(hold, stop.size() - 1);
+  size_t shown = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> ids64(prompt.begin(), prompt.end());
+  at::Tensor logits = model.next_logits(at::tensor(ids64, at::kLong).view({1, P}).to(model.device()), cache);
+  auto t1 = t0;
+  for (;;) {
+    const int32_t id = pick(logits[0].to(at::kCPU), o, gen);
+    if (c.ids.empty()) {
+      c.prompt_seconds = since(t0);
+      t1 = std::chrono::steady_clock::now();
+    }
+    c.ids.push_back(id);
+    if (stops.count(id)) {
+      c.finish = "eos";
+      break;
+    }
+    if (tok) {
+      c.text = tok->decode(c.ids);
+      size_t cut = std::string::npos;
+      for (const auto& stop : o.stop) cut = std::min(cut, c.text.find(stop));
+      if (cut != std::string::npos) {
+        c.text.resize(cut);
+        c.finish = "stop";
+        break;
+      }
+      const size_t ready = whole_characters(c.text.substr(0, c.text.size() > hold ? c.text.size() - hold : 0));
+      if (on_text && ready > shown) on_text(c.text.substr(shown, ready - shown));
+      shown = std::max(shown, ready);
+    }
+    // At most max_new_tokens, and prompt + answer within the model's positions.
+    if (static_cast<int64_t>(c.ids.size()) >= o.max_new_tokens || P + static_cast<int64_t>(c.ids.size()) >= capacity) {
+      c.finish = "length";
+      break;
+    }
+    logits = model.next_logits(at::full({1, 1}, id, at::kLong).to(model.device()), cache);
+  }
+  c.decode_seconds = since(t1);
+  if (tok) {
+    if (c.finish == "eos") c.text = tok->decode(std::vector<int32_t>(c.ids.begin(), c.ids.end() - 1));
+    if (on_text && c.text.size() > shown) on_text(c.text.substr(shown));
+  }
+  return c;
+}
+
+namespace {
+
+// The ids generation stops at: the model directory's generation_config.json eos_token_id (else
+// config.json's), the tokenizer's end-of-document token and, for chats, the template's end of turn.
+std::vector<int32_t> eos_ids(const Config& c, const Tokenizer* tok, const ChatFormat* format) {
+  std::set<int32_t> ids;
+  const auto add = [&](const json& v) {
+    if (v.is_number_integer()) ids.insert(v.get<int32_t>());
+    if (v.is_array())
+      for (const auto& x : v)
+        if (x.is_number_integer()) ids.insert(x.get<int32_t>());
+  };
+  if (!c.model.hf_path.empty()) {
+    for (const char* name : {"generation_config.json", "config.json"}) {
+      const fs::path p = fs::path(c.model.hf_path) / name;
+      if (!fs::is_regular_file(p)) continue;
+      const json j = json::parse(read_text_file(p.string()), nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+        add(j["eos_token_id"]);
+        break;
+      }
+    }
+  }
+  if (tok) {
+    if (const auto [bos, eos] = document_markers(*tok); !eos.empty())
+      if (auto id = tok->splitting_token(eos)) ids.insert(*id);
+    if (format)
+      if (auto id = tok->splitting_token(end_of_turn(*format))) ids.insert(*id);
+  }
+  return {ids.begin(), ids.end()};
+}
+
+std::string per_second(double n, double seconds) { return seconds > 0 ? log::grouped(n / seconds) + " tokens/s" : "-"; }
+
+void report(const Completion& c) {
+  log::info("prompt ", c.prompt_tokens, " tokens in ", log::fixed(c.prompt_seconds, 3), " s (",
+            per_second(static_cast<double>(c.prompt_tokens), c.prompt_seconds), ") | ", c.ids.size(),
+            " new tokens, decoded in ", log::fixed(c.decode_seconds, 3), " s after the first (",
+            per_second(static_cast<double>(c.ids.size()) - 1, c.decode_seconds), ") | KV cache ",
+            log::bytes(static_cast<double>(c.cache_bytes)), " | finished: ", c.finish);
+}
+
+std::vector<ChatMessage> messages_of(const json& list) {
+  if (!list.is_array() || list.empty())
+    throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
+  std::vector<ChatMessage> out;
+  for (const auto& m : list) {
+    if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+        !m["content"].is_string())
+      throw RuntimeError("each message needs \"role\" and \"content\" strings");
+    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_generate(const GenerateRequest& r) {
+  if (DistEnv::detect().world_size > 1)
+    throw UsageError("ptrain generate runs as one process; start it without mpirun");
+  if (!r.prompt.empty() && !r.in.empty()) throw UsageError("--prompt and --in: give one or the other");
+  if (!r.in.empty() && r.out.empty()) throw UsageError("--in needs --out (the answers' JSONL file)");
+  if (r.in.empty() && !r.out.empty()) throw UsageError("--out goes with --in");
+  if (r.prompt.empty() && r.in.empty() && !r.chat)
+    throw UsageError("what to answer: --prompt TEXT, --chat (interactive), or --in prompts.jsonl --out answers.jsonl");
+  if (!r.system.empty() && !r.chat && r.in.empty()) throw UsageError("--system goes with --chat or --in");
+  const SamplingOptions& o = r.sampling;
+  if (o.temperature < 0) throw UsageError("--temperature must be >= 0 (0: greedy)");
+  if (!(o.top_p > 0 && o.top_p <= 1)) throw UsageError("--top-p must be in (0, 1]");
+  if (o.temperature == 0 && (o.top_k > 0 || o.top_p < 1))
+    throw UsageError("--top-k / --top-p sample: give a --temperature > 0 with them (0 is greedy)");
+  for (const auto& s : o.stop)
+    if (s.empty()) throw UsageError("--stop needs a non-empty string");
+
+  const Config c = load_config(r.config, r.sets);
+  // The tokenizer, when there is one (an ids-only batch needs none).
+  std::unique_ptr<Tokenizer> tok;
+  std::string no_tokenizer;
+  const std::string tok_path = r.tokenizer.empty() ? c.tokenizer_path() : r.tokenizer;
+  try {
+    if (tok_path.empty()) throw RuntimeError("no --tokenizer, data.tokenizer or model.hf_path is given");
+    tok = std::make_unique<Tokenizer>(tok_path);
+  } catch (const RuntimeError& e) {
+    no_tokenizer = e.what();
+  }
+  const auto tokenizer = [&]() -> const Tokenizer& {
+    if (!tok) throw UsageError("text prompts need the model's tokenizer: " + no_tokenizer);
+    return *tok;
+  };
+  std::optional<ChatFormat> format;
+  const auto chat_format_of = [&]() -> const ChatFormat& {
+    if (!format) {
+      try {
+        format = chat_format(tokenizer(), c.data.chat_template);
+      } catch (const RuntimeError& e) {
+        throw UsageError(std::string("no chat template to render the prompt with: ") + e.what());
+      }
+    }
+    return *format;
+  };
+  if (!r.prompt.empty()) tokenizer();  // (before the model loads: a usage error costs nothing)
+  if (r.chat) chat_format_of();
+
+  const DistEnv single;
+  const c10::Device device = resolve_device(c, single);
+  auto model = build_model(c, device, make_collectives(single, "auto", device, c.parallel.timeout_s));
+  std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
+  if (!c.lora.adapter_path.empty()) source += " + adapters " + c.lora.adapter_path;
+  if (!r.checkpoint.empty()) {
+    TrainProgress progress;
+    load_checkpoint(r.checkpoint, *model, nullptr, progress);
+    source = r.checkpoint + " (step " + std::to_string(progress.step) + ")";
+  }
+  const std::vector<int32_t> eos = eos_ids(c, tok.get(), format ? &*format : nullptr);
+  std::string eos_text;
+  for (int32_t id : eos) eos_text += (eos_text.empty() ? "" : ", ") + std::to_string(id);
+  log::info("generating with ", source, " on ", device.str(), " (", name_of(c.precision.mode), ") | stops at ids [",
+            eos_text, "]", o.temperature > 0 ? " | sampling, seed " + std::to_string(o.seed) : " | greedy");
+
+  // A plain prompt as the tokenizer alone encodes it (its post-processor's special tokens).
+  const auto plain_prompt = [&](const std::string& text) { return tokenizer().encode_with_special_tokens(text); };
+  const auto stream = [](const std::string& piece) { std::cout << piece << std::flush; };
+
+  if (!r.in.empty()) {  // a batch: one answer per record, in order
+    std::ifstream in(r.in);
+    if (!in) throw UsageError("cannot open --in '" + r.in + "'");
+    std::vector<std::string> answers;
+    int64_t line = 0;
+    for (std::string text; std::getline(in, text);) {
+      ++line;
+      if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+      json record, answer;
+      std::vector<int32_t> prompt;
+      try {
+        record = json::parse(text);
+        if (!record.is_object()) throw RuntimeError("a record must be a JSON object");
+        if (record.contains("ids")) {
+          for (const auto& v : record["ids"]) {
+            if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.model.shape.vocab_size)
+              throw RuntimeError("\"ids\" must be token ids in [0, " + std::to_string(c.model.shape.vocab_size) + ")");
+            prompt.push_back(v.get<int32_t>());
+          }
+        } else if (record.contains("messages")) {
+          std::vector<ChatMessage> messages = messages_of(record["messages"]);
+          if (!r.system.empty() && messages.front().role != "system")
+            messages.insert(messages.begin(), {"system", r.system});
+          prompt = render_prompt(tokenizer(), chat_format_of(), messages);
+        } else if (record.contains("prompt") && record["prompt"].is_string()) {
+          prompt = plain_prompt(record["prompt"].get<std::string>());
+        } else {
+          throw RuntimeError("a record needs \"prompt\" (text), \"messages\" (a chat) or \"ids\"");
+        }
+      } catch (const json::exception& e) {
+        throw UsageError(r.in + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
+      } catch (const RuntimeError& e) {
+        throw UsageError(r.in + ":" + std::to_string(line) + ": " + e.what());
+      }
+      const bool text_out = !record.contains("ids") || tok;
+      const Completion done = complete(*model, prompt, eos, o, text_out ? tok.get() : nullptr);
+      report(done);
+      answer = record;
+      answer["prompt_ids"] = prompt;
+      answer["ids"] = done.ids;
+      if (text_out && tok) answer["text"] = done.text;
+      answer["finish"] = done.finish;
+      answer["eos"] = eos;
+      answers.push_back(answer.dump());
+    }
+    std::string all;
+    for (const auto& a : answers) all += a + "\n";
+    write_file_atomic(r.out, all);
+    log::info("wrote ", answers.size(), " answers to ", r.out);
+    return 0;
+  }
+  if (!r.prompt.empty()) {
+    const std::vector<int32_t> prompt =
+        r.chat ? render_prompt(tokenizer(), chat_format_of(),
+                               r.system.empty() ? std::vector<ChatMessage>{{"user", r.prompt}}
+                                                : std::vector<ChatMessage>{{"system", r.system}, {"user", r.prompt}})
+               : plain_prompt(r.prompt);
+    const Completion done = complete(*model, prompt, eos, o, &tokenizer(), stream);
+    std::cout << "\n";
+    report(done);
+    return 0;
+  }
+  // Interactive chat: each line a user turn; the conversation is kept. An empty line or the end
+  // of input ends it.
+  std::vector<ChatMessage> messages;
+  if (!r.system.empty()) messages.push_back({"system", r.system});
+  const bool terminal = ::isatty(STDIN_FILENO);
+  SamplingOptions turn = o;
+  for (;;) {
+    if (terminal) std::cout << "> " << std::flush;
+    std::string line;
+    if (!std::getline(std::cin, line) || line.empty()) break;
+    messages.push_back({"user", line});
+    const Completion done =
+        complete(*model, render_prompt(tokenizer(), chat_format_of(), messages), eos, turn, &tokenizer(), stream);
+    std::cout << "\n";
+    report(done);
+    messages.push_back({"assistant", done.text});
+    ++turn.seed;  // each turn its own draw
+  }
+  return 0;
+}
+
+}  // namespace ptrain
