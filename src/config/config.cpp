@@ -301,12 +301,21 @@ const std::vector<Key>& keys() {
                  R"(validation loss every N steps and at the end; 0 disables)"),
       PTRAIN_KEY("training", "eval_batches", training.eval_batches, R"(`4`)",
                  R"(micro-batches of consecutive validation windows per evaluation)"),
+      PTRAIN_KEY(
+          "training", "sample_prompts",
+          training.sample_prompts, R"(`[]`)", R"(prompts the model completes greedily at each evaluation (every rank takes part; rank 0 logs them and writes them to metrics.jsonl), with the tokenizer of `data.tokenizer` / `model.hf_path` (docs/generate.md))"),
+      PTRAIN_KEY("training", "sample_tokens", training.sample_tokens, R"(`32`)",
+                 R"(new tokens per sample prompt (fewer when an end-of-sequence token comes))"),
+      PTRAIN_KEY(
+          "training", "sample_chat", training.sample_chat, R"(`false`)",
+          R"(render each sample prompt as a user turn of the chat template (`data.chat_template`) rather than as plain text)"),
       PTRAIN_KEY("training", "device", training.device, R"(`"auto"`)",
                  R"(`auto` (CUDA if visible), `cpu`, `cuda` (an error without a GPU))"),
       PTRAIN_KEY("training", "threads", training.threads, R"(`0`)",
                  R"(CPU intra-op threads; 0 keeps LibTorch's default)"),
-      PTRAIN_KEY("optimizer", "name", optimizer.name, R"(`"adamw"`)",
-                 R"(`adamw` (float32 or bf16 moments per precision mode) or `adamw8bit` (bitsandbytes' blockwise 8-bit moments: uint8 codes + a float32 absmax per 256 elements, float32 moments for tensors under 4096 elements; ~2.03 B/param instead of 8))"),
+      PTRAIN_KEY(
+          "optimizer", "name", optimizer.name, R"(`"adamw"`)",
+          R"(`adamw` (float32 or bf16 moments per precision mode) or `adamw8bit` (bitsandbytes' blockwise 8-bit moments: uint8 codes + a float32 absmax per 256 elements, float32 moments for tensors under 4096 elements; ~2.03 B/param instead of 8))"),
       PTRAIN_KEY("optimizer", "lr", optimizer.lr, R"(`3e-4`)", R"(peak learning rate (> 0))"),
       PTRAIN_KEY("optimizer", "betas", optimizer.betas, R"(`[0.9, 0.95]`)", R"(Adam betas, each in [0, 1))"),
       PTRAIN_KEY("optimizer", "eps", optimizer.eps, R"(`1e-8`)", R"(Adam epsilon (> 0))"),

@@ -73,12 +73,15 @@ struct Config {
     double val_fraction = 0.05;  // held out for validation: the tail of a token stream; jsonl: samples
   } data;
   struct Training {
-    int64_t steps = 200;           // optimizer steps
-    int64_t grad_accum_steps = 1;  // micro-batches per optimizer step
-    double max_grad_norm = 1.0;    // global-norm clipping; 0 disables
-    int64_t log_every = 10;        // console + metrics.jsonl cadence (steps)
-    int64_t eval_every = 100;      // validation cadence (steps); 0 disables
-    int64_t eval_batches = 4;      // micro-batches per validation
+    int64_t steps = 200;                      // optimizer steps
+    int64_t grad_accum_steps = 1;             // micro-batches per optimizer step
+    double max_grad_norm = 1.0;               // global-norm clipping; 0 disables
+    int64_t log_every = 10;                   // console + metrics.jsonl cadence (steps)
+    int64_t eval_every = 100;                 // validation cadence (steps); 0 disables
+    int64_t eval_batches = 4;                 // micro-batches per validation
+    std::vector<std::string> sample_prompts;  // completed greedily at each eval and logged
+    int64_t sample_tokens = 32;               // new tokens per sample
+    bool sample_chat = false;                 // sample prompts rendered as a user turn of the chat template
     DeviceChoice device = DeviceChoice::automatic;
     int64_t threads = 0;  // CPU intra-op threads; 0 = LibTorch default
   } training;

@@ -279,6 +279,20 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const Environment&) -> std::string { return at_least(c.training.log_every, 1); }},
       {"training.eval_every",
        [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_every, 0); }},
+      {"training.sample_prompts",
+       [](const Config& c, const Environment&) -> std::string {
+         if (c.training.sample_prompts.empty()) return "";
+         if (c.training.eval_every <= 0) return "samples are taken at each evaluation: set training.eval_every > 0";
+         for (const auto& p : c.training.sample_prompts)
+           if (p.empty()) return "a sample prompt is empty";
+         return c.tokenizer_path().empty() ? "needs a tokenizer: set data.tokenizer (or model.hf_path)" : "";
+       }},
+      {"training.sample_tokens",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.training.sample_tokens, 1); }},
+      {"training.sample_chat",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.training.sample_chat && c.training.sample_prompts.empty() ? "applies to training.sample_prompts" : "";
+       }},
       {"training.eval_batches",
        [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_batches, 1); }},
       {"training.threads",

@@ -137,10 +137,6 @@ Completion complete(FsdpModel& model, const std::vector<int32_t>& prompt, const 
   return c;
 }
 
-namespace {
-
-// The ids generation stops at: the model directory's generation_config.json eos_token_id (else
-// config.json's), the tokenizer's end-of-document token and, for chats, the template's end of turn.
 std::vector<int32_t> eos_ids(const Config& c, const Tokenizer* tok, const ChatFormat* format) {
   std::set<int32_t> ids;
   const auto add = [&](const json& v) {
@@ -168,6 +164,8 @@ std::vector<int32_t> eos_ids(const Config& c, const Tokenizer* tok, const ChatFo
   }
   return {ids.begin(), ids.end()};
 }
+
+namespace {
 
 std::string per_second(double n, double seconds) { return seconds > 0 ? log::grouped(n / seconds) + " tokens/s" : "-"; }
 

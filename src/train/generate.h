@@ -10,6 +10,8 @@ namespace ptrain {
 
 class FsdpModel;
 class Tokenizer;
+struct Config;
+struct ChatFormat;
 
 struct SamplingOptions {
   int64_t max_new_tokens = 256;
@@ -39,6 +41,10 @@ struct Completion {
 Completion complete(FsdpModel& model, const std::vector<int32_t>& prompt, const std::vector<int32_t>& eos,
                     const SamplingOptions& options, const Tokenizer* tokenizer,
                     const std::function<void(const std::string&)>& on_text = nullptr);
+
+// The ids generation stops at: the model directory's generation_config.json eos_token_id (else
+// config.json's), the tokenizer's end-of-document token and, with a chat format, its end of turn.
+std::vector<int32_t> eos_ids(const Config& config, const Tokenizer* tokenizer, const ChatFormat* format);
 
 struct GenerateRequest {
   std::string config;

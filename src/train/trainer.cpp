@@ -8,19 +8,24 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "checkpoint/checkpoint.h"
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/log.h"
 #include "config/config.h"
+#include "data/chat.h"
 #include "data/rows.h"
+#include "data/tokenizer.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
+#include "train/generate.h"
 #include "train/memory.h"
 #include "train/metrics.h"
 #include "train/setup.h"
@@ -92,6 +97,7 @@ class Run {
                   c.lr_schedule.min_lr_ratio},
         data_(open_data(c, comm_.get(), device_)) {
     for (const auto& line : data_.report) log::info(line);
+    if (!c.training.sample_prompts.empty()) prepare_samples();
     if (rank_ == 0) {
       fs::create_directories(out_dir_);
       write_file_atomic(out_dir_ + "/config.resolved.toml", to_toml(c));
@@ -197,7 +203,43 @@ class Run {
               ws_ > 1 ? " (rank 0)" : "");
   }
 
+  // The sample prompts' ids (plain, or a user turn of the chat template); a tokenizer or template
+  // that cannot render them is a config problem, before training starts.
+  void prepare_samples() {
+    try {
+      sample_tok_ = std::make_unique<Tokenizer>(c_.tokenizer_path());
+      std::optional<ChatFormat> format;
+      if (c_.training.sample_chat) format = chat_format(*sample_tok_, c_.data.chat_template);
+      for (const auto& p : c_.training.sample_prompts)
+        samples_.push_back(format ? render_prompt(*sample_tok_, *format, {{"user", p}})
+                                  : sample_tok_->encode_with_special_tokens(p));
+      sample_eos_ = eos_ids(c_, sample_tok_.get(), format ? &*format : nullptr);
+    } catch (const RuntimeError& e) {
+      const Config::Origin o = c_.origin("training.sample_prompts");
+      throw ConfigError({{o.file, o.line, "training.sample_prompts", e.what()}});
+    }
+  }
+
+  // training.sample_prompts, completed greedily by every rank in step (the same tokens on each:
+  // every rank computes the same logits), logged by rank 0.
+  void sample() {
+    if (samples_.empty()) return;
+    SamplingOptions o;
+    o.max_new_tokens = c_.training.sample_tokens;
+    for (size_t i = 0; i < samples_.size(); ++i) {
+      const Completion done = complete(*model_, samples_[i], sample_eos_, o, sample_tok_.get());
+      log::info("sample step ", progress.step, " | ", c_.training.sample_prompts[i], " -> ",
+                nlohmann::json(done.text).dump(), " (", done.ids.size(), " tokens, ", done.finish, ")");
+      if (metrics_)
+        metrics_->write({{"step", progress.step},
+                         {"sample", static_cast<int64_t>(i)},
+                         {"prompt", c_.training.sample_prompts[i]},
+                         {"text", done.text}});
+    }
+  }
+
   void eval() {
+    sample();
     const int64_t B = c_.data.micro_batch_size;
     if (data_.rows->val_rows() == 0) return;
     EvalResult e = evaluate(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, c_.training.eval_batches * B);
@@ -243,6 +285,9 @@ class Run {
   std::unique_ptr<FsdpModel> model_;
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<Tokenizer> sample_tok_;      // training.sample_prompts: their tokenizer,
+  std::vector<std::vector<int32_t>> samples_;  // their ids,
+  std::vector<int32_t> sample_eos_;            // and where they stop
   int64_t tokens_per_step_ = 0;
   double flops_per_token_ = 0.0;
   std::string last_checkpoint_;

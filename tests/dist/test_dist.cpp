@@ -448,17 +448,28 @@ TEST(Dist, LoraMatchesAcrossWorldSizes) {
 
 // A JSONL chat dataset, padded and packed: a step's loss is the mean over the trained tokens of
 // all ranks, so np = 1, 2 and 3 (whose ranks hold different numbers of trained tokens) train
-// the same losses.
+// the same losses. Sample prompts are decoded at each evaluation at every world size.
 TEST(Dist, JsonlChatsTrainTheSameLossesAtAnyWorldSize) {
   for (const char* packing : {"false", "true"}) {
     SCOPED_TRACE(std::string("packing = ") + packing);
     test::TempDir dir;
     const std::string data = test::chat_jsonl(dir / "chats.jsonl", 150);
-    auto runs = runs_at(dir,
-                        "--set data.format=jsonl --set data.path=" + data + " --set data.packing=" + packing +
-                            " --set data.seq_len=96 --set training.steps=6 --set optimizer.lr=1e-2",
-                        {1, 2, 3}, "hf_path = \"" + test::fixture("hf_chat") + "\"\n");
+    auto runs =
+        runs_at(dir,
+                "--set data.format=jsonl --set data.path=" + data + " --set data.packing=" + packing +
+                    " --set data.seq_len=96 --set training.steps=6 --set optimizer.lr=1e-2 "
+                    "--set training.eval_every=3 --set training.sample_tokens=8 --set training.sample_chat=true "
+                    "--set 'training.sample_prompts=[\"What is 2 + 2?\", \"Hi\"]'",
+                {1, 2, 3}, "hf_path = \"" + test::fixture("hf_chat") + "\"\n");
     expect_same_curve(runs, 6, 1e-5);
+    // Every rank decoded the sample prompts in step at each evaluation (rank 0 wrote them).
+    for (const auto& [np, run] : runs) {
+      std::ifstream in(run.first + "/metrics.jsonl");
+      std::vector<int64_t> steps;
+      for (std::string line; std::getline(in, line);)
+        if (json j = json::parse(line); j.contains("sample")) steps.push_back(j["step"].get<int64_t>());
+      EXPECT_EQ(steps, (std::vector<int64_t>{3, 3, 6, 6})) << "np=" << np;
+    }
   }
 }
 

@@ -19,8 +19,10 @@
 #include "common/alloc_meter.h"
 #include "common/error.h"
 #include "config/config.h"
+#include "data/chat.h"
 #include "data/dataset.h"
 #include "data/parquet.h"
+#include "data/tokenizer.h"
 #include "model/layout.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
@@ -28,6 +30,7 @@
 #include "quant/nf4.h"
 #include "test_util.h"
 #include "train/export.h"
+#include "train/generate.h"
 #include "train/memory.h"
 #include "train/setup.h"
 #include "train/trainer.h"
@@ -397,6 +400,38 @@ TEST(Train, TheSampleCacheIsBuiltOnceAndRebuiltWhenItsInputsChange) {
   EXPECT_NE(repaired.find("into the cache"), std::string::npos) << repaired;
   EXPECT_EQ(repaired_rows, rows);
   EXPECT_NE(open(c).first.find("mapped from the cache"), std::string::npos);
+}
+
+// training.sample_prompts (plain text here): at each evaluation the model completes them greedily — the text
+// logged at step 4 is what `generate` (complete()) makes of the same prompt from the step-4
+// checkpoint — and metrics.jsonl keeps each one.
+TEST(Train, SamplePromptsAreCompletedAtEachEvaluation) {
+  test::TempDir dir;
+  const Config c = chat_config(dir, {"data.seq_len=128", "training.steps=8", "training.eval_every=4",
+                                     "optimizer.lr=1e-2", "training.sample_prompts=[\"What is 2 + 2?\", \"the model\"]",
+                                     "training.sample_tokens=10", "checkpoint.every_steps=4"});
+  ASSERT_EQ(train(c), 0);
+  std::map<std::pair<int64_t, int64_t>, std::string> logged;
+  std::ifstream in(dir / "run/metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (auto j = nlohmann::json::parse(line); j.contains("sample"))
+      logged[{j["step"].get<int64_t>(), j["sample"].get<int64_t>()}] = j["text"].get<std::string>();
+  ASSERT_EQ(logged.size(), 4u);  // steps 4 and 8, two prompts each
+  auto model = build_model(c, at::kCPU, test::local_comm());
+  TrainProgress progress;
+  load_checkpoint(dir / "run/checkpoints/step_4", *model, nullptr, progress);
+  const Tokenizer tok(c.tokenizer_path());
+  SamplingOptions o;
+  o.max_new_tokens = 10;
+  for (int64_t i = 0; i < 2; ++i) {
+    const Completion done = complete(*model, tok.encode_with_special_tokens(c.training.sample_prompts[i]),
+                                     eos_ids(c, &tok, nullptr), o, &tok);
+    EXPECT_EQ(done.text, logged.at({4, i})) << "prompt " << i;
+    EXPECT_GE(done.ids.size(), 3u) << "prompt " << i << ": too short an answer to tell models apart";
+  }
+  EXPECT_NE(logged.at({4, 0}), logged.at({8, 0}));  // training went on between the two
+  // A sample prompt needs evaluations to be printed at.
+  EXPECT_THROW(chat_config(dir, {"training.eval_every=0", "training.sample_prompts=[\"x\"]"}), ConfigError);
 }
 
 // A step's loss and gradient are the mean over all its trained tokens, whichever micro-batch
