@@ -671,6 +671,23 @@ TEST(Dist, RankZeroTokenizesIntoTheSampleCacheAndEveryRankMapsIt) {
   ASSERT_EQ(a.size(), 4u);
   for (const auto& [step, m] : a) EXPECT_EQ(m["loss"].get<double>(), b.at(step)["loss"].get<double>()) << step;
 
+  // `generate` reads the np = 3 checkpoint at world size 1: the same tokens as from its export.
+  test::write_text(dir / "ids.jsonl", "{\"ids\": [5, 17, 300, 2, 41]}\n{\"ids\": [900]}\n");
+  const std::string gen = bin() + " generate --config " + test::small_config(dir, "", 60000, model) + " " + flags +
+                          data + " --set data.tokenizer=" + test::fixture("hf_chat") + " --in " + (dir / "ids.jsonl") +
+                          " --max-new-tokens 12 --out ";
+  Proc sharded = sh(gen + (dir / "sharded.jsonl") + " --checkpoint " + (dir / "built/checkpoints/step_4"));
+  ASSERT_EQ(sharded.rc, 0) << sharded.output;
+  Proc exported = sh(bin() + " export --checkpoint " + (dir / "built/checkpoints/step_4") + " --out " + (dir / "hf"));
+  ASSERT_EQ(exported.rc, 0) << exported.output;
+  Proc whole = sh(gen + (dir / "whole.jsonl") + " --set model.hf_path=" + (dir / "hf"));
+  ASSERT_EQ(whole.rc, 0) << whole.output;
+  std::ifstream from_shards(dir / "sharded.jsonl"), from_export(dir / "whole.jsonl");
+  int answers = 0;
+  for (std::string x, y; std::getline(from_shards, x) && std::getline(from_export, y); ++answers)
+    EXPECT_EQ(json::parse(x)["ids"], json::parse(y)["ids"]);
+  EXPECT_EQ(answers, 2);
+
   // A build longer than parallel.timeout_s: the waiting ranks hear from rank 0 after each
   // block (16 MiB, half a second here), so nobody is declared dead.
   std::string big;

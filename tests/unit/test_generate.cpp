@@ -74,6 +74,13 @@ TEST(Generate, TheKvCacheGivesTheLogitsOfRecomputingTheWholeSequence) {
                        "adapter_path = \"" +
                            test::fixture("peft_tiny") + "\"\n");
   EXPECT_LT(worst_cached_vs_recomputed(*lora, {7, 7, 200, 13}, 30, 2), 1e-5);
+  // QLoRA: the base stays NF4 (its 4-bit linear) under the adapters.
+  auto qlora = model_of(dir, "hf_tiny",
+                        "[quant]\nbase = \"nf4\"\n[lora]\nenabled = true\nrank = 4\nalpha = 8.0\n"
+                        "targets = [\"q\", \"v\", \"down\"]\nadapter_path = \"" +
+                            test::fixture("peft_tiny") + "\"\n");
+  EXPECT_GT(qlora->nf4_bytes(), 0);
+  EXPECT_LT(worst_cached_vs_recomputed(*qlora, {7, 7, 200, 13}, 30, 2), 1e-5);
 }
 
 // complete(): greedy is the argmax chain; top_k = 1 and a tiny top_p leave only the most likely
