@@ -3,10 +3,10 @@
 the same model, dtype (float32) and CPU threads, side by side.
 
     $PTRAIN_VENV/bin/python bench/generate_speed.py [PTRAIN_BIN] [--threads 2] [--new 128] [--prompt 64]
-                                                    [--models 100m,10m]
+                                                    [--models 100m,7m]
 
 The models: Llamas of about 100M parameters (dim 640, 12 layers, 10 heads / 5 KV heads, FFN 1,728,
-vocabulary 32,000) and 10M (dim 256, 4 layers, 4 / 2 heads, FFN 688, vocabulary 8,000), random
+vocabulary 32,000) and 7M (dim 256, 4 layers, 4 / 2 heads, FFN 688, vocabulary 8,000), random
 weights saved by transformers as HF directories, no end-of-sequence token (both decode exactly
 NEW tokens). The prompt: PROMPT random ids. Each side runs in its own
 process, twice (the second is reported): ptrain's own prompt / decode tokens/s and its peak RSS;
@@ -54,7 +54,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--models", default="100m,10m")
+    ap.add_argument("--models", default="100m,7m")
     args = ap.parse_args()
     for name in args.models.split(","):
         bench(args, name)
@@ -62,7 +62,7 @@ def main():
 
 SPECS = {"100m": dict(hidden_size=640, num_hidden_layers=12, num_attention_heads=10, num_key_value_heads=5,
                       intermediate_size=1728, vocab_size=32000),
-         "10m": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+         "7m": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=688, vocab_size=8000)}
 
 
