@@ -248,6 +248,21 @@ int run_generate(const GenerateRequest& r) {
     load_checkpoint(r.checkpoint, *model, nullptr, progress);
     source = r.checkpoint + " (step " + std::to_string(progress.step) + ")";
   }
+  // A model directory's generation_config.json may ask for sampling settings that transformers
+  // applies by default; ptrain decodes as its flags say, and says which settings it leaves.
+  if (const fs::path gc = fs::path(c.model.hf_path) / "generation_config.json";
+      !c.model.hf_path.empty() && fs::is_regular_file(gc)) {
+    const json j = json::parse(read_text_file(gc.string()), nullptr, /*allow_exceptions=*/false);
+    std::string left;
+    if (j.is_object())
+      for (auto it = j.begin(); it != j.end(); ++it)
+        if (it.key() != "eos_token_id" && it.key() != "bos_token_id" && it.key() != "pad_token_id" &&
+            it.key() != "transformers_version" && it.key() != "_from_model_config")
+          left += (left.empty() ? "" : ", ") + it.key() + " = " + it.value().dump();
+    if (!left.empty())
+      log::warn(gc.string(), " sets ", left, "; ptrain generate decodes as its own flags say (--temperature ",
+                o.temperature, ", --top-k ", o.top_k, ", --top-p ", o.top_p, ") and reads only its eos_token_id");
+  }
   const std::vector<int32_t> eos = eos_ids(c, tok.get(), format ? &*format : nullptr);
   std::string eos_text;
   for (int32_t id : eos) eos_text += (eos_text.empty() ? "" : ", ") + std::to_string(id);
@@ -271,6 +286,9 @@ int run_generate(const GenerateRequest& r) {
       try {
         record = json::parse(text);
         if (!record.is_object()) throw RuntimeError("a record must be a JSON object");
+        const int kinds = static_cast<int>(record.contains("ids")) + static_cast<int>(record.contains("messages")) +
+                          static_cast<int>(record.contains("prompt"));
+        if (kinds > 1) throw RuntimeError("a record holds one of \"prompt\", \"messages\" and \"ids\", not several");
         if (record.contains("ids")) {
           for (const auto& v : record["ids"]) {
             if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.model.shape.vocab_size)

@@ -98,6 +98,11 @@ expect 0 "wrote 1 answers" -- "$bin" generate --config "$tmp/ok.toml" --in "$tmp
 expect 0 "\"finish\":\"length\".*\"ids\":\[[0-9]+,[0-9]+,[0-9]+\]" -- cat "$tmp/ids_out.jsonl"
 expect 2 "bad_prompt.jsonl:1: a record needs \"prompt\" \(text\), \"messages\" \(a chat\) or \"ids\"" -- "$bin" "${gen[@]}" --in "$tmp/bad_prompt.jsonl" --out "$tmp/b.jsonl"
 expect 1 "not a complete checkpoint" -- "$bin" "${gen[@]}" --prompt hi --checkpoint "$tmp/nowhere"
+echo '{"prompt": "hi", "ids": [1]}' > "$tmp/two_kinds.jsonl"
+expect 2 "two_kinds.jsonl:1: a record holds one of \"prompt\", \"messages\" and \"ids\", not several" -- "$bin" "${gen[@]}" --in "$tmp/two_kinds.jsonl" --out "$tmp/c.jsonl"
+cp -r "$src/tests/fixtures/hf_chat" "$tmp/hf_gen"; echo '{"do_sample": true, "temperature": 0.6, "eos_token_id": [2, 1004]}' > "$tmp/hf_gen/generation_config.json"
+expect 0 "generation_config.json sets do_sample = true, temperature = 0.6; ptrain generate decodes as its own flags say" -- "$bin" "${gen[@]}" --prompt hi --set model.hf_path="$tmp/hf_gen"
+expect 0 "stops at ids \[2, 1001, 1004\]" -- "$bin" "${gen[@]}" --prompt hi --set model.hf_path="$tmp/hf_gen"
 expect 0 "prompt [0-9]+ tokens in .* new tokens, decoded in .*tokens/s.*KV cache [0-9.]+ KiB" -- "$bin" "${gen[@]}" --chat --prompt "What is 2 + 2?" --system "Be brief."
 expect 0 "finished: (eos|stop|length)" -- bash -c "printf 'Hi\nWhat is 3 + 4?\n' | '$bin' ${gen[*]} --chat"
 # tokenize -> eval on the token file gives the same numbers as eval on the text.
