@@ -128,6 +128,40 @@ TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
   }
 }
 
+// The post-processor (what HF's encode(add_special_tokens=True) adds around one text, as
+// `generate` encodes plain prompts): TemplateProcessing's special tokens before and after the
+// text, ByteLevel adding none; a post-processor ptrain does not read is named when it is needed,
+// never skipped. (The hf_chat / hf_qwen_chat cases are checked against transformers by
+// sweep.generate_parity.)
+TEST(Tokenizer, SpecialTokensComeFromThePostProcessorOrAreRefusedByName) {
+  test::TempDir dir;
+  const std::string path = dir / "tokenizer.json";
+  const std::string base =
+      R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "<s>": 2, "</s>": 3}, "merges": []},
+         "added_tokens": [{"id": 2, "content": "<s>", "special": true}, {"id": 3, "content": "</s>", "special": true}])";
+  test::write_text(path, "{" + base + R"(, "post_processor": {"type": "Sequence", "processors": [
+      {"type": "ByteLevel"},
+      {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                {"Sequence": {"id": "A", "type_id": 0}},
+                                                {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+       "special_tokens": {"<s>": {"id": "<s>", "ids": [2]}, "</s>": {"id": "</s>", "ids": [3]}}}]}})");
+  EXPECT_EQ(Tokenizer(path).encode_with_special_tokens("ab"), (std::vector<int32_t>{2, 0, 1, 3}));
+  EXPECT_EQ(Tokenizer(path).encode("ab"), (std::vector<int32_t>{0, 1}));
+  test::write_text(path, "{" + base + "}");  // none: nothing added
+  EXPECT_EQ(Tokenizer(path).encode_with_special_tokens("ab"), (std::vector<int32_t>{0, 1}));
+  test::write_text(
+      path,
+      "{" + base + R"(, "post_processor": {"type": "RobertaProcessing", "sep": ["</s>", 3], "cls": ["<s>", 2]}})");
+  const Tokenizer roberta(path);  // loads: training does not use the post-processor
+  try {
+    roberta.encode_with_special_tokens("ab");
+    ADD_FAILURE() << "an unread post-processor was skipped";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("post_processor 'RobertaProcessing' is not supported"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A corpus file tokenizes in chunks cut only where no pre-token spans the cut: the same ids as
 // encoding the whole text at once; JSONL documents each end with <|end_of_text|>, and a
 // malformed line is an error naming file:line.
