@@ -98,6 +98,8 @@ expect 0 "wrote 1 answers" -- "$bin" generate --config "$tmp/ok.toml" --in "$tmp
 expect 0 "\"finish\":\"length\".*\"ids\":\[[0-9]+,[0-9]+,[0-9]+\]" -- cat "$tmp/ids_out.jsonl"
 expect 2 "bad_prompt.jsonl:1: a record needs \"prompt\" \(text\), \"messages\" \(a chat\) or \"ids\"" -- "$bin" "${gen[@]}" --in "$tmp/bad_prompt.jsonl" --out "$tmp/b.jsonl"
 expect 1 "not a complete checkpoint" -- "$bin" "${gen[@]}" --prompt hi --checkpoint "$tmp/nowhere"
+echo '{"ids": [1, 5000]}' > "$tmp/big_id.jsonl"
+expect 2 "big_id.jsonl:1: \"ids\" must be token ids in \[0, 1006\)" -- "$bin" "${gen[@]}" --in "$tmp/big_id.jsonl" --out "$tmp/d.jsonl"
 echo '{"prompt": "hi", "ids": [1]}' > "$tmp/two_kinds.jsonl"
 expect 2 "two_kinds.jsonl:1: a record holds one of \"prompt\", \"messages\" and \"ids\", not several" -- "$bin" "${gen[@]}" --in "$tmp/two_kinds.jsonl" --out "$tmp/c.jsonl"
 cp -r "$src/tests/fixtures/hf_chat" "$tmp/hf_gen"; echo '{"do_sample": true, "temperature": 0.6, "eos_token_id": [2, 1004]}' > "$tmp/hf_gen/generation_config.json"
