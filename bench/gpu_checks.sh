@@ -1,42 +1,225 @@
 #!/usr/bin/env bash
-# The GPU checks of the sharding, precision and QLoRA work in one run, for a machine with one
-# CUDA GPU (CI has none, so this is run on demand): the CUDA-vs-CPU kernel tests, kernel
-# throughput, and the NCCL path at world size 1 (tokens/s, peak allocated memory, MFU from
-# metrics.jsonl) with all-gather prefetch on and off, chat QLoRA padded and packed. Needs a build
-# with nvcc (launch/setup.sh).
+# Every GPU check of ptrain on a machine with one CUDA GPU and no network (docs/gpu.md): builds
+# against the bundle of launch/gpu_bundle.sh, then measures, writing every figure to one results
+# file. Stages, each well inside 10 minutes on a 16-core H100/H200 machine, each done once
+# (a later call skips the done ones; naming a stage runs it again):
+#   env      unpack the bundle, link its datasets into data/, print the machine (GPU, compilers,
+#            glibc, torch) and prove there is no network
+#   build    configure against the bundle (sm_90) and build ptrain, its tests and the kernel benchmark
+#   kernels  the CUDA-vs-CPU kernel tests (a skip is reported as a skip) and kernel throughput (GB/s)
+#   smoke    the tiny config trained for 20 steps on the default device, and `ptrain check`
+#   nccl     NCCL at world size 1 in fp32 / mixed / bf16 with all-gather prefetch on and off
+#   memory   the planner's predicted peak (`ptrain check`) against the CUDA allocator's
+#            max_memory_allocated of the same run, for full fine-tunes, QLoRA, checkpointing, offloading
+#   race     the speed race against PyTorch FSDP2, eager and compiled (bench/speed_vs_fsdp2.sh)
+# Without a GPU the GPU stages say so and record "not run"; a skipped test is never a pass.
 #
-#   bench/gpu_checks.sh [CONFIG] [STEPS]          (defaults: configs/tiny.toml 50)
+#   bench/gpu_checks.sh [STAGE ...]     (default: every stage not yet done, in the order above)
+#
+# Environment: PTRAIN_BUNDLE (default .gpu-bundle), PTRAIN_BUILD (default build-gpu), OUT (the
+# results file and a tarball of the logs are copied there at the end of every call).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-CONFIG="${1:-$ROOT/configs/tiny.toml}"; STEPS="${2:-50}"
-BIN="$ROOT/build/ptrain"
-OUT="${OUT:-$(mktemp -d)}"
-echo "== kernel tests (CUDA against the CPU references)"
-ctest --test-dir "$ROOT/build" -R "Cuda" --output-on-failure
-echo "== kernel throughput"
-"$ROOT/build/ptrain_bench_kernels"
-echo "== NCCL at world size 1 ($CONFIG, $STEPS steps)"
-for mode in fp32 mixed bf16; do
-  for prefetch in true false; do
-    run="$OUT/${mode}_prefetch_$prefetch"
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
-      "$BIN" --config "$CONFIG" --set training.device=cuda --set parallel.backend=nccl \
-      --set precision.mode=$mode --set parallel.prefetch=$prefetch --set training.steps="$STEPS" \
-      --set training.log_every=10 --set training.eval_every=0 --set checkpoint.save_final=false \
-      --set run.output_dir="$run" > "$run.log" 2>&1
-    echo "$mode prefetch=$prefetch rc=$? | $(tail -n 1 "$run/metrics.jsonl" 2>/dev/null)"
+BUNDLE="${PTRAIN_BUNDLE:-$ROOT/.gpu-bundle}"
+export PTRAIN_BUILD="${PTRAIN_BUILD:-$ROOT/build-gpu}"
+SYSROOT="$BUNDLE/root"
+STATE="$PTRAIN_BUILD/gpu-checks"
+RESULTS="$STATE/results.md"
+LOGS="$STATE/logs"
+BIN="$PTRAIN_BUILD/ptrain"
+ALL_STAGES=(env build kernels smoke nccl memory race)
+mkdir -p "$LOGS"
+
+# The python3 on PATH holds torch (the GPU machine's own; never carried): CMake and the bench
+# scripts use its environment.
+PY="$(command -v python3)" || { echo "gpu_checks: no python3 on PATH" >&2; exit 1; }
+PTRAIN_VENV="$("$PY" -c 'import sys; print(sys.prefix)')"
+export PTRAIN_VENV
+# The bundle's pkg-config (and its library) for CMake's pkg_check_modules.
+export PKG_CONFIG_LIBDIR="$SYSROOT/usr/lib/x86_64-linux-gnu/pkgconfig:$SYSROOT/usr/share/pkgconfig"
+export PKG_CONFIG_SYSROOT_DIR="$SYSROOT"
+
+record() { printf '%s\n' "$*" | tee -a "$RESULTS"; }
+have_gpu() { "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
+finish() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  cp "$RESULTS" "$OUT/gpu_results.md" 2>/dev/null
+  tar czf "$OUT/gpu_logs.tgz" -C "$STATE" logs 2>/dev/null
+}
+trap finish EXIT
+
+# metrics.jsonl of a run -> "median tokens/s, max peak bytes, last loss" over the steps after the first 5.
+summarize() {
+  "$PY" - "$1" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+late = [r for r in rows if r["step"] > 5] or rows
+print(f'{statistics.median(r["tokens_per_s"] for r in late):.0f} {max(r["peak_mem_bytes"] for r in rows)} '
+      f'{rows[-1]["loss"]:.6f} {rows[0]["peak_mem_source"]}')
+PY
+}
+needs_gpu() {
+  have_gpu && return 0
+  record "not run: no CUDA device visible to torch (this stage measures the GPU)"
+  return 1
+}
+
+stage_env() {
+  if [ ! -d "$SYSROOT/usr" ]; then
+    ls "$BUNDLE"/debs/*.deb >/dev/null 2>&1 ||
+      { record "FAILED: no bundle at $BUNDLE (run launch/gpu_bundle.sh on a machine with apt and carry it)"; return 1; }
+    mkdir -p "$SYSROOT.tmp"
+    for d in "$BUNDLE"/debs/*.deb; do dpkg-deb -x "$d" "$SYSROOT.tmp" || return 1; done
+    mv "$SYSROOT.tmp" "$SYSROOT"
+  fi
+  mkdir -p "$ROOT/data"
+  for f in "$BUNDLE"/data/*; do [ -e "$ROOT/data/${f##*/}" ] || ln -s "$f" "$ROOT/data/${f##*/}"; done
+  record "- bundle: $(ls "$BUNDLE"/debs/*.deb | wc -l) packages, $(du -sm "$BUNDLE/debs" | cut -f1) MiB of .debs, unpacked in $SYSROOT"
+  record "- machine: $(uname -m), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), glibc $(ldd --version | head -1 | awk '{print $NF}') (the bundle needs $(sed -n 2p "$BUNDLE/MANIFEST" | grep -o 'GLIBC_[0-9.]*'))"
+  record "- compilers: $(c++ --version | head -1); $(nvcc --version 2>/dev/null | tail -1 || echo 'no nvcc')"
+  record "- tools: $(cmake --version | head -1), ninja $(ninja --version), pkgconf $(LD_LIBRARY_PATH="$SYSROOT/usr/lib/x86_64-linux-gnu" "$SYSROOT/usr/bin/pkgconf" --version) (bundle)"
+  record "- python: $("$PY" -c 'import sys, torch; print(sys.executable, "torch", torch.__version__, "cuda", torch.version.cuda)')"
+  record "- GPU: $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0) + ", %.1f GiB" % (torch.cuda.get_device_properties(0).total_memory / 2**30) if torch.cuda.is_available() else "none visible to torch")')"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$LOGS/env.log" 2>&1
+  record "- network: $("$PY" - <<'PY'
+import socket
+try:
+    socket.create_connection(("pypi.org", 443), timeout=5).close()
+    print("REACHABLE (pypi.org:443 answered)")
+except OSError as e:
+    print(f"unreachable (connecting to pypi.org:443: {e})")
+PY
+)"
+}
+
+stage_build() {
+  [ -d "$SYSROOT/usr" ] || stage_env || return 1
+  local libdir="$SYSROOT/usr/lib/x86_64-linux-gnu" t0=$SECONDS
+  # The bundle's libraries are found by a DT_RPATH (not RUNPATH: it also covers the libraries
+  # libmpi itself loads), so the binaries run without LD_LIBRARY_PATH.
+  local pkgconf="$STATE/pkg-config"
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$libdir" "$SYSROOT/usr/bin/pkgconf" > "$pkgconf"
+  chmod +x "$pkgconf"
+  cmake -S "$ROOT" -B "$PTRAIN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_VENV="$PTRAIN_VENV" \
+    -DPTRAIN_CUDA_ARCHS="${PTRAIN_CUDA_ARCHS:-90}" -DCMAKE_PREFIX_PATH="$SYSROOT/usr" \
+    -DPKG_CONFIG_EXECUTABLE="$pkgconf" -DMPI_HOME="$libdir/openmpi" -DMPI_C_COMPILER=MPI_C_COMPILER-NOTFOUND \
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" -DCMAKE_BUILD_RPATH="$libdir" \
+    > "$LOGS/configure.log" 2>&1 || { record "FAILED: configure (logs/configure.log):"; tail -25 "$LOGS/configure.log"; return 1; }
+  cmake --build "$PTRAIN_BUILD" -j "$(nproc)" --target ptrain ptrain_tests $(have_gpu && echo ptrain_bench_kernels) \
+    > "$LOGS/build.log" 2>&1 || { record "FAILED: build (logs/build.log):"; grep -m5 -B2 -A8 "error" "$LOGS/build.log"; return 1; }
+  record "- built in $((SECONDS - t0)) s on $(nproc) cores: $(grep -m1 "Parquet:" "$LOGS/configure.log" | sed 's/^-- //'); kernels for sm_${PTRAIN_CUDA_ARCHS:-90}"
+  "$BIN" --version >> "$LOGS/build.log" 2>&1 || { record "FAILED: $BIN does not run"; return 1; }
+}
+
+stage_kernels() {
+  ctest --test-dir "$PTRAIN_BUILD" -R "Cuda" --output-on-failure > "$LOGS/kernels.log" 2>&1
+  local rc=$?
+  record "- CUDA kernel tests (rc $rc): $(grep -E "tests passed|Skipped|Failed|Passed" "$LOGS/kernels.log" | grep -E "^ *[0-9]+/[0-9]+ Test" |
+    sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.*[ *]*([A-Za-z]+).*/\1 \2/' | paste -sd';' | sed 's/;/; /g')"
+  grep -q "Skipped" "$LOGS/kernels.log" && record "  (a skipped kernel test is not a pass: $(grep -m1 -o 'Skipped.*' "$LOGS/kernels.log" | head -1))"
+  needs_gpu || return $rc
+  "$PTRAIN_BUILD/ptrain_bench_kernels" > "$LOGS/kernel_bench.log" 2>&1 || { record "FAILED: ptrain_bench_kernels"; return 1; }
+  record "- kernel throughput:"
+  record '```'
+  record "$(cat "$LOGS/kernel_bench.log")"
+  record '```'
+  return $rc
+}
+
+stage_smoke() {
+  local run="$STATE/runs/smoke"
+  rm -rf "$run"
+  "$BIN" --config "$ROOT/configs/tiny.toml" --set training.steps=20 --set training.log_every=5 \
+    --set training.eval_every=0 --set checkpoint.save_final=false --set run.output_dir="$run" > "$LOGS/smoke.log" 2>&1 ||
+    { record "FAILED: tiny training run (logs/smoke.log)"; tail -20 "$LOGS/smoke.log"; return 1; }
+  read -r tps peak loss source <<< "$(summarize "$run/metrics.jsonl")"
+  record "- tiny, 20 steps on $(have_gpu && echo CUDA || echo the CPU) (training.device auto): loss $loss, $tps tokens/s, peak $peak bytes ($source)"
+  "$BIN" check --config "$ROOT/configs/tiny.toml" > "$LOGS/smoke_check.log" 2>&1 || { record "FAILED: ptrain check"; return 1; }
+  record "- ptrain check: $(grep "^  peak" "$LOGS/smoke_check.log" | sed 's/^ *//')"
+}
+
+stage_nccl() {
+  needs_gpu || return 0
+  record "| mode | prefetch | rc | tokens/s (median, steps 6-50) | peak allocated (bytes) | loss at step 50 |"
+  record "|---|---|---|---|---|---|"
+  local fails=0
+  for mode in fp32 mixed bf16; do
+    for prefetch in true false; do
+      local run="$STATE/runs/nccl_${mode}_prefetch_$prefetch"
+      rm -rf "$run"
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+        "$BIN" --config "$ROOT/configs/tiny.toml" --set training.device=cuda --set parallel.backend=nccl \
+        --set precision.mode=$mode --set parallel.prefetch=$prefetch --set training.steps=50 \
+        --set training.log_every=1 --set training.eval_every=0 --set checkpoint.save_final=false \
+        --set run.output_dir="$run" > "$LOGS/nccl_${mode}_$prefetch.log" 2>&1
+      local rc=$?
+      ((rc)) && fails=1
+      read -r tps peak loss _ <<< "$(summarize "$run/metrics.jsonl" 2>/dev/null)"
+      record "| $mode | $prefetch | $rc | ${tps:-} | ${peak:-} | ${loss:-} |"
+    done
   done
+  record "(prefetch changes the schedule, not the arithmetic: each mode's loss should be equal on and off)"
+  return $fails
+}
+
+stage_memory() {
+  needs_gpu || return 0
+  record "| run | predicted peak (bytes) | max_memory_allocated (bytes) | measured / predicted |"
+  record "|---|---|---|---|"
+  local fails=0 name config sets
+  while IFS='|' read -r name config sets; do
+    local run="$STATE/runs/memory_$name"
+    rm -rf "$run"
+    # shellcheck disable=SC2086  # sets are separate --set arguments
+    "$BIN" check --config "$ROOT/$config" $sets > "$LOGS/memory_${name}_check.log" 2>&1
+    local predicted; predicted=$(grep "^  peak" "$LOGS/memory_${name}_check.log" | grep -o '([0-9,]* bytes)' | tr -dc '0-9')
+    # shellcheck disable=SC2086
+    "$BIN" --config "$ROOT/$config" $sets --set training.steps=6 --set training.log_every=1 --set training.eval_every=0 \
+      --set checkpoint.save_final=false --set checkpoint.every_steps=0 --set run.output_dir="$run" \
+      > "$LOGS/memory_$name.log" 2>&1 || { fails=1; record "| $name | ${predicted:-?} | FAILED (logs/memory_$name.log) | |"; continue; }
+    read -r _ peak _ source <<< "$(summarize "$run/metrics.jsonl")"
+    record "| $name | $predicted | $peak ($source) | $(awk -v a="$peak" -v b="$predicted" 'BEGIN {printf "%.3f", a / b}') |"
+  done <<'RUNS'
+tiny_fp32|configs/tiny.toml|--set training.device=cuda --set precision.mode=fp32
+tiny_mixed_b16x512|configs/tiny.toml|--set training.device=cuda --set precision.mode=mixed --set data.micro_batch_size=16 --set data.seq_len=512
+tiny_bf16_b16x512_ckpt|configs/tiny.toml|--set training.device=cuda --set precision.mode=bf16 --set data.micro_batch_size=16 --set data.seq_len=512 --set memory.activation_checkpointing=full
+tiny_bf16_b16x512_offload|configs/tiny.toml|--set training.device=cuda --set precision.mode=bf16 --set data.micro_batch_size=16 --set data.seq_len=512 --set memory.activation_checkpointing=full --set memory.activation_offloading=true
+tiny_qlora|configs/tiny_qlora.toml|--set training.device=cuda
+chat_qlora_padded|configs/tiny_chat_qlora.toml|--set training.device=cuda --set data.packing=false --set data.micro_batch_size=32 --set data.seq_len=256
+chat_qlora_packed|configs/tiny_chat_qlora.toml|--set training.device=cuda --set data.packing=true --set data.micro_batch_size=32 --set data.seq_len=256
+llama3_2_1b_mixed|configs/llama3_2_1b_mixed.toml|--set training.device=cuda
+llama3_2_1b_bf16_adam8bit_ckpt|configs/llama3_2_1b_mixed.toml|--set training.device=cuda --set precision.mode=bf16 --set optimizer.name=adamw8bit --set memory.activation_checkpointing=full
+RUNS
+  record "(the planner is an upper bound of the step's schedule: measured / predicted should be at most 1 and close to it)"
+  return $fails
+}
+
+stage_race() {
+  needs_gpu || return 0
+  OUT="$STATE/runs/race" bash "$ROOT/bench/speed_vs_fsdp2.sh" "$ROOT/configs/llama3_2_1b_mixed.toml" 30 \
+    > "$LOGS/race.log" 2>&1 || { record "FAILED: speed race (logs/race.log)"; tail -20 "$LOGS/race.log"; return 1; }
+  record "$(grep -v "^logs and metrics" "$LOGS/race.log")"
+}
+
+stages=("$@")
+((${#stages[@]})) || for s in "${ALL_STAGES[@]}"; do [ -e "$STATE/$s.done" ] || stages+=("$s"); done
+status=0
+for s in "${stages[@]}"; do
+  declare -F "stage_$s" >/dev/null || { echo "gpu_checks: unknown stage '$s' (stages: ${ALL_STAGES[*]})" >&2; exit 2; }
 done
-echo "== chat QLoRA on JSONL, padded and packed (packed rows take SDPA's masked path): peak allocated vs the plan"
-for packing in false true; do
-  run="$OUT/chat_packing_$packing"
-  "$BIN" --config "$ROOT/configs/tiny_chat_qlora.toml" --set training.device=cuda --set data.packing=$packing \
-    --set data.micro_batch_size=32 --set data.seq_len=256 --set training.steps=30 --set training.eval_every=0 \
-    --set checkpoint.save_final=false --set run.output_dir="$run" > "$run.log" 2>&1
-  echo "packing=$packing rc=$? | $(tail -n 1 "$run/metrics.jsonl" 2>/dev/null)"
-  "$BIN" check --config "$ROOT/configs/tiny_chat_qlora.toml" --set training.device=cuda --set data.packing=$packing \
-    --set data.micro_batch_size=32 --set data.seq_len=256 | grep -E "^  (activations|peak)"
+for s in "${stages[@]}"; do
+  record ""
+  record "## $s ($(date -u +%FT%TZ))"
+  t0=$SECONDS
+  if "stage_$s"; then
+    touch "$STATE/$s.done"
+    record "($s: done in $((SECONDS - t0)) s)"
+  else
+    status=1
+    record "($s: FAILED after $((SECONDS - t0)) s)"
+    [ "$s" = env ] || [ "$s" = build ] && break  # nothing after can run
+  fi
 done
-echo "== speed race against PyTorch FSDP2 (configs/llama3_2_1b_mixed.toml)"
-OUT="$OUT/speed" "$ROOT/bench/speed_vs_fsdp2.sh" "$ROOT/configs/llama3_2_1b_mixed.toml" 30
-echo "outputs in $OUT"
+echo "results: $RESULTS${OUT:+ (copied to $OUT/gpu_results.md, logs in $OUT/gpu_logs.tgz)}"
+exit $status

@@ -2,7 +2,7 @@
 # ptrain itself resolves it (`ptrain check`), so a reference trains exactly the same thing.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ptrain/venv-torch-2.11.0}"
-BIN="$ROOT/build/ptrain"; PY="$VENV/bin/python"
+BIN="${PTRAIN_BUILD:-$ROOT/build}/ptrain"; PY="$VENV/bin/python"
 [ -x "$BIN" ] || { echo "build first: launch/setup.sh" >&2; exit 1; }
 "$PY" -c "import transformers" 2>/dev/null || "$VENV/bin/pip" install -q transformers==5.23.0
 
