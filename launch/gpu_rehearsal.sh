@@ -40,8 +40,10 @@ n=0
 while read -r f; do
   [ -e "$f" ] || [ -L "$f" ] || continue
   [ -d "$f" ] && [ ! -L "$f" ] && continue
-  mkdir -p "$W/upper$(dirname "$f")"
-  mknod "$W/upper$f" c 0 0 && n=$((n + 1))
+  d="$(readlink -f "$(dirname "$f")")"  # /lib is /usr/lib here: whiteouts go where the files are
+  [ -e "$W/upper$d/${f##*/}" ] && continue
+  mkdir -p "$W/upper$d"
+  mknod "$W/upper$d/${f##*/}" c 0 0 && n=$((n + 1))
 done < <(dpkg -L "${hide[@]}" 2>/dev/null | sort -u)
 say "hidden: $n files of ${#hide[@]} packages (e.g. $(printf '%s ' "${hide[@]:0:8}")...)"
 printf '%s\n' "${hide[@]}" > "$W/out/hidden_packages.txt"
