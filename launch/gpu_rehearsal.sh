@@ -39,7 +39,7 @@ mapfile -t hide < <(
 n=0
 while read -r f; do
   [ -e "$f" ] || [ -L "$f" ] || continue
-  [ -d "$f" ] && [ ! -L "$f" ] && continue
+  [ -d "$f" ] && continue  # directories (and links to them, like /lib) stay
   d="$(readlink -f "$(dirname "$f")")"  # /lib is /usr/lib here: whiteouts go where the files are
   [ -e "$W/upper$d/${f##*/}" ] && continue
   mkdir -p "$W/upper$d"
