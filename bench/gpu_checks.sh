@@ -84,11 +84,14 @@ stage_env() {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$LOGS/env.log" 2>&1
   record "- network: $("$PY" - <<'PY'
 import socket
-try:
-    socket.create_connection(("pypi.org", 443), timeout=5).close()
-    print("REACHABLE (pypi.org:443 answered)")
-except OSError as e:
-    print(f"unreachable (connecting to pypi.org:443: {e})")
+out = []
+for host in ("pypi.org", "1.1.1.1"):  # a name, and an address needing no name lookup
+    try:
+        socket.create_connection((host, 443), timeout=5).close()
+        out.append(f"REACHABLE ({host}:443 answered)")
+    except OSError as e:
+        out.append(f"unreachable ({host}:443: {e})")
+print("; ".join(out))
 PY
 )"
 }
@@ -103,7 +106,8 @@ stage_build() {
   chmod +x "$pkgconf"
   cmake -S "$ROOT" -B "$PTRAIN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_VENV="$PTRAIN_VENV" \
     -DPTRAIN_CUDA_ARCHS="${PTRAIN_CUDA_ARCHS:-90}" -DCMAKE_PREFIX_PATH="$SYSROOT/usr" \
-    -DPKG_CONFIG_EXECUTABLE="$pkgconf" -DMPI_HOME="$libdir/openmpi" -DMPI_C_COMPILER=MPI_C_COMPILER-NOTFOUND \
+    -DPKG_CONFIG_EXECUTABLE="$pkgconf" -DMPI_C_COMPILER=MPI_C_COMPILER-NOTFOUND -DMPI_C_LIB_NAMES=mpi \
+    -DMPI_C_HEADER_DIR="$libdir/openmpi/include" -DMPI_mpi_LIBRARY="$libdir/openmpi/lib/libmpi.so" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" -DCMAKE_BUILD_RPATH="$libdir" \
     > "$LOGS/configure.log" 2>&1 || { record "FAILED: configure (logs/configure.log):"; tail -25 "$LOGS/configure.log"; return 1; }
   cmake --build "$PTRAIN_BUILD" -j "$(nproc)" --target ptrain ptrain_tests $(have_gpu && echo ptrain_bench_kernels) \
