@@ -108,7 +108,7 @@ stage_build() {
     -DPTRAIN_CUDA_ARCHS="${PTRAIN_CUDA_ARCHS:-90}" -DCMAKE_PREFIX_PATH="$SYSROOT/usr" \
     -DPKG_CONFIG_EXECUTABLE="$pkgconf" -DMPI_C_COMPILER=MPI_C_COMPILER-NOTFOUND -DMPI_C_LIB_NAMES=mpi \
     -DMPI_C_HEADER_DIR="$libdir/openmpi/include" -DMPI_mpi_LIBRARY="$libdir/openmpi/lib/libmpi.so" \
-    -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" -DCMAKE_BUILD_RPATH="$libdir" \
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags -Wl,-rpath-link,$libdir" -DCMAKE_BUILD_RPATH="$libdir" \
     > "$LOGS/configure.log" 2>&1 || { record "FAILED: configure (logs/configure.log):"; tail -25 "$LOGS/configure.log"; return 1; }
   cmake --build "$PTRAIN_BUILD" -j "$(nproc)" --target ptrain ptrain_tests $(have_gpu && echo ptrain_bench_kernels) \
     > "$LOGS/build.log" 2>&1 || { record "FAILED: build (logs/build.log):"; grep -m5 -B2 -A8 "error" "$LOGS/build.log"; return 1; }
