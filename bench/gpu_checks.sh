@@ -38,6 +38,10 @@ export PTRAIN_VENV
 # The bundle's pkg-config (and its library) for CMake's pkg_check_modules.
 export PKG_CONFIG_LIBDIR="$SYSROOT/usr/lib/x86_64-linux-gnu/pkgconfig:$SYSROOT/usr/share/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$SYSROOT"
+# The bundle's shared libraries that the system lacks (links in $STATE/lib, made by the env
+# stage): on the loader's path for everything this script runs. An rpath would not do: libmpi
+# finds its own libraries through its RUNPATH, which names /usr/lib/x86_64-linux-gnu/openmpi.
+export LD_LIBRARY_PATH="$STATE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 record() { printf '%s\n' "$*" | tee -a "$RESULTS"; }
 have_gpu() { "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
@@ -73,9 +77,16 @@ stage_env() {
     for d in "$BUNDLE"/debs/*.deb; do dpkg-deb -x "$d" "$SYSROOT.tmp" || return 1; done
     mv "$SYSROOT.tmp" "$SYSROOT"
   fi
+  rm -rf "$STATE/lib" && mkdir -p "$STATE/lib"
+  local lib kept=()
+  for lib in "$SYSROOT"/usr/lib/x86_64-linux-gnu/*.so.* "$SYSROOT"/usr/lib/x86_64-linux-gnu/openmpi/lib/*.so.*; do
+    [ -e "$lib" ] || continue
+    local own; own=$(ldconfig -p | awk -v n="${lib##*/}" '$1 == n {print $NF; exit}')
+    if [ -n "$own" ] && [ -e "$own" ]; then kept+=("${lib##*/}"); else ln -sf "$lib" "$STATE/lib/"; fi
+  done
   mkdir -p "$ROOT/data"
   for f in "$BUNDLE"/data/*; do [ -e "$ROOT/data/${f##*/}" ] || ln -s "$f" "$ROOT/data/${f##*/}"; done
-  record "- bundle: $(ls "$BUNDLE"/debs/*.deb | wc -l) packages, $(du -sm "$BUNDLE/debs" | cut -f1) MiB of .debs, unpacked in $SYSROOT"
+  record "- bundle: $(ls "$BUNDLE"/debs/*.deb | wc -l) packages, $(du -sm "$BUNDLE/debs" | cut -f1) MiB of .debs, unpacked in $SYSROOT; the system's own ${kept[*]:-(none)} used instead of the bundle's"
   record "- machine: $(uname -m), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), glibc $(ldd --version | head -1 | awk '{print $NF}') (the bundle needs $(sed -n 2p "$BUNDLE/MANIFEST" | grep -o 'GLIBC_[0-9.]*'))"
   record "- compilers: $(c++ --version | head -1); $(nvcc --version 2>/dev/null | tail -1 || echo 'no nvcc')"
   record "- tools: $(cmake --version | head -1), ninja $(ninja --version), pkgconf $(LD_LIBRARY_PATH="$SYSROOT/usr/lib/x86_64-linux-gnu" "$SYSROOT/usr/bin/pkgconf" --version) (bundle)"
@@ -99,8 +110,6 @@ PY
 stage_build() {
   [ -d "$SYSROOT/usr" ] || stage_env || return 1
   local libdir="$SYSROOT/usr/lib/x86_64-linux-gnu" t0=$SECONDS
-  # The bundle's libraries are found by a DT_RPATH (not RUNPATH: it also covers the libraries
-  # libmpi itself loads), so the binaries run without LD_LIBRARY_PATH.
   local pkgconf="$STATE/pkg-config"
   printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$libdir" "$SYSROOT/usr/bin/pkgconf" > "$pkgconf"
   chmod +x "$pkgconf"
@@ -108,7 +117,7 @@ stage_build() {
     -DPTRAIN_CUDA_ARCHS="${PTRAIN_CUDA_ARCHS:-90}" -DCMAKE_PREFIX_PATH="$SYSROOT/usr" \
     -DPKG_CONFIG_EXECUTABLE="$pkgconf" -DMPI_C_COMPILER=MPI_C_COMPILER-NOTFOUND -DMPI_C_LIB_NAMES=mpi \
     -DMPI_C_HEADER_DIR="$libdir/openmpi/include" -DMPI_mpi_LIBRARY="$libdir/openmpi/lib/libmpi.so" \
-    -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags -Wl,-rpath-link,$libdir" -DCMAKE_BUILD_RPATH="$libdir" \
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$libdir" \
     > "$LOGS/configure.log" 2>&1 || { record "FAILED: configure (logs/configure.log):"; tail -25 "$LOGS/configure.log"; return 1; }
   cmake --build "$PTRAIN_BUILD" -j "$(nproc)" --target ptrain ptrain_tests $(have_gpu && echo ptrain_bench_kernels) \
     > "$LOGS/build.log" 2>&1 || { record "FAILED: build (logs/build.log):"; grep -m5 -B2 -A8 "error" "$LOGS/build.log"; return 1; }
