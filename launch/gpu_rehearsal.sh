@@ -68,7 +68,7 @@ VENV="$VENV" unshare -m -n --fork bash -c '
   for d in dev proc sys; do mount --rbind "/$d" "$W/root/$d"; done
   for d in tree out; do mount --bind "$W/$d" "$W/root$W/$d"; done
   exec chroot "$W/root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
-    PATH="$VENV/bin:/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin" bash -c "$0"
+    PATH="$VENV/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" bash -c "$0"
 ' "$inner" "$W" 2>&1 | tee "$W/out/rehearsal.log"
 rc=${PIPESTATUS[0]}
 say "rc $rc after $((SECONDS - t0)) s; results: $W/out/gpu_results.md, logs: $W/out/gpu_logs.tgz, console: $W/out/rehearsal.log"

@@ -73,12 +73,14 @@ const std::vector<Command>& commands() {
         {"--data", "PATH", "the data to score instead of data.path"},
         {"--json", nullptr, "print the result as JSON"}}},
       {"compare",
-       "trains each mode (fp32, mixed, bf16, bf16-sr, bf16-adam8bit) from the same init on the same data; writes "
-       "DIR/<mode>/metrics.jsonl, summary.md, summary.csv, loss.svg.",
+       "trains each mode (fp32, mixed, bf16, bf16-sr, bf16-kahan, bf16-adam8bit) from the same init on the same data, "
+       "over one or more seeds; writes DIR/<mode>[/seed<S>]/metrics.jsonl, summary.md, summary.csv, runs.csv, "
+       "loss.svg. Runs already finished in DIR with the same resolved config are not trained again.",
        {kConfig,
         kSet,
         {"--modes", "LIST", "comma-separated modes", true},
         {"--steps", "N", "steps per mode (default training.steps)"},
+        {"--seeds", "N", "seeds per mode: run.seed, run.seed + 1, ... (init, data order, rounding bits); default 1"},
         {"--out", "DIR", "output directory (default runs/compare-<run.name>)"}}},
       {"export",
        "writes a Hugging Face model directory of the run's family (config.json + model.safetensors), or for a LoRA "
@@ -305,6 +307,7 @@ int cmd_compare(const Args& a) {
   for (std::string m; std::getline(modes, m, ',');)
     if (!m.empty()) o.modes.push_back(m);
   o.steps = int_option(a, "--steps", 0, 1);
+  o.seeds = static_cast<int>(int_option(a, "--seeds", 1, 1));
   if (a.options.count("--out")) o.out_dir = a.options.at("--out");
   return compare(o);
 }

@@ -309,6 +309,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "training", "sample_chat", training.sample_chat, R"(`false`)",
           R"(render each sample prompt as a user turn of the chat template (`data.chat_template`) rather than as plain text)"),
+      PTRAIN_KEY(
+          "training", "count_lost_updates", training.count_lost_updates, R"(`false`)",
+          R"(count, at every step, the parameter elements whose computed update was non-zero but whose stored value (with its Kahan compensation) did not change — updates lost to rounding; logged as `updates_computed` / `updates_lost` in metrics.jsonl (summed over ranks since the last logged step); costs a copy of the parameter shards per step. `ptrain compare` turns it on)"),
       PTRAIN_KEY("training", "device", training.device, R"(`"auto"`)",
                  R"(`auto` (CUDA if visible), `cpu`, `cuda` (an error without a GPU))"),
       PTRAIN_KEY("training", "threads", training.threads, R"(`0`)",
@@ -349,6 +352,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "precision", "stochastic_rounding", precision.stochastic_rounding, R"(`false`)",
           R"(`bf16` only: round updated parameters stochastically (unbiased, reproducible from `run.seed`) instead of to nearest)"),
+      PTRAIN_KEY(
+          "precision", "kahan_summation", precision.kahan_summation, R"(`false`)",
+          R"(`bf16` with `optimizer.name = "adamw"` only, not with `stochastic_rounding`: keep a bfloat16 compensation buffer per parameter (+2 bytes/param, sharded and checkpointed like the moments) holding what rounding each new parameter to nearest dropped, added to the next update (Kahan summation), so updates below half a bf16 ulp accumulate instead of vanishing)"),
       PTRAIN_KEY("parallel", "backend", parallel.backend, R"(`"auto"`)",
                  R"(`auto`, `nccl` (CUDA only), `mpi`; `gloo` is refused (the torch wheel ships no gloo headers))"),
       PTRAIN_KEY("parallel", "reshard_after_forward", parallel.reshard_after_forward, R"(`true`)",
@@ -362,8 +368,8 @@ const std::vector<Key>& keys() {
           "memory", "activation_checkpointing", memory.activation_checkpointing, R"(`"none"`)",
           R"(`none`, or `full`: each block keeps only its input and is recomputed in backward (about one extra forward of compute; activation memory of one block plus the block inputs))"),
       PTRAIN_KEY(
-          "memory", "activation_offloading", memory.activation_offloading, R"(`false`)",
-          R"(with `activation_checkpointing = "full"`: the input each block keeps goes to pinned host memory in forward (a side stream on CUDA, at most 2 copies in flight) and comes back ahead of the block's backward; the GPU keeps none of the block inputs. Refused (exit 2) without full checkpointing)"),
+          "memory", "activation_offloading", memory.activation_offloading,
+          R"(`false`)", R"(with `activation_checkpointing = "full"`: the input each block keeps goes to pinned host memory in forward (a side stream on CUDA, at most 2 copies in flight) and comes back ahead of the block's backward; the GPU keeps none of the block inputs. Refused (exit 2) without full checkpointing)"),
       PTRAIN_KEY("memory", "loss_chunk_tokens", memory.loss_chunk_tokens, R"(`0`)",
                  R"(tokens per cross-entropy chunk; 0 picks ~64 MiB of float32 logits per chunk)"),
       PTRAIN_KEY("checkpoint", "dir", checkpoint.dir, R"(`<output_dir>/checkpoints`)",
@@ -760,6 +766,7 @@ PrecisionPolicy precision_policy(const Config& c) {
     p.master_dtype = p.compute_dtype = p.optim_dtype = c10::kBFloat16;
     p.reduce_dtype = dtype(c.precision.reduce_dtype, c10::kBFloat16);
     p.stochastic_rounding = c.precision.stochastic_rounding;
+    p.kahan = c.precision.kahan_summation;
   }
   p.optim_8bit = c.optimizer.name == OptimizerName::adamw8bit;
   return p;

@@ -82,6 +82,7 @@ struct Config {
     std::vector<std::string> sample_prompts;  // completed greedily at each eval and logged
     int64_t sample_tokens = 32;               // new tokens per sample
     bool sample_chat = false;                 // sample prompts rendered as a user turn of the chat template
+    bool count_lost_updates = false;          // log the updates rounding kept from changing a parameter
     DeviceChoice device = DeviceChoice::automatic;
     int64_t threads = 0;  // CPU intra-op threads; 0 = LibTorch default
   } training;
@@ -106,6 +107,7 @@ struct Config {
     bool allow_bf16_logits = false;                 // explicit opt-in for bfloat16 logits
     DtypeName rope_dtype = DtypeName::float32;      // must be float32 (stated, checked)
     bool stochastic_rounding = false;
+    bool kahan_summation = false;  // bf16: a compensation buffer per parameter
   } precision;
   struct Parallel {
     Backend backend = Backend::automatic;

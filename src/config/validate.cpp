@@ -395,6 +395,17 @@ const std::vector<Rule>& rules() {
                     ? "stochastic rounding applies to bf16 parameters only (mode = \"bf16\"); set it to false"
                     : "";
        }},
+      {"precision.kahan_summation",
+       [](const Config& c, const Environment&) -> std::string {
+         if (!c.precision.kahan_summation) return "";
+         if (c.precision.mode != PrecisionMode::bf16)
+           return "Kahan summation applies to bf16 parameters only (mode = \"bf16\"); set it to false";
+         if (c.precision.stochastic_rounding)
+           return "Kahan summation and stochastic_rounding are two ways to keep small bf16 updates; choose one";
+         if (c.optimizer.name != OptimizerName::adamw)
+           return "Kahan summation is implemented for optimizer.name = \"adamw\" only";
+         return "";
+       }},
       {"parallel.backend",
        [](const Config& c, const Environment&) -> std::string {
          return c.parallel.backend == Backend::gloo

@@ -26,19 +26,31 @@ struct AdamWOptions {
   // global index), so runs are reproducible and resume exactly at any world size.
   bool stochastic_rounding = false;
   uint64_t seed = 0;
+  // bf16 parameters: Kahan-compensated updates. A bf16 buffer per parameter keeps what rounding
+  // the new parameter to nearest dropped and adds it to the next update, so small updates
+  // accumulate instead of vanishing (checkpointed as "<name>.kahan_comp"). Not with
+  // stochastic_rounding.
+  bool kahan = false;
 };
 
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<OptimTarget> targets, AdamWOptions options);
 
-  void update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) override;
-  // exp_avg / exp_avg_sq per target, keyed "<name>.exp_avg" / "<name>.exp_avg_sq".
+  // exp_avg / exp_avg_sq per target, keyed "<name>.exp_avg" / "<name>.exp_avg_sq", and with
+  // Kahan summation "<name>.kahan_comp".
   std::vector<OptimState> state() const override;
 
+ protected:
+  void apply(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) override;
+  at::Tensor first_moment(size_t i) const override { return exp_avg_[i]; }
+  at::Tensor compensation(size_t i) const override { return opt_.kahan ? comp_[i] : at::Tensor(); }
+
  private:
-  void update_stochastic(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr);
-  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  // Stochastic rounding or Kahan summation: float32 from the moments to the new parameter
+  // (torch AdamW's order of operations), then rounded as the option says.
+  void update_unfused(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr);
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_, comp_;
   AdamWOptions opt_;
 };
 

@@ -54,6 +54,7 @@ int64_t Blocking::state_bytes() const { return 2 * (n_blocks * B * 1 + n_blocks 
 
 AdamW8bit::AdamW8bit(std::vector<OptimTarget> targets, std::vector<Blocking> blocking, AdamW8bitOptions options)
     : Optimizer(std::move(targets)), blocking_(std::move(blocking)), opt_(options) {
+  weight_decay_ = opt_.weight_decay;
   TORCH_CHECK(blocking_.size() == targets_.size(), "one Blocking per target");
   at::Tensor sc = q8::dynamic_map(true), uc = q8::dynamic_map(false);
   tables_ = at::cat({sc, uc, q8::midpoints(sc), q8::midpoints(uc)});
@@ -76,7 +77,7 @@ AdamW8bit::AdamW8bit(std::vector<OptimTarget> targets, std::vector<Blocking> blo
   if (!targets_.empty() && targets_[0].param.is_cuda()) tables_device_ = tables_.to(targets_[0].param.device());
 }
 
-void AdamW8bit::update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
+void AdamW8bit::apply(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
   at::NoGradGuard no_grad;
   const double t = static_cast<double>(steps_);
   q8::AdamScalars s{};

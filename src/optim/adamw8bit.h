@@ -42,13 +42,16 @@ class AdamW8bit : public Optimizer {
   // blocking[i] describes targets[i]'s shard (its param holds n_blocks * 256 elements).
   AdamW8bit(std::vector<OptimTarget> targets, std::vector<Blocking> blocking, AdamW8bitOptions options);
 
-  void update(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) override;
   // Per target: "<name>.exp_avg.codes" / ".absmax" / ".fp32" and the same for exp_avg_sq.
   std::vector<OptimState> state() const override;
 
   // Float32 moments of target i as the update sees them (dequantized), for tests.
   at::Tensor exp_avg(size_t i) const;
   at::Tensor exp_avg_sq(size_t i) const;
+
+ protected:
+  void apply(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) override;
+  at::Tensor first_moment(size_t i) const override { return exp_avg(i); }
 
  private:
   struct Moment {

@@ -7,7 +7,7 @@ namespace ptrain {
 double PrecisionPolicy::state_bytes_per_param() const {
   // grads are kept in the master dtype after reduction
   const double moments = optim_8bit ? 2.0 * (1.0 + 4.0 / 256.0) : 2.0 * c10::elementSize(optim_dtype);
-  return c10::elementSize(master_dtype) * 2.0 + moments;
+  return c10::elementSize(master_dtype) * (kahan ? 3.0 : 2.0) + moments;
 }
 
 std::string PrecisionPolicy::table() const {
@@ -22,7 +22,11 @@ std::string PrecisionPolicy::table() const {
     << "\n"
     << "  logits + loss            " << c10::toString(logits_dtype) << "\n"
     << "  RoPE                     " << c10::toString(rope_dtype) << "\n"
-    << "  param update rounding    " << (stochastic_rounding ? "stochastic" : "nearest") << "\n"
+    << "  param update rounding    "
+    << (stochastic_rounding ? "stochastic"
+        : kahan             ? "nearest + Kahan compensation (a bf16 buffer per param)"
+                            : "nearest")
+    << "\n"
     << "  persistent state         " << (optim_8bit ? "~" : "") << state_bytes_per_param() << " bytes/param\n";
   return o.str();
 }

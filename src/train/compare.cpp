@@ -27,31 +27,66 @@ using nlohmann::json;
 
 // Each mode fixes the precision and the optimizer, whatever the base config says.
 std::vector<std::string> mode_overrides(const std::string& mode) {
-  if (mode == "fp32") return {"precision.mode=fp32", "precision.stochastic_rounding=false", "optimizer.name=adamw"};
-  if (mode == "mixed") return {"precision.mode=mixed", "precision.stochastic_rounding=false", "optimizer.name=adamw"};
-  if (mode == "bf16") return {"precision.mode=bf16", "precision.stochastic_rounding=false", "optimizer.name=adamw"};
-  if (mode == "bf16-sr") return {"precision.mode=bf16", "precision.stochastic_rounding=true", "optimizer.name=adamw"};
+  const std::vector<std::string> nearest{"precision.stochastic_rounding=false", "precision.kahan_summation=false"};
+  auto with = [&](std::vector<std::string> sets, const std::vector<std::string>& rounding) {
+    sets.insert(sets.end(), rounding.begin(), rounding.end());
+    return sets;
+  };
+  if (mode == "fp32") return with({"precision.mode=fp32", "optimizer.name=adamw"}, nearest);
+  if (mode == "mixed") return with({"precision.mode=mixed", "optimizer.name=adamw"}, nearest);
+  if (mode == "bf16") return with({"precision.mode=bf16", "optimizer.name=adamw"}, nearest);
+  if (mode == "bf16-sr")
+    return {"precision.mode=bf16", "precision.stochastic_rounding=true", "precision.kahan_summation=false",
+            "optimizer.name=adamw"};
+  if (mode == "bf16-kahan")
+    return {"precision.mode=bf16", "precision.stochastic_rounding=false", "precision.kahan_summation=true",
+            "optimizer.name=adamw"};
   // Pure bf16 with 8-bit moments: stochastic rounding keeps the small updates that 8-bit
   // moments and bf16 parameters would otherwise both lose.
   if (mode == "bf16-adam8bit")
-    return {"precision.mode=bf16", "precision.stochastic_rounding=true", "optimizer.name=adamw8bit"};
-  throw UsageError("unknown mode '" + mode + "'; use fp32, mixed, bf16, bf16-sr, bf16-adam8bit");
+    return {"precision.mode=bf16", "precision.stochastic_rounding=true", "precision.kahan_summation=false",
+            "optimizer.name=adamw8bit"};
+  throw UsageError("unknown mode '" + mode + "'; use fp32, mixed, bf16, bf16-sr, bf16-kahan, bf16-adam8bit");
+}
+
+SeedStats seed_stats(const std::vector<double>& values) {
+  SeedStats s;
+  if (values.empty()) return s;
+  s.n = static_cast<int>(values.size());
+  s.min = *std::min_element(values.begin(), values.end());
+  s.max = *std::max_element(values.begin(), values.end());
+  for (double v : values) s.mean += v / s.n;
+  if (s.n > 1) {
+    double ss = 0;
+    for (double v : values) ss += (v - s.mean) * (v - s.mean);
+    s.std = std::sqrt(ss / (s.n - 1));
+  }
+  return s;
+}
+
+bool beyond_seed_spread(const SeedStats& a, const SeedStats& b) {
+  return a.n > 1 && b.n > 1 && (a.max < b.min || b.max < a.min);
 }
 
 namespace {
 
-struct ModeResult {
-  std::string mode;
+// The last fifth of the steps, where a decaying schedule's learning rate is smallest.
+constexpr double kLateFraction = 0.2;
+
+struct RunResult {  // one seed of one mode
+  int64_t seed = 0, steps = 0, state_bytes = 0, num_params = 0, peak_bytes = 0;
   double final_loss = 0, best_loss = 1e300, final_val = -1, tokens_per_s = 0;
-  int64_t steps = 0, state_bytes = 0, peak_bytes = 0;
+  int64_t computed = 0, lost = 0, computed_late = 0, lost_late = 0;
   std::string peak_source;
+  std::vector<std::pair<int64_t, double>> losses;  // (step, training loss)
 };
 
-ModeResult summarise(const std::string& mode, const std::string& dir) {
-  ModeResult r;
-  r.mode = mode;
+RunResult summarise(const std::string& dir, int64_t seed, int64_t total_steps) {
+  RunResult r;
+  r.seed = seed;
   std::vector<double> tps;
   std::ifstream in(dir + "/metrics.jsonl");
+  const auto late_from = static_cast<int64_t>(std::ceil((1.0 - kLateFraction) * static_cast<double>(total_steps)));
   for (std::string line; std::getline(in, line);) {
     json j = json::parse(line);
     if (j.contains("val_loss")) r.final_val = j["val_loss"];
@@ -59,16 +94,71 @@ ModeResult summarise(const std::string& mode, const std::string& dir) {
     r.steps = j["step"];
     r.final_loss = j["loss"];
     r.best_loss = std::min(r.best_loss, r.final_loss);
+    r.losses.emplace_back(r.steps, r.final_loss);
     if (r.steps > 1) tps.push_back(j["tokens_per_s"]);  // step 1 includes warm-up
     r.peak_bytes = std::max<int64_t>(r.peak_bytes, j["peak_mem_bytes"]);
     r.peak_source = j["peak_mem_source"];
+    if (j.contains("updates_computed")) {  // counted since the previous logged step
+      const int64_t c = j["updates_computed"], l = j["updates_lost"];
+      r.computed += c, r.lost += l;
+      if (r.steps > late_from) r.computed_late += c, r.lost_late += l;
+    }
   }
   if (!tps.empty()) {
     std::sort(tps.begin(), tps.end());
     r.tokens_per_s = tps[tps.size() / 2];
   }
-  r.state_bytes = json::parse(read_text_file(dir + "/memory.json"))["total_state_bytes"];
+  const json memory = json::parse(read_text_file(dir + "/memory.json"));
+  r.state_bytes = memory["total_state_bytes"];
+  r.num_params = memory["num_params"];
   return r;
+}
+
+// A run in `dir` trained exactly this config (its resolved config is the same text) to its last step.
+bool finished(const std::string& dir, const Config& config) {
+  std::error_code ec;
+  if (!fs::exists(dir + "/metrics.jsonl", ec) || !fs::exists(dir + "/memory.json", ec) ||
+      !fs::exists(dir + "/config.resolved.toml", ec))
+    return false;
+  if (read_text_file(dir + "/config.resolved.toml") != to_toml(config)) return false;
+  std::ifstream in(dir + "/metrics.jsonl");
+  bool last = false;
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("loss") && j["step"] == config.training.steps) last = true;
+  }
+  return last;
+}
+
+struct ModeSummary {
+  std::string mode;
+  std::vector<RunResult> runs;
+  SeedStats metric;  // final validation loss (or final training loss when a run has none)
+  double lost_all = 0, lost_late = 0, tokens_per_s = 0, state_bytes_per_param = 0;
+  int64_t peak_bytes = 0;
+  std::string peak_source;
+};
+
+ModeSummary summarise_mode(const std::string& mode, std::vector<RunResult> runs, bool use_val) {
+  ModeSummary m;
+  m.mode = mode;
+  std::vector<double> metric, tps;
+  int64_t computed = 0, lost = 0, computed_late = 0, lost_late = 0;
+  for (const auto& r : runs) {
+    metric.push_back(use_val ? r.final_val : r.final_loss);
+    tps.push_back(r.tokens_per_s);
+    computed += r.computed, lost += r.lost, computed_late += r.computed_late, lost_late += r.lost_late;
+    if (r.peak_bytes >= m.peak_bytes) m.peak_bytes = r.peak_bytes, m.peak_source = r.peak_source;
+  }
+  m.metric = seed_stats(metric);
+  m.lost_all = computed ? static_cast<double>(lost) / static_cast<double>(computed) : 0.0;
+  m.lost_late = computed_late ? static_cast<double>(lost_late) / static_cast<double>(computed_late) : 0.0;
+  std::sort(tps.begin(), tps.end());
+  m.tokens_per_s = tps[tps.size() / 2];
+  m.state_bytes_per_param = static_cast<double>(runs.front().state_bytes) /
+                            static_cast<double>(std::max<int64_t>(1, runs.front().num_params));
+  m.runs = std::move(runs);
+  return m;
 }
 
 std::string quote_for_gnuplot(const std::string& s) {
@@ -77,24 +167,36 @@ std::string quote_for_gnuplot(const std::string& s) {
   return "'" + out + "'";
 }
 
-// loss.svg from each mode's metrics (gnuplot from Debian's gnuplot-nox); the .gp script is
-// kept next to it so the plot can be re-made or restyled.
-void plot(const std::string& out, const std::vector<ModeResult>& results) {
+// loss.svg: per mode the training loss's mean over the seeds as a line and, with more than one
+// seed, the band from its lowest to its highest seed at each logged step (gnuplot from Debian's
+// gnuplot-nox); the .gp script and each mode's loss.dat are kept next to it.
+void plot(const std::string& out, const std::vector<ModeSummary>& modes) {
   std::ostringstream gp;
+  const bool bands = modes.front().runs.size() > 1;
   gp << "set terminal svg size 900,560 dynamic background rgb 'white'\nset output "
-     << quote_for_gnuplot(out + "/loss.svg")
-     << "\nset title 'ptrain compare: training loss'\nset xlabel 'step'\nset ylabel 'loss (nats/token)'\nset grid\n"
-     << "set key top right\nplot ";
-  for (size_t i = 0; i < results.size(); ++i) {
-    const std::string data = out + "/" + results[i].mode + "/loss.dat";
+     << quote_for_gnuplot(out + "/loss.svg") << "\nset title 'ptrain compare: training loss"
+     << (bands ? " (mean over " + std::to_string(modes.front().runs.size()) + " seeds, band: lowest to highest seed)"
+               : "")
+     << "'\nset xlabel 'step'\nset ylabel 'loss (nats/token)'\nset grid\nset key top right\n"
+     << "set style fill transparent solid 0.2 noborder\nplot ";
+  for (size_t i = 0; i < modes.size(); ++i) {
+    const std::string data = out + "/" + modes[i].mode + "/loss.dat";
     std::ofstream d(data);
-    std::ifstream in(out + "/" + results[i].mode + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      json j = json::parse(line);
-      if (j.contains("loss")) d << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << "\n";
+    d << "# step mean min max (training loss over " << modes[i].runs.size() << " seeds)\n";
+    for (size_t k = 0; k < modes[i].runs.front().losses.size(); ++k) {
+      double sum = 0, lo = 1e300, hi = -1e300;
+      size_t n = 0;
+      for (const auto& r : modes[i].runs)
+        if (k < r.losses.size())
+          sum += r.losses[k].second, lo = std::min(lo, r.losses[k].second), hi = std::max(hi, r.losses[k].second), ++n;
+      d << modes[i].runs.front().losses[k].first << " " << sum / static_cast<double>(n) << " " << lo << " " << hi
+        << "\n";
     }
-    gp << (i ? ", " : "") << quote_for_gnuplot(data) << " using 1:2 with lines lw 2 title "
-       << quote_for_gnuplot(results[i].mode);
+    const std::string colour = " lc " + std::to_string(i + 1);
+    if (bands)
+      gp << (i ? ", " : "") << quote_for_gnuplot(data) << " using 1:3:4 with filledcurves" << colour << " notitle";
+    gp << (i || bands ? ", " : "") << quote_for_gnuplot(data) << " using 1:2 with lines lw 2" << colour << " title "
+       << quote_for_gnuplot(modes[i].mode);
   }
   gp << "\n";
   write_file_atomic(out + "/loss.gp", gp.str());
@@ -122,71 +224,122 @@ int run_child(const std::string& config, const std::vector<std::string>& sets) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::string pct(double fraction) { return log::fixed(100.0 * fraction, 2) + " %"; }
+
 }  // namespace
 
 int compare(const CompareOptions& o) {
-  if (o.modes.empty()) throw UsageError("--modes needs at least one of fp32, mixed, bf16, bf16-sr, bf16-adam8bit");
+  if (o.modes.empty())
+    throw UsageError("--modes needs at least one of fp32, mixed, bf16, bf16-sr, bf16-kahan, bf16-adam8bit");
+  if (o.seeds < 1) throw UsageError("--seeds must be at least 1");
   std::vector<std::vector<std::string>> per_mode;
   for (const auto& m : o.modes) per_mode.push_back(mode_overrides(m));  // all modes checked before any run
   Config base = load_config(o.config_path, o.overrides);
   const std::string out = o.out_dir.empty() ? "runs/compare-" + base.run.name : o.out_dir;
   const bool rank0 = DistEnv::detect().rank == 0;
 
-  std::vector<Config> configs;
-  std::vector<std::vector<std::string>> mode_sets;
-  for (size_t i = 0; i < o.modes.size(); ++i) {
-    std::vector<std::string> sets = o.overrides;
-    sets.insert(sets.end(), per_mode[i].begin(), per_mode[i].end());
-    sets.push_back("run.output_dir=" + out + "/" + o.modes[i]);
-    sets.push_back("checkpoint.save_final=false");
-    sets.push_back("checkpoint.every_steps=0");
-    sets.push_back("checkpoint.resume=");
-    if (o.steps > 0) sets.push_back("training.steps=" + std::to_string(o.steps));
-    configs.push_back(load_config(o.config_path, sets));  // every mode validated before any run
-    mode_sets.push_back(sets);
-  }
+  struct Run {
+    size_t mode;
+    int64_t seed;
+    std::string dir;
+    Config config;
+    std::vector<std::string> sets;
+  };
+  std::vector<Run> runs;
+  for (size_t i = 0; i < o.modes.size(); ++i)
+    for (int k = 0; k < o.seeds; ++k) {
+      const int64_t seed = base.run.seed + k;
+      const std::string dir = out + "/" + o.modes[i] + (o.seeds > 1 ? "/seed" + std::to_string(seed) : "");
+      std::vector<std::string> sets = o.overrides;
+      sets.insert(sets.end(), per_mode[i].begin(), per_mode[i].end());
+      for (const std::string& s :
+           {"run.output_dir=" + dir, "run.seed=" + std::to_string(seed),
+            std::string("training.count_lost_updates=true"), std::string("checkpoint.save_final=false"),
+            std::string("checkpoint.every_steps=0"), std::string("checkpoint.resume=")})
+        sets.push_back(s);
+      if (o.steps > 0) sets.push_back("training.steps=" + std::to_string(o.steps));
+      Config config = load_config(o.config_path, sets);  // every run validated before any starts
+      runs.push_back({i, seed, dir, std::move(config), std::move(sets)});
+    }
   const bool launched = DistEnv::detect().launcher != "none";
-  for (size_t i = 0; i < configs.size(); ++i) {
-    log::info("=== compare: mode ", i + 1, "/", configs.size(), " '", o.modes[i], "' (", configs[i].training.steps,
-              " steps, same seed and data) ===");
-    // Each mode in its own process, so its peak memory is its own (a process's peak RSS only
-    // grows). Under a launcher the ranks run the modes in turn in-process instead.
-    const int rc = launched ? train(configs[i]) : run_child(o.config_path, mode_sets[i]);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const Run& run = runs[r];
+    const std::string what = "run " + std::to_string(r + 1) + "/" + std::to_string(runs.size()) + ": mode '" +
+                             o.modes[run.mode] + "', seed " + std::to_string(run.seed);
+    if (finished(run.dir, run.config)) {  // an interrupted study goes on where it stopped
+      log::info("=== compare: ", what, ": already finished in ", run.dir, " (same resolved config), not run again ===");
+      continue;
+    }
+    log::info("=== compare: ", what, " (", run.config.training.steps, " steps) ===");
+    // Each run in its own process, so its peak memory is its own (a process's peak RSS only
+    // grows). Under a launcher the ranks run them in turn in-process instead.
+    const int rc = launched ? train(run.config) : run_child(o.config_path, run.sets);
     if (rc != 0) return rc;
   }
   if (!rank0) return 0;
 
-  std::vector<ModeResult> results;
-  for (const auto& m : o.modes) results.push_back(summarise(m, out + "/" + m));
-  const ModeResult* ref = nullptr;
-  for (const auto& r : results)
-    if (r.mode == "fp32") ref = &r;
-  std::ostringstream md, csv;
-  md << "# ptrain compare: " << o.config_path << "\n\nSame init (seed " << base.run.seed << "), same data order, "
-     << results.front().steps << " steps. Δ is the final training loss relative to fp32.\n\n"
-     << "| mode | final loss | best loss | final val loss | Δ vs fp32 | state bytes/rank | tokens/s (median) | peak "
-        "memory |\n"
+  std::vector<std::vector<RunResult>> results(o.modes.size());
+  for (const auto& run : runs) results[run.mode].push_back(summarise(run.dir, run.seed, run.config.training.steps));
+  bool use_val = true;
+  for (const auto& mode : results)
+    for (const auto& r : mode) use_val = use_val && r.final_val >= 0;
+  std::vector<ModeSummary> modes;
+  for (size_t i = 0; i < o.modes.size(); ++i) modes.push_back(summarise_mode(o.modes[i], results[i], use_val));
+  const ModeSummary* ref = nullptr;
+  for (const auto& m : modes)
+    if (m.mode == "fp32") ref = &m;
+
+  const std::string metric = use_val ? "final val loss" : "final loss";
+  const int64_t steps = modes.front().runs.front().steps;
+  std::ostringstream md, csv, runs_csv;
+  md << "# ptrain compare: " << o.config_path << "\n\n"
+     << steps << " steps; " << o.seeds
+     << (o.seeds > 1 ? " seeds (run.seed " + std::to_string(base.run.seed) + " to " +
+                           std::to_string(base.run.seed + o.seeds - 1) + ")"
+                     : " seed (" + std::to_string(base.run.seed) + ")")
+     << ", each the same init, data order and rounding bits in every mode. " << metric
+     << ": mean ± standard deviation (lowest – highest) over the seeds; Δ: the mean relative to fp32's; beyond "
+        "spread: the seeds' ranges do not overlap (needs 2+ seeds). Lost updates: elements whose computed update was "
+        "non-zero but whose stored value did not change, over all steps / the last 20 %.\n\n"
+     << "| mode | " << metric
+     << " | Δ vs fp32 | beyond spread | lost updates (all / last 20 %) | state B/param | "
+        "tokens/s (median) | peak memory |\n"
      << "|---|---|---|---|---|---|---|---|\n";
-  csv << "mode,steps,final_loss,best_loss,final_val_loss,delta_vs_fp32_pct,state_bytes_per_rank,tokens_per_s,peak_mem_"
-         "bytes,peak_mem_source\n";
-  for (const auto& r : results) {
-    double pct = ref ? 100.0 * (r.final_loss - ref->final_loss) / ref->final_loss : 0.0;
-    if (std::abs(pct) < 0.005) pct = 0.0;  // no "-0.00"
-    const std::string delta = ref ? log::fixed(pct, 2) : "";
-    const std::string val = r.final_val >= 0 ? log::fixed(r.final_val, 4) : "-";
-    md << "| " << r.mode << " | " << log::fixed(r.final_loss, 4) << " | " << log::fixed(r.best_loss, 4) << " | " << val
-       << " | " << (ref ? (delta[0] == '-' ? delta : "+" + delta) + " %" : "-") << " | " << log::bytes(r.state_bytes)
-       << " | " << log::grouped(r.tokens_per_s) << " | " << log::bytes(r.peak_bytes)
-       << (r.peak_source == "process_peak_rss" ? " (RSS)" : " (allocated)") << " |\n";
-    csv << r.mode << "," << r.steps << "," << r.final_loss << "," << r.best_loss << "," << (r.final_val >= 0 ? val : "")
-        << "," << delta << "," << r.state_bytes << "," << r.tokens_per_s << "," << r.peak_bytes << "," << r.peak_source
-        << "\n";
+  csv << "mode,steps,seeds,metric,mean,std,min,max,delta_vs_fp32_pct,beyond_spread,lost_updates_all,lost_updates_"
+         "late,state_bytes_per_param,tokens_per_s,peak_mem_bytes,peak_mem_source\n";
+  runs_csv << "mode,seed,steps,final_loss,best_loss,final_val_loss,updates_computed,updates_lost,updates_computed_"
+              "late,updates_lost_late,state_bytes_per_rank,tokens_per_s,peak_mem_bytes\n";
+  for (const auto& m : modes) {
+    double delta = ref ? 100.0 * (m.metric.mean - ref->metric.mean) / ref->metric.mean : 0.0;
+    if (std::abs(delta) < 0.005) delta = 0.0;  // no "-0.00"
+    const std::string d = ref ? log::fixed(delta, 2) : "";
+    const bool beyond = ref && &m != ref && beyond_seed_spread(m.metric, ref->metric);
+    const std::string spread = !ref || &m == ref ? "-" : o.seeds < 2 ? "n/a (1 seed)" : beyond ? "**yes**" : "no";
+    md << "| " << m.mode << " | " << log::fixed(m.metric.mean, 4)
+       << (o.seeds > 1 ? " ± " + log::fixed(m.metric.std, 4) + " (" + log::fixed(m.metric.min, 4) + " – " +
+                             log::fixed(m.metric.max, 4) + ")"
+                       : "")
+       << " | " << (ref ? (d[0] == '-' ? d : "+" + d) + " %" : "-") << " | " << spread << " | " << pct(m.lost_all)
+       << " / " << pct(m.lost_late) << " | " << log::fixed(m.state_bytes_per_param, 2) << " | "
+       << log::grouped(m.tokens_per_s) << " | " << log::bytes(m.peak_bytes)
+       << (m.peak_source == "process_peak_rss" ? " (RSS)" : " (allocated)") << " |\n";
+    csv << m.mode << "," << steps << "," << o.seeds << "," << (use_val ? "final_val_loss" : "final_loss") << ","
+        << m.metric.mean << "," << m.metric.std << "," << m.metric.min << "," << m.metric.max << "," << d << ","
+        << (beyond ? "yes" : "no") << "," << m.lost_all << "," << m.lost_late << "," << m.state_bytes_per_param << ","
+        << m.tokens_per_s << "," << m.peak_bytes << "," << m.peak_source << "\n";
+    for (const auto& r : m.runs)
+      runs_csv << m.mode << "," << r.seed << "," << r.steps << "," << r.final_loss << "," << r.best_loss << ","
+               << (r.final_val >= 0 ? std::to_string(r.final_val) : "") << "," << r.computed << "," << r.lost << ","
+               << r.computed_late << "," << r.lost_late << "," << r.state_bytes << "," << r.tokens_per_s << ","
+               << r.peak_bytes << "\n";
   }
   write_file_atomic(out + "/summary.md", md.str());
   write_file_atomic(out + "/summary.csv", csv.str());
-  plot(out, results);
+  write_file_atomic(out + "/runs.csv", runs_csv.str());
+  plot(out, modes);
   std::fputs(md.str().c_str(), stdout);
-  log::info("compare outputs: ", out, "/summary.md, summary.csv, loss.svg, <mode>/metrics.jsonl");
+  log::info("compare outputs: ", out, "/summary.md, summary.csv, runs.csv, loss.svg, <mode>",
+            o.seeds > 1 ? "/seed<S>" : "", "/metrics.jsonl");
   return 0;
 }
 

@@ -81,7 +81,8 @@ MemoryReport predict_memory(const Config& config, int world_size) {
     }
   r.nf4_params = plan.nf4_params();
   const PrecisionPolicy policy = precision_policy(config);
-  r.optimizer_state_bytes = 2 * r.num_params * static_cast<int64_t>(c10::elementSize(policy.optim_dtype));
+  r.optimizer_state_bytes =
+      (policy.kahan ? 3 : 2) * r.num_params * static_cast<int64_t>(c10::elementSize(policy.optim_dtype));
   if (config.optimizer.name ==
       OptimizerName::adamw8bit) {  // this rank's (rank 0's) blocks, as the optimizer lays them out
     r.optimizer_state_bytes = 0;

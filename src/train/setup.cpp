@@ -310,8 +310,8 @@ std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& mode
         std::move(targets), std::move(blocking),
         AdamW8bitOptions{{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed}, kMin8bitNumel});
   }
-  return std::make_unique<AdamW>(std::move(targets),
-                                 AdamWOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed});
+  return std::make_unique<AdamW>(
+      std::move(targets), AdamWOptions{o.betas[0], o.betas[1], o.eps, o.weight_decay, sr, seed, model.policy().kahan});
 }
 
 std::vector<OptimTarget> optim_targets(FsdpModel& model) {

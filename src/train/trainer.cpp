@@ -104,6 +104,7 @@ class Run {
     }
     model_ = build_model(c, device_, comm_);
     optim_ = make_optimizer(c, *model_, optim_targets(*model_));
+    optim_->count_lost_updates(c.training.count_lost_updates);
     if (rank_ == 0) recover_checkpoint_dir(c.checkpoint_dir());  // a crashed run's leftovers
     comm_->barrier();
     std::string resume = c.checkpoint.resume;
@@ -179,28 +180,40 @@ class Run {
     const double tps = static_cast<double>(tokens_per_step_) / s.seconds;
     // Offloading: the most host bytes the offloaded block inputs have held (tensor bytes).
     const int64_t offloaded = model_->offloader() ? model_->offloader()->peak_host_bytes() : 0;
-    if (metrics_)
-      metrics_->write({{"step", progress.step},
-                       {"loss", s.loss},
-                       {"lr", s.lr},
-                       {"grad_norm", s.result.grad_norm},
-                       {"tokens_per_s", tps},
-                       {"step_time_s", s.seconds},
-                       {"tflops", tps * flops_per_token_ / 1e12},
-                       {"peak_mem_bytes", peak.bytes},
-                       {"peak_mem_source", peak.source},
-                       {"world_size", static_cast<int64_t>(ws_)},
-                       {"tokens_seen", static_cast<int64_t>(progress.samples) * c_.data.seq_len},
-                       {"trained_tokens", s.result.trained_tokens},
-                       {"comm_all_gather_bytes", s.comm.all_gather_bytes},
-                       {"comm_reduce_scatter_bytes", s.comm.reduce_scatter_bytes},
-                       {"comm_all_reduce_bytes", s.comm.all_reduce_bytes},
-                       {"offload_host_peak_bytes", offloaded}});
+    std::vector<MetricsWriter::Field> row{{"step", progress.step},
+                                          {"loss", s.loss},
+                                          {"lr", s.lr},
+                                          {"grad_norm", s.result.grad_norm},
+                                          {"tokens_per_s", tps},
+                                          {"step_time_s", s.seconds},
+                                          {"tflops", tps * flops_per_token_ / 1e12},
+                                          {"peak_mem_bytes", peak.bytes},
+                                          {"peak_mem_source", peak.source},
+                                          {"world_size", static_cast<int64_t>(ws_)},
+                                          {"tokens_seen", static_cast<int64_t>(progress.samples) * c_.data.seq_len},
+                                          {"trained_tokens", s.result.trained_tokens},
+                                          {"comm_all_gather_bytes", s.comm.all_gather_bytes},
+                                          {"comm_reduce_scatter_bytes", s.comm.reduce_scatter_bytes},
+                                          {"comm_all_reduce_bytes", s.comm.all_reduce_bytes},
+                                          {"offload_host_peak_bytes", offloaded}};
+    std::string lost_note;
+    if (c_.training.count_lost_updates) {  // since the last logged step, every rank's elements
+      const UpdateCounts own = optim_->take_update_counts();
+      at::Tensor counts = at::tensor({static_cast<double>(own.computed), static_cast<double>(own.lost)}, at::kDouble);
+      comm_->all_reduce_sum(counts);
+      const auto computed = static_cast<int64_t>(counts[0].item<double>());
+      const auto lost = static_cast<int64_t>(counts[1].item<double>());
+      row.push_back({"updates_computed", computed});
+      row.push_back({"updates_lost", lost});
+      lost_note =
+          " | lost updates " + log::fixed(computed ? 100.0 * static_cast<double>(lost) / computed : 0.0, 2) + " %";
+    }
+    if (metrics_) metrics_->write(row);
     log::info("step ", progress.step, "/", c_.training.steps, " | loss ", log::fixed(s.loss, 4), " | lr ",
               log::sci(s.lr, 2), " | grad_norm ", log::fixed(s.result.grad_norm, 3), " | ", log::grouped(tps),
               " tok/s | ", log::fixed(s.seconds, 3), " s/step | peak ",
               peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes),
-              ws_ > 1 ? " (rank 0)" : "");
+              ws_ > 1 ? " (rank 0)" : "", lost_note);
   }
 
   // The sample prompts' ids (plain, or a user turn of the chat template); a tokenizer or template

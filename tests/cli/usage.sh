@@ -158,11 +158,25 @@ expect 0 "\| bf16-adam8bit \|" -- "$bin" compare --config "$tmp/ok.toml" --modes
 for f in summary.md summary.csv loss.svg fp32/metrics.jsonl bf16-sr/metrics.jsonl bf16-adam8bit/metrics.jsonl; do
   if [ -s "$tmp/cmp/$f" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: compare did not write $f"; fi
 done
-if grep -q "<svg" "$tmp/cmp/loss.svg" && grep -q "^fp32,3,.*,0.00," "$tmp/cmp/summary.csv"; then pass=$((pass+1)); else
+if grep -q "<svg" "$tmp/cmp/loss.svg" && grep -q "^fp32,3,1,.*,0.00," "$tmp/cmp/summary.csv"; then pass=$((pass+1)); else
   fail=$((fail+1)); echo "FAIL: loss.svg is no SVG or fp32's delta is not 0.00"; cat "$tmp/cmp/summary.csv"; fi
 # Same init: every mode's step-1 loss agrees with fp32's to bf16 precision.
 l1() { grep -o '"step":1,"loss":[0-9.]*' "$tmp/cmp/$1/metrics.jsonl" | cut -d: -f3; }
 if awk -v a="$(l1 fp32)" -v b="$(l1 bf16)" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.02) }'; then pass=$((pass+1)); else
   fail=$((fail+1)); echo "FAIL: step-1 losses differ: fp32 $(l1 fp32) vs bf16 $(l1 bf16)"; fi
+# --seeds: each mode over run.seed and run.seed + 1 (other inits: other losses), mean and spread
+# in the summary, one runs.csv row per run; a second call trains nothing that finished.
+expect 0 "beyond spread" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,bf16-kahan --steps 3 --seeds 2 --out "$tmp/cmp2"
+for f in fp32/seed1234 fp32/seed1235 bf16-kahan/seed1234 bf16-kahan/seed1235; do
+  if [ -s "$tmp/cmp2/$f/metrics.jsonl" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: compare --seeds did not write $f"; fi
+done
+s1() { grep -o '"step":1,"loss":[0-9.]*' "$tmp/cmp2/fp32/$1/metrics.jsonl" | cut -d: -f3; }
+if [ "$(grep -c '' "$tmp/cmp2/runs.csv")" = 5 ] && [ -n "$(s1 seed1234)" ] && [ "$(s1 seed1234)" != "$(s1 seed1235)" ] &&
+   grep -q "updates_lost" "$tmp/cmp2/fp32/seed1234/metrics.jsonl" && grep -q "± " "$tmp/cmp2/summary.md"; then
+  pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: compare --seeds: runs.csv / seeds / lost-update counts"; cat "$tmp/cmp2/runs.csv"; fi
+cp "$tmp/cmp2/fp32/seed1235/metrics.jsonl" "$tmp/seed1235.before"
+out=$("$bin" compare --config "$tmp/ok.toml" --modes fp32,bf16-kahan --steps 3 --seeds 2 --out "$tmp/cmp2" 2>&1)
+if [ "$(grep -c "already finished" <<<"$out")" = 4 ] && cmp -s "$tmp/seed1235.before" "$tmp/cmp2/fp32/seed1235/metrics.jsonl"; then
+  pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: compare ran finished runs again"; echo "$out" | head -5; fi
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -366,6 +366,7 @@ TEST(Dist, EveryBf16ModeMatchesAcrossWorldSizes) {
   for (const std::string mode :
        {"--set precision.mode=mixed", "--set precision.mode=bf16",
         "--set precision.mode=bf16 --set precision.stochastic_rounding=true",
+        "--set precision.mode=bf16 --set precision.kahan_summation=true",
         "--set precision.mode=bf16 --set precision.stochastic_rounding=true --set optimizer.name=adamw8bit"}) {
     SCOPED_TRACE(mode);
     test::TempDir dir;

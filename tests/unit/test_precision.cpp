@@ -106,6 +106,7 @@ TEST(Precision, StateBytesPerParameterPerMode) {
       {{"precision.mode=fp32"}, 16.0},
       {{"precision.mode=mixed"}, 16.0},
       {{"precision.mode=bf16"}, 8.0},
+      {{"precision.mode=bf16", "precision.kahan_summation=true"}, 10.0},  // + a bf16 compensation per param
       {{"precision.mode=bf16", "optimizer.name=adamw8bit", "precision.stochastic_rounding=true"}, 6.03125}};
   for (const auto& [sets, expected] : modes) {
     test::TempDir dir;

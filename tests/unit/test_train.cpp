@@ -285,25 +285,37 @@ TEST(Train, OptimizerInBackwardMatchesStepAfterBackward) {
   EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(in_bwd, 1).to_json()));
 }
 
-// bf16 + stochastic rounding + adamw8bit resumes bit-exactly: codes, absmax, float32 moments,
-// bf16 parameters and the rounding stream all continue where they stopped.
+// bf16 + stochastic rounding + adamw8bit, and bf16 with Kahan summation, resume bit-exactly:
+// codes, absmax, float32 moments, the Kahan compensation (checkpointed with the moments), bf16
+// parameters and the rounding stream all continue where they stopped.
 TEST(Train, AdamW8bitBf16ResumeIsBitExact) {
-  test::TempDir dir;
-  const std::string cfg = test::small_config(dir, "[checkpoint]\nevery_steps = 5\nkeep = 5\n");
-  const std::vector<std::string> mode{"precision.mode=bf16", "precision.stochastic_rounding=true",
-                                      "optimizer.name=adamw8bit", "training.steps=10"};
-  ASSERT_EQ(train(load(cfg, mode)), 0);
-  const std::string straight = dir / "run";
-  std::vector<std::string> resumed = mode;
-  resumed.insert(resumed.end(),
-                 {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + straight + "/checkpoints/step_5"});
-  ASSERT_EQ(train(load(cfg, resumed)), 0);
-  auto a = losses(straight + "/metrics.jsonl"), b = losses(dir / "resumed/metrics.jsonl");
-  for (int64_t step = 6; step <= 10; ++step) EXPECT_EQ(a[step], b[step]) << "loss differs at step " << step;
-  for (const std::string kind : {"model", "optimizer"}) {
-    SafetensorsFile x(straight + "/checkpoints/step_10/" + kind + ".rank0.safetensors");
-    SafetensorsFile y(dir / "resumed/checkpoints/step_10/" + kind + ".rank0.safetensors");
-    for (const auto& e : x.entries()) EXPECT_TRUE(at::equal(x.tensor(e.name), y.tensor(e.name))) << e.name;
+  for (const auto& [mode, state_key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"precision.mode=bf16", "precision.stochastic_rounding=true", "optimizer.name=adamw8bit"},
+            ".exp_avg.codes"},
+           {{"precision.mode=bf16", "precision.kahan_summation=true"}, ".kahan_comp"}}) {
+    SCOPED_TRACE(mode.back());
+    test::TempDir dir;
+    const std::string cfg = test::small_config(dir, "[checkpoint]\nevery_steps = 5\nkeep = 5\n");
+    std::vector<std::string> sets = mode;
+    sets.push_back("training.steps=10");
+    ASSERT_EQ(train(load(cfg, sets)), 0);
+    const std::string straight = dir / "run";
+    std::vector<std::string> resumed = sets;
+    resumed.insert(resumed.end(),
+                   {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + straight + "/checkpoints/step_5"});
+    ASSERT_EQ(train(load(cfg, resumed)), 0);
+    auto a = losses(straight + "/metrics.jsonl"), b = losses(dir / "resumed/metrics.jsonl");
+    for (int64_t step = 6; step <= 10; ++step) EXPECT_EQ(a[step], b[step]) << "loss differs at step " << step;
+    int with_state = 0;
+    for (const std::string kind : {"model", "optimizer"}) {
+      SafetensorsFile x(straight + "/checkpoints/step_10/" + kind + ".rank0.safetensors");
+      SafetensorsFile y(dir / "resumed/checkpoints/step_10/" + kind + ".rank0.safetensors");
+      for (const auto& e : x.entries()) {
+        EXPECT_TRUE(at::equal(x.tensor(e.name), y.tensor(e.name))) << e.name;
+        with_state += e.name.find(state_key) != std::string::npos;
+      }
+    }
+    EXPECT_GT(with_state, 0) << "no " << state_key << " in the checkpoint";
   }
 }
 
