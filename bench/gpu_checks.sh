@@ -81,7 +81,7 @@ stage_env() {
   fi
   rm -rf "$STATE/lib" && mkdir -p "$STATE/lib"
   local lib kept=()
-  for lib in "$SYSROOT"/usr/lib/x86_64-linux-gnu/*.so.* "$SYSROOT"/usr/lib/x86_64-linux-gnu/openmpi/lib/*.so.*; do
+  for lib in "$SYSROOT"/{usr/,}lib/x86_64-linux-gnu/*.so.* "$SYSROOT"/usr/lib/x86_64-linux-gnu/openmpi/lib/*.so.*; do
     [ -e "$lib" ] || continue
     local own; own=$("$(command -v ldconfig || echo /sbin/ldconfig)" -p | awk -v n="${lib##*/}" '$1 == n {print $NF; exit}')
     if [ -n "$own" ] && [ -e "$own" ]; then kept+=("${lib##*/}"); else ln -sf "$lib" "$STATE/lib/"; fi
@@ -132,7 +132,7 @@ stage_kernels() {
   # skip's reason is seen; a skipped test is reported as skipped, never as passed.
   "$PTRAIN_BUILD/tests/ptrain_tests" --gtest_filter='*Cuda*' > "$LOGS/kernels.log" 2>&1
   local rc=$?
-  record "- CUDA kernel tests (rc $rc): $(grep -E '^\[ +(OK|SKIPPED|FAILED) +\] [A-Za-z0-9_]+\.' "$LOGS/kernels.log" |
+  record "- CUDA kernel tests (rc $rc): $(grep -E '^\[ +(OK|SKIPPED|FAILED) +\] [A-Za-z0-9_]+\.[A-Za-z0-9_]+ \([0-9]+ ms\)$' "$LOGS/kernels.log" |
     sed -E 's/^\[ +([A-Z]+) +\] ([^ ]+).*/\2 \1/' | paste -sd';' | sed 's/;/; /g')"
   grep -q "SKIPPED \]" "$LOGS/kernels.log" &&
     record "  (skipped is not passed; the reason given: $(grep -m1 -A1 ': Skipped$' "$LOGS/kernels.log" | tail -1))"
@@ -158,7 +158,7 @@ stage_smoke() {
   # The CPU references the kernel tests compare against, and the optimizer's rounding modes.
   "$PTRAIN_BUILD/tests/ptrain_tests" --gtest_filter='AdamW*:AdamW8bit*:Nf4*:StochasticRounding*:UpdateRounding*' \
     > "$LOGS/smoke_tests.log" 2>&1 || { record "FAILED: unit tests (logs/smoke_tests.log)"; return 1; }
-  record "- unit tests of the kernels' CPU references and the update rounding: $(grep -E '^\[  PASSED  \]|^\[  SKIPPED \]' "$LOGS/smoke_tests.log" | paste -sd' ')"
+  record "- unit tests of the kernels' CPU references and the update rounding: $(grep -E '^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?' "$LOGS/smoke_tests.log" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+) tests?.*/\2 \1/' | paste -sd',' | sed 's/,/, /g') (the skipped ones are the CUDA comparisons)"
 }
 
 stage_nccl() {
