@@ -8,6 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 
 #include "checkpoint/hf.h"
 #include "checkpoint/meta.h"
@@ -120,6 +121,12 @@ class ShardReader {
                            std::to_string(k_hi - k_lo));
       dst.narrow(0, a - lo, b - a).copy_(src.narrow(0, a - k_lo, b - a));
     }
+  }
+  // The tensor names of one rank's file (every rank's file holds the same names).
+  std::vector<std::string> names(int rank) {
+    std::vector<std::string> out;
+    for (const auto& e : file(rank).entries()) out.push_back(e.name);
+    return out;
   }
 
  private:
@@ -328,6 +335,23 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
                   u.shard.detach().narrow(0, 0, u.owned()));
     }
     if (optim) {
+      // The state this optimizer keeps is exactly the state the checkpoint holds: a tensor more
+      // (a Kahan compensation, 8-bit codes) or less means other optimizer settings wrote it, and
+      // resuming would drop or invent state.
+      std::set<std::string> keeps, held;
+      for (const auto& s : optim->state()) keeps.insert(s.key);
+      for (const auto& name : state.names(0)) held.insert(name);
+      const std::string settings =
+          "; resume with the optimizer and precision settings it was written with "
+          "(optimizer.name, precision.mode, precision.kahan_summation)";
+      for (const auto& name : held)
+        if (!keeps.count(name))
+          throw RuntimeError("checkpoint '" + dir + "' holds optimizer state '" + name +
+                             "' that this run's optimizer does not keep" + settings);
+      for (const auto& key : keeps)
+        if (!held.count(key))
+          throw RuntimeError("checkpoint '" + dir + "' has no optimizer state '" + key +
+                             "', which this run's optimizer keeps" + settings);
       for (const auto& s : optim->state()) {
         const FlatUnit& u = model.trainable_units().at(s.target);
         s.tensor.zero_();

@@ -217,6 +217,38 @@ TEST(Checkpoint, RefusesADifferentModel) {
   }
 }
 
+// Optimizer state is resumed only into an optimizer that keeps exactly that state: a Kahan
+// compensation, or 8-bit codes, the run does not keep (or lacks) is named, never dropped or
+// invented.
+TEST(Checkpoint, RefusesOptimizerStateOfOtherSettings) {
+  test::TempDir dir;
+  const std::vector<std::string> bf16{"precision.mode=bf16", "training.steps=2"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), bf16.begin(), bf16.end());
+    return extra;
+  };
+  ASSERT_EQ(train(load(test::small_config(dir), with({"precision.kahan_summation=true"}))), 0);
+  const std::string kahan = dir / "run/checkpoints/step_2";
+  ASSERT_EQ(train(load(test::small_config(dir), with({"run.output_dir=" + (dir / "plain")}))), 0);
+  const std::string plain = dir / "plain/checkpoints/step_2";
+  for (const auto& [from, sets, named] : std::vector<std::tuple<std::string, std::vector<std::string>, std::string>>{
+           {kahan, {}, ".kahan_comp' that this run's optimizer does not keep"},
+           {plain, {"precision.kahan_summation=true"}, ".kahan_comp', which this run's optimizer keeps"},
+           {plain, {"optimizer.name=adamw8bit"}, "that this run's optimizer does not keep"}}) {
+    SCOPED_TRACE(from + " " + (sets.empty() ? "" : sets[0]));
+    std::vector<std::string> resume = with(sets);
+    resume.insert(resume.end(),
+                  {"training.steps=3", "run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + from});
+    try {
+      train(load(test::small_config(dir), resume));
+      FAIL() << "resumed optimizer state of other settings";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("precision.kahan_summation"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Checkpoint, ExportThenHfImportIsExact) {
   test::TempDir dir;
   Config c = load(test::small_config(dir), {"training.steps=3"});
