@@ -22,7 +22,8 @@ say() { printf '[gpu_rehearsal] %s\n' "$*"; }
 
 W="$(mktemp -d /tmp/ptrain-gpu-rehearsal.XXXXXX)"
 git clone -q "$ROOT" "$W/tree"
-cp -r "$ROOT/.gpu-bundle" "$W/tree/.gpu-bundle"
+mkdir -p "$W/tree/.gpu-bundle"  # what launch/gpu_bundle.sh makes, and what is carried: nothing unpacked
+cp -r "$ROOT/.gpu-bundle/debs" "$ROOT/.gpu-bundle/data" "$ROOT/.gpu-bundle/MANIFEST" "$W/tree/.gpu-bundle/"
 mkdir -p "$W/upper" "$W/work" "$W/root" "$W/out"
 say "clean tree: $(git -C "$W/tree" log -1 --format='%h %s' | cut -c1-80) + the bundle ($(du -sm "$W/tree/.gpu-bundle" | cut -f1) MiB)"
 
