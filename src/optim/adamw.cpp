@@ -133,19 +133,17 @@ void AdamW::update_unfused(const std::vector<std::pair<size_t, at::Tensor>>& gra
     at::Tensor m = exp_avg_[i].to(at::kFloat).lerp_(g, 1.0 - opt_.beta1);
     at::Tensor v = exp_avg_sq_[i].to(at::kFloat).mul_(opt_.beta2).addcmul_(g, g, 1.0 - opt_.beta2);
     at::Tensor p = t.param.detach().to(at::kFloat);
+    const at::Tensor old = opt_.kahan ? p.clone() : at::Tensor();
+    if (opt_.weight_decay != 0 && t.decay_numel > 0) p.narrow(0, 0, t.decay_numel).mul_(1.0 - lr * opt_.weight_decay);
+    p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(opt_.eps), -lr / bc1);
     if (opt_.kahan) {
       // The update (decay included) plus what the last rounding dropped, added to the old
       // value and rounded to nearest; what this rounding drops is kept for the next step.
-      const at::Tensor old = p.clone();
-      if (opt_.weight_decay != 0 && t.decay_numel > 0) p.narrow(0, 0, t.decay_numel).mul_(1.0 - lr * opt_.weight_decay);
-      p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(opt_.eps), -lr / bc1);
       const at::Tensor y = p.sub_(old).add_(comp_[i].to(at::kFloat));  // the compensated update
       const at::Tensor stored = (old + y).to(t.param.scalar_type());
       comp_[i].copy_(y.sub_(stored.to(at::kFloat).sub_(old)));
       t.param.detach().copy_(stored);
     } else {
-      if (opt_.weight_decay != 0 && t.decay_numel > 0) p.narrow(0, 0, t.decay_numel).mul_(1.0 - lr * opt_.weight_decay);
-      p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(opt_.eps), -lr / bc1);
       t.param.detach().copy_(stochastic_round_bf16(p, step_seed, t.global_offset));
     }
     exp_avg_[i].copy_(m);

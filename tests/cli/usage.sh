@@ -166,6 +166,7 @@ if awk -v a="$(l1 fp32)" -v b="$(l1 bf16)" 'BEGIN { d = a - b; if (d < 0) d = -d
   fail=$((fail+1)); echo "FAIL: step-1 losses differ: fp32 $(l1 fp32) vs bf16 $(l1 bf16)"; fi
 # --seeds: each mode over run.seed and run.seed + 1 (other inits: other losses), mean and spread
 # in the summary, one runs.csv row per run; a second call trains nothing that finished.
+expect 2 "--seeds" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32 --seeds 0
 expect 0 "beyond spread" -- "$bin" compare --config "$tmp/ok.toml" --modes fp32,bf16-kahan --steps 3 --seeds 2 --out "$tmp/cmp2"
 for f in fp32/seed1234 fp32/seed1235 bf16-kahan/seed1234 bf16-kahan/seed1235; do
   if [ -s "$tmp/cmp2/$f/metrics.jsonl" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: compare --seeds did not write $f"; fi
