@@ -221,13 +221,13 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
                  {"world_size", comm.world_size()},
                  {"precision", model.policy().mode},
                  {"master_dtype", c10::toString(model.policy().master_dtype)},
-                 {"lora", model.lora()},
+                 {"lora", model.options().lora.enabled},
                  {"lora_config",
-                  {{"rank", model.options().lora_rank},
-                   {"alpha", model.options().lora_alpha},
-                   {"dropout", model.options().lora_dropout},
-                   {"rslora", model.options().lora_rslora},
-                   {"targets", model.options().lora_targets}}},
+                  {{"rank", model.options().lora.rank},
+                   {"alpha", model.options().lora.alpha},
+                   {"dropout", model.options().lora.dropout},
+                   {"rslora", model.options().lora.rslora},
+                   {"targets", model.options().lora.targets}}},
                  {"shape", shape_json(model.shape())},
                  {"units", units},
                  {"files", files}};
@@ -322,10 +322,10 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
       throw RuntimeError("checkpoint '" + dir + "' holds " + meta.at("master_dtype").get<std::string>() +
                          " master weights but precision mode '" + model.policy().mode + "' keeps " +
                          c10::toString(model.policy().master_dtype));
-    if (meta.value("lora", false) != model.lora())
+    if (meta.value("lora", false) != model.options().lora.enabled)
       throw RuntimeError("checkpoint '" + dir + "' holds " +
                          (meta.value("lora", false) ? "LoRA adapters" : "full model weights") + " but the config " +
-                         (model.lora() ? "enables" : "does not enable") + " LoRA; match lora.enabled");
+                         (model.options().lora.enabled ? "enables" : "does not enable") + " LoRA; match lora.enabled");
     const int saved_ws = meta.at("world_size").get<int>();
     ShardReader params(dir, meta, "model", saved_ws), state(dir, meta, "optimizer", saved_ws);
     at::NoGradGuard no_grad;
@@ -377,12 +377,12 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
   json meta = read_meta(checkpoint_dir);
   PlanOptions o;  // the units the checkpoint holds: the trained ones (model/plan.h)
-  o.lora = meta.value("lora", false);
+  o.lora.enabled = meta.value("lora", false);
   PeftAdapter a;
-  if (o.lora) {
+  if (o.lora.enabled) {
     const json& l = meta.at("lora_config");
-    o.lora_rank = a.rank = l.at("rank").get<int64_t>();
-    o.lora_targets = a.targets = l.at("targets").get<std::vector<std::string>>();
+    o.lora.rank = a.rank = l.at("rank").get<int64_t>();
+    o.lora.targets = a.targets = l.at("targets").get<std::vector<std::string>>();
     a.alpha = l.at("alpha").get<double>();
     a.dropout = l.at("dropout").get<double>();
     a.rslora = l.value("rslora", false);
@@ -396,7 +396,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
     params.copy(u.layout.name, u.layout.numel, 0, u.layout.numel, flat);
     for (const auto& slot : u.layout.slots) named.emplace_back(slot.name, slot_view(flat, slot));
   }
-  if (o.lora) {  // adapters only: PEFT's format
+  if (o.lora.enabled) {  // adapters only: PEFT's format
     for (const auto& [name, t] : named) a.tensors[name] = t.clone();
     write_peft(out_dir, a);
     return;

@@ -9,29 +9,22 @@
 #include <vector>
 
 #include "common/error.h"
-#include "data/chat.h"
+#include "data/options.h"
+#include "model/options.h"
 #include "model/shape.h"
-#include "optim/lr_schedule.h"
+#include "optim/options.h"
+#include "parallel/options.h"
 
 namespace ptrain {
 
 struct PrecisionPolicy;
 
-// The options that take one of a few names, parsed once when the config loads; enum_names<E>()
-// lists the names as TOML spells them, in enumerator order (an unknown name is a config error
-// at its line, listing them).
-enum class DataFormat { text, tokens, jsonl, parquet };
-// jsonl and parquet: records (text, chats, prompt/completion) rendered into samples with a loss mask.
-inline bool holds_records(DataFormat f) { return f == DataFormat::jsonl || f == DataFormat::parquet; }
-enum class Truncation { truncate, drop };
-enum class BadRecord { error, skip };
+// The options that take one of a few names are enums, parsed once when the config loads;
+// enum_names<E>() lists the names as TOML spells them, in enumerator order (an unknown name is a
+// config error at its line, listing them). The enums and the sections' structs belong to the
+// parts that use them (data/options.h, model/options.h, optim/options.h, parallel/options.h),
+// whose field initialisers are the keys' defaults; Config composes them.
 enum class DeviceChoice { automatic, cpu, cuda };  // "auto", "cpu", "cuda"
-enum class OptimizerName { adamw, adamw8bit };
-enum class PrecisionMode { fp32, mixed, bf16 };
-enum class DtypeName { from_mode, float32, bfloat16 };  // "" (the mode decides), "float32", "bfloat16"
-enum class Backend { automatic, nccl, mpi, gloo };      // "auto", ...
-enum class Checkpointing { none, full };
-enum class QuantBase { none, nf4 };
 
 template <class E>
 const std::vector<std::string>& enum_names();
@@ -55,23 +48,7 @@ struct Config {
     bool hf_nf4 = false, hf_nf4_double_quant = false;
     double init_std = 0.02;  // N(0, init_std) init of matrices; output projections / sqrt(2L)
   } model;
-  struct Data {
-    std::string path;  // text file (byte-level tokens), .bin token file or .jsonl records
-    DataFormat format = DataFormat::text;
-    std::string tokenizer;                       // jsonl: tokenizer.json or its directory (default: model.hf_path)
-    std::vector<std::string> fields;             // jsonl/parquet: "canonical=theirs" field names ("output=answer")
-    BadRecord on_bad_record = BadRecord::error;  // jsonl/parquet: stop at a malformed record, or skip and count it
-    ChatTemplate chat_template =
-        ChatTemplate::automatic;                   // jsonl chats: the template (auto: the tokenizer directory's)
-    bool packing = false;                          // jsonl: several samples per row
-    bool train_on_prompt = false;                  // jsonl: train on prompts too, not only on replies / completions
-    Truncation truncation = Truncation::truncate;  // jsonl: samples longer than a row
-    bool cache = true;                             // jsonl/parquet: tokenize once into a mapped cache file
-    std::string cache_dir;                         // where (default: $PTRAIN_DATA_CACHE or ~/.cache/ptrain/datasets)
-    int64_t seq_len = 128;                         // tokens per training sequence
-    int64_t micro_batch_size = 8;                  // sequences per forward/backward per rank
-    double val_fraction = 0.05;  // held out for validation: the tail of a token stream; jsonl: samples
-  } data;
+  DataOptions data;
   struct Training {
     int64_t steps = 200;                      // optimizer steps
     int64_t grad_accum_steps = 1;             // micro-batches per optimizer step
@@ -86,40 +63,11 @@ struct Config {
     DeviceChoice device = DeviceChoice::automatic;
     int64_t threads = 0;  // CPU intra-op threads; 0 = LibTorch default
   } training;
-  struct Optimizer {
-    OptimizerName name = OptimizerName::adamw;
-    double lr = 3e-4;                      // peak learning rate
-    std::vector<double> betas{0.9, 0.95};  // Adam beta1, beta2
-    double eps = 1e-8;
-    double weight_decay = 0.1;  // decoupled; matrices only (not norm weights)
-    bool in_backward = false;   // step each unit during backward
-  } optimizer;
-  struct LrSchedule {
-    int64_t warmup_steps = 20;    // linear warmup from lr/warmup to lr
-    Decay decay = Decay::cosine;  // after warmup
-    double min_lr_ratio = 0.1;    // final lr = lr * min_lr_ratio (cosine, linear)
-  } lr_schedule;
-  struct Precision {
-    PrecisionMode mode = PrecisionMode::fp32;
-    DtypeName param_dtype = DtypeName::from_mode;   // compute/all-gather dtype
-    DtypeName reduce_dtype = DtypeName::from_mode;  // gradient reduction dtype
-    DtypeName logits_dtype = DtypeName::float32;    // bfloat16 only with allow_bf16_logits
-    bool allow_bf16_logits = false;                 // explicit opt-in for bfloat16 logits
-    DtypeName rope_dtype = DtypeName::float32;      // must be float32 (stated, checked)
-    bool stochastic_rounding = false;
-    bool kahan_summation = false;  // bf16: a compensation buffer per parameter
-  } precision;
-  struct Parallel {
-    Backend backend = Backend::automatic;
-    bool reshard_after_forward = true;  // ZeRO-3 (true) or keep gathered for backward
-    bool prefetch = true;               // gather the next unit ahead of time (overlaps compute)
-    double timeout_s = 600.0;           // collective timeout before a rank is declared dead
-  } parallel;
-  struct Memory {
-    Checkpointing activation_checkpointing = Checkpointing::none;  // full: recompute each block in backward
-    bool activation_offloading = false;  // full checkpointing's kept block inputs live in host memory
-    int64_t loss_chunk_tokens = 0;       // tokens per cross-entropy chunk; 0 = auto
-  } memory;
+  OptimizerOptions optimizer;
+  LrScheduleOptions lr_schedule;
+  PrecisionOptions precision;
+  ParallelOptions parallel;
+  MemoryOptions memory;
   struct Checkpoint {
     std::string dir;          // default: <output_dir>/checkpoints
     int64_t every_steps = 0;  // 0 = only the final checkpoint
@@ -127,19 +75,8 @@ struct Config {
     std::string resume;       // "" (fresh start) | "auto" (newest in dir) | a step_N directory
     bool save_final = true;   // write a checkpoint after the last step
   } checkpoint;
-  struct Lora {
-    bool enabled = false;
-    int64_t rank = 8;
-    double alpha = 16.0;
-    double dropout = 0.0;
-    bool rslora = false;  // scale alpha / sqrt(rank) instead of alpha / rank (PEFT use_rslora)
-    std::vector<std::string> targets{"q", "v"};
-    std::string adapter_path;  // "" | a PEFT adapter directory to start from
-  } lora;
-  struct Quant {
-    QuantBase base = QuantBase::none;
-    bool double_quant = true;
-  } quant;
+  LoraOptions lora;
+  QuantOptions quant;
 
   // Where each explicitly set key came from, for error messages.
   struct Origin {

@@ -92,7 +92,7 @@ const RopeTables& DenseWeights::rope(int64_t seq_len) {
 at::Tensor DenseWeights::embedding() { return embedding_weight(flats_.front(), layouts_.front()); }
 
 at::Tensor DenseWeights::block(int64_t layer, const at::Tensor& x, const RopeTables& rope) {
-  const auto unit = static_cast<size_t>(layer + 1);
+  const size_t unit = block_unit(layer);
   return block_forward(BlockWeights::from_flat(flats_[unit], layouts_[unit]), x, rope, shape_, nullptr,
                        cache_layer(rope, layer));
 }

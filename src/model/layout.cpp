@@ -163,9 +163,9 @@ std::string peft_module(const std::string& target) {
   return "";
 }
 
-double lora_scale(double alpha, int64_t rank, bool rslora) {
-  const double r = static_cast<double>(rank);
-  return alpha / (rslora ? std::sqrt(r) : r);
+double lora_scale(const LoraOptions& lora) {
+  const double r = static_cast<double>(lora.rank);
+  return lora.alpha / (lora.rslora ? std::sqrt(r) : r);
 }
 
 std::string target_of_peft_module(const std::string& module) {

@@ -14,11 +14,17 @@
 #include <string>
 #include <vector>
 
+#include "model/options.h"
 #include "model/shape.h"
 
 namespace ptrain {
 
 constexpr int64_t kUnitAlign = 256;
+
+// Unit order: [embedding] [block 0] ... [block L-1] [final norm + output (the head)].
+constexpr size_t kEmbeddingUnit = 0;
+constexpr size_t block_unit(int64_t layer) { return static_cast<size_t>(layer) + 1; }
+constexpr size_t kFirstBlockUnit = block_unit(0);
 
 // A block's four matrix groups in layout order: fused q/k/v rows, o, fused gate/up rows, down.
 enum class MatrixGroup : int { qkv, o, gate_up, down };
@@ -92,7 +98,7 @@ std::string peft_module(const std::string& target);
 std::string target_of_peft_module(const std::string& module);
 
 // The factor an adapter's B·A is scaled by: alpha / rank, or alpha / sqrt(rank) with rsLoRA.
-double lora_scale(double alpha, int64_t rank, bool rslora);
+double lora_scale(const LoraOptions& lora);
 
 // The projection names in block order and their (in, out) sizes.
 struct Projection {

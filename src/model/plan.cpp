@@ -28,21 +28,22 @@ UnitLayout nf4_unit_layout(const UnitLayout& block, bool double_quant) {
 }
 
 ModelPlan ModelPlan::make(const LlamaShape& shape, const PlanOptions& o) {
-  if (o.nf4_base && !o.lora) throw std::invalid_argument("an NF4 base is frozen: it needs LoRA adapters to train");
+  if (o.quant.nf4() && !o.lora.enabled)
+    throw std::invalid_argument("an NF4 base is frozen: it needs LoRA adapters to train");
   ModelPlan p;
   p.shape = shape;
   p.options = o;
   p.full = llama_units(shape, o.init_std);
   // A frozen base needs no master copy: it is stored in the compute dtype.
-  const c10::ScalarType base_stored = o.lora ? o.compute_dtype : o.master_dtype;
-  for (auto& layout : o.nf4_base ? llama_units_without_block_matrices(shape, o.init_std) : p.full)
-    p.base.push_back({std::move(layout), UnitRole::base, base_stored, o.compute_dtype, !o.lora});
-  if (o.lora)
-    for (auto& layout : lora_units(shape, o.lora_targets, o.lora_rank))
+  const c10::ScalarType base_stored = o.lora.enabled ? o.compute_dtype : o.master_dtype;
+  for (auto& layout : o.quant.nf4() ? llama_units_without_block_matrices(shape, o.init_std) : p.full)
+    p.base.push_back({std::move(layout), UnitRole::base, base_stored, o.compute_dtype, !o.lora.enabled});
+  if (o.lora.enabled)
+    for (auto& layout : lora_units(shape, o.lora.targets, o.lora.rank))
       p.adapters.push_back({std::move(layout), UnitRole::adapter, o.master_dtype, o.compute_dtype, true});
-  if (o.nf4_base)
+  if (o.quant.nf4())
     for (const auto& full : p.full)
-      p.nf4.push_back({full.kind == UnitKind::block ? nf4_unit_layout(full, o.double_quant) : UnitLayout{},
+      p.nf4.push_back({full.kind == UnitKind::block ? nf4_unit_layout(full, o.quant.double_quant) : UnitLayout{},
                        UnitRole::nf4, c10::kByte, c10::kByte, false});
   return p;
 }
@@ -54,7 +55,7 @@ int64_t ModelPlan::num_params() const {
 }
 
 int64_t ModelPlan::nf4_params() const {
-  if (!options.nf4_base) return 0;
+  if (!options.quant.nf4()) return 0;
   int64_t n = 0;
   for (const auto& u : full)
     if (u.kind == UnitKind::block)

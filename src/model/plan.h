@@ -15,19 +15,17 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "model/options.h"
 #include "model/shape.h"
 
 namespace ptrain {
 
 struct PlanOptions {
-  double init_std = 0.02;                       // model.init_std (the layouts' init stds)
+  double init_std = 0.0;                        // model.init_std (the layouts' init stds)
   c10::ScalarType master_dtype = c10::kFloat;   // trained parameters' shards
   c10::ScalarType compute_dtype = c10::kFloat;  // gathered weights; a frozen base's shards
-  bool lora = false;                            // frozen base + trained adapters
-  std::vector<std::string> lora_targets;        // lora_targets() names
-  int64_t lora_rank = 8;
-  bool nf4_base = false;     // (LoRA) blocks' matrices in NF4
-  bool double_quant = true;  // NF4 scales double-quantized
+  LoraOptions lora;                             // enabled: frozen base + trained adapters
+  QuantOptions quant;                           // nf4 (with LoRA): blocks' matrices in NF4
 };
 
 enum class UnitRole { base, adapter, nf4 };
@@ -52,7 +50,7 @@ struct ModelPlan {
 
   static ModelPlan make(const LlamaShape& shape, const PlanOptions& options);
   // The units the optimizer steps: the adapters with LoRA, else the base.
-  const std::vector<PlannedUnit>& trained() const { return options.lora ? adapters : base; }
+  const std::vector<PlannedUnit>& trained() const { return options.lora.enabled ? adapters : base; }
   int64_t num_params() const;  // the model's parameters (full layouts)
   int64_t nf4_params() const;  // of them, held in 4 bits
 };

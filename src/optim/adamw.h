@@ -16,10 +16,12 @@
 
 namespace ptrain {
 
+// Every field is given by the caller (the run's from [optimizer], optim/options.h, where the
+// defaults are): none is defaulted here.
 struct AdamWOptions {
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
+  double beta1 = 0.0;
+  double beta2 = 0.0;
+  double eps = 0.0;
   double weight_decay = 0.0;
   // bf16 parameters: compute the update in float32 and round the new parameters
   // stochastically (moments round to nearest). Random bits depend on (seed, step, element's

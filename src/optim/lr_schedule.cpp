@@ -6,6 +6,7 @@
 namespace ptrain {
 
 double LrSchedule::lr(int64_t step) const {
+  const auto& [warmup_steps, decay, min_lr_ratio] = options;
   if (step < warmup_steps) return peak_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
   if (decay == Decay::constant) return peak_lr;
   const double span = static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps - 1));

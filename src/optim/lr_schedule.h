@@ -3,17 +3,14 @@
 #pragma once
 #include <cstdint>
 
+#include "optim/options.h"
+
 namespace ptrain {
 
-// After warmup (lr_schedule.decay in the config).
-enum class Decay { cosine, linear, constant };
-
 struct LrSchedule {
-  double peak_lr = 3e-4;
-  int64_t warmup_steps = 0;
-  int64_t total_steps = 1;
-  Decay decay = Decay::cosine;
-  double min_lr_ratio = 0.0;
+  double peak_lr = 0.0;     // optimizer.lr
+  int64_t total_steps = 1;  // training.steps
+  LrScheduleOptions options;
 
   // lr for optimizer step `step` (0-based): warmup gives peak*(step+1)/warmup.
   double lr(int64_t step) const;

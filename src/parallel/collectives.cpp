@@ -215,14 +215,17 @@ void mpi_abort(int code) {
 
 std::unique_ptr<Collectives> make_nccl_collectives(const DistEnv& env, const c10::Device& device, double timeout_s);
 
-std::unique_ptr<Collectives> make_collectives(const DistEnv& env, const std::string& backend, const c10::Device& device,
+std::unique_ptr<Collectives> make_collectives(const DistEnv& env, Backend backend, const c10::Device& device,
                                               double timeout_s) {
+  if (backend == Backend::gloo)
+    throw UsageError(
+        "parallel.backend = \"gloo\" is not available (the torch wheel ships no gloo headers); use \"auto\"");
   const bool cuda = device.is_cuda();
-  if (backend == "nccl" || (backend == "auto" && cuda && env.world_size > 1)) {
+  if (backend == Backend::nccl || (backend == Backend::automatic && cuda && env.world_size > 1)) {
     if (!cuda) throw UsageError("parallel.backend = \"nccl\" needs training on CUDA");
     return make_nccl_collectives(env, device, timeout_s);
   }
-  if (env.world_size == 1 && !env.uses_mpi() && backend != "mpi") return std::make_unique<SelfCollectives>();
+  if (env.world_size == 1 && !env.uses_mpi() && backend != Backend::mpi) return std::make_unique<SelfCollectives>();
   if (cuda) throw UsageError("CUDA tensors need the nccl backend at world size > 1; set parallel.backend = \"auto\"");
   if (!env.uses_mpi())
     throw UsageError("CPU training with " + std::to_string(env.world_size) + " ranks needs MPI: launch with mpirun (" +

@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "parallel/options.h"
+
 namespace ptrain {
 
 struct DistEnv;
@@ -61,8 +63,9 @@ int64_t sum_over_ranks(Collectives& comm, int64_t value, const c10::Device& devi
 // How many ranks pass `flag` = true.
 int ranks_where(Collectives& comm, bool flag, const c10::Device& device);
 
-// Picks the implementation for `device` and parallel.backend (auto | nccl | mpi).
-std::unique_ptr<Collectives> make_collectives(const DistEnv& env, const std::string& backend, const c10::Device& device,
+// Picks the implementation for `device` and parallel.backend (auto | nccl | mpi; gloo is refused
+// by the config's validation, and here).
+std::unique_ptr<Collectives> make_collectives(const DistEnv& env, Backend backend, const c10::Device& device,
                                               double timeout_s);
 
 // MPI lifetime: initialised on first use, finalised at exit. Aborting takes every rank down.

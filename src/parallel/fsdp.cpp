@@ -7,7 +7,7 @@
 
 // FsdpModel's unit storage and its collectives: shards, gathered buffers allocated and freed
 // in place, all-gathers (prefetched), reduce-scatters (asynchronous), the units of a block.
-// Autograd glue and the forward schedule: fsdp_forward.cpp; init and loading: fsdp_load.cpp.
+// Autograd glue and the forward schedule: fsdp_forward.cpp; filling the units: fill.cpp.
 
 namespace ptrain {
 
@@ -32,17 +32,14 @@ bool FsdpModel::aliases_shard(size_t unit) const {
   return comm_->world_size() == 1 && at(unit).shard.scalar_type() == at(unit).gathered.scalar_type();
 }
 
-ModelPlan FsdpModel::plan_for(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std,
-                              const FsdpOptions& options) {
+ModelPlan plan_model(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std,
+                     const FsdpOptions& options) {
   PlanOptions o;
   o.init_std = init_std;
   o.master_dtype = policy.master_dtype;
   o.compute_dtype = policy.compute_dtype;
   o.lora = options.lora;
-  o.lora_targets = options.lora_targets;
-  o.lora_rank = options.lora_rank;
-  o.nf4_base = options.nf4_base;
-  o.double_quant = options.double_quant;
+  o.quant = options.quant;
   return ModelPlan::make(shape, o);
 }
 
@@ -68,15 +65,15 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
       device_(device),
       comm_(std::move(comm)),
       options_(options),
-      plan_(plan_for(shape, policy, init_std, options)) {
+      plan_(plan_model(shape, policy, init_std, options)) {
   const int64_t ws = comm_->world_size(), rank = comm_->rank();
   for (const auto& u : plan_.base) units_.push_back(make_unit(u, ws, rank, device));
   for (const auto& u : plan_.adapters) adapters_.push_back(make_unit(u, ws, rank, device));
   for (const auto& u : plan_.nf4) nf4_units_.push_back(make_unit(u, ws, rank, device));
   nf4_.resize(units_.size());
   gathering_.resize(units_.size() + adapters_.size() + nf4_units_.size());
-  if (options_.activation_offloading) {
-    TORCH_CHECK(options_.activation_checkpointing,
+  if (options_.memory.activation_offloading) {
+    TORCH_CHECK(options_.memory.checkpointing(),
                 "activation offloading moves the checkpointed blocks' inputs: it needs activation checkpointing");
     offloader_ = std::make_unique<ActivationOffloader>(device_);
   }
@@ -89,7 +86,7 @@ FsdpModel::FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, con
         auto q = std::make_unique<nf4::Quantized>();
         q->shape = module.shape;
         q->numel = module.numel;
-        q->double_quant = options_.double_quant;
+        q->double_quant = options_.quant.double_quant;
         nf4_[i].push_back(std::move(q));
       }
     if (aliases_shard(nf4_unit(i))) bind_nf4(i);
@@ -125,11 +122,8 @@ int64_t FsdpModel::nf4_bytes() const {
   return n;
 }
 
-int64_t FsdpModel::nf4_params() const {
-  int64_t n = 0;
-  for (const auto& groups : nf4_)
-    for (const auto& q : groups) n += q ? q->numel : 0;
-  return n;
+void FsdpModel::set_nf4_offset(size_t unit, Proj p, float offset) {
+  nf4_.at(unit).at(static_cast<size_t>(p))->offset = offset;
 }
 
 void FsdpModel::release(size_t unit) {
@@ -164,7 +158,7 @@ void FsdpModel::allocate_gathered(size_t unit) {
 }
 
 void FsdpModel::prefetch(size_t unit) {
-  if (!options_.prefetch || unit >= gathering_.size() || aliases_shard(unit) || gathering_[unit] ||
+  if (!options_.parallel.prefetch || unit >= gathering_.size() || aliases_shard(unit) || gathering_[unit] ||
       at(unit).layout.numel == 0)
     return;
   FlatUnit& u = at(unit);
@@ -198,8 +192,8 @@ at::Tensor FsdpModel::reduce_grad(size_t unit, const at::Tensor& grad) {
   pending->shard_grad = at::empty({u.shard_numel}, padded.options());
   pending->op = comm_->reduce_scatter_mean_async(pending->shard_grad, padded);
   reducing_ = std::move(pending);
-  release(unit);                     // this unit's backward is done: its gathered weights are not needed
-  if (unit == 0) finish_backward();  // the embedding's gradient is the last of a backward pass
+  release(unit);                                  // this unit's backward is done: its gathered weights are not needed
+  if (unit == kEmbeddingUnit) finish_backward();  // the embedding's gradient is the last of a backward pass
   return at::Tensor();
 }
 
@@ -214,14 +208,14 @@ void FsdpModel::complete_reduce() {
 void FsdpModel::finish_backward() {
   complete_reduce();
   // LoRA: frozen units (base, NF4 bytes) get no reduce-scatter that would release them.
-  if (options_.lora)
+  if (options_.lora.enabled)
     for (size_t i = 0; i < gathering_.size(); ++i)
       if (!at(i).shard.requires_grad() && (!storage_freed(at(i).gathered) || gathering_[i])) release(i);
 }
 
 void FsdpModel::deliver(size_t unit, const at::Tensor& shard_grad) {
   // used and dropped: nothing is stored (the index is the trainable unit's)
-  if (on_grad_ready) return on_grad_ready(options_.lora ? unit - units_.size() : unit, shard_grad);
+  if (on_grad_ready) return on_grad_ready(options_.lora.enabled ? unit - units_.size() : unit, shard_grad);
   at::Tensor& g = at(unit).shard.mutable_grad();
   if (g.defined())
     g.add_(shard_grad);  // gradient accumulation over micro-batches
@@ -260,10 +254,11 @@ std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> FsdpModel::nf4_wei
   std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> out;
   const auto& q = nf4_.at(unit);
   if (q.empty()) return out;
-  out[static_cast<int>(MatrixGroup::qkv)] = {q[0].get(), q[1].get(), q[2].get()};
-  out[static_cast<int>(MatrixGroup::o)] = {q[3].get()};
-  out[static_cast<int>(MatrixGroup::gate_up)] = {q[4].get(), q[5].get()};
-  out[static_cast<int>(MatrixGroup::down)] = {q[6].get()};
+  auto proj = [&](Proj p) -> const nf4::Quantized* { return q.at(static_cast<size_t>(p)).get(); };
+  out[static_cast<int>(MatrixGroup::qkv)] = {proj(Proj::q), proj(Proj::k), proj(Proj::v)};
+  out[static_cast<int>(MatrixGroup::o)] = {proj(Proj::o)};
+  out[static_cast<int>(MatrixGroup::gate_up)] = {proj(Proj::gate), proj(Proj::up)};
+  out[static_cast<int>(MatrixGroup::down)] = {proj(Proj::down)};
   return out;
 }
 
@@ -292,17 +287,11 @@ void FsdpModel::regather(size_t unit) {
   for (size_t m : members)
     if (storage_freed(at(m).gathered) || gathering_[m]) fill(m);
   if (has_nf4(unit) && !aliases_shard(nf4_unit(unit))) bind_nf4(unit);
-  if (unit > 1) prefetch_block(unit - 1);  // the previous block's backward comes next
+  if (unit > kFirstBlockUnit) prefetch_block(unit - 1);  // the previous block's backward comes next
 }
 
 void FsdpModel::zero_grad() {
   for (auto& u : trainable_units()) u.shard.mutable_grad() = at::Tensor();
-}
-
-int64_t FsdpModel::num_params() const {
-  int64_t n = 0;
-  for (const auto& u : plan_.full) n += u.numel;
-  return n;
 }
 
 }  // namespace ptrain

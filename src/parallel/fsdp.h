@@ -29,17 +29,11 @@
 #include "model/plan.h"
 #include "parallel/collectives.h"
 #include "parallel/offload.h"
+#include "parallel/options.h"
 #include "parallel/precision.h"
 #include "quant/nf4.h"
 
 namespace ptrain {
-
-// A model's tensors by Hugging Face name ("model.layers.0.self_attn.q_proj.weight"), any
-// dtype and shape as stored; e.g. HfCheckpoint::by_name(), views of memory-mapped files.
-using TensorByName = std::function<at::Tensor(const std::string& name)>;
-// A projection already quantized to NF4 (a bitsandbytes checkpoint), by the HF name of its
-// weight and the shape the model gives it; its tensors may be views of a mapped file.
-using Nf4ByName = std::function<nf4::Quantized(const std::string& name, const std::vector<int64_t>& shape)>;
 
 struct FlatUnit {
   UnitLayout layout;
@@ -51,35 +45,10 @@ struct FlatUnit {
   int64_t owned() const { return std::max<int64_t>(0, std::min(shard_numel, layout.numel - shard_offset)); }
 };
 
-struct FsdpOptions {
-  bool reshard_after_forward = true;
-  // memory.activation_checkpointing = "full": each block keeps only its input; backward
-  // re-gathers, recomputes the block and differentiates it (implies resharding the block).
-  bool activation_checkpointing = false;
-  // memory.activation_offloading (needs activation_checkpointing): each block's kept input goes
-  // to host memory in forward and comes back ahead of its backward (parallel/offload.h).
-  bool activation_offloading = false;
-  // parallel.prefetch: issue the next unit's all-gather before computing the current one
-  // (forward: unit i+1 while block i runs; backward: block i-1 while block i's backward runs),
-  // so at most two gathered units are alive. Reduce-scatters are always asynchronous: unit i's
-  // is completed when unit i-1's is issued (the embedding's, last, completes at once).
-  bool prefetch = true;
-  // LoRA: every base unit is frozen (compute dtype, no gradient, no optimizer state) and a
-  // trainable adapter unit beside it holds its A/B matrices; the adapters are sharded,
-  // gathered, reduce-scattered and optimized like base units are without LoRA.
-  bool lora = false;
-  std::vector<std::string> lora_targets;
-  int64_t lora_rank = 8;
-  double lora_alpha = 16.0;
-  double lora_dropout = 0.0;
-  bool lora_rslora = false;  // scale alpha / sqrt(rank) (rsLoRA) instead of alpha / rank
-  // quant.base = "nf4" (with LoRA): every block's seven projections are frozen NF4 tensors, each
-  // quantized on its own as bitsandbytes quantizes a Linear4bit, kept as one byte unit per block
-  // (nf4_unit_layout) that is sharded, all-gathered as 4-bit bytes and released like the block's
-  // other units; the rest of the base stays in the units.
-  bool nf4_base = false;
-  bool double_quant = true;
-};
+// The units a model of these options holds (model/plan.h): what FsdpModel allocates, what the
+// memory planner predicts from and what the loaders and exports fill and read.
+ModelPlan plan_model(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std,
+                     const FsdpOptions& options);
 
 // The sharded model. As a WeightSource it runs the Llama forward (model/forward.h) with each
 // unit gathered just in time.
@@ -87,25 +56,8 @@ class FsdpModel : public WeightSource {
  public:
   FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
             std::shared_ptr<Collectives> comm, FsdpOptions options = {});
-  // The units a model of these options holds (model/plan.h): what the constructor allocates and
-  // what the memory planner predicts from.
-  static ModelPlan plan_for(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std,
-                            const FsdpOptions& options);
+  // The units it holds (plan_model of its arguments). Filling them: parallel/fill.h.
   const ModelPlan& plan() const { return plan_; }
-
-  // Seeded per unit (unit i draws from a generator seeded by (seed, i)) on the CPU, one unit
-  // at a time, each rank keeping its slice: the same weights for every device and world size.
-  void init_weights(uint64_t seed);
-  // LoRA: A Kaiming-uniform, B zeros (seeded per adapter unit), so the model starts as its base.
-  void init_adapters(uint64_t seed);
-  // Copies this rank's slice of every parameter from `tensor` (of a memory-mapped checkpoint,
-  // only those bytes are read); an NF4 base quantizes one projection at a time — or, given
-  // `quantized` (a pre-quantized checkpoint), takes each projection's codes and statistics as
-  // stored, bit for bit.
-  void load(const TensorByName& tensor, const Nf4ByName& quantized = {});
-  // LoRA: copies this rank's slice of every adapter tensor, by slot name ("model.layers.0.
-  // self_attn.q_proj.lora_A.weight"); every adapter slot must be present with its shape.
-  void load_adapters(const std::map<std::string, at::Tensor>& tensors);
 
   // Mean cross-entropy over unmasked targets of this rank's batch. inputs/targets: [B, T].
   // doc_ids [B, T] (optional): the batch packs several documents per row; positions restart and
@@ -126,13 +78,18 @@ class FsdpModel : public WeightSource {
   const std::vector<FlatUnit>& units() const { return units_; }
   // What the optimizer steps and checkpoints save: the adapters with LoRA, else the base units.
   // Index i of on_grad_ready refers to trainable_units()[i].
-  std::vector<FlatUnit>& trainable_units() { return options_.lora ? adapters_ : units_; }
-  const std::vector<FlatUnit>& trainable_units() const { return options_.lora ? adapters_ : units_; }
-  bool lora() const { return options_.lora; }
-  // NF4 base: bytes of the quantized weights this rank holds (its shards), and how many
-  // weights the whole model holds in 4 bits.
+  std::vector<FlatUnit>& trainable_units() { return options_.lora.enabled ? adapters_ : units_; }
+  const std::vector<FlatUnit>& trainable_units() const { return options_.lora.enabled ? adapters_ : units_; }
+  // LoRA: the adapter units, adapter_units()[i] beside units()[i] (empty where a piece has no
+  // adapter). NF4 base: the byte units, nf4_units()[i] holding block i's quantized projections
+  // (empty elsewhere). Without LoRA / an NF4 base, none.
+  std::vector<FlatUnit>& adapter_units() { return adapters_; }
+  std::vector<FlatUnit>& nf4_units() { return nf4_units_; }
+  // NF4 base: the double-quantization offset of projection p of block `unit`, which is not among
+  // the unit's bytes (set when the block is quantized or loaded, parallel/fill.h).
+  void set_nf4_offset(size_t unit, Proj p, float offset);
+  // NF4 base: bytes of the quantized weights this rank holds (its shards).
   int64_t nf4_bytes() const;
-  int64_t nf4_params() const;
   // NF4 base: projection p of block unit `unit` (each HF module quantized on its own), or null.
   // Its tensors view the block's gathered bytes: readable while the block is gathered, which
   // at world size 1 is always (the shard is used in place).
@@ -143,7 +100,6 @@ class FsdpModel : public WeightSource {
   const PrecisionPolicy& policy() const { return policy_; }
   const FsdpOptions& options() const { return options_; }
   const at::Device& device() const { return device_; }
-  int64_t num_params() const;  // of the whole model
 
   // Gathers one unit's full flat weights (compute dtype), connected to its shard by autograd.
   // `unit` indexes units(), then adapters (units().size() + i), then NF4 byte units
@@ -198,7 +154,6 @@ class FsdpModel : public WeightSource {
   at::Tensor reduce_block_grad(size_t unit, const at::Tensor& grad);
   void deliver(size_t unit, const at::Tensor& shard_grad);  // to on_grad_ready or into .grad()
   void complete_reduce();  // waits for the reduce-scatter in flight, if any, and delivers it
-  void init_unit(FlatUnit& u, uint64_t seed);
   struct PendingReduce {
     size_t unit = 0;
     at::Tensor shard_grad, input;
@@ -228,10 +183,6 @@ class FsdpModel : public WeightSource {
   // bytes (rebound at each fill); the autograd graph refers to them by address, so they never
   // move.
   std::vector<std::vector<std::unique_ptr<nf4::Quantized>>> nf4_;  // per unit, per Proj (blocks only)
-  // Quantizes block `unit`'s seven projections (Proj order), each on its own, into its NF4 unit.
-  void quantize_block(size_t unit, const std::vector<at::Tensor>& modules);
-  // Stores block `unit`'s seven quantized projections (Proj order) in its NF4 unit, this rank's bytes.
-  void store_nf4_block(size_t unit, const std::vector<nf4::Quantized>& modules);
   // The NF4 modules of each matrix group of block `unit` (q/k/v, o, gate/up, down).
   std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> nf4_weights(size_t unit) const;
   void bind_nf4(size_t unit);  // points nf4_[unit] at the gathered bytes
@@ -240,8 +191,8 @@ class FsdpModel : public WeightSource {
   const FlatUnit& at(size_t unit) const;
   size_t adapter(size_t unit) const { return units_.size() + unit; }
   size_t nf4_unit(size_t unit) const { return units_.size() + adapters_.size() + unit; }
-  bool has_adapter(size_t unit) const { return options_.lora && adapters_[unit].layout.numel > 0; }
-  bool has_nf4(size_t unit) const { return options_.nf4_base && nf4_units_[unit].layout.numel > 0; }
+  bool has_adapter(size_t unit) const { return options_.lora.enabled && adapters_[unit].layout.numel > 0; }
+  bool has_nf4(size_t unit) const { return options_.quant.nf4() && nf4_units_[unit].layout.numel > 0; }
   // The units of block `unit` other than its base unit: NF4 bytes, adapter (where present).
   std::vector<size_t> companions(size_t unit) const;
   std::vector<std::unique_ptr<PendingCollective>> gathering_;  // per unit: prefetch in flight

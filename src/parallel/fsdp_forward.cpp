@@ -117,7 +117,7 @@ class FsdpModel::CheckpointedBlock : public torch::autograd::Function<FsdpModel:
       ctx->saved_data["ticket"] = offloader->offload(x);
     else
       ctx->save_for_backward({x});
-    if (model->options().lora_dropout > 0) {  // the recompute must draw the same masks
+    if (model->options().lora.dropout > 0) {  // the recompute must draw the same masks
       at::Generator gen = default_generator(model->device());
       std::lock_guard<std::mutex> lock(gen.mutex());
       ctx->saved_data["rng"] = gen.get_state();
@@ -143,7 +143,7 @@ class FsdpModel::CheckpointedBlock : public torch::autograd::Function<FsdpModel:
     }
     at::Tensor x = saved.detach().requires_grad_(true);
     at::Tensor w = model->fill_block(unit).detach().requires_grad_(trains);
-    if (unit > 1) model->prefetch_block(unit - 1);  // the previous block's backward comes next
+    if (unit > kFirstBlockUnit) model->prefetch_block(unit - 1);  // the previous block's backward comes next
     at::Tensor y;
     {
       std::optional<RngStateScope> rng;
@@ -173,10 +173,9 @@ at::Tensor FsdpModel::compute_block(size_t unit, const at::Tensor& x, const at::
   BlockLora l;
   if (lora)
     l = BlockLora::from_flat(trained.defined() ? trained : gathered_view(adapter(unit)), adapters_[unit].layout, shape_,
-                             lora_scale(options_.lora_alpha, options_.lora_rank, options_.lora_rslora),
-                             options_.lora_dropout, true);
-  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit))
-                                            : BlockWeights::from_flat(w, units_[unit].layout);
+                             lora_scale(options_.lora), options_.lora.dropout, true);
+  const BlockWeights bw = options_.quant.nf4() ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit))
+                                               : BlockWeights::from_flat(w, units_[unit].layout);
   return block_forward(bw, x, batch_rope_, shape_, lora ? &l : nullptr);
 }
 
@@ -194,19 +193,19 @@ const RopeTables& FsdpModel::rope(int64_t seq_len) {
 at::Tensor FsdpModel::embedding() {
   training_ = at::GradMode::is_enabled();
   if (training_ && offloader_) offloader_->begin_forward();
-  at::Tensor embed = gather(0);
-  prefetch_block(1);
-  wte_ = embedding_weight(embed, units_[0].layout);
+  at::Tensor embed = gather(kEmbeddingUnit);
+  prefetch_block(kFirstBlockUnit);
+  wte_ = embedding_weight(embed, units_[kEmbeddingUnit].layout);
   return wte_;
 }
 
 void FsdpModel::embedding_done() {
-  if (!shape_.tie_embeddings) release(0);  // the embedding's backward needs no weights
+  if (!shape_.tie_embeddings) release(kEmbeddingUnit);  // the embedding's backward needs no weights
 }
 
 at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTables& rope) {
-  const auto i = static_cast<size_t>(layer + 1);  // unit 0 is the embedding
-  if (training_ && options_.activation_checkpointing)
+  const size_t i = block_unit(layer);
+  if (training_ && options_.memory.checkpointing())
     return CheckpointedBlock::apply(input, has_adapter(i) ? adapters_[i].shard : units_[i].shard, this,
                                     static_cast<int64_t>(i));
   at::Tensor x = input;
@@ -216,16 +215,15 @@ at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTa
   prefetch_block(i + 1);  // gathers while this block computes
   BlockLora lora;
   if (a.defined())
-    lora = BlockLora::from_flat(a, adapters_[i].layout, shape_,
-                                lora_scale(options_.lora_alpha, options_.lora_rank, options_.lora_rslora),
-                                options_.lora_dropout, training_);
+    lora = BlockLora::from_flat(a, adapters_[i].layout, shape_, lora_scale(options_.lora), options_.lora.dropout,
+                                training_);
   // A frozen block gets no reduce-scatter to release it: release once its backward is done.
-  if (options_.lora && training_ && x.requires_grad())
+  if (options_.lora.enabled && training_ && x.requires_grad())
     x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
-  const BlockWeights bw = options_.nf4_base ? BlockWeights::from_nf4(w, units_[i].layout, nf4_weights(i))
-                                            : BlockWeights::from_flat(w, units_[i].layout);
+  const BlockWeights bw = options_.quant.nf4() ? BlockWeights::from_nf4(w, units_[i].layout, nf4_weights(i))
+                                               : BlockWeights::from_flat(w, units_[i].layout);
   x = block_forward(bw, x, rope, shape_, a.defined() ? &lora : nullptr, cache_layer(rope, layer));
-  if (!training_ || options_.reshard_after_forward) {
+  if (!training_ || options_.parallel.reshard_after_forward) {
     release_block(i);
     if (training_) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::regather);
   }
@@ -241,7 +239,7 @@ HeadWeights FsdpModel::head() {
     const auto& slots = adapters_[h].layout.slots;
     out_adapter_.a = slot_view(flat, slots[0]);
     out_adapter_.b = slot_view(flat, slots[1]);
-    out_adapter_.scale = lora_scale(options_.lora_alpha, options_.lora_rank, options_.lora_rslora);
+    out_adapter_.scale = lora_scale(options_.lora);
   }
   return head;
 }

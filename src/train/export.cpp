@@ -34,14 +34,14 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   // Read the frozen base at its source's full precision (a bf16 run keeps it in bf16); the
   // adapters convert exactly.
   c.precision.mode = PrecisionMode::fp32;
-  auto model =
-      build_model(c, c10::Device(c10::kCPU), make_collectives(DistEnv{}, "auto", c10::Device(c10::kCPU), 60.0));
+  auto model = build_model(c, c10::Device(c10::kCPU),
+                           make_collectives(DistEnv{}, Backend::automatic, c10::Device(c10::kCPU), 60.0));
   TrainProgress progress;
   load_checkpoint(checkpoint_dir, *model, nullptr, progress);
   at::NoGradGuard no_grad;
   const LlamaShape& s = c.model.shape;
   const auto& full = model->plan().full;  // every base tensor, the blocks' matrices included
-  const double scale = lora_scale(c.lora.alpha, c.lora.rank, c.lora.rslora);
+  const double scale = lora_scale(c.lora);
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (size_t i = 0; i < full.size(); ++i) {
     const FlatUnit& u = model->units()[i];

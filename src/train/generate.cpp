@@ -240,7 +240,7 @@ int run_generate(const GenerateRequest& r) {
 
   const DistEnv single;
   const c10::Device device = resolve_device(c, single);
-  auto model = build_model(c, device, make_collectives(single, "auto", device, c.parallel.timeout_s));
+  auto model = build_model(c, device, make_collectives(single, Backend::automatic, device, c.parallel.timeout_s));
   std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
   if (!c.lora.adapter_path.empty()) source += " + adapters " + c.lora.adapter_path;
   if (!r.checkpoint.empty()) {

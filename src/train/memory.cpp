@@ -50,9 +50,9 @@ MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim) {
     r.param_bytes += u.shard.nbytes();
     if (u.shard.grad().defined()) r.grad_bytes += u.shard.grad().nbytes();
   }
-  if (model.lora())
+  if (model.options().lora.enabled)
     for (const auto& u : model.units()) r.frozen_base_bytes += u.shard.nbytes();
-  r.nf4_params = model.nf4_params();
+  r.nf4_params = model.plan().nf4_params();
   r.nf4_bytes = model.nf4_bytes();
   r.frozen_base_bytes += r.nf4_bytes;
   r.optimizer_state_bytes = optim.state_bytes();
@@ -192,11 +192,11 @@ PeakPlan predict_peak(const Config& c, int world_size) {
     if (world_size == 1 && u.stored == u.gathered) return int64_t{0};
     return shard_numel(u.layout.numel, world_size) * world_size * static_cast<int64_t>(c10::elementSize(u.gathered));
   };
-  int64_t gathered_block = gathered_unit(plan.base.at(1));
-  if (!plan.nf4.empty()) gathered_block += gathered_unit(plan.nf4.at(1));
-  if (!plan.adapters.empty()) gathered_block += gathered_unit(plan.adapters.at(1));
+  int64_t gathered_block = gathered_unit(plan.base.at(kFirstBlockUnit));
+  if (!plan.nf4.empty()) gathered_block += gathered_unit(plan.nf4.at(kFirstBlockUnit));
+  if (!plan.adapters.empty()) gathered_block += gathered_unit(plan.adapters.at(kFirstBlockUnit));
   const int64_t gathered_head = gathered_unit(plan.base.back());
-  const int64_t block = plan.full.at(1).numel;
+  const int64_t block = plan.full.at(kFirstBlockUnit).numel;
   const int64_t chunk = c.memory.loss_chunk_tokens > 0 ? c.memory.loss_chunk_tokens : default_loss_chunk(s.vocab_size);
   const int64_t N = in.tokens;
   // End of forward: the gathered head, one chunk's float32 logits and its probabilities (and

@@ -29,6 +29,7 @@
 #include "optim/adamw8bit.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
+#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
 
@@ -55,28 +56,13 @@ std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const 
       at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / per_node));
     }
   }
-  return make_collectives(env, name_of(c.parallel.backend), device, c.parallel.timeout_s);
+  return make_collectives(env, c.parallel.backend, device, c.parallel.timeout_s);
 }
 
-FsdpOptions fsdp_options(const Config& c) {
-  FsdpOptions o;
-  o.reshard_after_forward = c.parallel.reshard_after_forward;
-  o.activation_checkpointing = c.memory.activation_checkpointing == Checkpointing::full;
-  o.activation_offloading = c.memory.activation_offloading;
-  o.prefetch = c.parallel.prefetch;
-  o.lora = c.lora.enabled;
-  o.lora_targets = c.lora.targets;
-  o.lora_rank = c.lora.rank;
-  o.lora_alpha = c.lora.alpha;
-  o.lora_dropout = c.lora.dropout;
-  o.lora_rslora = c.lora.rslora;
-  o.nf4_base = c.quant.base == QuantBase::nf4;
-  o.double_quant = c.quant.double_quant;
-  return o;
-}
+FsdpOptions fsdp_options(const Config& c) { return FsdpOptions{c.parallel, c.memory, c.lora, c.quant}; }
 
 ModelPlan model_plan(const Config& c) {
-  return FsdpModel::plan_for(c.model.shape, precision_policy(c), c.model.init_std, fsdp_options(c));
+  return plan_model(c.model.shape, precision_policy(c), c.model.init_std, fsdp_options(c));
 }
 
 std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
@@ -90,25 +76,25 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
       const HfStorage stored{c.model.hf_nf4, c.model.hf_nf4_double_quant};
       verify_hf_tensors(ckpt, c.model.shape, stored, /*compare_values=*/true);
       if (stored.nf4)  // bitsandbytes' own codes and statistics, bit for bit: nothing requantized
-        model->load(ckpt.by_name(), [&](const std::string& name, const std::vector<int64_t>& shape) {
+        load_weights(*model, ckpt.by_name(), [&](const std::string& name, const std::vector<int64_t>& shape) {
           return read_bnb_nf4(ckpt, name, shape, stored.double_quant);
         });
       else
-        model->load(ckpt.by_name());
-      if (model->lora())
+        load_weights(*model, ckpt.by_name());
+      if (c.lora.enabled)
         log::info("loaded ", c.model.hf_path,
                   (stored.nf4                       ? " (bitsandbytes NF4 as stored)"
                    : c.quant.base == QuantBase::nf4 ? " (NF4, one projection at a time)"
                                                     : ""),
                   ": peak host allocation during the load ", log::bytes(static_cast<double>(scope.meter().peak.load())),
                   " (the checkpoint's full-precision weights: ",
-                  log::bytes(4.0 * static_cast<double>(model->num_params())), " in float32)");
+                  log::bytes(4.0 * static_cast<double>(model->plan().num_params())), " in float32)");
     }
-    model->init_adapters(static_cast<uint64_t>(c.run.seed));
+    init_adapters(*model, static_cast<uint64_t>(c.run.seed));
   } else {
-    model->init_weights(static_cast<uint64_t>(c.run.seed));
+    init_weights(*model, static_cast<uint64_t>(c.run.seed));
   }
-  if (!c.lora.adapter_path.empty()) model->load_adapters(read_peft(c.lora.adapter_path, c.model.shape).tensors);
+  if (!c.lora.adapter_path.empty()) load_adapters(*model, read_peft(c.lora.adapter_path, c.model.shape).tensors);
   return model;
 }
 

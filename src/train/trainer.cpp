@@ -93,8 +93,7 @@ class Run {
         rank_(comm_->rank()),
         ws_(comm_->world_size()),
         out_dir_(c.output_dir()),
-        schedule_{c.optimizer.lr, c.lr_schedule.warmup_steps, c.training.steps, c.lr_schedule.decay,
-                  c.lr_schedule.min_lr_ratio},
+        schedule_{c.optimizer.lr, c.training.steps, c.lr_schedule},
         data_(open_data(c, comm_.get(), device_)) {
     for (const auto& line : data_.report) log::info(line);
     if (!c.training.sample_prompts.empty()) prepare_samples();
@@ -129,10 +128,10 @@ class Run {
     flops_per_token_ =
         6.0 * model_->shape().flops_params() + 12.0 * model_->shape().n_layers * model_->shape().q_dim() * T;
     log::info("ptrain ", PTRAIN_VERSION, " | model ", model_->shape().describe(), ", ",
-              log::grouped(model_->num_params()), " params | ", name_of(c.precision.mode), " on ", device_.str(), " x ",
-              ws_, " rank(s) (", comm_->name(), ") | ", at::get_num_threads(), " threads/rank | global batch ", B, "x",
-              T, " x", c.training.grad_accum_steps, " accum x", ws_, " ranks = ", tokens_per_step_, " tokens/step | ",
-              data_.rows->train_fill().rows, " rows/epoch");
+              log::grouped(model_->plan().num_params()), " params | ", name_of(c.precision.mode), " on ", device_.str(),
+              " x ", ws_, " rank(s) (", comm_->name(), ") | ", at::get_num_threads(), " threads/rank | global batch ",
+              B, "x", T, " x", c.training.grad_accum_steps, " accum x", ws_, " ranks = ", tokens_per_step_,
+              " tokens/step | ", data_.rows->train_fill().rows, " rows/epoch");
     if (model_->policy().logits_dtype != at::kFloat)
       log::warn(
           "precision.logits_dtype = \"bfloat16\": logits are rounded to bfloat16 before the loss; this saves at most "

@@ -22,6 +22,7 @@
 #include "optim/adamw.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
+#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 #include "train/setup.h"
 #include "train/step.h"
@@ -50,29 +51,31 @@ int main(int argc, char** argv) {
     const auto& meta = expected.metadata();
     const at::Tensor tokens = expected.tensor("tokens").clone();  // [steps, global batch, T+1]
     const at::Tensor lrs = expected.tensor("lrs").clone();
-    std::shared_ptr<Collectives> comm = make_collectives(DistEnv::detect(), "auto", c10::Device(c10::kCPU), 120.0);
+    std::shared_ptr<Collectives> comm =
+        make_collectives(DistEnv::detect(), Backend::automatic, c10::Device(c10::kCPU), 120.0);
     const int64_t ws = comm->world_size(), rank = comm->rank();
     const int64_t rows = tokens.size(1) / ws;
     if (rows * ws != tokens.size(1)) throw std::runtime_error("the global batch does not divide by the world size");
     auto my_rows = [&](int64_t step) { return tokens[step].narrow(0, rank * rows, rows); };
 
     FsdpOptions fsdp;
-    fsdp.activation_checkpointing = checkpointing;
+    fsdp.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
     const LlamaShape shape = read_hf_config(argv[2]);
     PeftAdapter adapter;
     if (!qlora_adapter.empty()) {
       adapter = read_peft(qlora_adapter, shape);
-      fsdp.lora = fsdp.nf4_base = fsdp.double_quant = true;
-      fsdp.lora_targets = adapter.targets;
-      fsdp.lora_rank = adapter.rank;
-      fsdp.lora_alpha = adapter.alpha;
-      fsdp.lora_rslora = adapter.rslora;
+      fsdp.lora.enabled = true;
+      fsdp.quant = {QuantBase::nf4, true};
+      fsdp.lora.targets = adapter.targets;
+      fsdp.lora.rank = adapter.rank;
+      fsdp.lora.alpha = adapter.alpha;
+      fsdp.lora.rslora = adapter.rslora;
     }
     const HfCheckpoint hf(argv[2]);
     verify_hf_tensors(hf, shape, HfStorage{}, true);
     FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, comm, fsdp);
-    model.load(hf.by_name());
-    if (fsdp.lora) model.load_adapters(adapter.tensors);
+    load_weights(model, hf.by_name());
+    if (fsdp.lora.enabled) load_adapters(model, adapter.tensors);
     const int64_t T = tokens.size(2) - 1;
     std::vector<std::pair<std::string, at::Tensor>> out;
 

@@ -19,6 +19,7 @@
 #include "checkpoint/safetensors.h"
 #include "common/fs_util.h"
 #include "model/layout.h"
+#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 
 using namespace ptrain;
@@ -304,7 +305,7 @@ TEST(Dist, ShardedCheckpointExportsToHfExactly) {
   Proc e = sh(bin() + " export --checkpoint " + ckpt + " --out " + (dir / "hf"));
   ASSERT_EQ(e.rc, 0) << e.output;
   FsdpModel imported(read_hf_config(dir / "hf"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-  imported.load(HfCheckpoint(dir / "hf").by_name());
+  load_weights(imported, HfCheckpoint(dir / "hf").by_name());
   auto flats = unit_flats(ckpt);
   for (const auto& u : imported.units())
     EXPECT_TRUE(at::equal(u.shard.detach(), flats[u.layout.name])) << u.layout.name;

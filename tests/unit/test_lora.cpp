@@ -22,6 +22,7 @@
 #include "model/layout.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
+#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
 #include "test_util.h"
@@ -134,8 +135,8 @@ TEST(Lora, StartsAsBaseTrainsOnlyAdaptersAndResumes) {
   EXPECT_LT(l[20], l[1] - 0.2);
   auto measured = nlohmann::json::parse(read_text_file(dir / "run/memory.json"));
   EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(lora_cfg, 1).to_json()));
-  EXPECT_EQ(measured["frozen_base_bytes"].get<int64_t>(), base->num_params() * 4);
-  EXPECT_LT(measured["num_params"].get<int64_t>(), base->num_params() / 5);
+  EXPECT_EQ(measured["frozen_base_bytes"].get<int64_t>(), base->plan().num_params() * 4);
+  EXPECT_LT(measured["num_params"].get<int64_t>(), base->plan().num_params() / 5);
   SafetensorsFile saved(dir / "run/checkpoints/step_20/model.rank0.safetensors");
   for (const auto& e : saved.entries()) EXPECT_NE(e.name.find(".lora"), std::string::npos) << e.name;  // adapters only
 
@@ -300,7 +301,7 @@ TEST(Qlora, BitsandbytesCheckpointLoadsAsStoredAndScoresAsItsDequantizedReferenc
       return ((got - want).abs().max() / want.abs().max()).item<double>();
     };
     const double bare = diff(expected.tensor("logits." + name));
-    m->load_adapters(read_peft(test::fixture("qlora_adapter"), c.model.shape).tensors);
+    load_adapters(*m, read_peft(test::fixture("qlora_adapter"), c.model.shape).tensors);
     const double adapted = diff(expected.tensor("adapter_logits." + name));
     std::cout << name << ": logits vs the dequantized reference " << bare << " (with the PEFT adapter " << adapted
               << ", relative to the largest)\n";
@@ -432,7 +433,7 @@ TEST(Lora, MergedExportEqualsTheAdaptedModel) {
     TrainProgress progress;
     load_checkpoint(ck, *adapted, nullptr, progress);
     FsdpModel merged(read_hf_config(dir / "merged"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-    merged.load(HfCheckpoint(dir / "merged").by_name());
+    load_weights(merged, HfCheckpoint(dir / "merged").by_name());
     at::manual_seed(4);
     at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
     at::Tensor want = adapted->logits(tokens), got = merged.logits(tokens);

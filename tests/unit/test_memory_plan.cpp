@@ -12,6 +12,7 @@
 #include "common/alloc_meter.h"
 #include "config/config.h"
 #include "model/shape.h"
+#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 #include "test_util.h"
 #include "train/memory.h"
@@ -53,9 +54,9 @@ TEST(Memory, SavedActivationsMatchPrediction) {
     for (bool checkpointing : {false, true}) {
       SCOPED_TRACE(name + (checkpointing ? " checkpointing" : ""));
       FsdpOptions o;
-      o.activation_checkpointing = checkpointing;
+      o.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
       FsdpModel model(s, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
-      model.init_weights(1);
+      init_weights(model, 1);
       const int64_t B = 3, T = 40;
       at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
       at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
@@ -93,11 +94,11 @@ TEST(Memory, QkNormActivationsUnderLoraMatchPrediction) {
     SCOPED_TRACE(what);
     PrecisionPolicy policy;
     FsdpOptions o;
-    o.lora = !targets.empty();
-    o.lora_targets = targets;
-    o.lora_rank = 4;
+    o.lora.enabled = !targets.empty();
+    o.lora.targets = targets;
+    o.lora.rank = 4;
     FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm(), o);
-    model.init_weights(1);
+    init_weights(model, 1);
     const int64_t B = 3, T = 40;
     at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
     at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
@@ -114,7 +115,7 @@ TEST(Memory, QkNormActivationsUnderLoraMatchPrediction) {
     ActivationInputs a;
     a.tokens = B * T;
     a.fused_norm = false;
-    a.lora = o.lora;
+    a.lora = o.lora.enabled;
     a.lora_rank = 4;
     const auto projections = block_projections(s);
     for (size_t i = 0; i < projections.size(); ++i)
@@ -134,7 +135,7 @@ TEST(Memory, PackedRowsKeepOneMaskAsPredicted) {
     PrecisionPolicy policy;
     if (bf16) policy.compute_dtype = at::kBFloat16;
     FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm());
-    model.init_weights(1);
+    init_weights(model, 1);
     const int64_t B = 3, T = 40;
     at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
     at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);

@@ -10,6 +10,7 @@
 #include "model/forward.h"
 #include "model/llama.h"
 #include "model/loss.h"
+#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 #include "test_util.h"
 
@@ -114,7 +115,7 @@ void check_hf_parity(const std::string& dir) {
   DenseWeights dense(shape, at::kFloat, at::kCPU);
   dense.load(ckpt.by_name());
   FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-  model.load(ckpt.by_name());
+  load_weights(model, ckpt.by_name());
 
   at::Tensor dense_logits = llama_logits(dense, shape, dense.rope(tokens.size(1)), tokens).view(logits_ref.sizes());
   at::Tensor fsdp_logits = model.logits(tokens).view(logits_ref.sizes());
@@ -148,7 +149,7 @@ TEST(HfParity, EveryFamilysLogitsMatchTransformers) {
     DenseWeights dense(shape, at::kFloat, at::kCPU);
     dense.load(ckpt.by_name());
     FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-    model.load(ckpt.by_name());
+    load_weights(model, ckpt.by_name());
     const at::Tensor dense_logits = llama_logits(dense, shape, dense.rope(16), tokens).view(logits_ref.sizes());
     const at::Tensor fsdp_logits = model.logits(tokens).view(logits_ref.sizes());
     const double diff = (dense_logits - logits_ref).abs().max().item<double>();
@@ -279,9 +280,9 @@ TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) {
   double first_loss = 0;
   for (bool checkpointing : {false, true}) {
     FsdpOptions o;
-    o.activation_checkpointing = checkpointing;
+    o.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
     FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
-    model.load(ckpt.by_name());
+    load_weights(model, ckpt.by_name());
     at::Tensor loss = model.forward_loss(row, targets, 7, doc_ids);
     const double want =
         llama_loss(dense, shape, packed_positions(dense.rope(24), doc_ids), row, targets, 7, at::kFloat).item<double>();

@@ -46,16 +46,16 @@ TEST(Clip, GlobalNormAndScaling) {
 }
 
 TEST(LrSchedule, WarmupCosineLinearConstant) {
-  LrSchedule s{1.0, 10, 110, Decay::cosine, 0.1};
+  LrSchedule s{1.0, 110, {10, Decay::cosine, 0.1}};
   EXPECT_DOUBLE_EQ(s.lr(0), 0.1);
   EXPECT_DOUBLE_EQ(s.lr(9), 1.0);
   EXPECT_DOUBLE_EQ(s.lr(10), 1.0);
   EXPECT_NEAR(s.lr(109), 0.1, 1e-12);
   const double mid = 10 + 99 / 2.0;  // halfway through decay: (peak + min) / 2
   EXPECT_NEAR(s.lr(static_cast<int64_t>(mid)), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * (49.0 / 99.0))), 1e-12);
-  LrSchedule lin{1.0, 0, 11, Decay::linear, 0.0};
+  LrSchedule lin{1.0, 11, {0, Decay::linear, 0.0}};
   EXPECT_NEAR(lin.lr(5), 0.5, 1e-12);
-  LrSchedule c{2.0, 0, 50, Decay::constant, 0.0};
+  LrSchedule c{2.0, 50, {0, Decay::constant, 0.0}};
   EXPECT_DOUBLE_EQ(c.lr(49), 2.0);
 }
 

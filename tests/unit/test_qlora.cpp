@@ -14,6 +14,7 @@
 #include "common/alloc_meter.h"
 #include "model/layout.h"
 #include "model/linear4bit.h"
+#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
 #include "test_util.h"
@@ -90,11 +91,11 @@ TEST(Qlora, LoraStartsAsBaseAndItsGradientsMatchDense) {
   Layers l = make_layers(1, 64);
   LlamaShape s = test::small_shape();  // dim 64
   FsdpOptions o;
-  o.lora = true;
-  o.lora_targets = {"q"};
-  o.lora_rank = 8;
+  o.lora.enabled = true;
+  o.lora.targets = {"q"};
+  o.lora.rank = 8;
   FsdpModel model(s, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
-  model.init_adapters(4);
+  init_adapters(model, 4);
   const FlatUnit& adapters = model.trainable_units().at(1);
   at::Tensor a = slot_view(adapters.shard.detach(), adapters.layout.slots.at(0)).clone();
   at::Tensor b = slot_view(adapters.shard.detach(), adapters.layout.slots.at(1)).clone();
@@ -129,15 +130,15 @@ TEST(Qlora, HfLoadQuantizesOneProjectionAtATime) {
   const std::string dir = test::fixture("hf_tiny");
   const LlamaShape shape = read_hf_config(dir);
   FsdpOptions o;
-  o.lora = true;
-  o.lora_targets = {"q"};
-  o.nf4_base = true;
+  o.lora.enabled = true;
+  o.lora.targets = {"q"};
+  o.quant.base = QuantBase::nf4;
   FsdpModel m(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
   HfCheckpoint ckpt(dir);
   int64_t peak = 0;
   {
     MeterScope scope;
-    m.load(ckpt.by_name());
+    load_weights(m, ckpt.by_name());
     peak = scope.meter().peak.load();
   }
   int64_t matrices = 0, largest = 0;
@@ -153,5 +154,5 @@ TEST(Qlora, HfLoadQuantizesOneProjectionAtATime) {
   EXPECT_GT(peak, 0);
   EXPECT_LE(peak, 3 * largest * 4 + m.nf4_bytes());
   EXPECT_LT(peak, matrices * 4 / 2);
-  EXPECT_EQ(m.nf4_params(), matrices);
+  EXPECT_EQ(m.plan().nf4_params(), matrices);
 }

@@ -26,6 +26,7 @@
 #include "model/layout.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
+#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
 #include "test_util.h"
@@ -257,7 +258,7 @@ TEST(Checkpoint, ExportThenHfImportIsExact) {
   export_hf(ck, dir / "hf");
   EXPECT_EQ(read_hf_config(dir / "hf").ffn_dim, 160);
   FsdpModel imported(read_hf_config(dir / "hf"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
-  imported.load(HfCheckpoint(dir / "hf").by_name());
+  load_weights(imported, HfCheckpoint(dir / "hf").by_name());
   SafetensorsFile saved(ck + "/model.rank0.safetensors");
   for (const auto& u : imported.units())
     EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;  // ws 1: no padding

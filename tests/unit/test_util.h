@@ -34,7 +34,7 @@ struct TempDir {
 
 // Collectives of a single process (world size 1, no launcher).
 inline std::shared_ptr<Collectives> local_comm() {
-  return make_collectives(DistEnv{}, "auto", c10::Device(c10::kCPU), 60.0);
+  return make_collectives(DistEnv{}, Backend::automatic, c10::Device(c10::kCPU), 60.0);
 }
 
 inline void write_text(const std::string& path, const std::string& text) {

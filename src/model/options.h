@@ -1,0 +1,30 @@
+// The model part's options, as the config's [lora] and [quant] sections hold them: each field's
+// initialiser is the key's default (docs/config.md shows them), in this one place. Validation:
+// config/validate.cpp (rules that read several sections at once).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ptrain {
+
+// [lora]: trainable low-rank adapters over a frozen base.
+struct LoraOptions {
+  bool enabled = false;
+  int64_t rank = 8;
+  double alpha = 16.0;
+  double dropout = 0.0;
+  bool rslora = false;                         // scale alpha / sqrt(rank) instead of alpha / rank (PEFT use_rslora)
+  std::vector<std::string> targets{"q", "v"};  // lora_targets() names (model/layout.h)
+  std::string adapter_path;                    // "" | a PEFT adapter directory to start from
+};
+
+// [quant]: how the frozen base is stored.
+enum class QuantBase { none, nf4 };
+struct QuantOptions {
+  QuantBase base = QuantBase::none;  // nf4: every block's seven projections in NF4 (needs LoRA)
+  bool double_quant = true;          // NF4 absmax scales quantized too
+  bool nf4() const { return base == QuantBase::nf4; }
+};
+
+}  // namespace ptrain
