@@ -5,6 +5,8 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -191,13 +193,17 @@ struct Key {
   std::function<void(Config&, const Value&)> set;
   std::function<Value(const Config&)> get;
   bool model_dim = false;   // part of the model shape (taken from hf_path's config.json there)
-  std::string default_doc;  // the default as docs/config.md shows it
+  std::string default_doc;  // kFromStruct: Config{}'s value; else how docs/config.md describes it
   std::string doc;          // what the key means (docs/config.md is generated from these)
   std::string full() const { return section + "." + name; }
 };
 
 // One entry per config key, with its documentation (config_reference() renders docs/config.md
-// from this table). Defaults live in the Config struct initialisers (config.h).
+// from this table). Defaults live in the option structs' initialisers (Config composes them:
+// data/options.h, model/options.h, optim/options.h, parallel/options.h, config.h) and nowhere
+// else: a key's default column is rendered from Config{} (kFromStruct), unless the default is
+// not one value (a preset's, a path derived from another key), which the table then describes.
+constexpr const char* kFromStruct = "";
 #define PTRAIN_KEY(SEC, NAME, MEMBER, DEFAULT, DOC)                                                    \
   Key {                                                                                                \
     SEC, NAME, type_of<std::decay_t<decltype(Config{}.MEMBER)>>(),                                     \
@@ -213,26 +219,25 @@ struct Key {
 
 const std::vector<Key>& keys() {
   static const std::vector<Key> kKeys = {
-      PTRAIN_KEY("run", "name", run.name, R"(`"ptrain"`)",
-                 R"(run name; the output directory defaults to `runs/<name>`)"),
+      PTRAIN_KEY("run", "name", run.name, kFromStruct, R"(run name; the output directory defaults to `runs/<name>`)"),
       PTRAIN_KEY("run", "output_dir", run.output_dir, R"(`runs/<name>`)",
                  R"(where `config.resolved.toml`, `metrics.jsonl`, `memory.json`, `checkpoints/` go)"),
-      PTRAIN_KEY("run", "seed", run.seed, R"(`1234`)", R"(seeds weight init (per unit) and the data order)"),
+      PTRAIN_KEY("run", "seed", run.seed, kFromStruct, R"(seeds weight init (per unit) and the data order)"),
       PTRAIN_KEY(
-          "model", "preset", model.preset, R"(`"tiny"`)",
+          "model", "preset", model.preset, kFromStruct,
           R"(`tiny` (~12M, CPU demo), `llama3_2_1b` (1.24B, tied), `llama3_8b`, `llama3_70b`, `qwen2_5_0_5b`, `qwen2_5_1_5b`, `qwen2_5_7b`, `qwen3_0_6b`, `qwen3_8b`, `mistral_7b` (v0.3) — the published shapes, initialised from `run.seed` (set `hf_path` to fine-tune released weights))"),
       PTRAIN_KEY(
-          "model", "hf_path", model.hf_path, R"(`""`)",
+          "model", "hf_path", model.hf_path, kFromStruct,
           R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name; a bitsandbytes NF4 checkpoint (`*-bnb-4bit`) loads as the QLoRA base as stored (`docs/qlora.md`))"),
       PTRAIN_KEY(
-          "model", "init_std", model.init_std, R"(`0.02`)",
+          "model", "init_std", model.init_std, kFromStruct,
           R"(std of the normal init of matrices; `o_proj`/`down_proj` use `init_std / sqrt(2 * n_layers)`; norms start at 1)"),
       PTRAIN_DIM(
           "family", model.shape.family, R"(preset (`"llama"`))",
           R"(`llama`, `mistral`, `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm): the decoder's variations, `docs/models.md`)"),
-      PTRAIN_DIM("attention_bias", model.shape.attention_bias, R"(`false`)",
+      PTRAIN_DIM("attention_bias", model.shape.attention_bias, kFromStruct,
                  R"(`llama`, `qwen3`: biases on the q/k/v/o projections)"),
-      PTRAIN_DIM("mlp_bias", model.shape.mlp_bias, R"(`false`)", R"(`llama`: biases on the gate/up/down projections)"),
+      PTRAIN_DIM("mlp_bias", model.shape.mlp_bias, kFromStruct, R"(`llama`: biases on the gate/up/down projections)"),
       PTRAIN_DIM("dim", model.shape.dim, R"(preset)", R"(hidden size)"),
       PTRAIN_DIM("n_layers", model.shape.n_layers, R"(preset)", R"(transformer blocks)"),
       PTRAIN_DIM("n_heads", model.shape.n_heads, R"(preset)",
@@ -245,96 +250,96 @@ const std::vector<Key>& keys() {
                  R"(longest sequence; `data.seq_len` must not exceed it)"),
       PTRAIN_DIM("rope_theta", model.shape.rope_theta, R"(preset)", R"(RoPE base)"),
       PTRAIN_DIM("norm_eps", model.shape.norm_eps, R"(preset)", R"(RMSNorm epsilon)"),
-      PTRAIN_DIM("tie_embeddings", model.shape.tie_embeddings, R"(`false`)",
+      PTRAIN_DIM("tie_embeddings", model.shape.tie_embeddings, kFromStruct,
                  R"(output projection shares the embedding matrix)"),
       PTRAIN_DIM("rope_scaling_factor", model.shape.rope_scaling.factor, R"(preset (8 for Llama 3))",
                  R"(Llama-3.1 RoPE frequency scaling; 0 disables)"),
-      PTRAIN_DIM("rope_low_freq_factor", model.shape.rope_scaling.low_freq_factor, R"(`1.0`)",
+      PTRAIN_DIM("rope_low_freq_factor", model.shape.rope_scaling.low_freq_factor, kFromStruct,
                  R"(Llama-3.1 scaling parameter)"),
-      PTRAIN_DIM("rope_high_freq_factor", model.shape.rope_scaling.high_freq_factor, R"(`4.0`)",
+      PTRAIN_DIM("rope_high_freq_factor", model.shape.rope_scaling.high_freq_factor, kFromStruct,
                  R"(Llama-3.1 scaling parameter)"),
-      PTRAIN_DIM("rope_original_max_seq_len", model.shape.rope_scaling.original_max_seq_len, R"(`8192`)",
+      PTRAIN_DIM("rope_original_max_seq_len", model.shape.rope_scaling.original_max_seq_len, kFromStruct,
                  R"(Llama-3.1 scaling parameter)"),
       PTRAIN_KEY("data", "path", data.path, R"(— (required))",
                  R"(text file, token file or JSONL file (`docs/data.md`))"),
       PTRAIN_KEY(
-          "data", "format", data.format, R"(`"text"`)",
+          "data", "format", data.format, kFromStruct,
           R"(`text` (byte-level tokens, vocab 256), `tokens` (`.bin` made by `ptrain tokenize`) `jsonl` (text, chat — messages, ShareGPT, Alpaca — or prompt/completion records, tokenized as they load) or `parquet` (the same records, one per row, a column per field))"),
       PTRAIN_KEY("data", "tokenizer", data.tokenizer, R"(`model.hf_path`)",
                  R"(jsonl: `tokenizer.json`, or the HF model directory holding it)"),
       PTRAIN_KEY(
-          "data", "fields", data.fields, R"(`[]`)",
+          "data", "fields", data.fields, kFromStruct,
           R"(jsonl/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, prompt, completion)"),
       PTRAIN_KEY(
-          "data", "on_bad_record", data.on_bad_record, R"(`"error"`)",
+          "data", "on_bad_record", data.on_bad_record, kFromStruct,
           R"(jsonl/parquet: a malformed record stops with its `FILE:LINE` and field (`error`), or is left out, counted and reported with the first one's location (`skip`))"),
       PTRAIN_KEY(
-          "data", "chat_template", data.chat_template, R"(`"auto"`)",
+          "data", "chat_template", data.chat_template, kFromStruct,
           R"(jsonl chats (messages, ShareGPT, Alpaca): `auto` recognizes the template in the tokenizer's directory (`tokenizer_config.json` / `chat_template.jinja`) and refuses one it does not know; or `llama3`, `llama3.1`, `llama3.2`, `qwen2.5`, `qwen3`, `chatml`, `mistral` (docs/data.md))"),
       PTRAIN_KEY(
-          "data", "packing", data.packing, R"(`false`)",
+          "data", "packing", data.packing, kFromStruct,
           R"(jsonl: pack several samples into each row (attention and positions stay inside each sample); `false` pads one sample per row)"),
-      PTRAIN_KEY("data", "train_on_prompt", data.train_on_prompt, R"(`false`)",
+      PTRAIN_KEY("data", "train_on_prompt", data.train_on_prompt, kFromStruct,
                  R"(jsonl: also train on system/user turns and prompts (by default only replies and completions are))"),
       PTRAIN_KEY(
-          "data", "truncation", data.truncation, R"(`"truncate"`)",
+          "data", "truncation", data.truncation, kFromStruct,
           R"(jsonl: a sample longer than `seq_len + 1` tokens is cut to its start (`truncate`) or left out (`drop`); both are counted and reported)"),
       PTRAIN_KEY(
-          "data", "cache", data.cache, R"(`true`)",
+          "data", "cache", data.cache, kFromStruct,
           R"(jsonl/parquet: tokenize the file once into a cache file that later runs and every rank map read-only instead of tokenizing again; a changed data file, tokenizer, template or data option makes a new one (docs/data.md); `false` tokenizes into memory at every start)"),
       PTRAIN_KEY("data", "cache_dir", data.cache_dir, R"(`$PTRAIN_DATA_CACHE`, else `~/.cache/ptrain/datasets`)",
                  R"(jsonl/parquet: the directory of the cache files (made if missing))"),
-      PTRAIN_KEY("data", "seq_len", data.seq_len, R"(`128`)",
+      PTRAIN_KEY("data", "seq_len", data.seq_len, kFromStruct,
                  R"(tokens per sequence; windows hold `seq_len + 1` tokens)"),
-      PTRAIN_KEY("data", "micro_batch_size", data.micro_batch_size, R"(`8`)", R"(sequences per forward/backward)"),
+      PTRAIN_KEY("data", "micro_batch_size", data.micro_batch_size, kFromStruct, R"(sequences per forward/backward)"),
       PTRAIN_KEY(
-          "data", "val_fraction", data.val_fraction, R"(`0.05`)",
+          "data", "val_fraction", data.val_fraction, kFromStruct,
           R"(held out for validation (0 to 0.5): the tail of a token stream; jsonl: that share of the samples, drawn with a fixed seed)"),
-      PTRAIN_KEY("training", "steps", training.steps, R"(`200`)", R"(optimizer steps (>= 1))"),
-      PTRAIN_KEY("training", "grad_accum_steps", training.grad_accum_steps, R"(`1`)",
+      PTRAIN_KEY("training", "steps", training.steps, kFromStruct, R"(optimizer steps (>= 1))"),
+      PTRAIN_KEY("training", "grad_accum_steps", training.grad_accum_steps, kFromStruct,
                  R"(micro-batches accumulated per optimizer step)"),
-      PTRAIN_KEY("training", "max_grad_norm", training.max_grad_norm, R"(`1.0`)",
+      PTRAIN_KEY("training", "max_grad_norm", training.max_grad_norm, kFromStruct,
                  R"(global-norm clipping threshold; 0 disables)"),
-      PTRAIN_KEY("training", "log_every", training.log_every, R"(`10`)",
+      PTRAIN_KEY("training", "log_every", training.log_every, kFromStruct,
                  R"(console line + `metrics.jsonl` record every N steps (and at steps 1 and last))"),
-      PTRAIN_KEY("training", "eval_every", training.eval_every, R"(`100`)",
+      PTRAIN_KEY("training", "eval_every", training.eval_every, kFromStruct,
                  R"(validation loss every N steps and at the end; 0 disables)"),
-      PTRAIN_KEY("training", "eval_batches", training.eval_batches, R"(`4`)",
+      PTRAIN_KEY("training", "eval_batches", training.eval_batches, kFromStruct,
                  R"(micro-batches of consecutive validation windows per evaluation)"),
       PTRAIN_KEY(
           "training", "sample_prompts",
-          training.sample_prompts, R"(`[]`)", R"(prompts the model completes greedily at each evaluation (every rank takes part; rank 0 logs them and writes them to metrics.jsonl), with the tokenizer of `data.tokenizer` / `model.hf_path` (docs/generate.md))"),
-      PTRAIN_KEY("training", "sample_tokens", training.sample_tokens, R"(`32`)",
+          training.sample_prompts, kFromStruct, R"(prompts the model completes greedily at each evaluation (every rank takes part; rank 0 logs them and writes them to metrics.jsonl), with the tokenizer of `data.tokenizer` / `model.hf_path` (docs/generate.md))"),
+      PTRAIN_KEY("training", "sample_tokens", training.sample_tokens, kFromStruct,
                  R"(new tokens per sample prompt (fewer when an end-of-sequence token comes))"),
       PTRAIN_KEY(
-          "training", "sample_chat", training.sample_chat, R"(`false`)",
+          "training", "sample_chat", training.sample_chat, kFromStruct,
           R"(render each sample prompt as a user turn of the chat template (`data.chat_template`) rather than as plain text)"),
       PTRAIN_KEY(
-          "training", "count_lost_updates", training.count_lost_updates, R"(`false`)",
+          "training", "count_lost_updates", training.count_lost_updates, kFromStruct,
           R"(count, at every step, the parameter elements whose computed update was non-zero but whose stored value (with its Kahan compensation) did not change — updates lost to rounding; logged as `updates_computed` / `updates_lost` in metrics.jsonl (summed over ranks since the last logged step); costs a copy of the parameter shards per step. `ptrain compare` turns it on)"),
-      PTRAIN_KEY("training", "device", training.device, R"(`"auto"`)",
+      PTRAIN_KEY("training", "device", training.device, kFromStruct,
                  R"(`auto` (CUDA if visible), `cpu`, `cuda` (an error without a GPU))"),
-      PTRAIN_KEY("training", "threads", training.threads, R"(`0`)",
+      PTRAIN_KEY("training", "threads", training.threads, kFromStruct,
                  R"(CPU intra-op threads; 0 keeps LibTorch's default)"),
       PTRAIN_KEY(
-          "optimizer", "name", optimizer.name, R"(`"adamw"`)",
+          "optimizer", "name", optimizer.name, kFromStruct,
           R"(`adamw` (float32 or bf16 moments per precision mode) or `adamw8bit` (bitsandbytes' blockwise 8-bit moments: uint8 codes + a float32 absmax per 256 elements, float32 moments for tensors under 4096 elements; ~2.03 B/param instead of 8))"),
-      PTRAIN_KEY("optimizer", "lr", optimizer.lr, R"(`3e-4`)", R"(peak learning rate (> 0))"),
-      PTRAIN_KEY("optimizer", "betas", optimizer.betas, R"(`[0.9, 0.95]`)", R"(Adam betas, each in [0, 1))"),
-      PTRAIN_KEY("optimizer", "eps", optimizer.eps, R"(`1e-8`)", R"(Adam epsilon (> 0))"),
-      PTRAIN_KEY("optimizer", "weight_decay", optimizer.weight_decay, R"(`0.1`)",
+      PTRAIN_KEY("optimizer", "lr", optimizer.lr, kFromStruct, R"(peak learning rate (> 0))"),
+      PTRAIN_KEY("optimizer", "betas", optimizer.betas, kFromStruct, R"(Adam betas, each in [0, 1))"),
+      PTRAIN_KEY("optimizer", "eps", optimizer.eps, kFromStruct, R"(Adam epsilon (> 0))"),
+      PTRAIN_KEY("optimizer", "weight_decay", optimizer.weight_decay, kFromStruct,
                  R"(decoupled weight decay on matrices (embedding, projections); norm weights are not decayed)"),
       PTRAIN_KEY(
-          "optimizer", "in_backward", optimizer.in_backward, R"(`false`)",
+          "optimizer", "in_backward", optimizer.in_backward, kFromStruct,
           R"(step each unit's shard right after its gradient is reduced and drop the gradient, so no full set of gradients ever exists (`grad_bytes` 0 in memory.json); needs `training.grad_accum_steps = 1` and `training.max_grad_norm = 0`; `grad_norm` is then logged unclipped)"),
-      PTRAIN_KEY("lr_schedule", "warmup_steps", lr_schedule.warmup_steps, R"(`20`)",
+      PTRAIN_KEY("lr_schedule", "warmup_steps", lr_schedule.warmup_steps, kFromStruct,
                  R"(linear warmup: step s (0-based) uses `lr * (s+1) / warmup_steps`)"),
-      PTRAIN_KEY("lr_schedule", "decay", lr_schedule.decay, R"(`"cosine"`)",
+      PTRAIN_KEY("lr_schedule", "decay", lr_schedule.decay, kFromStruct,
                  R"(after warmup: `cosine` or `linear` down to `lr * min_lr_ratio` at the last step, or `constant`)"),
-      PTRAIN_KEY("lr_schedule", "min_lr_ratio", lr_schedule.min_lr_ratio, R"(`0.1`)",
+      PTRAIN_KEY("lr_schedule", "min_lr_ratio", lr_schedule.min_lr_ratio, kFromStruct,
                  R"(final learning rate as a fraction of `lr`)"),
       PTRAIN_KEY(
-          "precision", "mode", precision.mode, R"(`"fp32"`)",
+          "precision", "mode", precision.mode, kFromStruct,
           R"(`fp32`; `mixed` (bf16 compute over fp32 master weights, 16 B/param); `bf16` (bf16 params, grads and AdamW moments, fp32 update math, fp32 logits/loss and RoPE, 8 B/param))"),
       PTRAIN_KEY(
           "precision", "param_dtype", precision.param_dtype, R"(from mode)",
@@ -343,62 +348,61 @@ const std::vector<Key>& keys() {
           "precision", "reduce_dtype", precision.reduce_dtype, R"(from mode)",
           R"(gradient reduction dtype: `float32` in `fp32`/`mixed`, `bfloat16` in `bf16`; MPI (CPU) sums bfloat16 gradients as float32)"),
       PTRAIN_KEY(
-          "precision", "logits_dtype", precision.logits_dtype, R"(`"float32"`)",
+          "precision", "logits_dtype", precision.logits_dtype, kFromStruct,
           R"(dtype the logits are held in (the output GEMM always accumulates in float32, the loss is summed in float32). `bfloat16` is allowed in `mixed`/`bf16` only with `allow_bf16_logits = true`: it saves at most one loss chunk and rounds every logit, so ptrain warns)"),
-      PTRAIN_KEY("precision", "allow_bf16_logits", precision.allow_bf16_logits, R"(`false`)",
+      PTRAIN_KEY("precision", "allow_bf16_logits", precision.allow_bf16_logits, kFromStruct,
                  R"(explicit opt-in for `logits_dtype = "bfloat16"`; an error with any other `logits_dtype`)"),
-      PTRAIN_KEY("precision", "rope_dtype", precision.rope_dtype, R"(`"float32"`)",
-                 R"(RoPE is always computed in float32)"),
+      PTRAIN_KEY("precision", "rope_dtype", precision.rope_dtype, kFromStruct, R"(RoPE is always computed in float32)"),
       PTRAIN_KEY(
-          "precision", "stochastic_rounding", precision.stochastic_rounding, R"(`false`)",
+          "precision", "stochastic_rounding", precision.stochastic_rounding, kFromStruct,
           R"(`bf16` only: round updated parameters stochastically (unbiased, reproducible from `run.seed`) instead of to nearest)"),
       PTRAIN_KEY(
-          "precision", "kahan_summation", precision.kahan_summation, R"(`false`)",
+          "precision", "kahan_summation", precision.kahan_summation, kFromStruct,
           R"(`bf16` with `optimizer.name = "adamw"` only, not with `stochastic_rounding`: keep a bfloat16 compensation buffer per parameter (+2 bytes/param, sharded and checkpointed like the moments) holding what rounding each new parameter to nearest dropped, added to the next update (Kahan summation), so updates below half a bf16 ulp accumulate instead of vanishing)"),
-      PTRAIN_KEY("parallel", "backend", parallel.backend, R"(`"auto"`)",
+      PTRAIN_KEY("parallel", "backend", parallel.backend, kFromStruct,
                  R"(`auto`, `nccl` (CUDA only), `mpi`; `gloo` is refused (the torch wheel ships no gloo headers))"),
-      PTRAIN_KEY("parallel", "reshard_after_forward", parallel.reshard_after_forward, R"(`true`)",
+      PTRAIN_KEY("parallel", "reshard_after_forward", parallel.reshard_after_forward, kFromStruct,
                  R"(free gathered units after forward (ZeRO-3))"),
       PTRAIN_KEY(
-          "parallel", "prefetch", parallel.prefetch, R"(`true`)",
+          "parallel", "prefetch", parallel.prefetch, kFromStruct,
           R"(issue the next unit's all-gather before computing the current one (forward: unit i+1 during block i; backward: block i-1 during block i's backward), so communication overlaps compute and at most two gathered units are alive; `false` gathers each unit when it is needed)"),
-      PTRAIN_KEY("parallel", "timeout_s", parallel.timeout_s, R"(`600`)",
+      PTRAIN_KEY("parallel", "timeout_s", parallel.timeout_s, kFromStruct,
                  R"(seconds a collective may take before this rank declares a peer stuck and aborts the job (> 0))"),
       PTRAIN_KEY(
-          "memory", "activation_checkpointing", memory.activation_checkpointing, R"(`"none"`)",
+          "memory", "activation_checkpointing", memory.activation_checkpointing, kFromStruct,
           R"(`none`, or `full`: each block keeps only its input and is recomputed in backward (about one extra forward of compute; activation memory of one block plus the block inputs))"),
       PTRAIN_KEY(
           "memory", "activation_offloading", memory.activation_offloading,
-          R"(`false`)", R"(with `activation_checkpointing = "full"`: the input each block keeps goes to pinned host memory in forward (a side stream on CUDA, at most 2 copies in flight) and comes back ahead of the block's backward; the GPU keeps none of the block inputs. Refused (exit 2) without full checkpointing)"),
-      PTRAIN_KEY("memory", "loss_chunk_tokens", memory.loss_chunk_tokens, R"(`0`)",
+          kFromStruct, R"(with `activation_checkpointing = "full"`: the input each block keeps goes to pinned host memory in forward (a side stream on CUDA, at most 2 copies in flight) and comes back ahead of the block's backward; the GPU keeps none of the block inputs. Refused (exit 2) without full checkpointing)"),
+      PTRAIN_KEY("memory", "loss_chunk_tokens", memory.loss_chunk_tokens, kFromStruct,
                  R"(tokens per cross-entropy chunk; 0 picks ~64 MiB of float32 logits per chunk)"),
       PTRAIN_KEY("checkpoint", "dir", checkpoint.dir, R"(`<output_dir>/checkpoints`)",
                  R"(where `step_N/` directories go)"),
-      PTRAIN_KEY("checkpoint", "every_steps", checkpoint.every_steps, R"(`0`)",
+      PTRAIN_KEY("checkpoint", "every_steps", checkpoint.every_steps, kFromStruct,
                  R"(save every N steps; 0 saves only at the end)"),
-      PTRAIN_KEY("checkpoint", "keep", checkpoint.keep, R"(`3`)", R"(newest complete checkpoints kept (>= 1))"),
+      PTRAIN_KEY("checkpoint", "keep", checkpoint.keep, kFromStruct, R"(newest complete checkpoints kept (>= 1))"),
       PTRAIN_KEY(
-          "checkpoint", "resume", checkpoint.resume, R"(`""`)",
+          "checkpoint", "resume", checkpoint.resume, kFromStruct,
           R"(`""` fresh start, `"auto"` newest complete checkpoint in `checkpoint.dir` (fresh if none), or a `step_N` directory)"),
-      PTRAIN_KEY("checkpoint", "save_final", checkpoint.save_final, R"(`true`)", R"(save after the last step)"),
-      PTRAIN_KEY("lora", "enabled", lora.enabled, R"(`false`)", R"(LoRA adapters over a frozen base)"),
-      PTRAIN_KEY("lora", "rank", lora.rank, R"(`8`)", R"(adapter rank (>= 1))"),
-      PTRAIN_KEY("lora", "alpha", lora.alpha, R"(`16`)", R"(scaling numerator (> 0))"),
-      PTRAIN_KEY("lora", "dropout", lora.dropout, R"(`0.0`)", R"(in [0, 1))"),
+      PTRAIN_KEY("checkpoint", "save_final", checkpoint.save_final, kFromStruct, R"(save after the last step)"),
+      PTRAIN_KEY("lora", "enabled", lora.enabled, kFromStruct, R"(LoRA adapters over a frozen base)"),
+      PTRAIN_KEY("lora", "rank", lora.rank, kFromStruct, R"(adapter rank (>= 1))"),
+      PTRAIN_KEY("lora", "alpha", lora.alpha, kFromStruct, R"(scaling numerator (> 0))"),
+      PTRAIN_KEY("lora", "dropout", lora.dropout, kFromStruct, R"(in [0, 1))"),
       PTRAIN_KEY(
-          "lora", "rslora", lora.rslora, R"(`false`)",
+          "lora", "rslora", lora.rslora, kFromStruct,
           R"(rank-stabilized LoRA: adapters scaled by `alpha / sqrt(rank)` instead of `alpha / rank` (PEFT's `use_rslora`))"),
       PTRAIN_KEY(
-          "lora", "targets", lora.targets, R"(`["q", "v"]`)",
+          "lora", "targets", lora.targets, kFromStruct,
           R"(among q, k, v, o, gate, up, down, output (`output`: `lm_head`, applied inside the chunked loss as h W^T + s (h A^T) B^T; refused for tied embeddings))"),
       PTRAIN_KEY(
-          "lora", "adapter_path", lora.adapter_path, R"(`""`)",
+          "lora", "adapter_path", lora.adapter_path, kFromStruct,
           R"(a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`) to start from; its `r`, `lora_alpha` and target modules must equal `lora.rank`, `lora.alpha`, `lora.targets`)"),
       PTRAIN_KEY(
-          "quant", "base", quant.base, R"(`"none"`)",
+          "quant", "base", quant.base, kFromStruct,
           R"(`none` or `nf4`: every block's matrices as frozen NF4 weights (QLoRA; needs LoRA: a frozen base alone trains nothing). Must be `nf4` when `model.hf_path` is a bitsandbytes NF4 checkpoint)"),
       PTRAIN_KEY(
-          "quant", "double_quant", quant.double_quant, R"(`true`)",
+          "quant", "double_quant", quant.double_quant, kFromStruct,
           R"(quantize the NF4 absmax scales too; with a bitsandbytes NF4 checkpoint it must equal its `bnb_4bit_use_double_quant`)"),
   };
   return kKeys;
@@ -553,6 +557,45 @@ void collect_override(const std::string& text, int index, std::vector<Assignment
     a.origin.line = index;
     out.push_back(a);
   }
+}
+
+// A value as docs/config.md shows it: strings in double quotes, numbers in their shortest form
+// (a float keeps its ".0").
+std::string doc_value(const Value& v) {
+  auto number = [](double x) {
+    std::array<char, 32> buf{};
+    const auto r = std::to_chars(buf.data(), buf.data() + buf.size(), x);
+    std::string s(buf.data(), r.ptr);
+    const size_t e = s.find('e');
+    if (e == std::string::npos) return s.find('.') == std::string::npos ? s + ".0" : s;  // a TOML float
+    size_t digits = s.find_first_not_of("+-", e + 1);
+    while (digits + 1 < s.size() && s[digits] == '0') s.erase(digits, 1);  // 3e-04 -> 3e-4
+    return s;
+  };
+  return std::visit(
+      [&](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return "\"" + x + "\"";
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return x ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, double>) {
+          return number(x);
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          return std::to_string(x);
+        } else {
+          std::string out = "[";
+          for (size_t i = 0; i < x.size(); ++i) {
+            if (i) out += ", ";
+            if constexpr (std::is_same_v<T, std::vector<std::string>>)
+              out += "\"" + x[i] + "\"";
+            else
+              out += number(x[i]);
+          }
+          return out + "]";
+        }
+      },
+      v);
 }
 
 std::string format_value(const Value& v) {
@@ -730,7 +773,8 @@ std::string config_reference() {
             << (d ? d->prose : "") << "| key | default | meaning |\n|---|---|---|\n";
       }
     }
-    out << "| `" << k.full() << "` | " << k.default_doc << " | " << k.doc << " |\n";
+    const std::string def = k.default_doc.empty() ? "`" + doc_value(k.get(Config{})) + "`" : k.default_doc;
+    out << "| `" << k.full() << "` | " << def << " | " << k.doc << " |\n";
   }
   return out.str();
 }
