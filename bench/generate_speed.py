@@ -11,7 +11,9 @@ weights saved by transformers as HF directories, no end-of-sequence token (both 
 NEW tokens). The prompt: PROMPT random ids. Each side runs in its own
 process, twice (the second is reported): ptrain's own prompt / decode tokens/s and its peak RSS;
 transformers' `generate(max_new_tokens=1)` and `(max_new_tokens=NEW)` timed, the decode rate being
-(NEW - 1) / the difference, and its process's peak RSS. The generated ids are compared.
+(NEW - 1) / the difference, and its process's peak RSS. The generated ids are compared. The
+"ceiling" row is what no float32 decoder can beat on this machine: the time of one
+matrix-vector product per Linear weight (torch, same threads), i.e. reading every weight once.
 """
 import argparse
 import json
@@ -40,7 +42,19 @@ for _ in range(2):
     one, _ = gen(1)
     full, ids = gen(new)
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(json.dumps({"prefill_s": one, "decode_tps": (new - 1) / (full - one), "ids": ids, "peak_kib": int(hwm)}))
+# The floor of a decoded token: one matrix-vector product per Linear weight (every projection and
+# lm_head; the embedding reads one row), nothing else, timed the same way (best of 20).
+weights = [mod.weight for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
+vecs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
+def matvecs():
+    t = time.perf_counter()
+    with torch.no_grad():
+        for w in weights:
+            torch.nn.functional.linear(vecs[w.shape[1]], w)
+    return time.perf_counter() - t
+floor_s = min(matvecs() for _ in range(20))
+print(json.dumps({"prefill_s": one, "decode_tps": (new - 1) / (full - one), "ids": ids, "peak_kib": int(hwm),
+                  "floor_tps": 1 / floor_s, "weight_bytes": sum(w.numel() * w.element_size() for w in weights)}))
 """
 
 WRAP = ("import resource,subprocess,sys;p=subprocess.run(sys.argv[1:],capture_output=True,text=True);"
@@ -108,6 +122,9 @@ def bench(args, name):
     print(f"{'transformers':14} {ref['prefill_s']:>10.3f} {ref['decode_tps']:>16,.1f} {ref['peak_kib'] / 1024:>13,.0f}")
     print(f"{'ptrain / HF':14} {ours['prefill_s'] / ref['prefill_s']:>10.2f} {ours['decode_tps'] / ref['decode_tps']:>16.2f} "
           f"{ours['peak_kib'] / ref['peak_kib']:>13.2f}")
+    print(f"{'ceiling':14} {'':>10} {ref['floor_tps']:>16,.1f}   (the Linear weights' matrix-vector products alone: "
+          f"{ref['weight_bytes'] / 1e6:,.0f} MB read per token at {ref['weight_bytes'] * ref['floor_tps'] / 1e9:.1f} GB/s; "
+          f"{ref['floor_tps'] / ref['decode_tps']:.2f}x transformers' decode)")
     print(f"generated ids equal: {same} of {args.new}\n")
     shutil.rmtree(work, ignore_errors=True)
 
