@@ -1,5 +1,7 @@
-// Every config validation rule, in one table (kRules). A rule names the key it reports on
-// and returns "" when satisfied, else the reason including the fix.
+// Config validation: each section's own rules live beside its options struct (problems(): data/,
+// model/, optim/, parallel/options.h); the rules here read several sections, the files a config
+// names or the machine (kRules). A rule names the key it reports on and returns "" when
+// satisfied, else the reason including the fix.
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -33,14 +35,6 @@ struct Rule {
   const char* key;
   std::function<std::string(const Config&, const Environment&)> check;
 };
-
-std::string positive(double v, const char* what = "must be > 0") {
-  return v > 0 ? "" : std::string(what) + " (got " + std::to_string(v) + ")";
-}
-
-std::string at_least(int64_t v, int64_t min) {
-  return v >= min ? "" : "must be >= " + std::to_string(min) + " (got " + std::to_string(v) + ")";
-}
 
 // Data file problems: existence, size, and (for token files) the header.
 std::string check_data(const Config& c) {
@@ -258,12 +252,6 @@ const std::vector<Rule>& rules() {
                                                     "window: set data.seq_len <= " +
                                                     std::to_string(w);
        }},
-      {"data.micro_batch_size",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.data.micro_batch_size, 1); }},
-      {"data.val_fraction",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5 ? "" : "must be in [0, 0.5]";
-       }},
   };
   // (Two lists: clang-format 14 mis-wraps lambdas deep inside a very long braced list.)
   static const std::vector<Rule> kTrainingRules = {
@@ -303,19 +291,6 @@ const std::vector<Rule>& rules() {
                     ? "\"cuda\" requested but no CUDA GPU is visible; use \"cpu\" or \"auto\""
                     : "";
        }},
-      {"optimizer.lr", [](const Config& c, const Environment&) -> std::string { return positive(c.optimizer.lr); }},
-      {"optimizer.betas",
-       [](const Config& c, const Environment&) -> std::string {
-         const auto& b = c.optimizer.betas;
-         return b.size() == 2 && b[0] >= 0 && b[0] < 1 && b[1] >= 0 && b[1] < 1
-                    ? ""
-                    : std::string("must be two numbers in [0, 1), e.g. [0.9, 0.95]");
-       }},
-      {"optimizer.eps", [](const Config& c, const Environment&) -> std::string { return positive(c.optimizer.eps); }},
-      {"optimizer.weight_decay",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.optimizer.weight_decay >= 0 ? "" : "must be >= 0";
-       }},
       {"optimizer.in_backward",
        [](const Config& c, const Environment&) -> std::string {
          return c.optimizer.in_backward && c.training.grad_accum_steps > 1
@@ -330,87 +305,14 @@ const std::vector<Rule>& rules() {
                       "in_backward = false"
                     : "";
        }},
-      {"lr_schedule.warmup_steps",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.lr_schedule.warmup_steps, 0); }},
-      {"lr_schedule.min_lr_ratio",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.lr_schedule.min_lr_ratio >= 0 && c.lr_schedule.min_lr_ratio <= 1 ? "" : "must be in [0, 1]";
-       }},
-      {"precision.param_dtype",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == PrecisionMode::bf16 && c.precision.param_dtype == DtypeName::float32
-                    ? "mode \"bf16\" stores bfloat16 parameters; float32 compute over them gains nothing — use mode = "
-                      "\"mixed\" for float32 master weights"
-                    : "";
-       }},
-      {"precision.param_dtype",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == PrecisionMode::fp32 && c.precision.param_dtype == DtypeName::bfloat16
-                    ? "mode \"fp32\" computes in float32; remove param_dtype or use mode = \"mixed\""
-                    : "";
-       }},
-      {"precision.param_dtype",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == PrecisionMode::mixed && c.precision.param_dtype == DtypeName::float32
-                    ? "mode \"mixed\" computes in bfloat16 over float32 master weights; float32 compute is mode = "
-                      "\"fp32\""
-                    : "";
-       }},
-      {"precision.reduce_dtype",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == PrecisionMode::fp32 && c.precision.reduce_dtype == DtypeName::bfloat16
-                    ? "mode \"fp32\" reduces gradients in float32; remove reduce_dtype or use mode = \"mixed\""
-                    : "";
-       }},
-      {"precision.logits_dtype",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode == PrecisionMode::fp32 && c.precision.logits_dtype == DtypeName::bfloat16
-                    ? "mode \"fp32\" computes logits in float32; remove logits_dtype or use mode = \"mixed\" or "
-                      "\"bf16\""
-                    : "";
-       }},
-      {"precision.logits_dtype",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.mode != PrecisionMode::fp32 && c.precision.logits_dtype == DtypeName::bfloat16 &&
-                        !c.precision.allow_bf16_logits
-                    ? "bfloat16 logits save at most one loss chunk (memory.loss_chunk_tokens) and round the loss; set "
-                      "logits_dtype = \"float32\", or opt in with precision.allow_bf16_logits = true"
-                    : "";
-       }},
-      {"precision.allow_bf16_logits",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.allow_bf16_logits && c.precision.logits_dtype != DtypeName::bfloat16
-                    ? "only meaningful with logits_dtype = \"bfloat16\"; remove it"
-                    : "";
-       }},
-      {"precision.rope_dtype",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.rope_dtype == DtypeName::float32
-                    ? ""
-                    : "RoPE is computed in float32 in every mode; set rope_dtype = \"float32\"";
-       }},
-      {"precision.stochastic_rounding",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.precision.stochastic_rounding && c.precision.mode != PrecisionMode::bf16
-                    ? "stochastic rounding applies to bf16 parameters only (mode = \"bf16\"); set it to false"
-                    : "";
-       }},
       {"precision.kahan_summation",
        [](const Config& c, const Environment&) -> std::string {
-         if (!c.precision.kahan_summation) return "";
-         if (c.precision.mode != PrecisionMode::bf16)
-           return "Kahan summation applies to bf16 parameters only (mode = \"bf16\"); set it to false";
-         if (c.precision.stochastic_rounding)
-           return "Kahan summation and stochastic_rounding are two ways to keep small bf16 updates; choose one";
+         // (Its mode and stochastic rounding: PrecisionOptions::problems.)
+         if (!c.precision.kahan_summation || c.precision.mode != PrecisionMode::bf16 || c.precision.stochastic_rounding)
+           return "";
          if (c.optimizer.name != OptimizerName::adamw)
            return "Kahan summation is implemented for optimizer.name = \"adamw\" only";
          return "";
-       }},
-      {"parallel.backend",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.parallel.backend == Backend::gloo
-                    ? "the torch 2.11.0 wheel ships no gloo headers; use \"mpi\" for CPU collectives"
-                    : "";
        }},
       {"parallel.backend",
        [](const Config& c, const Environment& env) -> std::string {
@@ -420,18 +322,6 @@ const std::vector<Rule>& rules() {
                     ? "nccl needs CUDA tensors but training runs on the CPU; use \"auto\" or \"mpi\""
                     : "";
        }},
-      {"parallel.timeout_s",
-       [](const Config& c, const Environment&) -> std::string { return positive(c.parallel.timeout_s); }},
-      {"memory.activation_offloading",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.memory.activation_offloading && c.memory.activation_checkpointing != Checkpointing::full
-                    ? "offloading moves the inputs full activation checkpointing keeps; set "
-                      "memory.activation_checkpointing = \"full\" "
-                      "or memory.activation_offloading = false"
-                    : "";
-       }},
-      {"memory.loss_chunk_tokens",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.memory.loss_chunk_tokens, 0); }},
       {"checkpoint.every_steps",
        [](const Config& c, const Environment&) -> std::string { return at_least(c.checkpoint.every_steps, 0); }},
       {"checkpoint.keep",
@@ -445,12 +335,6 @@ const std::vector<Rule>& rules() {
                     : "'" + r +
                           "' is not a complete checkpoint directory (no meta.json); use "
                           "\"auto\" or a step_N directory";
-       }},
-      {"lora.rank", [](const Config& c, const Environment&) -> std::string { return at_least(c.lora.rank, 1); }},
-      {"lora.alpha", [](const Config& c, const Environment&) -> std::string { return positive(c.lora.alpha); }},
-      {"lora.dropout",
-       [](const Config& c, const Environment&) -> std::string {
-         return c.lora.dropout >= 0 && c.lora.dropout < 1 ? "" : "must be in [0, 1)";
        }},
       {"lora.targets",
        [](const Config& c, const Environment&) -> std::string {
@@ -532,11 +416,18 @@ const std::vector<Rule>& rules() {
 }  // namespace
 
 void validate(const Config& config, const Environment& env, std::vector<ConfigProblem>& out) {
+  auto report = [&](const std::string& key, const std::string& reason) {
+    const auto o = config.origin(key);
+    out.push_back({o.file, o.line, key, reason});
+  };
+  // Each section's own rules, beside its options struct.
+  for (const OptionProblems& section :
+       {config.data.problems(), config.optimizer.problems(), config.lr_schedule.problems(), config.precision.problems(),
+        config.parallel.problems(), config.memory.problems(), config.lora.problems()})
+    for (const auto& p : section.list()) report(p.key, p.reason);
   for (const auto& rule : rules()) {
-    std::string reason = rule.check(config, env);
-    if (reason.empty()) continue;
-    auto o = config.origin(rule.key);
-    out.push_back({o.file, o.line, rule.key, reason});
+    const std::string reason = rule.check(config, env);
+    if (!reason.empty()) report(rule.key, reason);
   }
 }
 

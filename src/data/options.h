@@ -1,11 +1,12 @@
 // The data part's options, as the config's [data] section holds them: each field's initialiser
-// is the key's default (docs/config.md shows them), in this one place. Validation:
-// config/validate.cpp (rules that read several sections and the data files).
+// is the key's default (docs/config.md shows them), in this one place. Validation: problems()
+// (the section's own rules); config/validate.cpp holds those that read other sections or files.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/check.h"
 #include "data/chat.h"
 
 namespace ptrain {
@@ -32,6 +33,7 @@ struct DataOptions {
   int64_t seq_len = 128;                         // tokens per training sequence
   int64_t micro_batch_size = 8;                  // sequences per forward/backward per rank
   double val_fraction = 0.05;                    // held out for validation: the tail of a token stream; jsonl: samples
+  OptionProblems problems() const;               // micro-batch size, validation share (files: config/validate.cpp)
 };
 
 }  // namespace ptrain

@@ -1,10 +1,13 @@
 // The model part's options, as the config's [lora] and [quant] sections hold them: each field's
 // initialiser is the key's default (docs/config.md shows them), in this one place. Validation:
-// config/validate.cpp (rules that read several sections at once).
+// problems() beside each struct (its section's own rules); config/validate.cpp holds the rules
+// that read several sections or files.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "common/check.h"
 
 namespace ptrain {
 
@@ -17,6 +20,7 @@ struct LoraOptions {
   bool rslora = false;                         // scale alpha / sqrt(rank) instead of alpha / rank (PEFT use_rslora)
   std::vector<std::string> targets{"q", "v"};  // lora_targets() names (model/layout.h)
   std::string adapter_path;                    // "" | a PEFT adapter directory to start from
+  OptionProblems problems() const;             // rank, alpha, dropout
 };
 
 // [quant]: how the frozen base is stored.

@@ -1,7 +1,8 @@
 // The parallel part's options, as the config's [precision], [parallel] and [memory] sections
 // hold them: each field's initialiser is the key's default (docs/config.md shows them), in this
 // one place; FsdpOptions composes them with the model's [lora] and [quant]. Validation:
-// config/validate.cpp (rules that read several sections at once).
+// problems() beside each struct (its section's own rules); config/validate.cpp holds the rules
+// that read several sections or the machine.
 #pragma once
 #include <cstdint>
 
@@ -20,7 +21,8 @@ struct PrecisionOptions {
   bool allow_bf16_logits = false;                 // explicit opt-in for bfloat16 logits
   DtypeName rope_dtype = DtypeName::float32;      // must be float32 (stated, checked)
   bool stochastic_rounding = false;
-  bool kahan_summation = false;  // bf16: a compensation buffer per parameter
+  bool kahan_summation = false;     // bf16: a compensation buffer per parameter
+  OptionProblems problems() const;  // the dtypes each mode allows, its rounding options
 };
 
 // [parallel]
@@ -35,6 +37,7 @@ struct ParallelOptions {
   // i-1's is issued (the embedding's, last, completes at once).
   bool prefetch = true;
   double timeout_s = 600.0;  // collective timeout before a rank is declared dead
+  OptionProblems problems() const;
 };
 
 // [memory]
@@ -48,6 +51,7 @@ struct MemoryOptions {
   bool activation_offloading = false;
   int64_t loss_chunk_tokens = 0;  // tokens per cross-entropy chunk; 0 = auto
   bool checkpointing() const { return activation_checkpointing == Checkpointing::full; }
+  OptionProblems problems() const;
 };
 
 // What the sharded model (parallel/fsdp.h) is built with: the sections as configured.

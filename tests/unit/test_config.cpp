@@ -101,6 +101,54 @@ TEST(ConfigBad, OverridesAreCheckedToo) {
   }
 }
 
+// The rules that read one section live beside its options struct (problems()); each is still
+// reported by the config at its key's line, alone, and the structs' defaults break none.
+TEST(ConfigBad, EachSectionsOwnRulesReportAtTheirKey) {
+  for (const OptionProblems& defaults :
+       {DataOptions{}.problems(), OptimizerOptions{}.problems(), LrScheduleOptions{}.problems(),
+        PrecisionOptions{}.problems(), ParallelOptions{}.problems(), MemoryOptions{}.problems(),
+        LoraOptions{}.problems()})
+    EXPECT_TRUE(defaults.list().empty()) << defaults.list().front().key;
+  test::TempDir dir;
+  const std::string cfg = test::small_config(dir);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"data.micro_batch_size=0"}, "data.micro_batch_size"},
+      {{"data.val_fraction=0.6"}, "data.val_fraction"},
+      {{"optimizer.lr=0.0"}, "optimizer.lr"},
+      {{"optimizer.betas=[0.9, 1.0]"}, "optimizer.betas"},
+      {{"optimizer.eps=0.0"}, "optimizer.eps"},
+      {{"optimizer.weight_decay=-0.1"}, "optimizer.weight_decay"},
+      {{"lr_schedule.warmup_steps=-1"}, "lr_schedule.warmup_steps"},
+      {{"lr_schedule.min_lr_ratio=1.5"}, "lr_schedule.min_lr_ratio"},
+      {{"precision.param_dtype=bfloat16"}, "precision.param_dtype"},
+      {{"precision.reduce_dtype=bfloat16"}, "precision.reduce_dtype"},
+      {{"precision.logits_dtype=bfloat16"}, "precision.logits_dtype"},
+      {{"precision.allow_bf16_logits=true"}, "precision.allow_bf16_logits"},
+      {{"precision.rope_dtype=bfloat16"}, "precision.rope_dtype"},
+      {{"precision.stochastic_rounding=true"}, "precision.stochastic_rounding"},
+      {{"precision.kahan_summation=true"}, "precision.kahan_summation"},
+      {{"precision.mode=bf16", "precision.kahan_summation=true", "precision.stochastic_rounding=true"},
+       "precision.kahan_summation"},
+      {{"parallel.backend=gloo"}, "parallel.backend"},
+      {{"parallel.timeout_s=0.0"}, "parallel.timeout_s"},
+      {{"memory.activation_offloading=true"}, "memory.activation_offloading"},
+      {{"memory.loss_chunk_tokens=-1"}, "memory.loss_chunk_tokens"},
+      {{"lora.rank=0"}, "lora.rank"},
+      {{"lora.alpha=0.0"}, "lora.alpha"},
+      {{"lora.dropout=1.0"}, "lora.dropout"},
+  };
+  for (const auto& [sets, key] : cases) {
+    try {
+      load_config(cfg, sets, Environment{});
+      ADD_FAILURE() << sets.back() << " accepted";
+    } catch (const ConfigError& e) {
+      ASSERT_EQ(e.problems.size(), 1u) << sets.back() << ": " << e.what();
+      EXPECT_EQ(e.problems[0].key, key) << e.problems[0].str();
+      EXPECT_EQ(e.problems[0].file, "--set") << e.problems[0].str();
+    }
+  }
+}
+
 TEST(Config, OverridesPresetAndResolvedTomlRoundTrips) {
   test::TempDir dir;
   const std::string cfg = test::small_config(dir);
