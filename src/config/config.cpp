@@ -559,24 +559,14 @@ void collect_override(const std::string& text, int index, std::vector<Assignment
   }
 }
 
-// A value as docs/config.md shows it: strings in double quotes, numbers in their shortest form
-// (a float keeps its ".0").
-std::string doc_value(const Value& v) {
-  auto number = [](double x) {
-    std::array<char, 32> buf{};
-    const auto r = std::to_chars(buf.data(), buf.data() + buf.size(), x);
-    std::string s(buf.data(), r.ptr);
-    const size_t e = s.find('e');
-    if (e == std::string::npos) return s.find('.') == std::string::npos ? s + ".0" : s;  // a TOML float
-    size_t digits = s.find_first_not_of("+-", e + 1);
-    while (digits + 1 < s.size() && s[digits] == '0') s.erase(digits, 1);  // 3e-04 -> 3e-4
-    return s;
-  };
+// A value as `string` and `number` spell its strings and numbers; lists in brackets.
+template <class String, class Number>
+std::string render_value(const Value& v, const String& string, const Number& number) {
   return std::visit(
       [&](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, std::string>) {
-          return "\"" + x + "\"";
+          return string(x);
         } else if constexpr (std::is_same_v<T, bool>) {
           return x ? "true" : "false";
         } else if constexpr (std::is_same_v<T, double>) {
@@ -588,7 +578,7 @@ std::string doc_value(const Value& v) {
           for (size_t i = 0; i < x.size(); ++i) {
             if (i) out += ", ";
             if constexpr (std::is_same_v<T, std::vector<std::string>>)
-              out += "\"" + x[i] + "\"";
+              out += string(x[i]);
             else
               out += number(x[i]);
           }
@@ -598,33 +588,31 @@ std::string doc_value(const Value& v) {
       v);
 }
 
+// As TOML++ writes it (config.resolved.toml, check).
 std::string format_value(const Value& v) {
-  std::ostringstream out;
-  std::visit(
-      [&](const auto& x) {
-        using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::string>) {
-          out << toml::value<std::string>(x);
-        } else if constexpr (std::is_same_v<T, bool>) {
-          out << (x ? "true" : "false");
-        } else if constexpr (std::is_same_v<T, double>) {
-          out << toml::value<double>(x);
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-          out << x;
-        } else {
-          out << "[";
-          for (size_t i = 0; i < x.size(); ++i) {
-            if (i) out << ", ";
-            if constexpr (std::is_same_v<T, std::vector<std::string>>)
-              out << toml::value<std::string>(x[i]);
-            else
-              out << toml::value<double>(x[i]);
-          }
-          out << "]";
-        }
-      },
-      v);
-  return out.str();
+  auto toml_text = [](const auto& x) {
+    std::ostringstream out;
+    out << toml::value<std::decay_t<decltype(x)>>(x);
+    return out.str();
+  };
+  return render_value(v, toml_text, toml_text);
+}
+
+// As docs/config.md shows it: strings in double quotes, numbers in their shortest form (a float
+// keeps its ".0").
+std::string doc_value(const Value& v) {
+  auto quoted = [](const std::string& x) { return "\"" + x + "\""; };
+  auto shortest = [](double x) {
+    std::array<char, 32> buf{};
+    const auto r = std::to_chars(buf.data(), buf.data() + buf.size(), x);
+    std::string s(buf.data(), r.ptr);
+    const size_t e = s.find('e');
+    if (e == std::string::npos) return s.find('.') == std::string::npos ? s + ".0" : s;  // a TOML float
+    size_t digits = s.find_first_not_of("+-", e + 1);
+    while (digits + 1 < s.size() && s[digits] == '0') s.erase(digits, 1);  // 3e-04 -> 3e-4
+    return s;
+  };
+  return render_value(v, quoted, shortest);
 }
 
 }  // namespace
