@@ -115,7 +115,12 @@ class NcclCollectives final : public Collectives {
   std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) override {
     at::Tensor o = out, i = in.contiguous();
     c10d::ReduceScatterOptions opts;
-    opts.reduceOp = c10d::ReduceOp::AVG;
+    // At one rank the mean is the buffer itself. NCCL runs a one-rank SUM as a copy but a
+    // one-rank AVG through its scaling kernel, which before NCCL 2.29.7 leaves the last
+    // count % blocks elements unwritten (NVIDIA/nccl#1950; torch 2.11.0 ships NCCL 2.28.9):
+    // gradients silently short of their tail. SUM there; AVG (one pass, no division kernel)
+    // from two ranks on.
+    opts.reduceOp = world_size_ == 1 ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
     auto work = pg_->_reduce_scatter_base(o, i, opts);
     stats.reduce_scatter_bytes += in.nbytes();
     ++stats.calls;

@@ -4,6 +4,10 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
+#ifdef PTRAIN_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -38,10 +42,21 @@ namespace ptrain {
 namespace fs = std::filesystem;
 
 c10::Device resolve_device(const Config& c, const DistEnv& env) {
-  if (c.training.device == DeviceChoice::cuda ||
-      (c.training.device == DeviceChoice::automatic && torch::cuda::is_available()))
-    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-  return c10::Device(c10::kCPU);
+  if (!(c.training.device == DeviceChoice::cuda ||
+        (c.training.device == DeviceChoice::automatic && torch::cuda::is_available())))
+    return c10::Device(c10::kCPU);
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  if (env.local_rank >= gpus)
+    throw UsageError("rank " + std::to_string(env.rank) + " is local rank " + std::to_string(env.local_rank) +
+                     " on its node, which shows " + std::to_string(gpus) +
+                     " CUDA device(s): each rank trains on the GPU of its local rank, so launch at most " +
+                     std::to_string(gpus) + " ranks per node (or make more GPUs visible: CUDA_VISIBLE_DEVICES)");
+#ifdef PTRAIN_CUDA
+  // The rank's GPU is the current device from here on, so nothing it creates without naming a
+  // device (pinned host buffers, events, library handles) opens a context on GPU 0.
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+#endif
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
 }
 
 std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const c10::Device& device) {

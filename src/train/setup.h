@@ -24,7 +24,8 @@ struct ModelPlan;
 // Tensors under this many elements keep float32 moments with adamw8bit (bitsandbytes' default).
 constexpr int64_t kMin8bitNumel = 4096;
 
-// cuda:<local_rank> when training.device resolves to CUDA, else cpu.
+// cuda:<local_rank> when training.device resolves to CUDA (made the current device; a local rank
+// without a GPU of its own is a UsageError), else cpu.
 c10::Device resolve_device(const Config& config, const DistEnv& env);
 
 // The collectives for this process (MPI / NCCL / single process) per parallel.backend; sets
