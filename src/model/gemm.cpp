@@ -20,6 +20,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bi
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype) {
   if (widen_on_cpu(a) || widen_on_cpu(b)) return at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(out_dtype);
+  if (a.scalar_type() != b.scalar_type()) {  // e.g. a float32 gradient times bf16 activations
+    const c10::ScalarType wide = at::promote_types(a.scalar_type(), b.scalar_type());
+    return gemm::mm(a.to(wide), b.to(wide), out_dtype);  // the narrower operand widened, exactly
+  }
   if (a.scalar_type() == out_dtype) return at::mm(a, b);
   if (a.is_cuda() && out_dtype == at::kFloat) return at::mm(a, b, out_dtype);  // cuBLAS: bf16 in, fp32 out
   return at::mm(a.to(out_dtype), b.to(out_dtype));

@@ -17,7 +17,8 @@ namespace ptrain::gemm {
 // GEMM epilogue does), differentiable, result in x's dtype.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = at::Tensor());
 
-// a [n, k] @ b [k, m] with float32 accumulation, result in `out_dtype` (no autograd).
+// a [n, k] @ b [k, m] with float32 accumulation, result in `out_dtype` (no autograd). Operands
+// of different dtypes multiply in the wider one (float32 x bf16: in float32), on every device.
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype);
 
 }  // namespace ptrain::gemm

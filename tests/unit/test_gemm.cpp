@@ -3,6 +3,7 @@
 // gradients flow in bf16 like any bf16 linear.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include "model/gemm.h"
 
@@ -33,4 +34,19 @@ TEST(Gemm, MmHonoursOutDtype) {
   EXPECT_EQ(f.scalar_type(), at::kFloat);
   EXPECT_TRUE(at::allclose(f, at::mm(a.to(at::kFloat), b.to(at::kFloat))));
   EXPECT_EQ(gemm::mm(a, b, at::kBFloat16).scalar_type(), at::kBFloat16);
+}
+
+// Operands of different dtypes (a float32 gradient times bf16 activations, as the output
+// adapter's gradient is formed) multiply in float32 on every device: on the CPU and on CUDA
+// the product of the float32 operand and the exactly widened bf16 one.
+TEST(Gemm, CudaMixedOperandsMultiplyInTheWiderDtype) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the CUDA matmul paths run on the GPU machine";
+  at::manual_seed(4);
+  const at::Tensor a = at::randn({9, 37}), b = at::randn({37, 5}).to(at::kBFloat16);
+  const at::Tensor ref = at::mm(a, b.to(at::kFloat));
+  const at::Tensor cpu = gemm::mm(a, b, at::kFloat), gpu = gemm::mm(a.cuda(), b.cuda(), at::kFloat).cpu();
+  EXPECT_TRUE(at::allclose(cpu, ref, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(gpu, ref, 1e-5, 1e-6));
+  EXPECT_EQ(gemm::mm(b.t().contiguous().cuda(), a.t().contiguous().cuda(), at::kBFloat16).scalar_type(), at::kBFloat16);
 }

@@ -2,6 +2,11 @@
 // cross_entropy over full fp32 logits), in value and in both gradients.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "model/loss.h"
 
@@ -110,4 +115,50 @@ TEST(ChunkedLoss, OutputAdapterMatchesAutogradReference) {
   EXPECT_TRUE(at::allclose(b.grad().to(at::kDouble), br.grad(), 1e-4, 1e-6));
   LossSum sum = linear_cross_entropy_sum(h0, w0, t, 7, at::kFloat, &adapter);
   EXPECT_NEAR(sum.sum / sum.tokens, ref.item<double>(), 1e-5);
+}
+
+// On CUDA the matmuls take other paths than on the CPU (cuBLAS multiplies bf16 operands into
+// float32 directly; the CPU widens them first): the loss and every gradient the chunked loss
+// forms itself — hidden and output weight, or hidden and the output adapter's A and B over a
+// frozen weight — equal the CPU's in float32 and bf16 (float32 or bf16 logits), within the
+// rounding of the dtype. Odd sizes: 37 tokens in chunks of 16, vocabulary 101.
+TEST(ChunkedLoss, CudaMatchesCpuInEveryDtypeWithAndWithoutTheOutputAdapter) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the loss's CUDA matmuls run on the GPU machine";
+  at::manual_seed(11);
+  const int64_t N = 37, D = 24, V = 101, R = 4;
+  const at::Tensor h0 = at::randn({N, D}), w0 = at::randn({V, D}) * 0.3, a0 = at::randn({R, D}) * 0.2,
+                   b0 = at::randn({V, R}) * 0.2;
+  at::Tensor t = at::randint(0, V, {N}, at::kLong);
+  t[5] = kIgnoreIndex;
+  const std::vector<std::pair<at::ScalarType, at::ScalarType>> modes{
+      {at::kFloat, at::kFloat}, {at::kBFloat16, at::kFloat}, {at::kBFloat16, at::kBFloat16}};
+  for (const auto& [dtype, logits] : modes)
+    for (const bool lora : {false, true}) {
+      const auto run = [&](const c10::Device& device) {
+        const auto on = [&](const at::Tensor& x) { return x.to(device, dtype).requires_grad_(); };
+        at::Tensor h = on(h0), w = lora ? w0.to(device, dtype) : on(w0), a = on(a0), b = on(b0);
+        const OutputAdapter adapter{a, b, 2.0};
+        at::Tensor loss = linear_cross_entropy(h, w, t.to(device), 16, logits, lora ? &adapter : nullptr);
+        loss.backward();
+        std::vector<at::Tensor> out{loss.detach(), h.grad()};
+        if (lora) {
+          out.push_back(a.grad());
+          out.push_back(b.grad());
+        } else {
+          out.push_back(w.grad());
+        }
+        for (auto& x : out) x = x.cpu().to(at::kDouble);
+        return out;
+      };
+      const std::vector<at::Tensor> cpu = run(c10::Device(c10::kCPU)), gpu = run(c10::Device(c10::kCUDA, 0));
+      const std::vector<std::string> names = lora ? std::vector<std::string>{"loss", "hidden", "A", "B"}
+                                                  : std::vector<std::string>{"loss", "hidden", "weight"};
+      const double tolerance = dtype == at::kFloat ? 1e-4 : 1e-2;  // relative to the tensor's largest
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        const double scale = cpu[i].abs().max().item<double>();
+        EXPECT_LE((gpu[i] - cpu[i]).abs().max().item<double>(), tolerance * scale)
+            << names[i] << ", " << dtype << " with " << logits << " logits" << (lora ? ", output adapter" : "");
+      }
+    }
 }
