@@ -28,7 +28,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string bin() { return PTRAIN_BIN_PATH; }
+std::string bin() { return test::kBinPath; }
 
 struct Proc {
   int rc = -1;
@@ -534,7 +534,7 @@ void expect_step_parity(const std::string& label, const std::string& expected_pa
       const std::string what = label + " np=" + std::to_string(np) + (checkpointing ? " checkpointing" : "");
       const std::string out = dir / (checkpointing ? "np" + std::to_string(np) + "_checkpointing.safetensors"
                                                    : "np" + std::to_string(np) + ".safetensors");
-      Proc r = sh(mpirun(np) + PTRAIN_STEP_PARITY_PATH + " " + expected_path + " " + hf_dir + " " + out +
+      Proc r = sh(mpirun(np) + test::kStepParityPath + " " + expected_path + " " + hf_dir + " " + out +
                   (checkpointing ? " --checkpointing" : "") + extra);
       ASSERT_EQ(r.rc, 0) << what << "\n" << r.output;
       SafetensorsFile got(out);

@@ -16,9 +16,15 @@
 
 namespace ptrain::test {
 
+// Paths of this build (tests/CMakeLists.txt generates them): the checkout, ptrain, and the
+// step-parity harness.
+extern const char* const kSourceDirFallback;
+extern const char* const kBinPath;
+extern const char* const kStepParityPath;
+
 inline std::string source_dir() {
   const char* s = std::getenv("PTRAIN_SOURCE_DIR");
-  return s ? s : PTRAIN_TEST_SOURCE_DIR_FALLBACK;
+  return s ? s : kSourceDirFallback;
 }
 inline std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
 
