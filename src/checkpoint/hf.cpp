@@ -110,6 +110,13 @@ bool neutral(const std::string& key, const json& v) {
   return false;
 }
 
+// Whether null is a value transformers reads for `key` in family `f` (RoPE: the default;
+// architectures: none named; the family's own list: derive it).
+bool nullable(const FamilyTraits& f, const std::string& key) {
+  return key == "rope_parameters" || key == "rope_scaling" || key == "architectures" ||
+         std::find(f.nullable_keys.begin(), f.nullable_keys.end(), key) != f.nullable_keys.end();
+}
+
 // Why a key ptrain does not read would make it a different network, where a word helps.
 std::string refusal_hint(const std::string& key) {
   if (key == "auto_map") return "the model ships its own modeling code, which ptrain cannot check against its families";
@@ -128,25 +135,42 @@ std::string family_list() {
 
 void read_rope(const json& c, LlamaShape& s, const std::string& path) {
   // transformers < 5 writes "rope_theta" + "rope_scaling"; 5.x writes "rope_parameters" holding both.
+  // Where a file holds both, transformers reads rope_scaling and drops rope_parameters (its
+  // rope_theta too): such a file is refused rather than read either way. An empty object is absent.
   if (c.contains("rope_theta")) s.rope_theta = c["rope_theta"].get<double>();
   const json* rope = nullptr;
   std::string key;
-  for (const char* k : {"rope_parameters", "rope_scaling"})
-    if (c.contains(k) && !c[k].is_null()) {
-      if (!c[k].is_object()) throw UnsupportedInput(path + ": \"" + k + "\" must be an object or null");
-      rope = &c[k];
-      key = k;
-      break;
-    }
+  for (const char* k : {"rope_parameters", "rope_scaling"}) {
+    if (!c.contains(k) || c[k].is_null()) continue;
+    if (!c[k].is_object()) throw UnsupportedInput(path + ": \"" + k + "\" must be an object or null");
+    if (c[k].empty()) continue;
+    if (rope)
+      throw UnsupportedInput(path +
+                             ": both \"rope_parameters\" and \"rope_scaling\" are set; transformers reads "
+                             "rope_scaling and ignores rope_parameters (its rope_theta too). Keep the one "
+                             "that describes the model (transformers 5 writes rope_parameters)");
+    rope = &c[k];
+    key = k;
+  }
   if (!rope) return;
   const json& r = *rope;
   const std::string type = r.value("rope_type", r.value("type", std::string("default")));
   std::set<std::string> known{"rope_type", "type", "rope_theta"};
   if (type == "llama3") {
-    s.rope_scaling.factor = r.at("factor").get<double>();
-    s.rope_scaling.low_freq_factor = r.at("low_freq_factor").get<double>();
-    s.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
-    s.rope_scaling.original_max_seq_len = r.at("original_max_position_embeddings").get<int64_t>();
+    auto need = [&](const char* name) {
+      if (!r.contains(name) || !r[name].is_number())
+        throw UnsupportedInput(path + ": " + key + "." + name +
+                               " is missing or not a number (RoPE type \"llama3\" "
+                               "needs factor, low_freq_factor and high_freq_factor)");
+      return r[name].get<double>();
+    };
+    s.rope_scaling.factor = need("factor");
+    s.rope_scaling.low_freq_factor = need("low_freq_factor");
+    s.rope_scaling.high_freq_factor = need("high_freq_factor");
+    // Where it is absent, transformers takes the pretraining length to be max_position_embeddings.
+    s.rope_scaling.original_max_seq_len = r.contains("original_max_position_embeddings")
+                                              ? r["original_max_position_embeddings"].get<int64_t>()
+                                              : s.max_seq_len;
     known.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
   } else if (type != "default") {
     throw UnsupportedInput(path + ": " + key + ".rope_type \"" + type +
@@ -183,6 +207,8 @@ void read_mistral_window(const json& c, LlamaShape& s) {
 }
 }  // namespace
 
+bool hf_config_metadata_key(const std::string& key) { return metadata_keys().count(key) > 0; }
+
 LlamaShape read_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
   if (!fs::is_regular_file(path))
@@ -210,7 +236,12 @@ LlamaShape read_hf_config(const std::string& dir) {
       continue;
     }
     const bool own = std::find(f.own_keys.begin(), f.own_keys.end(), k) != f.own_keys.end();
-    if (common_keys().count(k) || metadata_keys().count(k) || own || neutral(k, it.value())) continue;
+    if (metadata_keys().count(k)) continue;
+    if ((common_keys().count(k) || own) && it.value().is_null() && !nullable(f, k))
+      throw UnsupportedInput(path + ": \"" + k + "\" is null, which transformers' " + f.architecture +
+                             " refuses too: give its value or remove the key (where config.json omits it, the "
+                             "family's default applies)");
+    if (common_keys().count(k) || own || neutral(k, it.value())) continue;
     throw UnsupportedInput(path + ": key \"" + k + "\" (= " + it.value().dump() + ") is not one ptrain reads for " +
                            f.name + ": " + refusal_hint(k) + ". See docs/models.md for what each family supports");
   }
@@ -218,8 +249,11 @@ LlamaShape read_hf_config(const std::string& dir) {
     if (!c.contains(key) || c[key].is_null()) throw UnsupportedInput(path + ": missing \"" + key + "\"");
     return c[key];
   };
-  auto number_or = [&](const char* key, auto fallback) {
-    return c.contains(key) && !c[key].is_null() ? c[key].get<decltype(fallback)>() : fallback;
+  // A key's value, or transformers' default for the family where config.json omits it (a null
+  // reaches here only for a nullable key: that is `derived`, what transformers derives for it).
+  auto value_or = [&](const char* key, auto absent, decltype(absent) derived = {}) {
+    if (!c.contains(key)) return absent;
+    return c[key].is_null() ? derived : c[key].template get<decltype(absent)>();
   };
   try {
     LlamaShape s;
@@ -227,22 +261,26 @@ LlamaShape read_hf_config(const std::string& dir) {
     s.dim = need("hidden_size").get<int64_t>();
     s.n_layers = need("num_hidden_layers").get<int64_t>();
     s.n_heads = need("num_attention_heads").get<int64_t>();
-    s.n_kv_heads = number_or("num_key_value_heads", f.default_kv_heads ? f.default_kv_heads : s.n_heads);
-    s.head_dim =
-        number_or("head_dim", f.default_head_dim ? f.default_head_dim : (s.n_heads ? s.dim / s.n_heads : int64_t{0}));
+    s.n_kv_heads = value_or("num_key_value_heads", f.default_kv_heads ? f.default_kv_heads : s.n_heads, s.n_heads);
+    const int64_t width_per_head = s.n_heads ? s.dim / s.n_heads : int64_t{0};
+    s.head_dim = value_or("head_dim", f.default_head_dim ? f.default_head_dim : width_per_head, width_per_head);
+    if (f.heads_divide_width && s.n_heads > 0 && s.dim % s.n_heads != 0)
+      throw UnsupportedInput(path + ": hidden_size " + std::to_string(s.dim) + " is not a multiple of " +
+                             "num_attention_heads " + std::to_string(s.n_heads) + ", which transformers' " +
+                             f.architecture + " refuses (head_dim notwithstanding)");
     s.ffn_dim = need("intermediate_size").get<int64_t>();
     s.vocab_size = need("vocab_size").get<int64_t>();
-    s.max_seq_len = number_or("max_position_embeddings", f.default_max_positions);
-    s.norm_eps = number_or("rms_norm_eps", 1e-6);
+    s.max_seq_len = value_or("max_position_embeddings", f.default_max_positions);
+    s.norm_eps = value_or("rms_norm_eps", 1e-6);
     s.rope_theta = 10000.0;  // transformers' default_theta
-    s.tie_embeddings = number_or("tie_word_embeddings", false);
-    s.attention_bias = number_or("attention_bias", false);
-    s.mlp_bias = number_or("mlp_bias", false);
+    s.tie_embeddings = value_or("tie_word_embeddings", false);
+    s.attention_bias = value_or("attention_bias", false);
+    s.mlp_bias = value_or("mlp_bias", false);
     read_rope(c, s, path);
     if (c.value("hidden_act", std::string("silu")) != "silu")
       throw UnsupportedInput(path + ": hidden_act \"" + c["hidden_act"].get<std::string>() +
                              "\": ptrain's MLP is SwiGLU (\"silu\")");
-    if (number_or("attention_dropout", 0.0) != 0.0)
+    if (value_or("attention_dropout", 0.0) != 0.0)
       throw UnsupportedInput(path + ": attention_dropout " + c["attention_dropout"].dump() +
                              ": attention dropout is not implemented (it must be 0)");
     if (f.family == Family::mistral) read_mistral_window(c, s);

@@ -30,5 +30,7 @@ class OptionProblems {
 // The range rules' reasons ("" when satisfied).
 std::string positive(double v, const char* what = "must be > 0");
 std::string at_least(int64_t v, int64_t min);
+// "" when min <= v <= max; above max, the reason says `above` (why nothing is that large).
+std::string within(int64_t v, int64_t min, int64_t max, const char* above);
 
 }  // namespace ptrain

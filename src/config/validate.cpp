@@ -77,6 +77,36 @@ std::string cache_problem(const Config& c, bool dir) {
   return dir && !c.data.cache ? "is unused with data.cache = false: set one or the other" : "";
 }
 
+// The shape's ranges, checked before every other rule: the others, and all that follows
+// validation, size loops and tables by the shape, so a value far out of range (a damaged
+// config.json, a typo) is reported alone instead of hanging them.
+const std::vector<Rule>& shape_rules() {
+  static constexpr const char* kAbove = "larger than any model ptrain is built for (a damaged config.json, a typo?)";
+  auto rule = [](const char* key, int64_t LlamaShape::*field, int64_t min, int64_t max) {
+    return Rule{key,
+                [=](const Config& c, const Environment&) { return within(c.model.shape.*field, min, max, kAbove); }};
+  };
+  static const std::vector<Rule> kRules = {
+      rule("model.dim", &LlamaShape::dim, 1, kMaxWidth),
+      rule("model.n_layers", &LlamaShape::n_layers, 1, kMaxLayers),
+      rule("model.n_heads", &LlamaShape::n_heads, 1, kMaxWidth),
+      rule("model.n_kv_heads", &LlamaShape::n_kv_heads, 1, kMaxWidth),
+      rule("model.head_dim", &LlamaShape::head_dim, 1, kMaxWidth),
+      rule("model.ffn_dim", &LlamaShape::ffn_dim, 1, kMaxWidth),
+      rule("model.vocab_size", &LlamaShape::vocab_size, 2, kMaxVocab),
+      rule("model.max_seq_len", &LlamaShape::max_seq_len, 1, kMaxPositions),
+      {"model.head_dim",
+       [](const Config& c, const Environment&) -> std::string {
+         const auto& s = c.model.shape;  // each factor is within kMaxWidth here: no overflow
+         return s.n_heads > kMaxWidth || s.head_dim > kMaxWidth
+                    ? ""
+                    : within(s.q_dim(), 1, kMaxWidth,
+                             "n_heads × head_dim is larger than any model ptrain is built for");
+       }},
+  };
+  return kRules;
+}
+
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> kRules = {
       {"run.name",
@@ -87,19 +117,6 @@ const std::vector<Rule>& rules() {
        }},
       {"run.seed", [](const Config& c, const Environment&) -> std::string { return at_least(c.run.seed, 0); }},
       {"model.init_std", [](const Config& c, const Environment&) -> std::string { return positive(c.model.init_std); }},
-      {"model.dim", [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.dim, 1); }},
-      {"model.n_layers",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_layers, 1); }},
-      {"model.n_heads",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_heads, 1); }},
-      {"model.n_kv_heads",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.n_kv_heads, 1); }},
-      {"model.ffn_dim",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.ffn_dim, 1); }},
-      {"model.vocab_size",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.vocab_size, 2); }},
-      {"model.max_seq_len",
-       [](const Config& c, const Environment&) -> std::string { return at_least(c.model.shape.max_seq_len, 1); }},
       {"model.dim",
        [](const Config& c, const Environment&) -> std::string {
          const auto& s = c.model.shape;
@@ -425,6 +442,12 @@ void validate(const Config& config, const Environment& env, std::vector<ConfigPr
        {config.data.problems(), config.optimizer.problems(), config.lr_schedule.problems(), config.precision.problems(),
         config.parallel.problems(), config.memory.problems(), config.lora.problems()})
     for (const auto& p : section.list()) report(p.key, p.reason);
+  const size_t before = out.size();
+  for (const auto& rule : shape_rules()) {
+    const std::string reason = rule.check(config, env);
+    if (!reason.empty()) report(rule.key, reason);
+  }
+  if (out.size() > before) return;
   for (const auto& rule : rules()) {
     const std::string reason = rule.check(config, env);
     if (!reason.empty()) report(rule.key, reason);

@@ -36,6 +36,12 @@ struct FamilyTraits {
   int64_t default_max_positions;   // max_position_embeddings
   // config.json keys of this family besides the ones every family reads (model/family.cpp).
   std::vector<std::string> own_keys;
+  // Keys whose null transformers reads as "derive it" (the query heads, hidden_size / heads, no
+  // window); a null anywhere else is a value transformers refuses, and so does ptrain.
+  std::vector<std::string> nullable_keys;
+  // Whether transformers' config class refuses a hidden_size that is not a multiple of
+  // num_attention_heads even when head_dim is given (LlamaConfig.validate_architecture).
+  bool heads_divide_width;
 };
 
 const std::vector<FamilyTraits>& families();

@@ -19,6 +19,15 @@ struct RopeScaling {
   int64_t original_max_seq_len = 8192;
 };
 
+// Upper bounds on a shape, far above every published model (Llama 3.1 405B: 126 layers, width
+// 16,384, FFN 53,248; vocabularies up to 256k; contexts up to 10M) and low enough that a damaged
+// config.json is refused instead of sizing loops and tables by it: with them, parameter counts
+// and their bytes stay far inside int64.
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;  // dim, ffn_dim, heads, head_dim, heads × head_dim
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;  // the tokenizer's id bound too
+inline constexpr int64_t kMaxPositions = int64_t{1} << 26;
+
 struct LlamaShape {
   int64_t dim = 0;  // hidden size
   int64_t n_layers = 0;

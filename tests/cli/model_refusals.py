@@ -86,7 +86,11 @@ def main():
                     f'[data]\npath = "{work}/train.bin"\nformat = "tokens"\nseq_len = {seq_len}\nmicro_batch_size = 2\n'
                     f'[training]\nsteps = 2\ndevice = "cpu"\n' + extra)
         for command in (["check"] if check_too else []) + ["train"]:
-            p = subprocess.run([binary, command, "--config", cfg], capture_output=True, text=True)
+            try:  # a refusal takes a second; a config.json that makes ptrain loop is a failure, not a hang
+                p = subprocess.run([binary, command, "--config", cfg], capture_output=True, text=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                check(False, f"{name}: `ptrain {command}` exits 2", "still running after 60 s")
+                continue
             out = p.stdout + p.stderr
             missing = [x for x in patterns if x not in out]
             check(p.returncode == 2 and not missing, f"{name}: `ptrain {command}` exits 2 naming {', '.join(patterns)}",
@@ -108,6 +112,12 @@ def main():
                                                                                "mrope_section": [2, 2]}), "mrope_section")
     case("gelu", "hf_odd", lambda d: edit_config(d, hidden_act="gelu"), '"gelu"')
     case("attention_dropout", "hf_qwen2", lambda d: edit_config(d, attention_dropout=0.1), "attention_dropout")
+    # both RoPE spellings: transformers would read rope_scaling and drop rope_parameters
+    case("two_rope_spellings", "hf_odd", lambda d: edit_config(d, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+         '"rope_parameters" and "rope_scaling"')
+    case("null_value", "hf_qwen3", lambda d: edit_config(d, rms_norm_eps=None), '"rms_norm_eps" is null')
+    case("huge_layer_count", "hf_odd", lambda d: edit_config(d, num_hidden_layers=1 << 40), "model.n_layers",
+         "must be <= 4096")
     # quantization: bitsandbytes NF4 is read (as QLoRA's base); every other kind is refused by name
     qlora = '[lora]\nenabled = true\ntargets = ["q", "v"]\n[quant]\nbase = "nf4"\n'
     case("quantized", "hf_odd", lambda d: edit_config(d, quantization_config={"quant_method": "bitsandbytes"}),

@@ -1,0 +1,139 @@
+// config.json as ptrain reads it, against transformers on ~1,500 variants of each family's
+// config.json (tests/fixtures/make_config_fixtures.py: keys absent, null, at other values, alone
+// and combined; as transformers 5 and 4.x write them). ptrain may refuse a variant; where it
+// accepts one, it must build the network transformers builds from it — the same parameters and
+// shapes, RoPE frequencies, softmax scale, norm epsilon, activation and attention.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "checkpoint/hf.h"
+#include "common/error.h"
+#include "config/config.h"
+#include "model/layout.h"
+#include "model/llama.h"
+#include "test_util.h"
+
+namespace ptrain {
+namespace {
+
+using nlohmann::json;
+constexpr int64_t kSeqLen = 32;  // data.seq_len of the runs: a window at least this long never applies
+
+using Params = std::map<std::string, std::vector<int64_t>>;
+
+std::string names_only_in(const Params& a, const Params& b) {
+  std::string out;
+  for (const auto& [name, shape] : a) {
+    auto it = b.find(name);
+    if (it == b.end())
+      out += " " + name;
+    else if (it->second != shape)
+      out += " " + name + c10::str(c10::IntArrayRef(shape)) + "≠" + c10::str(c10::IntArrayRef(it->second));
+  }
+  return out;
+}
+
+// How ptrain's network for `s` differs from the one transformers built (`hf`); empty when it does not.
+std::vector<std::string> differences(const LlamaShape& s, const json& hf) {
+  std::vector<std::string> out;
+  Params mine;
+  for (const auto& unit : llama_units(s, 0.0))
+    for (const auto& slot : unit.slots)
+      if (!slot.name.starts_with("model.layers.") || slot.name.starts_with("model.layers.0."))
+        mine[slot.name] = slot.shape;
+  const Params theirs = hf.at("params").get<Params>();
+  if (mine != theirs)
+    out.push_back("parameters: ptrain's only/different:" + names_only_in(mine, theirs) +
+                  "; transformers' only/different:" + names_only_in(theirs, mine));
+  if (s.n_layers != hf.at("layers").get<int64_t>())
+    out.push_back("layers: ptrain " + std::to_string(s.n_layers) + ", transformers " + hf.at("layers").dump());
+  if (hf.at("head_dim") != json::array({s.head_dim}))
+    out.push_back("head_dim: ptrain " + std::to_string(s.head_dim) + ", transformers " + hf.at("head_dim").dump());
+
+  const at::Tensor inv = rope_inv_freq(s).to(at::kDouble).contiguous();
+  const auto ref = hf.at("inv_freq").get<std::vector<double>>();
+  if (inv.numel() != static_cast<int64_t>(ref.size())) {
+    out.push_back("RoPE: ptrain has " + std::to_string(inv.numel()) + " frequencies, transformers " +
+                  std::to_string(ref.size()));
+  } else {
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i)
+      worst = std::max(worst, std::abs(inv[static_cast<int64_t>(i)].item<double>() - ref[i]) / std::abs(ref[i]));
+    if (!(worst <= 1e-6)) out.push_back("RoPE frequencies differ by " + std::to_string(worst) + " (relative)");
+  }
+  if (hf.at("rope_scaling").get<double>() != 1.0)
+    out.push_back("transformers scales cos/sin by " + hf.at("rope_scaling").dump() + "; ptrain does not");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+  const auto scales = hf.at("softmax_scale").get<std::vector<double>>();
+  if (scales.size() != 1 || std::abs(scales[0] - scale) > 1e-12 * scale)
+    out.push_back("softmax scale: ptrain " + std::to_string(scale) + ", transformers " + hf.at("softmax_scale").dump());
+  if (hf.at("norm_eps") != json::array({s.norm_eps}))
+    out.push_back("RMSNorm epsilon: ptrain " + std::to_string(s.norm_eps) + ", transformers " +
+                  hf.at("norm_eps").dump());
+  if (hf.at("act") != "SiLUActivation") out.push_back("activation: ptrain SiLU, transformers " + hf.at("act").dump());
+  if (hf.at("attention_dropout") != json::array({0.0}))
+    out.push_back("attention dropout: ptrain none, transformers " + hf.at("attention_dropout").dump());
+  for (const auto& w : hf.at("sliding_windows"))
+    if (!w.is_null() && w.get<int64_t>() < kSeqLen)
+      out.push_back("transformers limits attention to a window of " + w.dump() + " < data.seq_len " +
+                    std::to_string(kSeqLen) + "; ptrain attends to every earlier position");
+  if (s.family == Family::mistral) {  // the window export writes back
+    const json& w = hf.at("sliding_windows").at(0);
+    if (s.sliding_window != (w.is_null() ? 0 : w.get<int64_t>()))
+      out.push_back("sliding_window: ptrain " + std::to_string(s.sliding_window) + ", transformers " + w.dump());
+  }
+  return out;
+}
+
+TEST(HfConfig, EveryConfigJsonVariantIsReadAsTransformersReadsItOrRefused) {
+  const json fixture = json::parse(read_text_file(test::fixture("config_variants.json")));
+  std::vector<std::string> failures;
+  std::map<std::string, int> accepted, refused_by_both, refused_by_ptrain_only;
+  for (const auto& v : fixture.at("variants")) {
+    const std::string name = v.at("name").get<std::string>();
+    const std::string family = v.at("family").get<std::string>();
+    test::TempDir dir;
+    test::write_text(dir / "config.json", v.at("config").dump());
+    test::write_text(dir / "run.toml", "[model]\nhf_path = \"" + dir.path.string() +
+                                           "\"\n[data]\nseq_len = " + std::to_string(kSeqLen) + "\n");
+    std::optional<Config> config;
+    std::string why;
+    try {
+      config = load_config(dir / "run.toml", {}, Environment{.cuda_available = false, .local = false});
+    } catch (const ConfigError& e) {
+      why = e.what();
+    }
+    if (!config) {
+      if (v.at("real").get<bool>()) failures.push_back(name + ": refused: " + why);
+      ++(v.at("hf").is_null() ? refused_by_both : refused_by_ptrain_only)[family];
+      continue;
+    }
+    if (v.at("hf").is_null()) {
+      // A key that does not describe the network (a token id, use_cache) may hold what
+      // transformers' validation refuses: the network ptrain builds is the same.
+      if (!hf_config_metadata_key(v.value("hf_error_field", "")))
+        failures.push_back(name + ": transformers refuses it (" + v.at("hf_error").get<std::string>() +
+                           "), ptrain read it");
+      continue;
+    }
+    ++accepted[family];
+    for (const auto& d : differences(config->model.shape, v.at("hf"))) failures.push_back(name + ": " + d);
+  }
+  for (const auto& [family, n] : accepted)
+    std::cout << family << ": " << n << " variants read as transformers reads them, " << refused_by_ptrain_only[family]
+              << " refused that transformers reads, " << refused_by_both[family] << " refused by both\n";
+  // Every family's configs are read, not only refused (the unmodified ones above must be).
+  for (const char* family : {"llama", "mistral", "qwen2", "qwen3"}) EXPECT_GT(accepted[family], 0) << family;
+  std::string shown;
+  for (size_t i = 0; i < failures.size() && i < 400; ++i) shown += "\n  " + failures[i];
+  EXPECT_TRUE(failures.empty()) << failures.size() << " variants read differently from transformers:" << shown;
+}
+
+}  // namespace
+}  // namespace ptrain
