@@ -120,10 +120,14 @@ const std::vector<Rule>& rules() {
       {"model.dim",
        [](const Config& c, const Environment&) -> std::string {
          const auto& s = c.model.shape;
-         if (s.n_heads < 1 || c.is_set("model.head_dim") || !c.model.hf_path.empty()) return std::string();
-         return s.dim % s.n_heads == 0 ? ""
-                                       : "dim (" + std::to_string(s.dim) + ") must be divisible by n_heads (" +
-                                             std::to_string(s.n_heads) + "), or set model.head_dim";
+         if (s.n_heads < 1 || !c.model.hf_path.empty() || s.dim % s.n_heads == 0) return std::string();
+         const FamilyTraits& f = traits(s.family);
+         if (f.heads_divide_width)  // what ptrain exports must load in transformers
+           return "dim (" + std::to_string(s.dim) + ") must be divisible by n_heads (" + std::to_string(s.n_heads) +
+                  "): transformers' " + f.architecture + " refuses any other width, head_dim notwithstanding";
+         return c.is_set("model.head_dim") ? ""
+                                           : "dim (" + std::to_string(s.dim) + ") must be divisible by n_heads (" +
+                                                 std::to_string(s.n_heads) + "), or set model.head_dim";
        }},
       {"model.n_kv_heads",
        [](const Config& c, const Environment&) -> std::string {
