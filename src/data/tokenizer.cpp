@@ -1,7 +1,5 @@
 #include "data/tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/regex.h"
 
 namespace ptrain {
 
@@ -146,61 +145,6 @@ const ByteLevelMap& byte_level() {
 
 // GPT-2's pre-tokenizer regex, which ByteLevel(use_regex = true) splits with.
 constexpr const char* kGpt2Split = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-// ---- PCRE2 ------------------------------------------------------------------------------------
-
-class Regex {
- public:
-  Regex(const std::string& pattern, const std::function<void(const std::string&)>& fail) {
-    int err = 0;
-    PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
-                          &offset, nullptr);
-    if (!code_) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      fail("the regex '" + pattern + "' does not compile at offset " + std::to_string(offset) + ": " +
-           reinterpret_cast<const char*>(msg));
-    }
-    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // best effort: the interpreter gives the same matches
-  }
-  ~Regex() { pcre2_code_free(code_); }
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
-
-  // The [begin, end) of every non-overlapping match, left to right (an empty match steps over
-  // one character).
-  std::vector<std::pair<size_t, size_t>> matches(const std::string& text) const {
-    std::vector<std::pair<size_t, size_t>> out;
-    if (text.empty()) return out;
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    size_t pos = 0;
-    while (pos < text.size()) {
-      const int rc = pcre2_match(code_, subject, text.size(), pos, pos == 0 ? 0 : PCRE2_NO_UTF_CHECK, md, nullptr);
-      if (rc == PCRE2_ERROR_NOMATCH) break;
-      if (rc < 0) {
-        pcre2_match_data_free(md);
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(rc, msg, sizeof msg);
-        throw RuntimeError("tokenizing text (at byte " + std::to_string(pos) +
-                           "): " + reinterpret_cast<const char*>(msg));
-      }
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-      if (ov[1] > ov[0]) {
-        out.emplace_back(ov[0], ov[1]);
-        pos = ov[1];
-      } else {
-        pos = ov[0] + utf8_length(static_cast<unsigned char>(text[ov[0]]));
-      }
-    }
-    pcre2_match_data_free(md);
-    return out;
-  }
-
- private:
-  pcre2_code* code_ = nullptr;
-};
 
 // Splits `text` into the regex's matches and the text between them (Split, behavior Isolated).
 std::vector<std::string> split_isolated(const Regex& re, const std::string& text) {

@@ -370,6 +370,32 @@ TEST(Peft, AdaptersPeftSavesLoadAsPeftReadsThemOrAreRefusedByName) {
   }
 }
 
+// target_modules as a string is matched as PEFT matches it, with Python's re.fullmatch against
+// every module name: Python's syntax (a named group) reads, and a pattern that backtracks without
+// end (Python itself would never return) is refused naming the key instead of hanging.
+TEST(Peft, TargetModulesRegexMatchesAsPythonsFullmatchWithinABound) {
+  test::TempDir dir;
+  const LlamaShape shape = read_hf_config(test::fixture("hf_tiny"));
+  auto config = [&](const std::string& pattern) {
+    test::write_text(
+        dir / "adapter_config.json",
+        nlohmann::json{{"peft_type", "LORA"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", pattern}}.dump());
+    return read_peft_config(dir.path.string(), shape);
+  };
+  // re.fullmatch(r"model\.layers\.\d+\.(?:self_attn|mlp)\.(?P<p>q|down)_proj", name) holds for q_proj
+  // and down_proj of every block; "q_proj" alone matches no full name.
+  EXPECT_EQ(config(R"(model\.layers\.\d+\.(?:self_attn|mlp)\.(?P<p>q|down)_proj)").targets,
+            (std::vector<std::string>{"q", "down"}));
+  EXPECT_THROW(config("q_proj"), RuntimeError);
+  try {
+    config("(.*)*x");
+    ADD_FAILURE() << "a backtracking pattern was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("target_modules \"(.*)*x\""), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(config("(unclosed"), RuntimeError);
+}
+
 TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
   test::TempDir dir;
   const std::string base = test::fixture("hf_tiny"), peft = test::fixture("peft_tiny");
