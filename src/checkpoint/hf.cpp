@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/json_value.h"
 #include "model/layout.h"
 #include "model/llama.h"
 
@@ -169,7 +170,8 @@ void read_rope(const json& c, LlamaShape& s, const std::string& path) {
     s.rope_scaling.high_freq_factor = need("high_freq_factor");
     // Where it is absent, transformers takes the pretraining length to be max_position_embeddings.
     s.rope_scaling.original_max_seq_len = r.contains("original_max_position_embeddings")
-                                              ? r["original_max_position_embeddings"].get<int64_t>()
+                                              ? json_integer(r["original_max_position_embeddings"],
+                                                             path + ": " + key + ".original_max_position_embeddings")
                                               : s.max_seq_len;
     known.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
   } else if (type != "default") {
@@ -200,10 +202,10 @@ void read_qwen_window(const json& c, LlamaShape& s, const std::string& path) {
 }
 
 // Mistral: the window applies to every layer; transformers' default is 4096 when the key is absent.
-void read_mistral_window(const json& c, LlamaShape& s) {
+void read_mistral_window(const json& c, LlamaShape& s, const std::string& path) {
   s.sliding_window = traits(s.family).default_sliding_window;
   if (c.contains("sliding_window"))
-    s.sliding_window = c["sliding_window"].is_null() ? 0 : c["sliding_window"].get<int64_t>();
+    s.sliding_window = c["sliding_window"].is_null() ? 0 : json_integer(c["sliding_window"], path + ": sliding_window");
 }
 }  // namespace
 
@@ -251,16 +253,20 @@ LlamaShape read_hf_config(const std::string& dir) {
   };
   // A key's value, or transformers' default for the family where config.json omits it (a null
   // reaches here only for a nullable key: that is `derived`, what transformers derives for it).
-  auto value_or = [&](const char* key, auto absent, decltype(absent) derived = {}) {
+  auto value_or = [&](const char* key, auto absent, decltype(absent) derived = {}) -> decltype(absent) {
     if (!c.contains(key)) return absent;
-    return c[key].is_null() ? derived : c[key].template get<decltype(absent)>();
+    if (c[key].is_null()) return derived;
+    if constexpr (std::is_same_v<decltype(absent), int64_t>)
+      return json_integer(c[key], path + ": " + key);
+    else
+      return c[key].template get<decltype(absent)>();
   };
   try {
     LlamaShape s;
     s.family = *family;
-    s.dim = need("hidden_size").get<int64_t>();
-    s.n_layers = need("num_hidden_layers").get<int64_t>();
-    s.n_heads = need("num_attention_heads").get<int64_t>();
+    s.dim = json_integer(need("hidden_size"), path + ": hidden_size");
+    s.n_layers = json_integer(need("num_hidden_layers"), path + ": num_hidden_layers");
+    s.n_heads = json_integer(need("num_attention_heads"), path + ": num_attention_heads");
     s.n_kv_heads = value_or("num_key_value_heads", f.default_kv_heads ? f.default_kv_heads : s.n_heads, s.n_heads);
     const int64_t width_per_head = s.n_heads ? s.dim / s.n_heads : int64_t{0};
     s.head_dim = value_or("head_dim", f.default_head_dim ? f.default_head_dim : width_per_head, width_per_head);
@@ -268,8 +274,8 @@ LlamaShape read_hf_config(const std::string& dir) {
       throw UnsupportedInput(path + ": hidden_size " + std::to_string(s.dim) + " is not a multiple of " +
                              "num_attention_heads " + std::to_string(s.n_heads) + ", which transformers' " +
                              f.architecture + " refuses (head_dim notwithstanding)");
-    s.ffn_dim = need("intermediate_size").get<int64_t>();
-    s.vocab_size = need("vocab_size").get<int64_t>();
+    s.ffn_dim = json_integer(need("intermediate_size"), path + ": intermediate_size");
+    s.vocab_size = json_integer(need("vocab_size"), path + ": vocab_size");
     s.max_seq_len = value_or("max_position_embeddings", f.default_max_positions);
     s.norm_eps = value_or("rms_norm_eps", 1e-6);
     s.rope_theta = 10000.0;  // transformers' default_theta
@@ -283,7 +289,7 @@ LlamaShape read_hf_config(const std::string& dir) {
     if (value_or("attention_dropout", 0.0) != 0.0)
       throw UnsupportedInput(path + ": attention_dropout " + c["attention_dropout"].dump() +
                              ": attention dropout is not implemented (it must be 0)");
-    if (f.family == Family::mistral) read_mistral_window(c, s);
+    if (f.family == Family::mistral) read_mistral_window(c, s, path);
     if (f.family == Family::qwen2 || f.family == Family::qwen3) read_qwen_window(c, s, path);
     return s;
   } catch (const json::exception& e) {

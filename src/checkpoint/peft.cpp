@@ -10,6 +10,7 @@
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/json_value.h"
 #include "common/regex.h"
 #include "model/layout.h"
 #include "model/shape.h"
@@ -97,7 +98,7 @@ PeftAdapter read_peft_config(const std::string& dir, const LlamaShape& shape) {
       throw RuntimeError(cfg_path + ": \"" + it.key() + "\" = " + it.value().dump().substr(0, 80) + ": " +
                          why_refused(it.key()));
     }
-    a.rank = cfg.at("r").get<int64_t>();
+    a.rank = json_integer(cfg.at("r"), cfg_path + ": r");
     a.alpha = cfg.at("lora_alpha").get<double>();
     a.dropout =
         cfg.contains("lora_dropout") && !cfg["lora_dropout"].is_null() ? cfg["lora_dropout"].get<double>() : 0.0;

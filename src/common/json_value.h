@@ -1,0 +1,22 @@
+// Integers read from JSON files ptrain did not write (config.json, adapter_config.json): a number
+// that is not a JSON integer (48.0, 1e30) is refused by name — converting a float that does not
+// fit to an integer type is undefined behaviour, and 48.0 is a value transformers refuses too.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/error.h"
+
+namespace ptrain {
+
+// `v` as an int64; throws UnsupportedInput naming `what` for anything but an integer in range.
+inline int64_t json_integer(const nlohmann::json& v, const std::string& what) {
+  const bool fits = v.is_number_integer() &&
+                    (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{std::numeric_limits<int64_t>::max()});
+  if (!fits) throw UnsupportedInput(what + " must be an integer (got " + v.dump() + ")");
+  return v.get<int64_t>();
+}
+
+}  // namespace ptrain
