@@ -6,6 +6,7 @@ Run with the project's venv (safetensors):  $PTRAIN_VENV/bin/python fuzz/make_co
 """
 import json
 import os
+import re
 import shutil
 import struct
 
@@ -14,6 +15,13 @@ from safetensors.torch import save
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
+
+
+def fuzz_targets():
+    """The targets fuzz/targets.cmake lists."""
+    with open(os.path.join(HERE, "targets.cmake")) as f:
+        text = f.read()
+    return re.search(r"set\(PTRAIN_FUZZ_TARGETS([^)]*)\)", text).group(1).split()
 
 
 def put(target, name, data):
@@ -125,6 +133,43 @@ def hf_index_seeds():
     put("hf_index", "not_a_map", json.dumps({"weight_map": [one, two]}))
 
 
+def hf_config_seeds():
+    # Every fixture model's config.json (each family, transformers 5's spelling), a transformers
+    # 4.x one, and the kinds of config.json ptrain refuses by name.
+    for d in sorted(os.listdir(FIXTURES)):
+        path = os.path.join(FIXTURES, d, "config.json")
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                put("hf_config", d, f.read())
+    with open(os.path.join(FIXTURES, "hf_odd", "config.json")) as f:
+        odd = json.load(f)
+    rope = odd.pop("rope_parameters", None) or {}
+    v4 = dict(odd, rope_theta=rope.get("rope_theta", 10000.0), transformers_version="4.46.0",
+              rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 16})
+    put("hf_config", "llama3_rope_v4", json.dumps(v4, indent=2))
+    put("hf_config", "yarn", json.dumps(dict(odd, rope_parameters={"rope_type": "yarn", "factor": 4.0})))
+    put("hf_config", "moe", json.dumps(dict(odd, model_type="mixtral", num_local_experts=8)))
+    put("hf_config", "gptq", json.dumps(dict(odd, quantization_config={"quant_method": "gptq", "bits": 4})))
+    put("hf_config", "huge_layers", json.dumps(dict(odd, num_hidden_layers=1 << 40)))
+    put("hf_config", "not_an_object", "[1, 2]")
+
+
+def peft_config_seeds():
+    # ptrain's and PEFT's adapter configs of the fixtures, and target_modules in each form.
+    for d in ("peft_tiny", "qlora_adapter") + tuple("peft_variants/" + v for v in
+                                                   sorted(os.listdir(os.path.join(FIXTURES, "peft_variants")))):
+        path = os.path.join(FIXTURES, d, "adapter_config.json")
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                put("peft_config", d.replace("/", "_"), f.read())
+    base = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
+    put("peft_config", "regex", json.dumps(dict(base, target_modules=r"model\.layers\.\d+\.self_attn\.(q|v)_proj")))
+    put("peft_config", "all_linear", json.dumps(dict(base, target_modules="all-linear")))
+    put("peft_config", "some_layers", json.dumps(dict(base, target_modules=r".*layers\.[01]\..*q_proj")))
+    put("peft_config", "dora", json.dumps(dict(base, target_modules=["q_proj"], use_dora=True)))
+
+
 def main():
     shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
     safetensors_seeds()
@@ -134,7 +179,9 @@ def main():
     checkpoint_meta_seeds()
     config_seeds()
     hf_index_seeds()
-    for target in ("safetensors", "tokenizer", "jsonl_record", "token_file", "checkpoint_meta", "config", "hf_index"):
+    hf_config_seeds()
+    peft_config_seeds()
+    for target in fuzz_targets():
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)
         keep = os.path.join(d, "README")
