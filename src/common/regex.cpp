@@ -16,12 +16,14 @@ std::string pcre2_message(int code) {
 }  // namespace
 
 struct Regex::Code {
+  std::string pattern;  // for the errors
   pcre2_code* code = nullptr;
   ~Code() { pcre2_code_free(code); }
 };
 
 Regex::Regex(const std::string& pattern, const std::function<void(const std::string&)>& fail)
     : code_(std::make_unique<Code>()) {
+  code_->pattern = pattern;
   int err = 0;
   PCRE2_SIZE offset = 0;
   code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
@@ -46,7 +48,8 @@ std::vector<std::pair<size_t, size_t>> Regex::matches(const std::string& text) c
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       pcre2_match_data_free(md);
-      throw RuntimeError("matching a regex at byte " + std::to_string(pos) + ": " + pcre2_message(rc));
+      throw RuntimeError("matching the regex '" + code_->pattern + "' at byte " + std::to_string(pos) + ": " +
+                         pcre2_message(rc));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     if (ov[1] > ov[0]) {
@@ -71,7 +74,8 @@ bool Regex::full_match(const std::string& text, uint32_t max_steps) const {
   pcre2_match_data_free(md);
   pcre2_match_context_free(context);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
-  if (rc < 0) throw RuntimeError("matching a regex against '" + text + "': " + pcre2_message(rc));
+  if (rc < 0)
+    throw RuntimeError("matching the regex '" + code_->pattern + "' against '" + text + "': " + pcre2_message(rc));
   return true;
 }
 

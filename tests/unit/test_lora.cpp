@@ -394,6 +394,18 @@ TEST(Peft, TargetModulesRegexMatchesAsPythonsFullmatchWithinABound) {
     EXPECT_NE(std::string(e.what()).find("target_modules \"(.*)*x\""), std::string::npos) << e.what();
   }
   EXPECT_THROW(config("(unclosed"), RuntimeError);
+  // r written as a float (found by fuzz_peft_config: 2.2e72 was converted with undefined behaviour)
+  for (const double r : {2.2e72, 4.0}) {
+    test::write_text(
+        dir / "adapter_config.json",
+        nlohmann::json{{"peft_type", "LORA"}, {"r", r}, {"lora_alpha", 8}, {"target_modules", "all-linear"}}.dump());
+    try {
+      read_peft_config(dir.path.string(), shape);
+      ADD_FAILURE() << "r = " << r << " was read";
+    } catch (const UnsupportedInput& e) {
+      EXPECT_NE(std::string(e.what()).find("r must be an integer"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {

@@ -89,6 +89,23 @@ TEST(Tokenizer, RefusesCharactersItsUnicodeTablesCannotClass) {
   EXPECT_FALSE(Tokenizer(test::fixture("tokenizer_families/llama2")).encode("\ua7db").empty());
 }
 
+// A tokenizer.json from anywhere whose split regex backtracks without end: encoding fails under
+// PCRE2's step limit, naming the pattern, instead of hanging (Python's re would never return).
+TEST(Tokenizer, ASplitRegexThatBacktracksWithoutEndFailsNamingIt) {
+  test::TempDir dir;
+  test::write_text(dir / "tokenizer.json",
+                   R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, "pre_tokenizer": )"
+                   R"({"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated", "invert": false}})");
+  Tokenizer t(dir / "tokenizer.json");
+  EXPECT_EQ(t.encode("aab"), (std::vector<int32_t>{0, 0, 1}));  // unmatched text stays one piece
+  try {
+    t.encode(std::string(64, 'a') + "!");
+    ADD_FAILURE() << "64 'a's and '!' were split by (a|aa)+$";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("regex '(a|aa)+$'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
   test::TempDir dir;
   auto refused = [&](const std::string& json_text, const std::string& needle) {
