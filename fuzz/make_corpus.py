@@ -170,6 +170,21 @@ def peft_config_seeds():
     put("peft_config", "dora", json.dumps(dict(base, target_modules=["q_proj"], use_dora=True)))
 
 
+def chat_template_seeds():
+    # Every template of the chat fixtures (the family templates, their edits, other families', ...)
+    # and the broken kinds ptrain refuses by name.
+    with open(os.path.join(FIXTURES, "chat_template_variants.json"), encoding="utf-8") as f:
+        variants = json.load(f)["variants"]
+    for i, v in enumerate(variants):
+        if v["must_read"] or i % 8 == 0:
+            put("chat_template", "%03d_%s" % (i, re.sub(r"[^A-Za-z0-9_.]+", "_", v["name"])[:60]),
+                v["template"].encode())
+    put("chat_template", "unclosed_string", b"{{ 'a }}")
+    put("chat_template", "unclosed_if", b"{% if messages %}{{ 'a' }}")
+    put("chat_template", "raw_block", b"{% raw %}{{ x }}{% endraw %}")
+    put("chat_template", "escapes", b"{{ '\\u00e9\\x41\\U0001F600\\q' }}")
+
+
 def main():
     shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
     safetensors_seeds()
@@ -181,6 +196,7 @@ def main():
     hf_index_seeds()
     hf_config_seeds()
     peft_config_seeds()
+    chat_template_seeds()
     for target in fuzz_targets():
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)

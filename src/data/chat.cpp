@@ -1,13 +1,17 @@
 #include "data/chat.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <tuple>
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "data/template_scan.h"
 #include "data/tokenizer.h"
 
 namespace ptrain {
@@ -16,12 +20,42 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Jinja's `trim` (Python's str.strip(): ASCII whitespace here, as the templates' content is).
+// Python's str.isspace() for the code point UTF-8 encodes at s[i..i+n).
+std::string template_options() {
+  return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral "
+         "if your data was made for one of them)";
+}
+
+bool python_space(const std::string& s, size_t i, size_t& n) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  n = 1;
+  if (c < 0x80) return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20);
+  uint32_t cp = 0;
+  if ((c & 0xE0) == 0xC0 && i + 1 < s.size()) {
+    cp = ((c & 0x1Fu) << 6) | (b(1) & 0x3Fu);
+    n = 2;
+  } else if ((c & 0xF0) == 0xE0 && i + 2 < s.size()) {
+    cp = ((c & 0x0Fu) << 12) | ((b(1) & 0x3Fu) << 6) | (b(2) & 0x3Fu);
+    n = 3;
+  } else {
+    return false;
+  }
+  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// Jinja's `trim`: Python's str.strip(), which takes Unicode whitespace (U+00A0, U+3000, ...) too.
 std::string trim(const std::string& s) {
-  const char* ws = " \t\n\r\v\f";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+  size_t b = 0, e = s.size(), n = 0;
+  while (b < e && python_space(s, b, n)) b += n;
+  while (e > b) {  // step back to the start of the last code point
+    size_t start = e - 1;
+    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    if (!python_space(s, start, n) || start + n != e) break;
+    e = start;
+  }
+  return s.substr(b, e - b);
 }
 
 constexpr const char* kQwenSystem = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
@@ -107,9 +141,344 @@ std::string config_token(const fs::path& dir, const char* key) {
   return "";
 }
 
-bool has(const std::string& text, const char* needle) { return text.find(needle) != std::string::npos; }
+// The templates ptrain renders, as their models ship them (tool-call branches aside: a chat
+// without tools never enters them, and ptrain's chats have none). A directory's template is
+// recognized as one of these when it holds the same string literals outside tool branches and
+// raise_exception messages, uses the same filters, methods, token variables and loop / namespace
+// attributes as often, and renders no text outside its tags; anything else is refused, naming
+// the first difference. ChatML's default system message ("<|im_start|>system\n...<|im_end|>\n")
+// may be any text: it is read from the template and rendered when a chat has no system message.
+struct KnownTemplate {
+  ChatTemplate kind;
+  const char* model;
+  std::string text;
+};
+
+constexpr const char* kDefaultSystemSlot = "<|im_start|>system\n\x01<|im_end|>\n";
+
+constexpr const char* kQwen25Released = R"({%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- else %}
+    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)";
+
+constexpr const char* kMistralReleased = R"({%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("roles must alternate") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- endif %}
+{%- endfor %}
+)";
+
+const std::vector<KnownTemplate>& known_templates() {
+  // The released templates route tool messages and tool calls past the plain message path; their
+  // tool branches are left out here (they do not count).
+  static const std::string llama_plain_loop = R"({%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %})";
+  static const std::string llama_released_loop = R"({%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %})";
+  static const std::vector<KnownTemplate> known{
+      {ChatTemplate::llama3, "Llama 3 Instruct",
+       R"({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>
+
+'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>
+
+' }}{% endif %})"},
+      {ChatTemplate::llama3_1, "Llama 3.1 Instruct", R"({{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)"},
+      {ChatTemplate::qwen2_5, "Qwen2 / Qwen1.5 Instruct",
+       R"({% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system
+You are a helpful assistant.<|im_end|>
+' }}{% endif %}{{'<|im_start|>' + message['role'] + '
+' + message['content'] + '<|im_end|>' + '
+'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant
+' }}{% endif %})"},
+      {ChatTemplate::qwen2_5, "Qwen2.5 Instruct", R"({%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- else %}
+    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant") %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)"},
+      {ChatTemplate::qwen3, "Qwen3", R"({%- if messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+)"},
+      {ChatTemplate::chatml, "ChatML",
+       R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '
+' + message['content'] + '<|im_end|>' + '
+'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant
+' }}{% endif %})"},
+      {ChatTemplate::mistral, "Mistral v0.3", R"({%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- if (message["role"] == "user") != (loop.index0 % 2 == 0) %}
+        {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif %}
+{%- endfor %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+)"},
+  };
+  static const std::vector<KnownTemplate> with_released = [] {
+    std::vector<KnownTemplate> all = known;
+    // Llama 3.2's is 3.1's with today's date where the renderer offers strftime_now.
+    const auto llama31 =
+        std::find_if(all.begin(), all.end(), [](const KnownTemplate& k) { return k.kind == ChatTemplate::llama3_1; });
+    std::string llama32 = llama31->text;
+    const std::string dated = R"({%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %})";
+    llama32.replace(llama32.find(dated), dated.size(), R"({%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %})");
+    all.insert(llama31 + 1, {ChatTemplate::llama3_2, "Llama 3.2 Instruct", llama32});
+    for (const KnownTemplate& k : std::vector<KnownTemplate>(all))
+      if (k.kind == ChatTemplate::llama3_1 || k.kind == ChatTemplate::llama3_2) {
+        std::string t = k.text;
+        t.replace(t.find(llama_plain_loop), llama_plain_loop.size(), llama_released_loop);
+        all.push_back({k.kind,
+                       k.kind == ChatTemplate::llama3_1 ? "Llama 3.1 / 3.3 Instruct (as released)"
+                                                        : "Llama 3.2 Instruct (as released)",
+                       std::move(t)});
+      }
+    all.push_back({ChatTemplate::qwen2_5, "Qwen2.5 / Qwen2 Instruct (as released)", kQwen25Released});
+    all.push_back({ChatTemplate::mistral, "Mistral v0.3 (as released)", kMistralReleased});
+    return all;
+  }();
+  return with_released;
+}
+
+// A template's profile: its literals (ChatML's default system message replaced by a slot, the
+// message returned) and features.
+struct Profile {
+  std::map<std::string, std::pair<int, int>> literals;  // literal -> {how many times, the line it first appears on}
+  std::map<std::string, int> features;
+  std::string default_system;
+};
+
+Profile profile_of(const TemplateScan& scan) {
+  Profile p;
+  p.features = scan.features;
+  const std::string open = "<|im_start|>system\n", close = "<|im_end|>\n";
+  for (const auto& lit : scan.literals) {
+    std::string text = lit.text;
+    if (text.size() > open.size() + close.size() && text.rfind(open, 0) == 0 &&
+        text.compare(text.size() - close.size(), close.size(), close) == 0) {
+      const std::string middle = text.substr(open.size(), text.size() - open.size() - close.size());
+      if (middle.find("<|") == std::string::npos) {
+        p.default_system = middle;
+        text = kDefaultSystemSlot;
+      }
+    }
+    auto& [count, line] = p.literals.emplace(text, std::make_pair(0, lit.line)).first->second;
+    ++count;
+  }
+  return p;
+}
+
+std::string shown(const std::string& literal) {
+  std::string s;
+  for (char c : literal.substr(0, 60))
+    s += c == '\n' ? std::string("\\n") : c == '\x01' ? std::string("...") : std::string(1, c);
+  return "\"" + s + (literal.size() > 60 ? "...\"" : "\"");
+}
+
+// How `p` differs from `k` (the first difference), or "" where it does not.
+std::string difference(const Profile& p, const Profile& k, const std::string& name) {
+  for (const auto& [lit, at] : p.literals)
+    if (!k.literals.count(lit))
+      return "line " + std::to_string(at.second) + ": the literal " + shown(lit) + " is not in " + name + "'s template";
+  for (const auto& [lit, at] : k.literals) {
+    const int n = p.literals.count(lit) ? p.literals.at(lit).first : 0;
+    if (n != at.first)
+      return "it has " + name + "'s literal " + shown(lit) + " " + std::to_string(n) + " time(s) where " + name +
+             "'s template has it " + std::to_string(at.first);
+  }
+  std::set<std::string> names;
+  for (const auto& f : p.features) names.insert(f.first);
+  for (const auto& f : k.features) names.insert(f.first);
+  for (const std::string& f : names) {
+    const int a = p.features.count(f) ? p.features.at(f) : 0, b = k.features.count(f) ? k.features.at(f) : 0;
+    if (a != b)
+      return "it uses " + f + " " + std::to_string(a) + " time(s) where " + name + "'s template uses it " +
+             std::to_string(b);
+  }
+  return "";
+}
 
 }  // namespace
+
+RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where) {
+  const std::string options = template_options();
+  TemplateScan scan;
+  try {
+    scan = scan_template(text);
+  } catch (const RuntimeError& e) {
+    throw RuntimeError(where + ": the chat template does not parse (" + e.what() + ")" + options);
+  }
+  if (!scan.unsupported.empty())
+    throw RuntimeError(where + ": the chat template uses " + scan.unsupported.front() +
+                       ", which no template ptrain renders does" + options);
+  if (!scan.output_text.empty())
+    throw RuntimeError(where + ": line " + std::to_string(scan.output_text.front().line) +
+                       ": the chat template renders text outside its tags (" + shown(scan.output_text.front().text) +
+                       "), which no template ptrain renders does" + options);
+  const Profile p = profile_of(scan);
+  std::string closest;
+  size_t fewest = SIZE_MAX;
+  static const std::vector<Profile> profiles = [] {
+    std::vector<Profile> v;
+    for (const KnownTemplate& k : known_templates()) v.push_back(profile_of(scan_template(k.text)));
+    return v;
+  }();
+  for (size_t i = 0; i < profiles.size(); ++i) {
+    const KnownTemplate& k = known_templates()[i];
+    const std::string diff = difference(p, profiles[i], k.model);
+    if (diff.empty()) return {k.kind, k.model, p.default_system};
+    size_t missing = 0;  // how far apart: literals on one side only
+    for (const auto& l : p.literals) missing += profiles[i].literals.count(l.first) ? 0 : 1;
+    for (const auto& l : profiles[i].literals) missing += p.literals.count(l.first) ? 0 : 1;
+    if (missing < fewest) {
+      fewest = missing;
+      closest = diff;
+    }
+  }
+  throw RuntimeError(where + ": the chat template is not one ptrain renders; closest: " + closest + options);
+}
 
 std::vector<int64_t> Sample::targets() const {
   std::vector<int64_t> t;
@@ -144,9 +513,7 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
     std::string where;
     const std::string t = template_text(dir, where);
     f.source = where;
-    const std::string options =
-        " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral "
-        "if your data was made for one of them)";
+    const std::string options = template_options();
     if (t.empty()) {
       if (!tok.splitting_token("<|start_header_id|>"))
         throw RuntimeError("no chat template in " + dir.string() +
@@ -154,30 +521,14 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
                            options);
       f.kind = ChatTemplate::llama3;
       f.source = "Llama 3's header tokens (no template in " + dir.string() + ")";
-    } else if (has(t, "<|start_header_id|>")) {
-      f.kind = !has(t, "Cutting Knowledge Date") ? ChatTemplate::llama3
-               : has(t, "strftime_now")          ? ChatTemplate::llama3_2
-                                                 : ChatTemplate::llama3_1;
-    } else if (has(t, "<|im_start|>")) {
-      if (has(t, "<think>") && !has(t, "last_query_index"))
-        throw RuntimeError(where +
-                           ": this ChatML template with <think> blocks (QwQ, distilled reasoners) is not one ptrain "
-                           "renders; Qwen3's is" +
-                           options);
-      f.kind = has(t, "<think>")     ? ChatTemplate::qwen3
-               : has(t, kQwenSystem) ? ChatTemplate::qwen2_5
-                                     : ChatTemplate::chatml;
-    } else if (has(t, "[INST]")) {
-      if (!has(t, "loop.last and system_message is defined") || !has(t, "\"[INST] \""))
-        throw RuntimeError(where +
-                           ": this Mistral chat template (v0.1 / v0.2 / Nemo) is not implemented; ptrain renders "
-                           "Mistral v0.3's" +
-                           options);
-      f.kind = ChatTemplate::mistral;
     } else {
-      throw RuntimeError(where + ": the chat template is not one ptrain recognizes" + options);
+      const RecognizedTemplate known = recognize_chat_template(t, where);
+      f.kind = known.kind;
+      f.default_system = known.default_system;
+      f.source = where + ", " + known.model + "'s template";
     }
   }
+  if (requested == ChatTemplate::qwen2_5) f.default_system = kQwenSystem;
   if (f.kind == ChatTemplate::llama3_1) f.date = "26 Jul 2024";
   if (f.kind == ChatTemplate::llama3_2) {  // the template's strftime_now("%d %b %Y"), as transformers renders it
     const std::time_t now = std::time(nullptr);
@@ -220,7 +571,11 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
       }
       for (size_t i = first; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
-        role_check(m, {"system", "user", "assistant", "ipython"});
+        // Llama 3.1 / 3.2's templates render tool results (ipython) through their tool branch.
+        if (f.kind == ChatTemplate::llama3)
+          role_check(m, {"system", "user", "assistant", "ipython"});
+        else
+          role_check(m, {"system", "user", "assistant"});
         const bool reply = m.role == "assistant";
         parts.push_back({"<|start_header_id|>", false});
         parts.push_back({m.role, false});
@@ -234,9 +589,9 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
     case ChatTemplate::qwen2_5:
     case ChatTemplate::chatml: {
       size_t first = 0;
-      if (f.kind == ChatTemplate::qwen2_5 && (messages.empty() || messages[0].role != "system")) {
+      if (!f.default_system.empty() && (messages.empty() || messages[0].role != "system")) {
         parts.push_back({"<|im_start|>", false});
-        parts.push_back({std::string("system\n") + kQwenSystem, false});
+        parts.push_back({"system\n" + f.default_system, false});
         parts.push_back({"<|im_end|>", false});
         parts.push_back({"\n", false});
       }

@@ -8,7 +8,8 @@
 //   llama3.1  Llama 3.1 Instruct: llama3 plus a system header first, "Cutting Knowledge Date:
 //             December 2023\nToday Date: 26 Jul 2024\n\n" + the system message (trimmed)
 //   llama3.2  Llama 3.2 Instruct: llama3.1 with today's date (the template's strftime_now)
-//   qwen2.5   ChatML with Qwen2.5's default system message when the chat has none:
+//   qwen2.5   ChatML with a default system message when the chat has none — Qwen2.5's, or the one
+//             the model's template holds (Qwen2 / Qwen1.5: "You are a helpful assistant."):
 //             <|im_start|>ROLE\n CONTENT <|im_end|>\n
 //   qwen3     Qwen3: ChatML without a default system message; a reply's "<think>...</think>" is
 //             split off as its reasoning and rendered as "<think>\nREASONING\n</think>\n\n" before
@@ -49,7 +50,8 @@ const std::vector<std::string>& chat_template_names();  // as data.chat_template
 
 struct ChatFormat {
   ChatTemplate kind = ChatTemplate::llama3;
-  std::string date;    // llama3.1 / 3.2: the system header's "Today Date"
+  std::string date;            // llama3.1 / 3.2: the system header's "Today Date"
+  std::string default_system;  // qwen2.5 / chatml: the system message of a chat that has none ("": none)
   std::string source;  // how it was chosen, for the log: "data.chat_template", "<dir>/tokenizer_config.json", ...
   // Document markers of text and prompt/completion records ("" where the tokenizer has none):
   // Llama 3's <|begin_of_text|> / <|end_of_text|>, Qwen's <|endoftext|>, else the
@@ -64,10 +66,21 @@ std::pair<std::string, std::string> document_markers(const Tokenizer& tok);
 
 // The chat format for `tok`: the template `requested`, or (automatic) the one the tokenizer's
 // directory ships (chat_template.jinja or tokenizer_config.json's chat_template) recognized as
-// one above — or Llama 3's when the directory has none and the tokenizer has Llama 3's header
+// one above by what it holds (its literals, filters and methods: src/data/chat.cpp's
+// known_templates) — or Llama 3's when the directory has none and the tokenizer has Llama 3's header
 // tokens. An unrecognized template, or none where one is needed, throws RuntimeError naming the
 // file and the options (a template is never guessed).
 ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested);
+
+// A chat template's text (read from `where`) recognized as one ptrain renders, by its profile
+// (literals, filters, methods, token variables outside tool-call branches; docs/data.md). Throws
+// RuntimeError naming `where`, the line and the first difference from the closest known template.
+struct RecognizedTemplate {
+  ChatTemplate kind;
+  std::string model;           // "Llama 3.1 / 3.3 Instruct (as released)", ...
+  std::string default_system;  // ChatML's, read from the template ("" where it has none)
+};
+RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where);
 
 // A conversation as the format's template renders it. Throws RuntimeError for a role the
 // template does not take, a conversation it refuses (Mistral: roles must alternate), or a reply

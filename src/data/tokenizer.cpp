@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/regex.h"
+#include "common/utf8.h"
 
 namespace ptrain {
 
@@ -26,26 +27,6 @@ using nlohmann::json;
 namespace {
 
 // ---- UTF-8 ----------------------------------------------------------------------------------
-
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
 
 // Length of the UTF-8 sequence starting with byte c (1 for a stray continuation byte).
 size_t utf8_length(unsigned char c) {

@@ -70,10 +70,10 @@ expect 1 "chats.jsonl:1: a chat or prompt/completion record has a loss mask" -- 
 # header) is recognized, in tokenizer_config.json or chat_template.jinja; a template ptrain does
 # not know is refused (exit 2) unless data.chat_template names one.
 cp -r "$src/tests/fixtures/hf_chat" "$tmp/hf_chat31"; rm -f "$tmp/hf_chat31/chat_template.jinja"  # the template moves to tokenizer_config.json
-echo '{"chat_template": "{{ bos_token }}<|start_header_id|>system<|end_header_id|>{{ \"Cutting Knowledge Date: December 2023\" }}"}' > "$tmp/hf_chat31/tokenizer_config.json"
+cp "$src/tests/fixtures/chat_templates/llama3.1/tokenizer_config.json" "$tmp/hf_chat31/tokenizer_config.json"
 expect 0 "chats as llama3.1 renders them" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31"
-echo '{{ "<start_of_turn>" }}' > "$tmp/hf_chat31/chat_template.jinja"; echo '{}' > "$tmp/hf_chat31/tokenizer_config.json"
-expect 2 "chat_template.jinja: the chat template is not one ptrain recognizes.*data.chat_template" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31"
+printf '%s' '{{ "<start_of_turn>" }}' > "$tmp/hf_chat31/chat_template.jinja"; echo '{}' > "$tmp/hf_chat31/tokenizer_config.json"
+expect 2 "chat_template.jinja: the chat template is not one ptrain renders; closest: line 1: the literal \"<start_of_turn>\" is not in .*data.chat_template" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31"
 expect 0 "chats as llama3 renders them \(data.chat_template\)" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31" --set data.chat_template=llama3
 # Resuming on other data is said, not silent: the checkpoint keeps the rows' fingerprint.
 expect 0 "" -- "$bin" "${chat[@]}" --set training.steps=2 --set training.eval_every=0 --set run.output_dir="$tmp/chatrun"

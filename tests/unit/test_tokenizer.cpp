@@ -301,10 +301,16 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
 TEST(Chat, UnknownTemplatesAreRefusedNamingTheOptions) {
   test::TempDir dir;
   for (const auto& [tmpl, needle] : std::vector<std::pair<std::string, std::string>>{
-           {"{% for m in messages %}<start_of_turn>{{ m.content }}<end_of_turn>{% endfor %}",
-            "not one ptrain recognizes"},
-           {"{{ '<|im_start|>' }}{% if '</think>' in content %}<think>{% endif %}", "QwQ"},
-           {"{{ ' [INST] ' + message['content'] + ' [/INST]' }}", "v0.1 / v0.2"}}) {
+           {"{% for m in messages %}{{ '<start_of_turn>' + m.content + '<end_of_turn>' }}{% endfor %}",
+            "line 1: the literal \"<end_of_turn>\" is not in"},
+           {"{{ '<|im_start|>' }}{% if '</think>' in content %}<think>{% endif %}",
+            "line 1: the chat template renders text outside its tags (\"<think>\")"},
+           {"{{ bos_token }}{% for message in messages %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endfor %}",
+            "not one ptrain renders"},
+           {"{% for message in messages %}\n{% raw %}{{ x }}{% endraw %}{% endfor %}", "uses line 2: {% raw %}"},
+           {"{{ '<|im_start|>\\u12' }}", "malformed \\u escape"},
+           {"{% if messages %}{{ 'a' }}", "never closed"},
+           {"{{ 'a }}", "line 1: a string literal is never closed"}}) {
     std::filesystem::copy_file(test::fixture("chat_templates/chatml/tokenizer.json"), dir / "tokenizer.json",
                                std::filesystem::copy_options::overwrite_existing);
     test::write_text(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", tmpl}}.dump());
@@ -314,6 +320,97 @@ TEST(Chat, UnknownTemplatesAreRefusedNamingTheOptions) {
     } catch (const RuntimeError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("data.chat_template"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
     }
   }
+}
+
+// A template from the internet may be huge or deeply nested: it is read in time linear in its
+// size and without recursion into its blocks, and refused, not crashed on (200,000 nested
+// {% if %}, a condition in 100,000 parentheses, a 4 MiB string literal).
+TEST(Chat, HugeAndDeeplyNestedTemplatesAreRefusedWithoutCrashing) {
+  std::string nested;
+  for (int i = 0; i < 200000; ++i) nested += "{% if tools %}";
+  nested += "{{ '<|im_start|>' }}";
+  for (int i = 0; i < 200000; ++i) nested += "{% endif %}";
+  const std::string parens = "{% if " + std::string(100000, '(') + "tools" + std::string(100000, ')') +
+                             " %}{{ 'x' }}{% endif %}{{ '<|im_start|>' + message['role'] }}";
+  const std::string literal = "{{ '" + std::string(4 << 20, 'a') + "' }}";
+  for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
+           {"nested", nested}, {"parentheses", parens}, {"literal", literal}}) {
+    try {
+      recognize_chat_template(text, name);
+      ADD_FAILURE() << name << " recognized";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("not one ptrain renders"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// `auto` never renders a template differently than the template itself: each variant of
+// tests/fixtures/chat_template_variants.json (make_chat_template_variants.py: the family templates
+// with one edit each — a literal changed, a trim / strip / bos_token / eos_token dropped or added —,
+// other families' templates, and templates with tool-call branches and comments added) is either
+// refused or renders every chat, with and without the generation prompt, as transformers'
+// apply_chat_template does; a chat transformers' template refuses is refused too. The family
+// templates and those with only tool branches or comments added must be recognized.
+TEST(Chat, EveryTemplateVariantIsRenderedAsTransformersOrRefused) {
+  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("chat_template_variants.json")));
+  std::vector<std::vector<ChatMessage>> chats;
+  for (const auto& chat : fixture.at("chats")) {
+    chats.emplace_back();
+    for (const auto& m : chat) chats.back().push_back({m.at("role"), m.at("content")});
+  }
+  int read = 0, refused = 0, compared = 0, both_refuse = 0;
+  std::map<std::string, int> refusals;  // why, by the start of the message after the file name
+  for (const auto& v : fixture.at("variants")) {
+    const std::string name = v.at("name");
+    test::TempDir dir;
+    const std::string tok_dir = test::fixture(v.at("tokenizer").get<std::string>());
+    std::filesystem::copy_file(tok_dir + "/tokenizer.json", dir / "tokenizer.json");
+    auto config = nlohmann::json::parse(read_text_file(tok_dir + "/tokenizer_config.json"));
+    config["chat_template"] = v.at("template");
+    test::write_text(dir / "tokenizer_config.json", config.dump());
+    Tokenizer tok(dir.path);
+    ChatFormat format;
+    try {
+      format = chat_format(tok, ChatTemplate::automatic);
+    } catch (const RuntimeError& e) {
+      ++refused;
+      std::string why = e.what();  // "FILE: ...; closest: line N: the literal "X" is not in ...": "the literal"
+      const size_t closest = why.find("closest: ");
+      why = closest == std::string::npos ? why.substr(why.find(": ") + 2) : why.substr(closest + 9);
+      if (why.rfind("line ", 0) == 0) why = why.substr(why.find(": ") + 2);
+      why = why.substr(0, why.find_first_of("\"("));
+      ++refusals[why];
+      EXPECT_FALSE(v.at("must_read").get<bool>()) << name << " refused: " << e.what();
+      continue;
+    }
+    ++read;
+    if (format.kind == ChatTemplate::llama3_2) format.date = fixture.at("date");  // strftime_now's, as rendered
+    for (const auto& r : v.at("renders")) {
+      const auto& messages = chats.at(r.at("chat").get<size_t>());
+      const bool prompt = r.at("prompt");
+      std::vector<int32_t> ids;
+      try {
+        ids = prompt ? render_prompt(tok, format, messages) : render_chat(tok, format, messages, false).ids;
+      } catch (const RuntimeError&) {
+        both_refuse += r.contains("error") ? 1 : 0;
+        continue;  // ptrain may refuse a chat
+      }
+      if (r.contains("error")) {
+        ADD_FAILURE() << name << ": chat " << r.at("chat") << (prompt ? " + prompt" : "") << " rendered, but "
+                      << "transformers refuses it: " << r.at("error");
+        continue;
+      }
+      ++compared;
+      EXPECT_EQ(ids, r.at("ids").get<std::vector<int32_t>>())
+          << name << " (read as " << chat_template_names()[static_cast<size_t>(format.kind)] << "): chat "
+          << r.at("chat") << (prompt ? " + prompt" : "");
+    }
+  }
+  std::cout << fixture.at("variants").size() << " template variants: " << read << " read, each render equal to "
+            << "transformers' (" << compared << " renders compared, " << both_refuse << " refused by both); " << refused
+            << " refused:\n";
+  for (const auto& [why, n] : refusals) std::cout << "  " << n << " x " << why << "\n";
 }

@@ -1,0 +1,360 @@
+#include "data/template_scan.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/error.h"
+#include "common/utf8.h"
+
+namespace ptrain {
+
+namespace {
+
+struct Token {
+  enum Kind { name, string, other } kind;
+  std::string text;  // the name, the unescaped string, or the punctuation / number character(s)
+};
+
+bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+bool is_name_char(char c) { return is_name_start(c) || (c >= '0' && c <= '9'); }
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// One tag's tokens, from `pos` (just past its opening and whitespace-control character) to its
+// end ("}}" for an expression, "%}" for a statement, outside strings and brackets). Leaves `pos`
+// past the end; `close_dash` tells whether the tag ends with "-".
+std::vector<Token> lex_tag(const std::string& t, size_t& pos, bool statement, int line, bool& close_dash) {
+  std::vector<Token> out;
+  int depth = 0;
+  const char end0 = statement ? '%' : '}';
+  while (true) {
+    if (pos >= t.size())
+      throw RuntimeError("line " + std::to_string(line) + ": a " + (statement ? "{% ... %}" : "{{ ... }}") +
+                         " tag is never closed");
+    const char c = t[pos];
+    if (depth == 0 && c == '-' && pos + 2 < t.size() && t[pos + 1] == end0 && t[pos + 2] == '}') {
+      close_dash = true;
+      pos += 3;
+      return out;
+    }
+    if (depth == 0 && c == end0 && pos + 1 < t.size() && t[pos + 1] == '}') {
+      close_dash = false;
+      pos += 2;
+      return out;
+    }
+    if (is_space(c)) {
+      ++pos;
+    } else if (c == '\'' || c == '"') {
+      std::string s;
+      size_t i = pos + 1;
+      for (; i < t.size() && t[i] != c; ++i) {
+        if (t[i] != '\\' || i + 1 >= t.size()) {
+          s += t[i];
+          continue;
+        }
+        const char e = t[++i];
+        const int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+        if (digits > 0) {
+          uint32_t cp = 0;
+          bool ok = i + static_cast<size_t>(digits) < t.size();
+          for (int k = 1; ok && k <= digits; ++k) {
+            const int v = hex_value(t[i + static_cast<size_t>(k)]);
+            ok = v >= 0;
+            cp = cp * 16 + static_cast<uint32_t>(std::max(v, 0));
+          }
+          if (!ok || cp > 0x10FFFF)
+            throw RuntimeError("line " + std::to_string(line) + ": a string literal has a malformed \\" +
+                               std::string(1, e) + " escape");
+          s += utf8(cp);
+          i += static_cast<size_t>(digits);
+          continue;
+        }
+        switch (e) {
+          case 'n':
+            s += '\n';
+            break;
+          case 't':
+            s += '\t';
+            break;
+          case 'r':
+            s += '\r';
+            break;
+          case 'b':
+            s += '\b';
+            break;
+          case 'f':
+            s += '\f';
+            break;
+          case 'v':
+            s += '\v';
+            break;
+          case '\\':
+            s += '\\';
+            break;
+          case '\'':
+            s += '\'';
+            break;
+          case '"':
+            s += '"';
+            break;
+          case '\n':
+            break;  // a line continuation
+          default:
+            s += '\\';
+            s += e;  // Python keeps an unknown escape as written
+        }
+      }
+      if (i >= t.size()) throw RuntimeError("line " + std::to_string(line) + ": a string literal is never closed");
+      out.push_back({Token::string, std::move(s)});
+      pos = i + 1;
+    } else if (is_name_start(c)) {
+      size_t e = pos;
+      while (e < t.size() && is_name_char(t[e])) ++e;
+      out.push_back({Token::name, t.substr(pos, e - pos)});
+      pos = e;
+    } else {
+      if (c == '(' || c == '[' || c == '{') ++depth;
+      if ((c == ')' || c == ']' || c == '}') && depth > 0) --depth;
+      out.push_back({Token::other, std::string(1, c)});
+      ++pos;
+    }
+  }
+}
+
+// tokens [b, e) are a variable path: NAME, then .NAME or [LITERAL] any number of times.
+bool is_path(const std::vector<Token>& t, size_t b, size_t e) {
+  if (b >= e || t[b].kind != Token::name) return false;
+  for (size_t i = b + 1; i < e;) {
+    if (t[i].text == "." && i + 1 < e && t[i + 1].kind == Token::name) {
+      i += 2;
+    } else if (t[i].text == "[" && i + 2 < e && t[i + 1].kind != Token::name && t[i + 2].text == "]") {
+      i += 3;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// tokens [b, e) are a path ending in the attribute or key `attr` (x.attr, x["attr"]).
+bool path_to(const std::vector<Token>& t, size_t b, size_t e, const char* attr) {
+  if (!is_path(t, b, e) || e - b < 3) return false;
+  if (t[e - 1].kind == Token::name && t[e - 1].text == attr && t[e - 2].text == ".") return true;
+  return t[e - 1].text == "]" && t[e - 2].kind == Token::string && t[e - 2].text == attr;
+}
+
+bool tool_condition(const std::vector<Token>& cond, int nesting = 0);
+
+// A term of a condition (no top-level and / or) that is false for every chat without tools as
+// transformers renders it (tools passed as none, no tool_calls, no tool messages): `tools`,
+// `tools is not none`, `not tools is none`, `custom_tools` / `builtin_tools` (is defined),
+// `x.tool_calls` (is defined), `'tool_calls' in x`, `x.role == 'tool' | 'ipython' | 'tool_results'`.
+// Anything else may hold without tools.
+bool positive_tool_term(const std::vector<Token>& t, int nesting = 0) {
+  const size_t n = t.size();
+  auto is = [&](size_t i, const char* text) { return i < n && t[i].kind == Token::name && t[i].text == text; };
+  if (n >= 2 && t.front().text == "(" && t.back().text == ")") {  // a parenthesized condition
+    int depth = 0;
+    size_t close = 0;
+    for (size_t i = 0; i < n && !close; ++i) {
+      if (t[i].kind == Token::other && t[i].text == "(") ++depth;
+      if (t[i].kind == Token::other && t[i].text == ")" && --depth == 0) close = i;
+    }
+    // (beyond 32 levels of parentheses a condition is taken to hold without tools: it counts)
+    if (close == n - 1)
+      return nesting < 32 && tool_condition(std::vector<Token>(t.begin() + 1, t.end() - 1), nesting + 1);
+  }
+  auto tools_input = [&](size_t i) { return is(i, "tools") || is(i, "custom_tools") || is(i, "builtin_tools"); };
+  if (n == 1 && tools_input(0)) return true;
+  if (path_to(t, 0, n, "tool_calls")) return true;
+  if (n == 4 && is(0, "tools") && is(1, "is") && is(2, "not") && is(3, "none")) return true;
+  if (n == 4 && is(0, "not") && is(1, "tools") && is(2, "is") && is(3, "none")) return true;
+  if (n >= 3 && is(n - 2, "is") && is(n - 1, "defined") &&
+      ((n == 3 && (is(0, "custom_tools") || is(0, "builtin_tools"))) || path_to(t, 0, n - 2, "tool_calls")))
+    return true;
+  if (n >= 3 && t[0].kind == Token::string && t[0].text == "tool_calls" && is(1, "in") && is_path(t, 2, n)) return true;
+  if (n >= 4 && t[n - 2].text == "=" && t[n - 3].text == "=" && t[n - 1].kind == Token::string &&
+      (t[n - 1].text == "tool" || t[n - 1].text == "ipython" || t[n - 1].text == "tool_results") &&
+      path_to(t, 0, n - 3, "role"))
+    return true;
+  return false;
+}
+
+// A condition that holds only for chats with tools: every top-level `or` alternative has a
+// positive tool term among its `and`-ed terms.
+bool tool_condition(const std::vector<Token>& cond, int nesting) {
+  if (cond.empty()) return false;
+  std::vector<std::vector<std::vector<Token>>> alternatives(1, std::vector<std::vector<Token>>(1));
+  int depth = 0;
+  for (const Token& tok : cond) {
+    if (tok.kind == Token::other && (tok.text == "(" || tok.text == "[" || tok.text == "{")) ++depth;
+    if (tok.kind == Token::other && (tok.text == ")" || tok.text == "]" || tok.text == "}")) --depth;
+    if (depth == 0 && tok.kind == Token::name && tok.text == "or") {
+      alternatives.emplace_back(1);
+    } else if (depth == 0 && tok.kind == Token::name && tok.text == "and") {
+      alternatives.back().emplace_back();
+    } else {
+      alternatives.back().back().push_back(tok);
+    }
+  }
+  return std::all_of(alternatives.begin(), alternatives.end(), [&](const auto& terms) {
+    return std::any_of(terms.begin(), terms.end(), [&](const auto& term) { return positive_tool_term(term, nesting); });
+  });
+}
+
+// The text outside tags, as trim_blocks / lstrip_blocks / "-" leave it to render.
+std::string rendered_text(std::string raw, bool after_block, bool after_dash, bool before_block, bool before_dash,
+                          bool before_plus, bool at_line_start) {
+  if (after_dash) {
+    raw.erase(0, std::find_if_not(raw.begin(), raw.end(), is_space) - raw.begin());
+  } else if (after_block) {
+    if (raw.rfind("\r\n", 0) == 0)
+      raw.erase(0, 2);
+    else if (raw.rfind('\n', 0) == 0)
+      raw.erase(0, 1);
+  }
+  if (before_dash) {
+    while (!raw.empty() && is_space(raw.back())) raw.pop_back();
+  } else if (before_block && !before_plus) {
+    const size_t nl = raw.find_last_of('\n');
+    const size_t from = nl == std::string::npos ? 0 : nl + 1;
+    if ((nl != std::string::npos || at_line_start) && raw.find_first_not_of(" \t", from) == std::string::npos)
+      raw.erase(from);
+  }
+  return raw;
+}
+
+}  // namespace
+
+TemplateScan scan_template(const std::string& t) {
+  TemplateScan scan;
+  struct Block {
+    std::string keyword;
+    bool tool;
+  };
+  std::vector<Block> blocks;
+  size_t first_tool = SIZE_MAX;  // the outermost open tool branch (blocks only change at the back)
+  auto in_tool = [&] { return first_tool != SIZE_MAX; };
+  auto set_back_tool = [&](bool tool) {
+    blocks.back().tool = tool;
+    if (tool && first_tool == SIZE_MAX) first_tool = blocks.size() - 1;
+    if (!tool && first_tool == blocks.size() - 1) first_tool = SIZE_MAX;
+  };
+  auto push = [&](const std::string& keyword, bool tool) {
+    blocks.push_back({keyword, false});
+    set_back_tool(tool);
+  };
+  size_t counted = 0;  // lines are counted once, up to the furthest position asked (positions only grow)
+  int lines = 1;
+  auto line_at = [&](size_t p) {
+    lines += static_cast<int>(
+        std::count(t.begin() + static_cast<std::ptrdiff_t>(counted), t.begin() + static_cast<std::ptrdiff_t>(p), '\n'));
+    counted = p;
+    return lines;
+  };
+
+  size_t pos = 0;
+  bool prev_block = false, prev_dash = false, prev_any = false;
+  while (pos <= t.size()) {
+    size_t open = pos;  // the next "{{", "{%" or "{#", in one pass
+    while ((open = t.find('{', open)) != std::string::npos && open + 1 < t.size() && t[open + 1] != '{' &&
+           t[open + 1] != '%' && t[open + 1] != '#')
+      ++open;
+    if (open == std::string::npos || open + 1 >= t.size()) open = t.size();
+    const bool block = open < t.size() && t[open + 1] != '{';
+    const char mark = open + 2 < t.size() ? t[open + 2] : '\0';
+    const std::string out = rendered_text(t.substr(pos, open - pos), prev_block, prev_dash, block && open < t.size(),
+                                          open < t.size() && mark == '-', mark == '+', !prev_any);
+    if (!out.empty()) scan.output_text.push_back({out, line_at(pos)});
+    if (open >= t.size()) break;
+    const int line = line_at(open);
+    pos = open + 2 + ((mark == '-' || mark == '+') ? 1 : 0);
+    prev_any = true;
+    prev_block = block;
+    if (t[open + 1] == '#') {
+      const size_t close = t.find("#}", pos);
+      if (close == std::string::npos)
+        throw RuntimeError("line " + std::to_string(line) + ": a comment is never closed");
+      prev_dash = close > 0 && t[close - 1] == '-';
+      pos = close + 2;
+      continue;
+    }
+    const bool statement = t[open + 1] == '%';
+    const std::vector<Token> toks = lex_tag(t, pos, statement, line, prev_dash);
+
+    size_t from = 0;  // the tokens whose literals and features count
+    if (statement) {
+      const std::string kw = toks.empty() ? "" : toks[0].text;
+      const std::vector<Token> rest(toks.begin() + (toks.empty() ? 0 : 1), toks.end());
+      if (kw == "if") {
+        push(kw, tool_condition(rest));
+      } else if (kw == "elif" || kw == "else") {
+        if (blocks.empty() || (blocks.back().keyword != "if" && blocks.back().keyword != "for"))
+          throw RuntimeError("line " + std::to_string(line) + ": {% " + kw + " %} outside an {% if %}");
+        set_back_tool(kw == "elif" && tool_condition(rest));
+      } else if (kw == "for") {  // over tools or a message's tool calls
+        const auto in = std::find_if(rest.begin(), rest.end(),
+                                     [](const Token& tok) { return tok.kind == Token::name && tok.text == "in"; });
+        const std::vector<Token> iterated(in == rest.end() ? rest.end() : in + 1, rest.end());
+        push(kw, !iterated.empty() && positive_tool_term(iterated));
+      } else if (kw == "macro" || kw == "generation") {
+        push(kw, false);
+      } else if (kw == "endif" || kw == "endfor" || kw == "endmacro" || kw == "endgeneration") {
+        const std::string opened = kw.substr(3);
+        if (blocks.empty() || blocks.back().keyword != opened)
+          throw RuntimeError("line " + std::to_string(line) + ": {% " + kw + " %} without its {% " + opened + " %}");
+        set_back_tool(false);
+        blocks.pop_back();
+      } else if (kw == "set") {
+        if (std::none_of(rest.begin(), rest.end(), [](const Token& tok) { return tok.text == "="; }))
+          scan.unsupported.push_back("line " + std::to_string(line) + ": {% set ... %}...{% endset %}");
+      } else if (kw != "break" && kw != "continue") {
+        scan.unsupported.push_back("line " + std::to_string(line) + ": {% " + kw + " %}");
+      }
+      from = 1;
+      // A tool branch's own condition counts no more than its body: without tools it is false.
+      if (in_tool()) continue;
+    } else if (in_tool()) {
+      continue;
+    }
+
+    for (size_t i = from; i < toks.size(); ++i) {
+      const Token& tok = toks[i];
+      const bool call = i + 1 < toks.size() && toks[i + 1].text == "(";
+      if (tok.kind == Token::name && tok.text == "raise_exception" && call) {  // its message renders nothing
+        int depth = 0;
+        for (++i; i < toks.size(); ++i) {
+          if (toks[i].kind == Token::other && toks[i].text == "(") ++depth;
+          if (toks[i].kind == Token::other && toks[i].text == ")" && --depth == 0) break;
+        }
+        continue;
+      }
+      if (tok.kind == Token::string) {
+        scan.literals.push_back({tok.text, line});
+      } else if (tok.kind == Token::name) {
+        const std::string& prev = i > 0 ? toks[i - 1].text : "";
+        const bool after_dot = i > 0 && toks[i - 1].kind == Token::other && prev == ".";
+        if (i > 0 && toks[i - 1].kind == Token::other && prev == "|") {
+          ++scan.features["|" + tok.text];
+        } else if (after_dot && call) {
+          ++scan.features["." + tok.text + "()"];
+        } else if (after_dot && i >= 2 && (toks[i - 2].text == "loop" || toks[i - 2].text == "ns")) {
+          ++scan.features[toks[i - 2].text + "." + tok.text];
+        } else if (!after_dot && (tok.text == "bos_token" || tok.text == "eos_token" || tok.text == "strftime_now")) {
+          ++scan.features[tok.text];
+        }
+      }
+    }
+  }
+  if (!blocks.empty())
+    throw RuntimeError("the template ends inside an {% " + blocks.back().keyword + " %} that is never closed");
+  return scan;
+}
+
+}  // namespace ptrain
