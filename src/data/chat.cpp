@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 #include "common/error.h"
@@ -375,6 +376,37 @@ You are a helpful assistant.<|im_end|>
                                                         : "Llama 3.2 Instruct (as released)",
                        std::move(t)});
       }
+    // Qwen3's first release: no `content is string` guard, reasoning_content tested `is defined`,
+    // the content split off before the reasoning.
+    std::string qwen3 = std::find_if(all.begin(), all.end(), [](const KnownTemplate& k) {
+                          return k.kind == ChatTemplate::qwen3;
+                        })->text;
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {" and message.content is string and not(", " and not("},
+             {R"(    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+)",
+              ""},
+             {R"('\n' + content + '<|im_end|>' + '\n' }})", R"('\n' + message.content + '<|im_end|>' + '\n' }})"},
+             {R"(        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %})",
+              R"(        {%- set content = message.content %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is defined and message.reasoning_content is not none %})"},
+             {R"(            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %})",
+              R"(            {%- if '</think>' in message.content %}
+                {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
+                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %})"}}) {
+      const size_t at = qwen3.find(from);
+      if (at == std::string::npos) throw std::logic_error("known_templates: Qwen3's first release edit not found");
+      qwen3.replace(at, from.size(), to);
+    }
+    all.push_back({ChatTemplate::qwen3, "Qwen3 (first release)", qwen3});
     all.push_back({ChatTemplate::qwen2_5, "Qwen2.5 / Qwen2 Instruct (as released)", kQwen25Released});
     all.push_back({ChatTemplate::mistral, "Mistral v0.3 (as released)", kMistralReleased});
     return all;
