@@ -157,57 +157,19 @@ struct KnownTemplate {
 
 constexpr const char* kDefaultSystemSlot = "<|im_start|>system\n\x01<|im_end|>\n";
 
-constexpr const char* kQwen25Released = R"({%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-{%- else %}
-    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-)";
+using Edits = std::vector<std::pair<std::string, std::string>>;
 
-constexpr const char* kMistralReleased = R"({%- if messages[0]["role"] == "system" %}
-    {%- set system_message = messages[0]["content"] %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
-{%- set ns = namespace() %}
-{%- set ns.index = 0 %}
-{%- for message in loop_messages %}
-    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
-        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
-            {{- raise_exception("roles must alternate") }}
-        {%- endif %}
-        {%- set ns.index = ns.index + 1 %}
-    {%- endif %}
-{%- endfor %}
-{{- bos_token }}
-{%- for message in loop_messages %}
-    {%- if message["role"] == "user" %}
-        {%- if loop.last and system_message is defined %}
-            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
-        {%- else %}
-            {{- "[INST] " + message["content"] + "[/INST]" }}
-        {%- endif %}
-    {%- elif message["role"] == "assistant" %}
-        {{- " " + message["content"]|trim + eos_token}}
-    {%- endif %}
-{%- endfor %}
-)";
+// `text` with the first occurrence of each edit's text replaced (one not found is a bug in
+// known_templates()).
+std::string edited(std::string text, const Edits& edits, const char* model) {
+  for (const auto& [from, to] : edits) {
+    const size_t at = text.find(from);
+    if (at == std::string::npos)
+      throw std::logic_error(std::string("known_templates: an edit for ") + model + " not found");
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
 
 const std::vector<KnownTemplate>& known_templates() {
   // The released templates route tool messages and tool calls past the plain message path; their
@@ -350,65 +312,91 @@ You are a helpful assistant.<|im_end|>
 {%- endfor %}
 )"},
   };
+  // Other releases of these templates, as edits of them.
   static const std::vector<KnownTemplate> with_released = [] {
     std::vector<KnownTemplate> all = known;
+    auto text_of = [&](const std::string& model) {
+      return std::find_if(all.begin(), all.end(), [&](const KnownTemplate& k) { return k.model == model; })->text;
+    };
     // Llama 3.2's is 3.1's with today's date where the renderer offers strftime_now.
-    const auto llama31 =
-        std::find_if(all.begin(), all.end(), [](const KnownTemplate& k) { return k.kind == ChatTemplate::llama3_1; });
-    std::string llama32 = llama31->text;
-    const std::string dated = R"({%- if not date_string is defined %}
+    const std::string llama32 = edited(text_of("Llama 3.1 Instruct"),
+                                       {{R"({%- if not date_string is defined %}
     {%- set date_string = "26 Jul 2024" %}
-{%- endif %})";
-    llama32.replace(llama32.find(dated), dated.size(), R"({%- if not date_string is defined %}
+{%- endif %})",
+                                         R"({%- if not date_string is defined %}
     {%- if strftime_now is defined %}
         {%- set date_string = strftime_now("%d %b %Y") %}
     {%- else %}
         {%- set date_string = "26 Jul 2024" %}
     {%- endif %}
-{%- endif %})");
-    all.insert(llama31 + 1, {ChatTemplate::llama3_2, "Llama 3.2 Instruct", llama32});
-    for (const KnownTemplate& k : std::vector<KnownTemplate>(all))
-      if (k.kind == ChatTemplate::llama3_1 || k.kind == ChatTemplate::llama3_2) {
-        std::string t = k.text;
-        t.replace(t.find(llama_plain_loop), llama_plain_loop.size(), llama_released_loop);
-        all.push_back({k.kind,
-                       k.kind == ChatTemplate::llama3_1 ? "Llama 3.1 / 3.3 Instruct (as released)"
-                                                        : "Llama 3.2 Instruct (as released)",
-                       std::move(t)});
-      }
+{%- endif %})"}},
+                                       "Llama 3.2 Instruct");
+    const Edits llama_released{{llama_plain_loop, llama_released_loop}};
+    const Edits qwen25_released{
+        {R"(or (message.role == "assistant") %})", R"(or (message.role == "assistant" and not message.tool_calls) %})"},
+        {R"('<|im_end|>' + '\n' }}
+    {%- endif %})",
+         R"('<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %})"}};
+    const Edits mistral_released{
+        {R"({%- for message in loop_messages %}
+    {%- if (message["role"] == "user") != (loop.index0 % 2 == 0) %})",
+         R"({%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+    {%- if (message["role"] == "user") != (ns.index % 2 == 0) %})"},
+        {R"(    {%- endif %}
+{%- endfor %}
+{{- bos_token }})",
+         R"(    {%- endif %}
+    {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+{{- bos_token }})"}};
     // Qwen3's first release: no `content is string` guard, reasoning_content tested `is defined`,
     // the content split off before the reasoning.
-    std::string qwen3 = std::find_if(all.begin(), all.end(), [](const KnownTemplate& k) {
-                          return k.kind == ChatTemplate::qwen3;
-                        })->text;
-    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
-             {" and message.content is string and not(", " and not("},
-             {R"(    {%- if message.content is string %}
+    const Edits qwen3_first{
+        {" and message.content is string and not(", " and not("},
+        {R"(    {%- if message.content is string %}
         {%- set content = message.content %}
     {%- else %}
         {%- set content = '' %}
     {%- endif %}
 )",
-              ""},
-             {R"('\n' + content + '<|im_end|>' + '\n' }})", R"('\n' + message.content + '<|im_end|>' + '\n' }})"},
-             {R"(        {%- set reasoning_content = '' %}
+         ""},
+        {R"('\n' + content + '<|im_end|>' + '\n' }})", R"('\n' + message.content + '<|im_end|>' + '\n' }})"},
+        {R"(        {%- set reasoning_content = '' %}
         {%- if message.reasoning_content is string %})",
-              R"(        {%- set content = message.content %}
+         R"(        {%- set content = message.content %}
         {%- set reasoning_content = '' %}
         {%- if message.reasoning_content is defined and message.reasoning_content is not none %})"},
-             {R"(            {%- if '</think>' in content %}
+        {R"(            {%- if '</think>' in content %}
                 {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
                 {%- set content = content.split('</think>')[-1].lstrip('\n') %})",
-              R"(            {%- if '</think>' in message.content %}
+         R"(            {%- if '</think>' in message.content %}
                 {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
-                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %})"}}) {
-      const size_t at = qwen3.find(from);
-      if (at == std::string::npos) throw std::logic_error("known_templates: Qwen3's first release edit not found");
-      qwen3.replace(at, from.size(), to);
-    }
-    all.push_back({ChatTemplate::qwen3, "Qwen3 (first release)", qwen3});
-    all.push_back({ChatTemplate::qwen2_5, "Qwen2.5 / Qwen2 Instruct (as released)", kQwen25Released});
-    all.push_back({ChatTemplate::mistral, "Mistral v0.3 (as released)", kMistralReleased});
+                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %})"}};
+    const std::vector<KnownTemplate> more{
+        {ChatTemplate::llama3_2, "Llama 3.2 Instruct", llama32},
+        {ChatTemplate::llama3_1, "Llama 3.1 / 3.3 Instruct (as released)",
+         edited(text_of("Llama 3.1 Instruct"), llama_released, "Llama 3.1 (as released)")},
+        {ChatTemplate::llama3_2, "Llama 3.2 Instruct (as released)",
+         edited(llama32, llama_released, "Llama 3.2 (as released)")},
+        {ChatTemplate::qwen2_5, "Qwen2.5 / Qwen2 Instruct (as released)",
+         edited(text_of("Qwen2.5 Instruct"), qwen25_released, "Qwen2.5 (as released)")},
+        {ChatTemplate::qwen3, "Qwen3 (first release)", edited(text_of("Qwen3"), qwen3_first, "Qwen3 (first release)")},
+        {ChatTemplate::mistral, "Mistral v0.3 (as released)",
+         edited(text_of("Mistral v0.3"), mistral_released, "Mistral v0.3 (as released)")},
+    };
+    all.insert(all.end(), more.begin(), more.end());
     return all;
   }();
   return with_released;
