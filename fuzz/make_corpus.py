@@ -185,6 +185,25 @@ def chat_template_seeds():
     put("chat_template", "escapes", b"{{ '\\u00e9\\x41\\U0001F600\\q' }}")
 
 
+def tokenizer_dir_seeds():
+    # The four release-shaped directories of the tokenizer-directory fixtures, and a sample of their
+    # tokenizer_config.json / config.json variants (read, rebuilt and refused ones).
+    bases = {}
+    for base in ("llama3", "llama2", "mistral", "qwen2"):
+        with open(os.path.join(FIXTURES, "tokenizer_dirs", base, "tokenizer.json"), "rb") as f:
+            bases[base] = f.read()
+    with open(os.path.join(FIXTURES, "tokenizer_dir_variants.json"), encoding="utf-8") as f:
+        variants = json.load(f)["variants"]
+    for i, v in enumerate(variants):
+        if i % 20 != 0 and v["name"] != "release":
+            continue
+        cfg = b"" if v["tokenizer_config"] is None else json.dumps(v["tokenizer_config"]).encode()
+        model = b"" if v["config"] is None else json.dumps(v["config"]).encode()
+        text = "\n".join(v.get("texts", ["hello world"])[:4]).encode()
+        put("tokenizer_dir", "%03d_%s_%s" % (i, v["base"], re.sub(r"[^A-Za-z0-9_.]+", "_", v["name"])[:50]),
+            cfg + b"\0" + model + b"\0" + bases[v["base"]] + b"\0" + text)
+
+
 def main():
     shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
     safetensors_seeds()
@@ -197,6 +216,7 @@ def main():
     hf_config_seeds()
     peft_config_seeds()
     chat_template_seeds()
+    tokenizer_dir_seeds()
     for target in fuzz_targets():
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)

@@ -27,6 +27,7 @@ int run_tokenize(const TokenizeRequest& a) {
     return 0;
   }
   const Tokenizer tok(a.tokenizer);
+  log::info("tokenizer ", tok.path(), ": ", tok.reading());
   const int64_t width = a.token_bytes ? a.token_bytes : tok.vocab_size() > 65536 ? 4 : 2;
   if (width != 2 && width != 4) throw UsageError("--token-bytes must be 2 or 4");
   if (width == 2 && tok.vocab_size() > 65536)

@@ -18,6 +18,7 @@
 #include "common/fs_util.h"
 #include "common/regex.h"
 #include "common/utf8.h"
+#include "data/tokenizer_dir.h"
 
 namespace ptrain {
 
@@ -219,6 +220,7 @@ std::unordered_map<std::string, std::vector<int32_t>>& piece_cache(uint64_t inst
 
 struct Tokenizer::Impl {
   std::string path;
+  std::string reading;  // how the files were read: the class transformers uses, or the file as written
   [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
   // A token id as tokenizer.json writes it: an integer in [0, 2^24) — a float, a negative or a
   // huge id (which would size the id table) is refused.
@@ -513,14 +515,23 @@ struct Tokenizer::Impl {
 
 Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  m.path = fs::is_directory(path_in) ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
+  const bool dir = fs::is_directory(path_in);
+  m.path = dir ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
   if (!fs::is_regular_file(m.path))
     throw RuntimeError("no tokenizer file '" + m.path + "' (pass a tokenizer.json or an HF model directory)");
+  const std::string text = read_text_file(m.path);
   json j;
   try {
-    j = json::parse(read_text_file(m.path));
+    j = json::parse(text);
   } catch (const json::exception& e) {
     m.fail(std::string("not valid JSON: ") + e.what());
+  }
+  // A model directory is read as transformers' AutoTokenizer reads it (tokenizer_config.json,
+  // config.json); a tokenizer.json file as HF tokenizers' Tokenizer.from_file does.
+  if (dir) {
+    m.reading = read_tokenizer_dir(path_in, text, j);
+  } else {
+    m.reading = "tokenizer.json as written (HF tokenizers' Tokenizer.from_file)";
   }
   auto fail = [&](const std::string& what) { m.fail(what); };
   auto present = [](const json& o, const char* key) {
@@ -1005,5 +1016,6 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->max_id) + 1; }
 const std::string& Tokenizer::path() const { return impl_->path; }
+const std::string& Tokenizer::reading() const { return impl_->reading; }
 
 }  // namespace ptrain

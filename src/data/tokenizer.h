@@ -27,7 +27,9 @@ namespace ptrain {
 
 class Tokenizer {
  public:
-  // `path`: a tokenizer.json, or a directory holding one (an HF model directory). Throws
+  // `path`: a tokenizer.json, read as HF tokenizers' Tokenizer.from_file reads it, or an HF model
+  // directory holding one, read as transformers' AutoTokenizer reads it (tokenizer_config.json and
+  // config.json decide the class, which may rebuild the pipeline: data/tokenizer_dir.h). Throws
   // RuntimeError naming the file and what is unsupported or malformed.
   explicit Tokenizer(const std::string& path);
   ~Tokenizer();
@@ -56,6 +58,10 @@ class Tokenizer {
   std::optional<int32_t> splitting_token(const std::string& text) const;
   int64_t vocab_size() const;  // largest id + 1
   const std::string& path() const;
+  // How the tokenizer was read, for the log: a directory as transformers' AutoTokenizer reads it
+  // (the class it resolves, and whether that class rebuilds tokenizer.json's pipeline), a file as
+  // written.
+  const std::string& reading() const;
   // Whether encoding the pieces of a text cut after a newline that a non-space follows gives
   // the ids of the whole text: true unless the normalizer or pre-tokenizer treats the start of
   // a text specially (Prepend, Metaspace's prepend scheme) or nothing splits the text.

@@ -226,6 +226,7 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
 
 RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& device, bool eval_only) {
   const Tokenizer tok(c.tokenizer_path());
+  if (comm == nullptr || comm->rank() == 0) log::info("tokenizer ", tok.path(), ": ", tok.reading());
   const ChatFormat format = chat_format(tok, c.data.chat_template);
   SampleOptions o;
   o.max_ids = c.data.seq_len + 1;

@@ -75,6 +75,11 @@ expect 0 "chats as llama3.1 renders them" -- "$bin" check "${chat[@]}" --set mod
 printf '%s' '{{ "<start_of_turn>" }}' > "$tmp/hf_chat31/chat_template.jinja"; echo '{}' > "$tmp/hf_chat31/tokenizer_config.json"
 expect 2 "chat_template.jinja: the chat template is not one ptrain renders; closest: line 1: the literal \"<start_of_turn>\" is not in .*data.chat_template" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31"
 expect 0 "chats as llama3 renders them \(data.chat_template\)" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31" --set data.chat_template=llama3
+# A model directory's tokenizer is read as transformers reads it: the log says which class and why;
+# a tokenizer_config.json key ptrain does not reproduce is a config error naming file and key.
+expect 0 "tokenizer .*hf_chat31/tokenizer.json: TokenizersBackend \(no tokenizer_class\)" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31" --set data.chat_template=llama3
+echo '{"split_special_tokens": true}' > "$tmp/hf_chat31/tokenizer_config.json"
+expect 2 "data.tokenizer: .*hf_chat31/tokenizer_config.json: split_special_tokens: = true: transformers then reads special tokens written in text as plain text" -- "$bin" check "${chat[@]}" --set model.hf_path="$tmp/hf_chat31" --set data.chat_template=llama3
 # Resuming on other data is said, not silent: the checkpoint keeps the rows' fingerprint.
 expect 0 "" -- "$bin" "${chat[@]}" --set training.steps=2 --set training.eval_every=0 --set run.output_dir="$tmp/chatrun"
 expect 0 "\"data\": \"samples:[0-9a-f]{16}\"" -- cat "$tmp/chatrun/checkpoints/step_2/meta.json"

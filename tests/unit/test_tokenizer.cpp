@@ -224,6 +224,83 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
 // assistant replies; and the model's loss with the prompt masked (-100) equals transformers'
 // loss on the same model (tests/fixtures/hf_chat) — computed here by the model forward alone,
 // without FSDP.
+// A model directory's tokenizer_config.json and config.json against transformers' AutoTokenizer
+// (tests/fixtures/make_tokenizer_dir_variants.py: four release-shaped directories, Llama 3,
+// TinyLlama / Llama 2, Mistral v0.3 and Qwen2.5, and several hundred variants of their
+// tokenizer_config.json / config.json: every tokenizer_class and model_type, legacy,
+// add_prefix_space, special tokens tokenizer.json lacks, added-token flags, split_special_tokens,
+// remote code, unknown keys, seeded combinations). Each is read exactly as transformers reads it
+// — the same ids for every text, the same decoded text, the same special tokens — or refused
+// naming its file; what transformers refuses ptrain refuses; the releases are read.
+TEST(Tokenizer, ModelDirectoriesAreReadAsTransformersReadsThemOrRefused) {
+  namespace fs = std::filesystem;
+  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_dir_variants.json")));
+  const auto& variants = fixture.at("variants");
+  ASSERT_GE(variants.size(), 400u);
+  std::map<std::string, int> read_as, refused_by_both;
+  int refused = 0, refused_text = 0, equal = 0, rebuilt = 0;
+  for (const auto& v : variants) {
+    const std::string base = v.at("base").get<std::string>(), name = base + " / " + v.at("name").get<std::string>();
+    test::TempDir dir;
+    fs::copy_file(test::fixture("tokenizer_dirs/" + base + "/tokenizer.json"), dir.path / "tokenizer.json");
+    if (!v.at("tokenizer_config").is_null())
+      test::write_text((dir.path / "tokenizer_config.json").string(), v.at("tokenizer_config").dump());
+    if (!v.at("config").is_null()) test::write_text((dir.path / "config.json").string(), v.at("config").dump());
+    std::unique_ptr<Tokenizer> tok;
+    std::string why;
+    try {
+      tok = std::make_unique<Tokenizer>(dir.path.string());
+    } catch (const RuntimeError& e) {
+      why = e.what();
+    }
+    if (v.contains("error")) {
+      EXPECT_FALSE(tok) << name << ": transformers refuses it (" << v.at("error") << ") but ptrain reads it";
+      ++refused_by_both[v.at("error").get<std::string>().substr(0, 40)];
+      continue;
+    }
+    if (!tok) {
+      ++refused;
+      EXPECT_NE(why.find(dir.path.string()), std::string::npos) << name << ": the refusal names no file: " << why;
+      const std::string n = v.at("name").get<std::string>();
+      EXPECT_FALSE(n == "release" || n == "no tokenizer_config.json" || n == "no config.json" || n == "neither")
+          << name << ": a release-shaped directory is refused: " << why;
+      continue;
+    }
+    const std::string cls = v.at("class").get<std::string>();
+    EXPECT_EQ(tok->reading().substr(0, cls.size()), cls) << name << ": " << tok->reading();
+    // A text may be refused where transformers drops what its vocabulary cannot represent (a
+    // SentencePiece vocabulary under Qwen2Tokenizer's byte-level pipeline): named, never dropped.
+    try {
+      const auto& texts = v.at("texts");
+      bool same = true;
+      for (size_t i = 0; i < texts.size(); ++i) {
+        const std::string text = texts[i].get<std::string>();
+        const auto want = v.at("ids")[i].get<std::vector<int32_t>>();
+        const auto got = tok->encode(text);
+        EXPECT_EQ(got, want) << name << ": text " << i << " '" << text << "'";
+        EXPECT_EQ(tok->decode(want), v.at("decoded")[i].get<std::string>()) << name << ": decoding text " << i;
+        same = same && got == want && tok->decode(want) == v.at("decoded")[i].get<std::string>();
+      }
+      EXPECT_EQ(tok->encode_with_special_tokens(texts[0].get<std::string>()),
+                v.at("with_special").get<std::vector<int32_t>>())
+          << name;
+      equal += same;
+      ++read_as[cls];
+      rebuilt += cls != "TokenizersBackend";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(dir.path.string()), std::string::npos) << name << ": " << e.what();
+      ++refused_text;
+    }
+  }
+  std::string classes, errors;
+  for (const auto& [c, n] : read_as) classes += " " + c + " " + std::to_string(n);
+  for (const auto& [e, n] : refused_by_both) errors += "\n    " + std::to_string(n) + " x " + e;
+  std::printf(
+      "[ tokenizer directories ] %zu variants: %d read and equal (%d with the pipeline rebuilt;%s), %d refused "
+      "by ptrain at load, %d read but a text refused, refused by both:%s\n",
+      variants.size(), equal, rebuilt, classes.c_str(), refused, refused_text, errors.c_str());
+}
+
 TEST(Chat, RendersAndMasksAsTransformersAndGivesItsLoss) {
   Tokenizer tok(test::fixture("tokenizer_bpe"));
   const auto expected = nlohmann::json::parse(read_text_file(test::fixture("hf_chat_expected.json")));

@@ -1,0 +1,361 @@
+#include "data/tokenizer_dir.h"
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include "common/error.h"
+#include "common/fs_util.h"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+enum class TokClass { backend, llama, qwen2 };
+
+const char* name_of(TokClass c) {
+  switch (c) {
+    case TokClass::llama:
+      return "LlamaTokenizer";
+    case TokClass::qwen2:
+      return "Qwen2Tokenizer";
+    default:
+      return "TokenizersBackend";
+  }
+}
+
+// The tokenizer class transformers 5.23 registers for a model type (models/auto/tokenization_auto.py):
+// none for llama, the file as written (TokenizersBackend) for mistral / mixtral, Qwen2Tokenizer for
+// the Qwen families. qwen2 is one of the model types whose declared class transformers overrides.
+struct ModelType {
+  const char* name;
+  std::optional<TokClass> registered;
+  bool overrides_declared;
+};
+constexpr ModelType kModelTypes[] = {
+    {"llama", std::nullopt, false},        {"mistral", TokClass::backend, false}, {"mixtral", TokClass::backend, false},
+    {"qwen2", TokClass::qwen2, true},      {"qwen2_moe", TokClass::qwen2, false}, {"qwen3", TokClass::qwen2, false},
+    {"qwen3_moe", TokClass::qwen2, false},
+};
+
+// Keys of tokenizer_config.json that change nothing transformers' encode(text) or decode(ids)
+// gives with a tokenizer.json present (add_bos_token / add_eos_token are dropped then: the
+// tokenizer.json post-processor decides; clean_up_tokenization_spaces is skipped for BPE).
+const std::set<std::string> kNoEffectKeys{
+    "add_bos_token",
+    "add_eos_token",
+    "backend",
+    "chat_template",
+    "clean_up_tokenization_spaces",
+    "errors",
+    "model_input_names",
+    "model_max_length",
+    "name_or_path",
+    "padding_side",
+    "processor_class",
+    "sp_model_kwargs",
+    "truncation_side",
+    "use_default_system_prompt",
+    "spaces_between_special_tokens",
+    "pad_token_type_id",
+    "legacy_format",
+    "tokenizer_file",
+    "vocab_file",
+    "merges_file",
+    "model_specific_special_tokens",
+    "add_special_tokens",
+};
+const char* const kNamedSpecial[] = {"bos_token", "eos_token", "unk_token", "pad_token",
+                                     "sep_token", "cls_token", "mask_token"};
+
+json read_json_file(const fs::path& p) {
+  try {
+    return json::parse(read_text_file(p.string()));
+  } catch (const json::exception& e) {
+    throw RuntimeError(p.string() + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+}
+
+struct Reader {
+  fs::path cfg_path;
+  json cfg = json::object();  // tokenizer_config.json ({} when absent)
+  json& tok;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw RuntimeError(cfg_path.string() + ": " + key + ": " + what);
+  }
+
+  const json* get(const char* key) const {
+    auto it = cfg.find(key);
+    return it == cfg.end() ? nullptr : &*it;
+  }
+  // A bool option, `fallback` when absent; null is Python's None (falsy).
+  bool flag(const char* key, bool fallback) const {
+    const json* v = get(key);
+    if (!v) return fallback;
+    if (v->is_null()) return false;
+    if (!v->is_boolean()) fail(key, "must be true, false or null, not " + v->dump());
+    return v->get<bool>();
+  }
+
+  // tokenizer.json's added token with this content, or null.
+  const json* added(const std::string& content) const {
+    const auto list = tok.find("added_tokens");
+    if (list == tok.end() || !list->is_array()) return nullptr;
+    for (const auto& a : *list)
+      if (a.is_object() && a.value("content", "") == content) return &a;
+    return nullptr;
+  }
+
+  // A special token tokenizer_config.json names: transformers adds it (as special, not
+  // normalized, no lstrip / rstrip) unless tokenizer.json already holds it so.
+  void check_named(const std::string& key, const json& v) const {
+    if (v.is_null()) return;
+    std::string content;
+    if (v.is_string()) {
+      content = v.get<std::string>();
+    } else if (v.is_object() && v.value("__type", "") == "AddedToken" && v.contains("content") &&
+               v["content"].is_string()) {
+      content = v["content"].get<std::string>();
+    } else {
+      fail(key, "must be a token string, an AddedToken object or null, not " + v.dump());
+    }
+    const json* a = added(content);
+    if (!a)
+      fail(key, "'" + content +
+                    "' is not an added token of tokenizer.json; transformers adds it as a new special token, which "
+                    "ptrain does not (add it to tokenizer.json's added_tokens, e.g. by saving the tokenizer with "
+                    "transformers)");
+    if (!a->value("special", false) || a->value("lstrip", false) || a->value("rstrip", false) ||
+        a->value("normalized", false))
+      fail(key, "'" + content +
+                    "' is an added token of tokenizer.json that is not special or has lstrip / rstrip / "
+                    "normalized set; transformers re-adds it as a plain special token, which ptrain does not");
+  }
+
+  void check_special_tokens(TokClass cls) const {
+    for (const char* key : kNamedSpecial) {
+      if (const json* v = get(key)) {
+        check_named(key, *v);
+        continue;
+      }
+      // The class's own defaults when the key is absent.
+      if (cls == TokClass::llama &&
+          (std::string(key) == "unk_token" || std::string(key) == "bos_token" || std::string(key) == "eos_token"))
+        check_named(key + std::string(" (LlamaTokenizer's default)"), key == std::string("unk_token")   ? "<unk>"
+                                                                      : key == std::string("bos_token") ? "<s>"
+                                                                                                        : "</s>");
+      if (cls == TokClass::qwen2 &&
+          (std::string(key) == "unk_token" || std::string(key) == "eos_token" || std::string(key) == "pad_token"))
+        check_named(key + std::string(" (Qwen2Tokenizer's default)"), "<|endoftext|>");
+    }
+    for (const char* key : {"additional_special_tokens", "extra_special_tokens"}) {
+      const json* v = get(key);
+      if (!v || v->is_null()) continue;
+      if (v->is_array()) {
+        for (const auto& t : *v) check_named(key, t);
+      } else if (v->is_object()) {
+        for (const auto& [name, t] : v->items()) check_named(std::string(key) + "." + name, t);
+      } else {
+        fail(key, "must be a list of tokens, not " + v->dump());
+      }
+    }
+  }
+
+  // added_tokens_decoder: transformers adds every entry that differs from tokenizer.json's.
+  void check_added_tokens_decoder() const {
+    const json* d = get("added_tokens_decoder");
+    if (!d || d->is_null()) return;
+    if (!d->is_object()) fail("added_tokens_decoder", "must be an object of id: token");
+    for (const auto& [id, entry] : d->items()) {
+      const std::string key = "added_tokens_decoder[" + id + "]";
+      if (!entry.is_object() || !entry.contains("content") || !entry["content"].is_string())
+        fail(key, "must be an object with a string content");
+      const std::string content = entry["content"].get<std::string>();
+      const json* a = added(content);
+      if (!a)
+        fail(key, "'" + content +
+                      "' is not an added token of tokenizer.json; transformers adds it as a new token, which ptrain "
+                      "does not (add it to tokenizer.json's added_tokens)");
+      if (a->value("id", json()).dump() != id)
+        fail(key, "'" + content + "' has id " + a->value("id", json()).dump() + " in tokenizer.json");
+      for (const char* f : {"lstrip", "rstrip", "normalized", "special", "single_word"})
+        if (entry.contains(f) && entry[f] != a->value(f, json(false)))
+          fail(key, "'" + content + "' has " + f + " = " + entry[f].dump() + " here but " +
+                        a->value(f, json(false)).dump() +
+                        " in tokenizer.json; transformers uses this file's, ptrain reads only tokenizer.json's (make "
+                        "them agree)");
+    }
+  }
+};
+
+std::string strip_fast(std::string s) {
+  if (s.size() > 4 && s.ends_with("Fast")) s.resize(s.size() - 4);
+  return s;
+}
+
+std::string read_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
+  Reader r{dir / "tokenizer_config.json", json::object(), tokenizer};
+  if (fs::exists(r.cfg_path)) {
+    r.cfg = read_json_file(r.cfg_path);
+    if (!r.cfg.is_object()) throw RuntimeError(r.cfg_path.string() + ": not a JSON object");
+  }
+  std::string model_type, config_class;
+  const fs::path config_path = dir / "config.json";
+  if (fs::exists(config_path)) {
+    const json c = read_json_file(config_path);
+    if (!c.is_object()) throw RuntimeError(config_path.string() + ": not a JSON object");
+    if (c.contains("model_type") && c["model_type"].is_string()) model_type = c["model_type"].get<std::string>();
+    if (c.contains("tokenizer_class") && c["tokenizer_class"].is_string())
+      config_class = c["tokenizer_class"].get<std::string>();
+  }
+
+  // Keys ptrain does not reproduce, or does not know.
+  for (const auto& [key, v] : r.cfg.items()) {
+    if (key == "auto_map")
+      r.fail(key, "names tokenizer code of the model's own (remote code), which ptrain cannot run");
+    if (key == "fast_tokenizer_files")
+      r.fail(key, "points transformers at another tokenizer file; ptrain reads tokenizer.json");
+    if (key == "split_special_tokens" && v != json(false) && !v.is_null())
+      r.fail(key, "= " + v.dump() +
+                      ": transformers then reads special tokens written in text as plain text, which ptrain "
+                      "does not (set it to false)");
+    if (key == "fix_mistral_regex" && v != json(false) && !v.is_null())
+      r.fail(key, "= " + v.dump() + " replaces the split regex in transformers; ptrain does not (set it to false)");
+    if (key == "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output" && v != json(false) &&
+        !v.is_null())
+      r.fail(key, "= " + v.dump() + " rewrites decoded text in transformers; ptrain does not (set it to false)");
+    static const std::set<std::string> read_here{
+        "tokenizer_class",
+        "legacy",
+        "add_prefix_space",
+        "added_tokens_decoder",
+        "additional_special_tokens",
+        "extra_special_tokens",
+        "split_special_tokens",
+        "fix_mistral_regex",
+        "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"};
+    const bool named = std::find(std::begin(kNamedSpecial), std::end(kNamedSpecial), key) != std::end(kNamedSpecial);
+    if (!kNoEffectKeys.count(key) && !read_here.count(key) && !named)
+      r.fail(key, "is not a key ptrain reads; it may change how transformers tokenizes (remove it if it does not)");
+  }
+
+  // The class AutoTokenizer resolves (transformers 5.23, a local directory without remote code).
+  std::string declared = config_class;
+  if (const json* v = r.get("tokenizer_class"); v && !v->is_null()) {
+    if (!v->is_string()) r.fail("tokenizer_class", "must be a string");
+    declared = v->get<std::string>();
+  }
+  std::optional<TokClass> declared_class;
+  if (!declared.empty()) {
+    const std::string d = strip_fast(declared);
+    if (d == "LlamaTokenizer")
+      declared_class = TokClass::llama;
+    else if (d == "Qwen2Tokenizer")
+      declared_class = TokClass::qwen2;
+    else if (d == "PreTrainedTokenizer" || d == "TokenizersBackend")
+      declared_class = TokClass::backend;
+    else
+      throw RuntimeError((r.get("tokenizer_class") ? r.cfg_path : config_path).string() + ": tokenizer_class '" +
+                         declared +
+                         "' is not one ptrain reads (PreTrainedTokenizerFast / TokenizersBackend: tokenizer.json as "
+                         "written; LlamaTokenizer; Qwen2Tokenizer)");
+  }
+  const ModelType* mt = nullptr;
+  if (!model_type.empty()) {
+    for (const auto& m : kModelTypes)
+      if (model_type == m.name) mt = &m;
+    if (!mt)
+      throw RuntimeError(config_path.string() + ": model_type '" + model_type +
+                         "': ptrain knows which tokenizer class transformers picks for llama, mistral, mixtral, qwen2, "
+                         "qwen2_moe, qwen3 and qwen3_moe only");
+  }
+  TokClass cls = TokClass::backend;
+  std::string why;
+  if (declared_class == TokClass::llama && !(mt && mt->overrides_declared) &&
+      tokenizer_text.find("\"ByteLevel\"") != std::string::npos) {
+    cls = TokClass::backend;  // transformers' rule: a byte-level tokenizer.json is never rebuilt as Llama's
+    why = "tokenizer_class " + declared + " with a byte-level tokenizer.json";
+  } else if (declared_class && mt && mt->registered && *mt->registered != *declared_class) {
+    if (*mt->registered == TokClass::backend)
+      cls = TokClass::backend;
+    else
+      cls = mt->overrides_declared ? *mt->registered : *declared_class;
+    why = "tokenizer_class " + declared + " and model_type " + model_type;
+  } else if (declared_class) {
+    cls = *declared_class;
+    why = "tokenizer_class " + declared;
+  } else if (mt && mt->registered) {
+    cls = *mt->registered;
+    why = "model_type " + model_type;
+  } else {
+    why = "no tokenizer_class";
+  }
+
+  r.check_added_tokens_decoder();
+  r.check_special_tokens(cls);
+
+  // The pipeline the class builds in place of tokenizer.json's (its vocabulary, merges, added
+  // tokens and post-processor are kept).
+  json& model = tokenizer["model"];
+  if (cls == TokClass::llama) {
+    const bool prefix =
+        r.get("add_prefix_space") && !r.get("add_prefix_space")->is_null() ? r.flag("add_prefix_space", true) : true;
+    const bool legacy = r.flag("legacy", false);
+    const std::string scheme = !prefix ? "never" : legacy ? "always" : "first";
+    tokenizer["normalizer"] = nullptr;
+    tokenizer["pre_tokenizer"] = {
+        {"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", scheme}, {"split", false}};
+    json steps = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+                              {{"type", "ByteFallback"}},
+                              {{"type", "Fuse"}}});
+    if (prefix) steps.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    tokenizer["decoder"] = {{"type", "Sequence"}, {"decoders", steps}};
+    model["unk_token"] = nullptr;
+    model["fuse_unk"] = true;
+    model["byte_fallback"] = true;
+    model["ignore_merges"] = false;
+    model["dropout"] = nullptr;
+    why += ": pipeline rebuilt as LlamaTokenizer's (Metaspace, prepend scheme '" + scheme + "', no normalizer)";
+  } else if (cls == TokClass::qwen2) {
+    if (r.get("add_prefix_space") && r.flag("add_prefix_space", false))
+      r.fail("add_prefix_space", "= true: Qwen2Tokenizer then puts a space before every text, which ptrain does not");
+    tokenizer["normalizer"] = {{"type", "NFC"}};
+    tokenizer["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         json::array(
+             {{{"type", "Split"},
+               {"pattern",
+                {{"Regex",
+                  R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
+               {"behavior", "Isolated"},
+               {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
+    tokenizer["decoder"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+    model["unk_token"] = nullptr;
+    model["fuse_unk"] = false;
+    model["byte_fallback"] = false;
+    model["ignore_merges"] = false;
+    model["dropout"] = nullptr;
+    why += ": pipeline rebuilt as Qwen2Tokenizer's (NFC, Qwen's split regex, ByteLevel)";
+  }
+  return std::string(name_of(cls)) + " (" + why + ")";
+}
+
+}  // namespace
+
+std::string read_tokenizer_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
+  if (!tokenizer.is_object() || !tokenizer.contains("model") || !tokenizer["model"].is_object())
+    return "TokenizersBackend";  // not a tokenizer.json: the reader names what is wrong with it
+  try {
+    return read_dir(dir, tokenizer_text, tokenizer);
+  } catch (const json::exception& e) {
+    throw RuntimeError(dir.string() + ": tokenizer_config.json or tokenizer.json holds a value of the wrong type (" +
+                       e.what() + ")");
+  }
+}
+
+}  // namespace ptrain
