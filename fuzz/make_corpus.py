@@ -168,6 +168,12 @@ def peft_config_seeds():
     put("peft_config", "all_linear", json.dumps(dict(base, target_modules="all-linear")))
     put("peft_config", "some_layers", json.dumps(dict(base, target_modules=r".*layers\.[01]\..*q_proj")))
     put("peft_config", "dora", json.dumps(dict(base, target_modules=["q_proj"], use_dora=True)))
+    # A sample of the PEFT differential's variants (read, refused by ptrain, refused by PEFT).
+    with open(os.path.join(FIXTURES, "peft_config_variants.json"), encoding="utf-8") as f:
+        for i, v in enumerate(json.load(f)["variants"]):
+            if i % 12 == 0:
+                put("peft_config", "variant_%03d_%s" % (i, re.sub(r"[^A-Za-z0-9_.]+", "_", v["name"])[:50]),
+                    json.dumps(v["config"]))
 
 
 def chat_template_seeds():

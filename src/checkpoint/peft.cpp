@@ -24,13 +24,13 @@ namespace {
 const std::string kPrefix = "base_model.model.";
 
 // Keys that describe the file, the PEFT version or how the adapter was initialised: a trained
-// adapter computes the same whatever they say.
+// adapter computes the same whatever they say (init_lora_weights only as true, false or
+// "gaussian": the other schemes rewrite the base weights when PEFT loads the adapter).
 const std::set<std::string>& descriptive_keys() {
-  static const std::set<std::string> k{"inference_mode",    "init_lora_weights", "peft_version",      "revision",
-                                       "auto_mapping",      "megatron_config",   "megatron_core",     "loftq_config",
-                                       "corda_config",      "eva_config",        "kasa_config",       "lora_ga_config",
-                                       "monteclora_config", "velora_config",     "qalora_group_size", "runtime_config",
-                                       "task_type"};
+  static const std::set<std::string> k{"inference_mode",  "peft_version",      "revision",       "auto_mapping",
+                                       "megatron_config", "megatron_core",     "loftq_config",   "corda_config",
+                                       "eva_config",      "kasa_config",       "lora_ga_config", "monteclora_config",
+                                       "velora_config",   "qalora_group_size", "runtime_config", "task_type"};
   return k;
 }
 
@@ -56,6 +56,7 @@ bool neutral(const std::string& key, const json& v) {
                                        "bias"};
   if (!k.count(key)) return false;
   if (key == "bias") return v == "none";
+  if (key == "rank_pattern" || key == "alpha_pattern") return v.is_object() && v.empty();  // PEFT fails on null
   return v.is_null() || v == false || (v.is_object() && v.empty()) || (v.is_array() && v.empty());
 }
 
@@ -69,12 +70,20 @@ std::string why_refused(const std::string& key) {
   return "ptrain does not implement it";
 }
 
-// The module names of a model of `shape` that PEFT could target, and ptrain's target for each.
+// The module names of a model of `shape` that PEFT could target, and ptrain's target for each;
+// the other modules' names ("" for a module ptrain cannot adapt: the model, a block, a norm, the
+// embedding, ...; a family's names it lacks included, which only makes a refusal likelier).
 std::vector<std::pair<std::string, std::string>> modules_of(const LlamaShape& shape) {
   std::vector<std::pair<std::string, std::string>> out;
-  for (int64_t l = 0; l < shape.n_layers; ++l)
-    for (const auto& p : block_projections(shape))
-      out.emplace_back("model.layers." + std::to_string(l) + "." + p.module, p.target);
+  for (const char* m : {"", "model", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb"})
+    out.emplace_back(m, "");
+  for (int64_t l = 0; l < shape.n_layers; ++l) {
+    const std::string block = "model.layers." + std::to_string(l);
+    for (const char* m : {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm", ".post_attention_layernorm",
+                          ".self_attn.q_norm", ".self_attn.k_norm"})
+      out.emplace_back(block + m, "");
+    for (const auto& p : block_projections(shape)) out.emplace_back(block + "." + p.module, p.target);
+  }
   out.emplace_back("lm_head", "output");
   return out;
 }
@@ -91,17 +100,36 @@ PeftAdapter read_peft_config(const std::string& dir, const LlamaShape& shape) {
       throw RuntimeError(cfg_path + ": peft_type is '" + cfg.value("peft_type", "") + "', ptrain reads LORA adapters");
     if (cfg.contains("task_type") && !cfg["task_type"].is_null() && cfg["task_type"] != "CAUSAL_LM")
       throw RuntimeError(cfg_path + ": task_type " + cfg["task_type"].dump() + " is not CAUSAL_LM");
-    static const std::set<std::string> read{
-        "peft_type", "r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "base_model_name_or_path"};
+    static const std::set<std::string> read{"peft_type",
+                                            "r",
+                                            "lora_alpha",
+                                            "lora_dropout",
+                                            "use_rslora",
+                                            "target_modules",
+                                            "base_model_name_or_path",
+                                            "init_lora_weights"};
     for (auto it = cfg.begin(); it != cfg.end(); ++it) {
       if (read.count(it.key()) || descriptive_keys().count(it.key()) || neutral(it.key(), it.value())) continue;
       throw RuntimeError(cfg_path + ": \"" + it.key() + "\" = " + it.value().dump().substr(0, 80) + ": " +
                          why_refused(it.key()));
     }
+    if (cfg.contains("init_lora_weights") && !cfg["init_lora_weights"].is_boolean() &&
+        !cfg["init_lora_weights"].is_null() && cfg["init_lora_weights"] != "gaussian")
+      throw RuntimeError(cfg_path + ": init_lora_weights = " + cfg["init_lora_weights"].dump().substr(0, 80) +
+                         ": PEFT then rewrites the base weights when it loads the adapter (PiSSA, OLoRA, LoftQ, ...), "
+                         "which ptrain does not");
     a.rank = json_integer(cfg.at("r"), cfg_path + ": r");
+    if (a.rank < 1 || a.rank > (int64_t{1} << 20))
+      throw RuntimeError(cfg_path + ": r = " + std::to_string(a.rank) + " must be a rank from 1 to 1048576");
     a.alpha = cfg.at("lora_alpha").get<double>();
-    a.dropout =
-        cfg.contains("lora_dropout") && !cfg["lora_dropout"].is_null() ? cfg["lora_dropout"].get<double>() : 0.0;
+    // lora_dropout: PEFT's default when absent; a probability in [0, 1) (PEFT fails on null).
+    a.dropout = cfg.contains("lora_dropout") ? cfg["lora_dropout"].get<double>() : 0.0;
+    if (!(a.dropout >= 0 && a.dropout < 1))
+      throw RuntimeError(cfg_path + ": lora_dropout = " + cfg["lora_dropout"].dump() + " must be in [0, 1)");
+    // use_rslora: PEFT takes any truthy value (1, "false") as true; only a boolean is read here.
+    if (cfg.contains("use_rslora") && !cfg["use_rslora"].is_null() && !cfg["use_rslora"].is_boolean())
+      throw RuntimeError(cfg_path + ": use_rslora = " + cfg["use_rslora"].dump().substr(0, 80) +
+                         " is not true or false (PEFT reads any non-empty value as true); write a boolean");
     a.rslora = cfg.contains("use_rslora") && cfg["use_rslora"] == true;
     a.base_model = cfg.contains("base_model_name_or_path") && cfg["base_model_name_or_path"].is_string()
                        ? cfg["base_model_name_or_path"].get<std::string>()
@@ -111,13 +139,21 @@ PeftAdapter read_peft_config(const std::string& dir, const LlamaShape& shape) {
     const json& t = cfg.at("target_modules");
     std::map<std::string, std::set<int64_t>> hits;  // target -> layers it matched
     std::unique_ptr<Regex> pattern;                 // a string target_modules other than "all-linear"
+    if (t.is_array())
+      for (const auto& name : t)
+        if (!name.is_string())
+          throw RuntimeError(cfg_path + ": target_modules holds " + name.dump().substr(0, 40) + ", not a module name");
+    std::string lowered = t.is_string() ? t.get<std::string>() : "";
+    std::transform(lowered.begin(), lowered.end(), lowered.begin(), [](unsigned char ch) { return std::tolower(ch); });
     for (const auto& [module, target] : modules_of(shape)) {
-      const std::string last = module.substr(module.rfind('.') + 1);
       bool match = false;
-      if (t.is_array()) {
-        for (const auto& name : t) match |= name.is_string() && name == last;
-      } else if (t == "all-linear") {
-        match = target != "output";
+      if (t.is_array()) {  // PEFT: the name itself, or a dotted suffix of it
+        for (const auto& entry : t) {
+          const std::string n = entry.get<std::string>();
+          match |= module == n || (module.size() > n.size() && module.ends_with("." + n));
+        }
+      } else if (lowered == "all-linear") {  // PEFT lowercases this one value
+        match = !target.empty() && target != "output";
       } else if (t.is_string()) {
         if (!pattern)
           pattern = std::make_unique<Regex>(t.get<std::string>(), [&](const std::string& why) {
@@ -134,15 +170,12 @@ PeftAdapter read_peft_config(const std::string& dir, const LlamaShape& shape) {
       } else {
         throw RuntimeError(cfg_path + ": target_modules must be a list of names or a regex string");
       }
+      if (match && target.empty())
+        throw RuntimeError(cfg_path + ": target_modules " + t.dump().substr(0, 80) + " matches '" + module +
+                           "', which is not a projection ptrain adapts (" +
+                           "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head)");
       if (match) hits[target].insert(module == "lm_head" ? -1 : std::stoll(module.substr(13)));
     }
-    if (t.is_array())
-      for (const auto& name : t) {
-        const std::string n = name.is_string() ? name.get<std::string>() : name.dump();
-        if (target_of_peft_module(n).empty())
-          throw RuntimeError(cfg_path + ": target module '" + n + "' is not a projection ptrain adapts (" +
-                             "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head)");
-      }
     for (const auto& [target, layers] : hits) {
       if (target != "output" && static_cast<int64_t>(layers.size()) != shape.n_layers)
         throw RuntimeError(cfg_path + ": target_modules " + t.dump() + " adapts " + peft_module(target) + " in " +

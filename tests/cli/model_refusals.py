@@ -20,6 +20,9 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+from variant_edit import edited  # noqa: E402  (the fixture scripts' helper)
+
 passed, failed = 0, 0
 
 
@@ -39,12 +42,7 @@ def write_tokens(path, n, vocab):
 
 def edit_config(d, **changes):
     with open(f"{d}/config.json") as f:
-        c = json.load(f)
-    for k, v in changes.items():
-        if v is KeyError:
-            c.pop(k, None)
-        else:
-            c[k] = v
+        c = edited(json.load(f), changes)
     with open(f"{d}/config.json", "w") as f:
         json.dump(c, f, indent=2)
 

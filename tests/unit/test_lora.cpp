@@ -9,7 +9,9 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <tuple>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
@@ -406,6 +408,54 @@ TEST(Peft, TargetModulesRegexMatchesAsPythonsFullmatchWithinABound) {
       EXPECT_NE(std::string(e.what()).find("r must be an integer"), std::string::npos) << e.what();
     }
   }
+}
+
+// adapter_config.json against PEFT (tests/fixtures/make_peft_config_variants.py: the config PEFT
+// 0.21.2 saves over hf_tiny and 227 variants — every key absent, null and at values of other
+// types, target_modules in every form PEFT takes, seeded combinations). Each is read into the
+// network PEFT builds from it — the same modules adapted, each with PEFT's rank and scaling — or
+// refused naming adapter_config.json; what PEFT refuses ptrain refuses.
+TEST(Peft, EveryAdapterConfigVariantIsReadAsPeftBuildsItOrRefused) {
+  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("peft_config_variants.json")));
+  const LlamaShape shape = read_hf_config(test::fixture("hf_tiny"));
+  test::TempDir dir;
+  int read = 0, refused = 0, refused_by_both = 0;
+  for (const auto& v : fixture.at("variants")) {
+    const std::string name = v.at("name").get<std::string>();
+    test::write_text(dir / "adapter_config.json", v.at("config").dump());
+    std::optional<PeftAdapter> a;
+    std::string why;
+    try {
+      a = read_peft_config(dir.path.string(), shape);
+    } catch (const std::runtime_error& e) {
+      why = e.what();
+    }
+    if (v.contains("error")) {
+      EXPECT_FALSE(a) << name << ": PEFT refuses it (" << v.at("error") << ") but ptrain reads it";
+      refused_by_both += !a;
+      continue;
+    }
+    if (!a) {
+      ++refused;
+      EXPECT_NE(why.find("adapter_config.json"), std::string::npos) << name << ": " << why;
+      EXPECT_NE(name, "as saved") << why;
+      continue;
+    }
+    ++read;
+    std::set<std::tuple<std::string, int64_t, double>> got, want;
+    const double scale = a->alpha / (a->rslora ? std::sqrt(static_cast<double>(a->rank)) : a->rank);
+    auto adapted = [&](const std::string& t) { return std::count(a->targets.begin(), a->targets.end(), t) > 0; };
+    for (int64_t l = 0; l < shape.n_layers; ++l)
+      for (const auto& p : block_projections(shape))
+        if (adapted(p.target)) got.emplace("model.layers." + std::to_string(l) + "." + p.module, a->rank, scale);
+    if (adapted("output")) got.emplace("lm_head", a->rank, scale);
+    for (const auto& m : v.at("modules"))
+      want.emplace(m[0].get<std::string>(), m[1].get<int64_t>(), m[2].get<double>());
+    EXPECT_EQ(got, want) << name;
+  }
+  std::printf(
+      "[ adapter configs ] %zu variants: %d read as PEFT builds them, %d refused by ptrain, %d refused by both\n",
+      fixture.at("variants").size(), read, refused, refused_by_both);
 }
 
 TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
