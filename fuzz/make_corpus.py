@@ -201,13 +201,17 @@ def tokenizer_dir_seeds():
     with open(os.path.join(FIXTURES, "tokenizer_dir_variants.json"), encoding="utf-8") as f:
         variants = json.load(f)["variants"]
     for i, v in enumerate(variants):
-        if i % 20 != 0 and v["name"] != "release":
+        if i % 20 != 0 and v["name"] != "release" and not (v["files"] and i % 10 == 0):
             continue
         cfg = b"" if v["tokenizer_config"] is None else json.dumps(v["tokenizer_config"]).encode()
         model = b"" if v["config"] is None else json.dumps(v["config"]).encode()
         text = "\n".join(v.get("texts", ["hello world"])[:4]).encode()
+        legacy = b""
+        if v["files"]:
+            legacy = b"".join(b"\0" + (json.dumps(v["files"][f]).encode() if f in v["files"] else b"")
+                              for f in ("special_tokens_map.json", "added_tokens.json"))
         put("tokenizer_dir", "%03d_%s_%s" % (i, v["base"], re.sub(r"[^A-Za-z0-9_.]+", "_", v["name"])[:50]),
-            cfg + b"\0" + model + b"\0" + bases[v["base"]] + b"\0" + text)
+            cfg + b"\0" + model + b"\0" + bases[v["base"]] + b"\0" + text + legacy)
 
 
 def main():

@@ -1,8 +1,9 @@
 // A model directory's tokenizer files from anywhere, read as transformers' AutoTokenizer reads
-// them: the input is tokenizer_config.json, a NUL byte, config.json, a NUL byte, tokenizer.json, a
-// NUL byte and a text to encode (a section left out: that file is absent). The class resolved
-// from them may rebuild tokenizer.json's pipeline; whatever ptrain does not reproduce exactly must
-// be refused with an exception. A crash, an out-of-bounds read or undefined behaviour is a finding.
+// them: the input is tokenizer_config.json, config.json, tokenizer.json, a text to encode,
+// special_tokens_map.json and added_tokens.json, each ended by a NUL byte (a section left out:
+// that file is absent). The class resolved from them may rebuild tokenizer.json's pipeline;
+// whatever ptrain does not reproduce exactly must be refused with an exception. A crash, an
+// out-of-bounds read or undefined behaviour is a finding.
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -11,10 +12,10 @@
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  std::string parts[4];
+  std::string parts[6];
   size_t n = 0, at = 0;
-  while (n < 4 && at <= size) {
-    const auto* nul = n < 3 ? static_cast<const uint8_t*>(std::memchr(data + at, 0, size - at)) : nullptr;
+  while (n < 6 && at <= size) {
+    const auto* nul = n < 5 ? static_cast<const uint8_t*>(std::memchr(data + at, 0, size - at)) : nullptr;
     const size_t end = nul ? static_cast<size_t>(nul - data) : size;
     parts[n++] = std::string(reinterpret_cast<const char*>(data + at), end - at);
     at = end + 1;
@@ -23,8 +24,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::filesystem::path dir =
       std::filesystem::path(ptrain::fuzz::as_file(nullptr, 0, "unused")).parent_path() / "dir";
   std::filesystem::create_directories(dir);
-  const char* names[3] = {"tokenizer_config.json", "config.json", "tokenizer.json"};
-  for (size_t i = 0; i < 3; ++i) {
+  const char* names[6] = {"tokenizer_config.json",   "config.json",      "tokenizer.json", nullptr,
+                          "special_tokens_map.json", "added_tokens.json"};
+  for (size_t i = 0; i < 6; ++i) {
+    if (!names[i]) continue;
     std::filesystem::remove(dir / names[i]);
     if (i < n) std::ofstream(dir / names[i], std::ios::binary) << parts[i];
   }

@@ -1,5 +1,6 @@
 #include "data/tokenizer_dir.h"
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -82,8 +83,11 @@ struct Reader {
   json cfg = json::object();  // tokenizer_config.json ({} when absent)
   json& tok;
 
+  std::map<std::string, fs::path> origin;  // keys special_tokens_map.json set
+
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw RuntimeError(cfg_path.string() + ": " + key + ": " + what);
+    const auto o = origin.find(key.substr(0, key.find_first_of(" .[")));
+    throw RuntimeError((o == origin.end() ? cfg_path : o->second).string() + ": " + key + ": " + what);
   }
 
   const json* get(const char* key) const {
@@ -108,16 +112,21 @@ struct Reader {
     return nullptr;
   }
 
-  // A special token tokenizer_config.json names: transformers adds it (as special, not
-  // normalized, no lstrip / rstrip) unless tokenizer.json already holds it so.
+  // A special token the files name: transformers (re-)adds it with its flags — a string as a
+  // special token, not normalized, without lstrip / rstrip; an AddedToken object with its own —
+  // so tokenizer.json must hold it with the same flags.
   void check_named(const std::string& key, const json& v) const {
     if (v.is_null()) return;
     std::string content;
+    json want = {{"special", true}, {"lstrip", false}, {"rstrip", false}, {"normalized", false}};
     if (v.is_string()) {
       content = v.get<std::string>();
     } else if (v.is_object() && v.value("__type", "") == "AddedToken" && v.contains("content") &&
                v["content"].is_string()) {
       content = v["content"].get<std::string>();
+      want["special"] = v.contains("special") ? v["special"] : json(true);
+      for (const char* f : {"lstrip", "rstrip"}) want[f] = v.contains(f) ? v[f] : json(false);
+      want["normalized"] = v.contains("normalized") ? v["normalized"] : json(!want["special"].get<bool>());
     } else {
       fail(key, "must be a token string, an AddedToken object or null, not " + v.dump());
     }
@@ -127,11 +136,37 @@ struct Reader {
                     "' is not an added token of tokenizer.json; transformers adds it as a new special token, which "
                     "ptrain does not (add it to tokenizer.json's added_tokens, e.g. by saving the tokenizer with "
                     "transformers)");
-    if (!a->value("special", false) || a->value("lstrip", false) || a->value("rstrip", false) ||
-        a->value("normalized", false))
-      fail(key, "'" + content +
-                    "' is an added token of tokenizer.json that is not special or has lstrip / rstrip / "
-                    "normalized set; transformers re-adds it as a plain special token, which ptrain does not");
+    for (const auto& [f, value] : want.items())
+      if (a->value(f, json(false)) != value)
+        fail(key, "'" + content + "' has " + f + " = " + a->value(f, json(false)).dump() +
+                      " in tokenizer.json; transformers re-adds it with " + f + " = " + value.dump() +
+                      ", which ptrain does not (make them agree)");
+  }
+
+  // added_tokens.json (legacy, read by transformers only without added_tokens_decoder): each
+  // token is re-added as special when a special token is named so, else as a normalized plain one.
+  void check_added_tokens_file(const fs::path& path, const json& file) const {
+    if (!file.is_object()) throw RuntimeError(path.string() + ": not a JSON object of token: id");
+    std::set<std::string> special;
+    for (const char* key : kNamedSpecial)
+      if (const json* v = get(key); v && v->is_string()) special.insert(v->get<std::string>());
+    for (const char* key : {"additional_special_tokens", "extra_special_tokens"})
+      if (const json* v = get(key); v && v->is_array())
+        for (const auto& t : *v)
+          if (t.is_string()) special.insert(t.get<std::string>());
+    for (const auto& [content, id] : file.items()) {
+      const json* a = added(content);
+      if (!a || a->value("id", json()) != id)
+        throw RuntimeError(path.string() + ": '" + content + "' = " + id.dump() +
+                           " is not an added token of tokenizer.json with that id; transformers adds it, which ptrain "
+                           "does not");
+      const bool is_special = special.count(content) > 0;
+      if (a->value("special", false) != is_special || a->value("normalized", false) == is_special ||
+          a->value("lstrip", false) || a->value("rstrip", false))
+        throw RuntimeError(path.string() + ": '" + content + "': transformers re-adds it " +
+                           (is_special ? "as a special token" : "as a plain, normalized token") +
+                           " without lstrip / rstrip, which tokenizer.json's flags for it are not");
+    }
   }
 
   void check_special_tokens(TokClass cls) const {
@@ -200,6 +235,28 @@ std::string read_dir(const fs::path& dir, const std::string& tokenizer_text, jso
   if (fs::exists(r.cfg_path)) {
     r.cfg = read_json_file(r.cfg_path);
     if (!r.cfg.is_object()) throw RuntimeError(r.cfg_path.string() + ": not a JSON object");
+  }
+  // The legacy files, read by transformers only when tokenizer_config.json has no
+  // added_tokens_decoder: special_tokens_map.json's tokens override tokenizer_config.json's.
+  const fs::path map_path = dir / "special_tokens_map.json", added_path = dir / "added_tokens.json";
+  const bool legacy_files = !r.cfg.contains("added_tokens_decoder");
+  if (legacy_files && fs::exists(map_path)) {
+    const json m = read_json_file(map_path);
+    if (!m.is_object()) throw RuntimeError(map_path.string() + ": not a JSON object");
+    for (const auto& [key, value] : m.items()) {
+      r.origin[key] = map_path;
+      if (value.is_object() && key != "extra_special_tokens") {
+        json token = value;
+        token.erase("special");
+        token["__type"] = "AddedToken";
+        token["special"] = true;
+        r.cfg[key] = token;
+      } else if (key == "extra_special_tokens" && value.is_array() && r.cfg.contains(key) && r.cfg[key].is_array()) {
+        for (const auto& t : value) r.cfg[key].push_back(t.is_object() ? t.value("content", json()) : t);
+      } else {
+        r.cfg[key] = value;
+      }
+    }
   }
   std::string model_type, config_class;
   const fs::path config_path = dir / "config.json";
@@ -295,6 +352,7 @@ std::string read_dir(const fs::path& dir, const std::string& tokenizer_text, jso
 
   r.check_added_tokens_decoder();
   r.check_special_tokens(cls);
+  if (legacy_files && fs::exists(added_path)) r.check_added_tokens_file(added_path, read_json_file(added_path));
 
   // The pipeline the class builds in place of tokenizer.json's (its vocabulary, merges, added
   // tokens and post-processor are kept).

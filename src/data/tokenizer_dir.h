@@ -2,7 +2,8 @@
 // not always run tokenizer.json as written: the class it resolves from tokenizer_config.json's
 // `tokenizer_class` and config.json's `model_type` may rebuild the pipeline (LlamaTokenizer:
 // Metaspace with a prepend scheme from `legacy` / `add_prefix_space`, no normalizer, its own
-// decoder; Qwen2Tokenizer: NFC, Qwen's split regex, ByteLevel), and tokenizer_config.json may
+// decoder; Qwen2Tokenizer: NFC, Qwen's split regex, ByteLevel), and tokenizer_config.json (or,
+// without its added_tokens_decoder, the legacy special_tokens_map.json and added_tokens.json) may
 // name special tokens, or flags of added tokens, that tokenizer.json does not hold.
 // read_tokenizer_dir() rewrites the parsed tokenizer.json into what transformers runs, or
 // refuses — naming the file and key — whatever ptrain does not reproduce exactly: another
@@ -16,7 +17,8 @@
 namespace ptrain {
 
 // `tokenizer`: DIR/tokenizer.json parsed; `tokenizer_text`: its text. Reads
-// DIR/tokenizer_config.json and DIR/config.json when present. Returns the class transformers
+// DIR/tokenizer_config.json, config.json, special_tokens_map.json and added_tokens.json when
+// present. Returns the class transformers
 // uses ("TokenizersBackend": tokenizer.json as written; "LlamaTokenizer", "Qwen2Tokenizer":
 // pipeline rebuilt) and why, for the log. Throws RuntimeError.
 std::string read_tokenizer_dir(const std::filesystem::path& dir, const std::string& tokenizer_text,

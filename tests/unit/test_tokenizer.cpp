@@ -229,7 +229,8 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
 // TinyLlama / Llama 2, Mistral v0.3 and Qwen2.5, and several hundred variants of their
 // tokenizer_config.json / config.json: every tokenizer_class and model_type, legacy,
 // add_prefix_space, special tokens tokenizer.json lacks, added-token flags, split_special_tokens,
-// remote code, unknown keys, seeded combinations). Each is read exactly as transformers reads it
+// remote code, unknown keys, seeded combinations; the legacy special_tokens_map.json and
+// added_tokens.json, which count only without added_tokens_decoder). Each is read exactly as transformers reads it
 // — the same ids for every text, the same decoded text, the same special tokens — or refused
 // naming its file; what transformers refuses ptrain refuses; the releases are read.
 TEST(Tokenizer, ModelDirectoriesAreReadAsTransformersReadsThemOrRefused) {
@@ -246,6 +247,8 @@ TEST(Tokenizer, ModelDirectoriesAreReadAsTransformersReadsThemOrRefused) {
     if (!v.at("tokenizer_config").is_null())
       test::write_text((dir.path / "tokenizer_config.json").string(), v.at("tokenizer_config").dump());
     if (!v.at("config").is_null()) test::write_text((dir.path / "config.json").string(), v.at("config").dump());
+    for (const auto& [file, content] : v.at("files").items())
+      test::write_text((dir.path / file).string(), content.dump());
     std::unique_ptr<Tokenizer> tok;
     std::string why;
     try {
