@@ -214,6 +214,41 @@ def tokenizer_dir_seeds():
             cfg + b"\0" + model + b"\0" + bases[v["base"]] + b"\0" + text + legacy)
 
 
+def parquet_seeds():
+    # The Parquet fixtures, cut ones, and columns of every kind the reader converts (integers at
+    # their limits, floats that are not finite, deep lists, structs with nulls, dictionaries).
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    d = os.path.join(FIXTURES, "parquet")
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".parquet"):
+            with open(os.path.join(d, name), "rb") as f:
+                data = f.read()
+            put("parquet", name, data)
+            put("parquet", "cut_" + name, data[: len(data) // 2])
+
+    def table_bytes(table):
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        return buf.getvalue()
+
+    deep = pa.array([[1]], pa.list_(pa.int64()))
+    for _ in range(40):
+        deep = pa.ListArray.from_arrays(pa.array([0, 1], pa.int32()), deep)
+    put("parquet", "integers", table_bytes(pa.table({
+        "u64": pa.array([0, 2**64 - 1, 2**63], pa.uint64()), "i64": pa.array([-2**63, 2**63 - 1, 0], pa.int64()),
+        "f": pa.array([float("nan"), float("inf"), -0.0], pa.float64()), "b": pa.array([True, None, False])})))
+    put("parquet", "nested", table_bytes(pa.table({"deep": deep})))
+    put("parquet", "records", table_bytes(pa.table({
+        "messages": pa.array([[{"role": "user", "content": "hi"}, None], None, []],
+                             pa.large_list(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        "text": pa.array(["a", None, "c"], pa.large_string()),
+        "cat": pa.array(["x", "y", "x"]).dictionary_encode(),
+        "when": pa.array([0, 1, 2], pa.timestamp("s"))})))
+
+
 def main():
     shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
     safetensors_seeds()
@@ -227,6 +262,7 @@ def main():
     peft_config_seeds()
     chat_template_seeds()
     tokenizer_dir_seeds()
+    parquet_seeds()
     for target in fuzz_targets():
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)

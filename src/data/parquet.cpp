@@ -6,6 +6,8 @@
 #include <arrow/api.h>
 #include <arrow/io/file.h>
 #include <parquet/arrow/reader.h>
+#include <parquet/metadata.h>
+#include <parquet/schema.h>
 
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -41,22 +43,27 @@ json value_of(const arrow::Array& a, int64_t i, const std::string& column) {
       return std::string(static_cast<const arrow::StringViewArray&>(a).GetView(i));
     case arrow::Type::BOOL:
       return static_cast<const arrow::BooleanArray&>(a).Value(i);
+    // Numbers exactly as stored (a uint64 above 2^63 stays unsigned; no trip through double).
     case arrow::Type::INT8:
+      return static_cast<const arrow::Int8Array&>(a).Value(i);
     case arrow::Type::INT16:
+      return static_cast<const arrow::Int16Array&>(a).Value(i);
     case arrow::Type::INT32:
+      return static_cast<const arrow::Int32Array&>(a).Value(i);
     case arrow::Type::INT64:
+      return static_cast<const arrow::Int64Array&>(a).Value(i);
     case arrow::Type::UINT8:
+      return static_cast<const arrow::UInt8Array&>(a).Value(i);
     case arrow::Type::UINT16:
+      return static_cast<const arrow::UInt16Array&>(a).Value(i);
     case arrow::Type::UINT32:
+      return static_cast<const arrow::UInt32Array&>(a).Value(i);
     case arrow::Type::UINT64:
+      return static_cast<const arrow::UInt64Array&>(a).Value(i);
     case arrow::Type::FLOAT:
-    case arrow::Type::DOUBLE: {
-      auto scalar = a.GetScalar(i).ValueOrDie();
-      auto as_double = scalar->CastTo(arrow::float64()).ValueOrDie();
-      const double v = static_cast<const arrow::DoubleScalar&>(*as_double).value;
-      if (arrow::is_integer(a.type_id())) return static_cast<int64_t>(v);
-      return v;
-    }
+      return static_cast<const arrow::FloatArray&>(a).Value(i);
+    case arrow::Type::DOUBLE:
+      return static_cast<const arrow::DoubleArray&>(a).Value(i);
     case arrow::Type::LIST:
       return list_value<arrow::ListArray>(a, i, recurse);
     case arrow::Type::LARGE_LIST:
@@ -84,6 +91,35 @@ T ok(arrow::Result<T> r, const std::string& path) {
   return std::move(r).ValueUnsafe();
 }
 
+// A row group of more rows than this is refused before Arrow sizes its arrays for them (a file
+// from anywhere may claim billions of rows in a few bytes; pyarrow writes up to 1 Mi rows a group).
+constexpr int64_t kMaxGroupRows = int64_t{1} << 26;
+
+// The footer's row counts must agree before any group is read: the groups' rows add up to the
+// file's, and no group claims more rows than one of its columns holds values (every row of a
+// column has at least one value or null).
+void check_row_counts(const parquet::FileMetaData& meta, const std::string& path) {
+  int64_t sum = 0;
+  for (int g = 0; g < meta.num_row_groups(); ++g) {
+    const auto group = meta.RowGroup(g);
+    const int64_t rows = group->num_rows();
+    const std::string where = path + ": row group " + std::to_string(g + 1) + " ";
+    if (rows < 0 || rows > kMaxGroupRows)
+      throw RuntimeError(where + "claims " + std::to_string(rows) + " rows; ptrain reads row groups of up to " +
+                         std::to_string(kMaxGroupRows) +
+                         " rows (rewrite the file with smaller ones, e.g. pyarrow's write_table(row_group_size=...))");
+    for (int c = 0; c < group->num_columns(); ++c)
+      if (group->ColumnChunk(c)->num_values() < rows)
+        throw RuntimeError(where + "claims " + std::to_string(rows) + " rows but its column '" +
+                           group->ColumnChunk(c)->path_in_schema()->ToDotString() + "' holds " +
+                           std::to_string(group->ColumnChunk(c)->num_values()) + " values: the file is damaged");
+    sum += rows;
+  }
+  if (sum != meta.num_rows())
+    throw RuntimeError(path + ": the row groups hold " + std::to_string(sum) + " rows but the file claims " +
+                       std::to_string(meta.num_rows()) + ": the file is damaged");
+}
+
 }  // namespace
 
 bool parquet_supported() { return true; }
@@ -91,6 +127,7 @@ bool parquet_supported() { return true; }
 void parquet_records(const std::string& path, const ParquetBlock& block) {
   auto file = ok(arrow::io::ReadableFile::Open(path), path);
   auto reader = ok(parquet::arrow::OpenFile(file, arrow::default_memory_pool()), path);
+  check_row_counts(*reader->parquet_reader()->metadata(), path);
   const int64_t total = reader->parquet_reader()->metadata()->num_rows();
   int64_t first = 0;  // rows before this group
   for (int g = 0; g < reader->num_row_groups(); ++g) {

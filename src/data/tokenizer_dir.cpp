@@ -231,7 +231,7 @@ std::string strip_fast(std::string s) {
 }
 
 std::string read_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
-  Reader r{dir / "tokenizer_config.json", json::object(), tokenizer};
+  Reader r{dir / "tokenizer_config.json", json::object(), tokenizer, {}};
   if (fs::exists(r.cfg_path)) {
     r.cfg = read_json_file(r.cfg_path);
     if (!r.cfg.is_object()) throw RuntimeError(r.cfg_path.string() + ": not a JSON object");

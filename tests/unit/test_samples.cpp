@@ -208,6 +208,17 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
     EXPECT_NE(std::string(e.what()).find("row 1: column 'blob' holds binary values"), std::string::npos) << e.what();
   }
   EXPECT_THROW(SampleSet::from_parquet(test::fixture("parquet/records.jsonl"), tok(), format(), {}), RuntimeError);
+  // A footer claiming more rows than the file holds (found by fuzz_parquet: Arrow sized its arrays
+  // for 70 billion rows and ran out of memory) is refused before any row group is read.
+  try {
+    parquet_records(test::source_dir() + "/fuzz/regressions/parquet/row_group_claims_70e9_rows",
+                    [](std::vector<std::string>&&, int64_t, int64_t) {});
+    ADD_FAILURE() << "a row group claiming 70 billion rows was read";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("row group 1 claims 70432781950 rows; ptrain reads row groups of up to"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // data.fields maps a dataset's own names onto the record fields (in the record and in each turn);
