@@ -512,6 +512,25 @@ const std::vector<std::string>& chat_template_names() {
   return n;
 }
 
+// The directory's own template renders `bos_token` / `eos_token` as its tokenizer's files resolve
+// them (transformers); ptrain renders the released tokens there, so they must be the same.
+void check_template_tokens(const Tokenizer& tok, ChatTemplate kind, const std::string& where) {
+  const auto tokens = tok.template_tokens();
+  if (!tokens) return;
+  const bool llama = kind == ChatTemplate::llama3 || kind == ChatTemplate::llama3_1 || kind == ChatTemplate::llama3_2;
+  const bool mistral = kind == ChatTemplate::mistral;
+  auto require = [&](const char* key, const std::string& have, const char* want) {
+    if (have != want)
+      throw RuntimeError(where + ": the chat template renders " + key + ", which this tokenizer's files make " +
+                         (have.empty() ? std::string("None (nothing)") : "'" + have + "'") +
+                         " (tokenizer_config.json / special_tokens_map.json); ptrain renders '" + want +
+                         "' there, as the released template does: set " + key + " to \"" + want +
+                         "\", or name the template in data.chat_template");
+  };
+  if (llama || mistral) require("bos_token", tokens->first, llama ? "<|begin_of_text|>" : "<s>");
+  if (mistral) require("eos_token", tokens->second, "</s>");
+}
+
 std::pair<std::string, std::string> document_markers(const Tokenizer& tok) {
   const fs::path dir = fs::path(tok.path()).parent_path();
   auto first_present = [&](const std::vector<std::string>& names) {
@@ -546,6 +565,7 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
       f.kind = known.kind;
       f.default_system = known.default_system;
       f.source = where + ", " + known.model + "'s template";
+      check_template_tokens(tok, f.kind, where);
     }
   }
   if (requested == ChatTemplate::qwen2_5) f.default_system = kQwenSystem;

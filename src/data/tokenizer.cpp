@@ -221,6 +221,7 @@ std::unordered_map<std::string, std::vector<int32_t>>& piece_cache(uint64_t inst
 struct Tokenizer::Impl {
   std::string path;
   std::string reading;  // how the files were read: the class transformers uses, or the file as written
+  std::optional<std::pair<std::string, std::string>> template_tokens;  // a directory's bos_token / eos_token
   [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
   // A token id as tokenizer.json writes it: an integer in [0, 2^24) — a float, a negative or a
   // huge id (which would size the id table) is refused.
@@ -529,7 +530,9 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
   // A model directory is read as transformers' AutoTokenizer reads it (tokenizer_config.json,
   // config.json); a tokenizer.json file as HF tokenizers' Tokenizer.from_file does.
   if (dir) {
-    m.reading = read_tokenizer_dir(path_in, text, j);
+    TokenizerDirReading r = read_tokenizer_dir(path_in, text, j);
+    m.reading = std::move(r.description);
+    m.template_tokens = std::make_pair(std::move(r.bos_token), std::move(r.eos_token));
   } else {
     m.reading = "tokenizer.json as written (HF tokenizers' Tokenizer.from_file)";
   }
@@ -1017,5 +1020,6 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->max_id) + 1; }
 const std::string& Tokenizer::path() const { return impl_->path; }
 const std::string& Tokenizer::reading() const { return impl_->reading; }
+std::optional<std::pair<std::string, std::string>> Tokenizer::template_tokens() const { return impl_->template_tokens; }
 
 }  // namespace ptrain

@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ptrain {
@@ -62,6 +63,9 @@ class Tokenizer {
   // (the class it resolves, and whether that class rebuilds tokenizer.json's pipeline), a file as
   // written.
   const std::string& reading() const;
+  // For a model directory: {bos_token, eos_token} as transformers resolves them — what a chat
+  // template's `bos_token` / `eos_token` render ("" for None); nullopt for a tokenizer.json file.
+  std::optional<std::pair<std::string, std::string>> template_tokens() const;
   // Whether encoding the pieces of a text cut after a newline that a non-space follows gives
   // the ids of the whole text: true unless the normalizer or pre-tokenizer treats the start of
   // a text specially (Prepend, Metaspace's prepend scheme) or nothing splits the text.

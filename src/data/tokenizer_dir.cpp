@@ -230,7 +230,7 @@ std::string strip_fast(std::string s) {
   return s;
 }
 
-std::string read_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
+TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
   Reader r{dir / "tokenizer_config.json", json::object(), tokenizer, {}};
   if (fs::exists(r.cfg_path)) {
     r.cfg = read_json_file(r.cfg_path);
@@ -400,14 +400,25 @@ std::string read_dir(const fs::path& dir, const std::string& tokenizer_text, jso
     model["dropout"] = nullptr;
     why += ": pipeline rebuilt as Qwen2Tokenizer's (NFC, Qwen's split regex, ByteLevel)";
   }
-  return std::string(name_of(cls)) + " (" + why + ")";
+  // bos_token / eos_token: the files' (special_tokens_map.json's over tokenizer_config.json's, as
+  // merged above), else the class's default.
+  auto special = [&](const char* key, const char* llama_default, const char* qwen_default) -> std::string {
+    if (const json* v = r.get(key)) {
+      if (v->is_string()) return v->get<std::string>();
+      if (v->is_object()) return v->value("content", "");
+      return "";  // null
+    }
+    return cls == TokClass::llama ? llama_default : cls == TokClass::qwen2 ? qwen_default : "";
+  };
+  return {std::string(name_of(cls)) + " (" + why + ")", special("bos_token", "<s>", ""),
+          special("eos_token", "</s>", "<|endoftext|>")};
 }
 
 }  // namespace
 
-std::string read_tokenizer_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
+TokenizerDirReading read_tokenizer_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
   if (!tokenizer.is_object() || !tokenizer.contains("model") || !tokenizer["model"].is_object())
-    return "TokenizersBackend";  // not a tokenizer.json: the reader names what is wrong with it
+    return {"TokenizersBackend", "", ""};  // not a tokenizer.json: the reader names what is wrong with it
   try {
     return read_dir(dir, tokenizer_text, tokenizer);
   } catch (const json::exception& e) {

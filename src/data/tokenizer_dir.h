@@ -16,12 +16,19 @@
 
 namespace ptrain {
 
+struct TokenizerDirReading {
+  // The class transformers uses ("TokenizersBackend": tokenizer.json as written;
+  // "LlamaTokenizer", "Qwen2Tokenizer": pipeline rebuilt) and why, for the log.
+  std::string description;
+  // The tokenizer's bos_token / eos_token as transformers resolves them — what a chat template's
+  // `bos_token` / `eos_token` render — "" for None.
+  std::string bos_token, eos_token;
+};
+
 // `tokenizer`: DIR/tokenizer.json parsed; `tokenizer_text`: its text. Reads
 // DIR/tokenizer_config.json, config.json, special_tokens_map.json and added_tokens.json when
-// present. Returns the class transformers
-// uses ("TokenizersBackend": tokenizer.json as written; "LlamaTokenizer", "Qwen2Tokenizer":
-// pipeline rebuilt) and why, for the log. Throws RuntimeError.
-std::string read_tokenizer_dir(const std::filesystem::path& dir, const std::string& tokenizer_text,
-                               nlohmann::json& tokenizer);
+// present. Throws RuntimeError.
+TokenizerDirReading read_tokenizer_dir(const std::filesystem::path& dir, const std::string& tokenizer_text,
+                                       nlohmann::json& tokenizer);
 
 }  // namespace ptrain

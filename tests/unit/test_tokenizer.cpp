@@ -287,6 +287,11 @@ TEST(Tokenizer, ModelDirectoriesAreReadAsTransformersReadsThemOrRefused) {
       EXPECT_EQ(tok->encode_with_special_tokens(texts[0].get<std::string>()),
                 v.at("with_special").get<std::vector<int32_t>>())
           << name;
+      // The tokens a chat template's bos_token / eos_token render.
+      const auto special = [&](const char* key) { return v.at(key).is_null() ? "" : v.at(key).get<std::string>(); };
+      ASSERT_TRUE(tok->template_tokens()) << name;
+      EXPECT_EQ(tok->template_tokens()->first, special("bos_token")) << name;
+      EXPECT_EQ(tok->template_tokens()->second, special("eos_token")) << name;
       equal += same;
       ++read_as[cls];
       rebuilt += cls != "TokenizersBackend";
@@ -378,6 +383,38 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
 }
 
 // Templates ptrain does not render are refused with the file and the options, never guessed.
+// A directory's template renders bos_token as its tokenizer files resolve it (transformers: null
+// is None, special_tokens_map.json overrides tokenizer_config.json without added_tokens_decoder);
+// ptrain renders the released token there, so another one is refused naming the key.
+TEST(Chat, TemplateTokensOtherThanTheReleasedOnesAreRefused) {
+  namespace fs = std::filesystem;
+  test::TempDir dir;
+  for (const char* f : {"tokenizer.json", "chat_template.jinja", "config.json"})
+    fs::copy_file(test::fixture(std::string("hf_chat/") + f), dir.path / f);
+  auto config = [&](const std::string& bos) {
+    test::write_text(
+        (dir.path / "tokenizer_config.json").string(),
+        "{\"bos_token\": " + bos + ", \"eos_token\": \"<|eot_id|>\", \"tokenizer_class\": \"TokenizersBackend\"}");
+    return chat_format(Tokenizer(dir.path.string()), ChatTemplate::automatic);
+  };
+  EXPECT_EQ(config("\"<|begin_of_text|>\"").kind, ChatTemplate::llama3);
+  for (const std::string bos : {"null", "\"<|end_of_text|>\""}) {
+    try {
+      config(bos);
+      ADD_FAILURE() << "bos_token " << bos << " was rendered as <|begin_of_text|>";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("chat_template.jinja: the chat template renders bos_token, which this "
+                                           "tokenizer's files make"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // special_tokens_map.json counts only without added_tokens_decoder: here it does.
+  test::write_text((dir.path / "special_tokens_map.json").string(), "{\"bos_token\": \"<|end_of_text|>\"}");
+  EXPECT_THROW(config("\"<|begin_of_text|>\""), RuntimeError);
+  EXPECT_EQ(chat_format(Tokenizer(dir.path.string()), ChatTemplate::llama3).kind, ChatTemplate::llama3);  // named
+}
+
 TEST(Chat, UnknownTemplatesAreRefusedNamingTheOptions) {
   test::TempDir dir;
   for (const auto& [tmpl, needle] : std::vector<std::pair<std::string, std::string>>{
