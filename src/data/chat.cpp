@@ -101,13 +101,24 @@ Sample tokenize_parts(const Tokenizer& tok, const std::vector<Part>& parts, bool
   return s;
 }
 
-// The directory's chat template text: chat_template.jinja, else tokenizer_config.json's
-// chat_template (a string, or a list of named templates: "default").
+// The directory's default chat template, as transformers picks it: additional_chat_templates/
+// default.jinja, else chat_template.jinja, else tokenizer_config.json's chat_template (a string,
+// or a list of named templates: "default") — unless additional_chat_templates/ holds named
+// templates, which then leave transformers without a default.
 std::string template_text(const fs::path& dir, std::string& where) {
-  if (fs::is_regular_file(dir / "chat_template.jinja")) {
-    where = (dir / "chat_template.jinja").string();
-    return read_text_file(where);
-  }
+  const fs::path extra = dir / "additional_chat_templates";
+  for (const fs::path& p : {extra / "default.jinja", dir / "chat_template.jinja"})
+    if (fs::is_regular_file(p)) {
+      where = p.string();
+      return read_text_file(where);
+    }
+  if (fs::is_directory(extra))
+    for (const auto& e : fs::directory_iterator(extra))
+      if (e.path().extension() == ".jinja")
+        throw RuntimeError(extra.string() + " holds named chat templates (" + e.path().filename().string() + ") and " +
+                           dir.string() +
+                           " has no chat_template.jinja: transformers then has no default template and renders "
+                           "none without a name; name the template in data.chat_template");
   const fs::path cfg = dir / "tokenizer_config.json";
   if (!fs::is_regular_file(cfg)) return "";
   where = cfg.string();

@@ -415,6 +415,31 @@ TEST(Chat, TemplateTokensOtherThanTheReleasedOnesAreRefused) {
   EXPECT_EQ(chat_format(Tokenizer(dir.path.string()), ChatTemplate::llama3).kind, ChatTemplate::llama3);  // named
 }
 
+// The default template is picked as transformers picks it (checked with transformers 5.23:
+// additional_chat_templates/default.jinja wins over chat_template.jinja; named extra templates
+// without chat_template.jinja leave no default, and transformers refuses to render).
+TEST(Chat, TheDefaultTemplateIsTheOneTransformersPicks) {
+  namespace fs = std::filesystem;
+  test::TempDir dir;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
+    fs::copy_file(test::fixture(std::string("hf_chat/") + f), dir.path / f);
+  fs::create_directories(dir.path / "additional_chat_templates");
+  test::write_text((dir.path / "additional_chat_templates/tool_use.jinja").string(), "{{ 'x' }}");
+  EXPECT_EQ(chat_format(Tokenizer(dir.path.string()), ChatTemplate::automatic).kind, ChatTemplate::llama3);
+  fs::rename(dir.path / "chat_template.jinja", dir.path / "elsewhere.jinja");
+  try {
+    chat_format(Tokenizer(dir.path.string()), ChatTemplate::automatic);
+    ADD_FAILURE() << "a directory without a default template was read";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("additional_chat_templates holds named chat templates (tool_use.jinja)"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::rename(dir.path / "elsewhere.jinja", dir.path / "additional_chat_templates/default.jinja");
+  EXPECT_EQ(chat_format(Tokenizer(dir.path.string()), ChatTemplate::automatic).source,
+            (dir.path / "additional_chat_templates/default.jinja").string() + ", Llama 3 Instruct's template");
+}
+
 TEST(Chat, UnknownTemplatesAreRefusedNamingTheOptions) {
   test::TempDir dir;
   for (const auto& [tmpl, needle] : std::vector<std::pair<std::string, std::string>>{
