@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "config/config.h"
+#include "data/tokenizer.h"
 #include "model/layout.h"
 #include "model/llama.h"
 #include "parallel/collectives.h"
@@ -90,10 +91,26 @@ void copy_tokenizer(const std::string& checkpoint_dir, const std::string& out_di
     return;
   }
   if (source.empty() || !fs::is_directory(source)) return;
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"})
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                        "added_tokens.json"})
     if (fs::is_regular_file(fs::path(source) / f))
       fs::copy_file(fs::path(source) / f, fs::path(out_dir) / f, fs::copy_options::overwrite_existing);
+  if (fs::is_directory(fs::path(source) / "additional_chat_templates"))  // transformers' named (and default) templates
+    fs::copy(fs::path(source) / "additional_chat_templates", fs::path(out_dir) / "additional_chat_templates",
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   log::info("copied the tokenizer of ", source, " beside it");
+  // transformers picks the tokenizer class with the directory's config.json too: the export's
+  // (written here) must lead it to the class the run tokenized with.
+  try {
+    const std::string run = Tokenizer(source).reading(), exported = Tokenizer(out_dir).reading();
+    const auto class_of = [](const std::string& reading) { return reading.substr(0, reading.find(" (")); };
+    if (class_of(run) != class_of(exported))
+      log::warn("transformers reads the exported tokenizer as ", exported, " but the run's as ", run,
+                ": its ids may differ from training's; set tokenizer_class in ", out_dir,
+                "/tokenizer_config.json to the run's class");
+  } catch (const std::exception& e) {
+    log::warn("the exported tokenizer does not read as the run's: ", e.what());
+  }
 }
 }  // namespace
 

@@ -85,6 +85,12 @@ expect 0 "" -- "$bin" "${chat[@]}" --set training.steps=2 --set training.eval_ev
 expect 0 "\"data\": \"samples:[0-9a-f]{16}\"" -- cat "$tmp/chatrun/checkpoints/step_2/meta.json"
 expect 0 "the data differs from the checkpoint's" -- "$bin" "${chat[@]}" --set training.steps=3 --set training.eval_every=0 --set run.output_dir="$tmp/chatrun" --set checkpoint.resume=auto --set data.packing=false
 expect 2 "data.path: no such file 'data/chats.jsonl'" -- "$bin" check --config "$src/configs/llama3_8b_qlora.toml"
+# An export carries the model directory's tokenizer files transformers reads, named templates too.
+cp -r "$src/tests/fixtures/hf_chat" "$tmp/hf_chat_named"; mkdir "$tmp/hf_chat_named/additional_chat_templates"
+printf '%s' "{{ 'tool use' }}" > "$tmp/hf_chat_named/additional_chat_templates/tool_use.jinja"
+expect 0 "" -- "$bin" "${chat[@]}" --set model.hf_path="$tmp/hf_chat_named" --set training.steps=1 --set training.eval_every=0 --set run.output_dir="$tmp/namedrun"
+expect 0 "copied the tokenizer of .*hf_chat_named beside it" -- "$bin" export --checkpoint "$tmp/namedrun/checkpoints/step_1" --out "$tmp/named_export"
+expect 0 "tool use" -- cat "$tmp/named_export/additional_chat_templates/tool_use.jinja"
 # generate: what to answer, the sampling settings, a tokenizer for text, room for the prompt.
 gen=(generate "${chat[@]}" --max-new-tokens 4)
 expect 2 "what to answer: --prompt TEXT, --chat" -- "$bin" "${gen[@]}"
