@@ -66,6 +66,11 @@ const std::set<std::string> kNoEffectKeys{
     "merges_file",
     "model_specific_special_tokens",
     "add_special_tokens",
+    // How transformers cuts and pads batches: ptrain cuts and pads samples itself (data.seq_len).
+    "max_length",
+    "stride",
+    "truncation_strategy",
+    "pad_to_multiple_of",
 };
 const char* const kNamedSpecial[] = {"bos_token", "eos_token", "unk_token", "pad_token",
                                      "sep_token", "cls_token", "mask_token"};
@@ -410,6 +415,15 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
     }
     return cls == TokClass::llama ? llama_default : cls == TokClass::qwen2 ? qwen_default : "";
   };
+  // tokenizer.json's truncation / padding make HF cut and pad every encoding; ptrain does not (it
+  // cuts samples at data.seq_len + 1 ids and pads rows itself): said in the log.
+  for (const char* key : {"truncation", "padding"})
+    if (tokenizer.contains(key) && !tokenizer[key].is_null())
+      why += std::string("; tokenizer.json's ") + key +
+             (tokenizer[key].is_object() && tokenizer[key].contains("max_length")
+                  ? " (max_length " + tokenizer[key]["max_length"].dump() + ")"
+                  : "") +
+             " is not applied (ptrain cuts and pads samples itself: data.seq_len, data.truncation)";
   return {std::string(name_of(cls)) + " (" + why + ")", special("bos_token", "<s>", ""),
           special("eos_token", "</s>", "<|endoftext|>")};
 }
