@@ -36,8 +36,11 @@ Regex::Regex(const std::string& pattern, const std::function<void(const std::str
 
 Regex::~Regex() = default;
 
-std::vector<std::pair<size_t, size_t>> Regex::matches(const std::string& text) const {
+const std::string& Regex::pattern() const { return code_->pattern; }
+
+std::vector<std::pair<size_t, size_t>> Regex::matches(const std::string& text, bool* empty) const {
   std::vector<std::pair<size_t, size_t>> out;
+  if (empty) *empty = false;
   if (text.empty()) return out;
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->code, nullptr);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -56,6 +59,7 @@ std::vector<std::pair<size_t, size_t>> Regex::matches(const std::string& text) c
       out.emplace_back(ov[0], ov[1]);
       pos = ov[1];
     } else {  // an empty match: step over its character (text is valid UTF-8, checked at pos 0)
+      if (empty) *empty = true;
       pos = ov[0] + 1;
       while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
     }

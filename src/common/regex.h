@@ -21,8 +21,11 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // The [begin, end) of every non-overlapping match in `text`, left to right (an empty match
-  // steps over one character). Throws RuntimeError naming the byte where matching failed.
-  std::vector<std::pair<size_t, size_t>> matches(const std::string& text) const;
+  // steps over one character and is left out; `empty`, where given, says whether there was one).
+  // Throws RuntimeError naming the byte where matching failed.
+  std::vector<std::pair<size_t, size_t>> matches(const std::string& text, bool* empty = nullptr) const;
+
+  const std::string& pattern() const;
 
   // Whether the whole of `text` matches (Python's re.fullmatch), within `max_steps` of PCRE2's
   // matching. Throws RuntimeError where the limit is reached.

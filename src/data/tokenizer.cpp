@@ -19,6 +19,7 @@
 #include "common/regex.h"
 #include "common/utf8.h"
 #include "data/tokenizer_dir.h"
+#include "data/tokenizer_shape.h"
 
 namespace ptrain {
 
@@ -129,10 +130,22 @@ const ByteLevelMap& byte_level() {
 constexpr const char* kGpt2Split = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // Splits `text` into the regex's matches and the text between them (Split, behavior Isolated).
+// The matches of `re` in `text`; an empty one is refused: HF and ptrain step over an empty match
+// differently, so a pattern that can match nothing is read only where it never does.
+std::vector<std::pair<size_t, size_t>> nonempty_matches(const Regex& re, const std::string& text) {
+  bool empty = false;
+  auto matches = re.matches(text, &empty);
+  if (empty)
+    throw RuntimeError("the regex '" + re.pattern() +
+                       "' matches the empty string in this text, where ptrain could split or replace otherwise than "
+                       "HF tokenizers");
+  return matches;
+}
+
 std::vector<std::string> split_isolated(const Regex& re, const std::string& text) {
   std::vector<std::string> out;
   size_t last = 0;
-  for (const auto& [b, e] : re.matches(text)) {
+  for (const auto& [b, e] : nonempty_matches(re, text)) {
     if (b > last) out.push_back(text.substr(last, b - last));
     out.push_back(text.substr(b, e - b));
     last = e;
@@ -328,7 +341,7 @@ struct Tokenizer::Impl {
           if (step.pattern) {
             std::string out;
             size_t last = 0;
-            for (const auto& [b, e] : step.pattern->matches(s))
+            for (const auto& [b, e] : nonempty_matches(*step.pattern, s))
               out += s.substr(last, b - last) + step.content, last = e;
             s = out + s.substr(last);
           } else {
@@ -399,9 +412,12 @@ struct Tokenizer::Impl {
       // The piece's characters, each its vocabulary id, else its bytes' <0xNN> tokens, else the
       // unknown token (runs of which fuse_unk fuses).
       std::vector<int32_t> syms;
+      bool after_unknown = false;  // fuse_unk fuses unknown characters, not a token whose id is unk's
       for (size_t i = 0; i < piece.size();) {
         const size_t n = std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
         auto v = vocab.find(piece.substr(i, n));
+        const bool was_after_unknown = after_unknown;
+        after_unknown = false;
         if (v != vocab.end()) {
           syms.push_back(v->second);
         } else if (byte_fallback && std::all_of(piece.begin() + static_cast<std::ptrdiff_t>(i),
@@ -409,7 +425,8 @@ struct Tokenizer::Impl {
                                                 [&](char c) { return byte_id[static_cast<unsigned char>(c)] >= 0; })) {
           for (size_t k = i; k < i + n; ++k) syms.push_back(byte_id[static_cast<unsigned char>(piece[k])]);
         } else if (unk >= 0) {
-          if (!(fuse_unk && !syms.empty() && syms.back() == unk)) syms.push_back(unk);
+          if (!(fuse_unk && was_after_unknown)) syms.push_back(unk);
+          after_unknown = true;
         } else {
           fail("the vocabulary cannot represent the character '" + piece.substr(i, n) +
                "' (no byte fallback and no unknown token)");
@@ -527,6 +544,9 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
   } catch (const json::exception& e) {
     m.fail(std::string("not valid JSON: ") + e.what());
   }
+  auto fail = [&](const std::string& what) { m.fail(what); };
+  // Every option as HF tokenizers reads it, or refused by name, before any is used.
+  check_tokenizer_json_shape(j, fail);
   // A model directory is read as transformers' AutoTokenizer reads it (tokenizer_config.json,
   // config.json); a tokenizer.json file as HF tokenizers' Tokenizer.from_file does.
   if (dir) {
@@ -535,27 +555,49 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     m.template_tokens = std::make_pair(std::move(r.bos_token), std::move(r.eos_token));
   } else {
     m.reading = "tokenizer.json as written (HF tokenizers' Tokenizer.from_file)";
+    // Tokenizer.from_file applies these to every encoding (cut at max_length, padded to a size):
+    // ptrain cuts and pads samples itself, so a file asking for them is refused, not half-read.
+    // transformers does not apply them, so a model directory is read without them (and says so).
+    for (const char* key : {"truncation", "padding"})
+      if (j.contains(key) && !j.at(key).is_null())
+        m.fail(std::string("its ") + key + " " + j.at(key).dump() +
+               " makes HF tokenizers cut or pad every text this file encodes, which ptrain does not do: set it to "
+               "null, or pass the model directory (transformers does not apply it either)");
   }
-  auto fail = [&](const std::string& what) { m.fail(what); };
   auto present = [](const json& o, const char* key) {
     return o.is_object() && o.contains(key) && !o.at(key).is_null();
   };
   // A Sequence's steps (or the one step), for normalizer / pre-tokenizer / decoder.
+  // (Sequences in a Sequence run in order, as HF runs them.)
+  std::function<void(const json&, const char*, std::vector<json>&)> flatten = [&](const json& node, const char* key,
+                                                                                  std::vector<json>& out) {
+    if (node.is_null()) return;
+    if (node.value("type", "") != "Sequence") return out.push_back(node);
+    for (const auto& s : node.at(key)) flatten(s, key, out);
+  };
   auto steps_of = [&](const json& node, const char* list_key) {
     std::vector<json> steps;
-    if (node.is_null()) return steps;
-    if (node.value("type", "") == "Sequence") {
-      for (const auto& s : node.at(list_key)) steps.push_back(s);
-    } else {
-      steps.push_back(node);
-    }
+    flatten(node, list_key, steps);
     return steps;
   };
   // A Replace / Split pattern: {"String": s} or {"Regex": r}.
+  // An empty one matches between every two characters, where HF and ptrain could split differently.
   auto pattern_of = [&](const json& p, std::string& text) -> std::shared_ptr<Regex> {
-    if (p.contains("Regex")) return std::make_shared<Regex>(p.at("Regex").get<std::string>(), fail);
-    text = p.at("String").get<std::string>();
+    const std::string value = p.begin()->get<std::string>();
+    if (value.empty()) m.fail("an empty pattern " + p.dump() + " is not supported");
+    if (p.contains("Regex")) return std::make_shared<Regex>(value, fail);
+    text = value;
     return nullptr;
+  };
+  // A Metaspace's prepend scheme: "always" where absent; files from before prepend_scheme say
+  // add_prefix_space, which HF reads only where it agrees with the scheme.
+  auto metaspace_scheme = [&](const json& step) {
+    const std::string scheme = step.value("prepend_scheme", std::string("always"));
+    if (scheme != "always" && scheme != "first" && scheme != "never")
+      m.fail("Metaspace prepend_scheme '" + scheme + "' is not one HF tokenizers reads (always, first, never)");
+    if (step.contains("add_prefix_space") && !step.at("add_prefix_space").get<bool>() && scheme != "never")
+      m.fail("Metaspace add_prefix_space false with prepend_scheme '" + scheme + "': HF tokenizers refuses the pair");
+    return scheme;
   };
   try {
     if (!j.is_object()) m.fail("not a tokenizer.json object");
@@ -610,18 +652,12 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
         if (step.value("use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Split, fail);
       } else if (t == "Metaspace") {
         s.kind = Impl::PreStep::metaspace;
-        s.replacement = step.value("replacement", std::string("\xE2\x96\x81"));
-        const std::string scheme =
-            step.value("prepend_scheme", step.value("add_prefix_space", true) ? "always" : "never");
-        if (scheme == "always")
-          s.prepend = Impl::PreStep::always;
-        else if (scheme == "first")
-          s.prepend = Impl::PreStep::first;
-        else if (scheme == "never")
-          s.prepend = Impl::PreStep::never;
-        else
-          m.fail("Metaspace prepend_scheme '" + scheme + "' is not supported");
-        s.split_words = step.value("split", true);
+        s.replacement = step.at("replacement").get<std::string>();
+        const std::string scheme = metaspace_scheme(step);
+        s.prepend = scheme == "always"  ? Impl::PreStep::always
+                    : scheme == "first" ? Impl::PreStep::first
+                                        : Impl::PreStep::never;
+        s.split_words = !step.contains("split") || step.at("split").is_null() || step.at("split").get<bool>();
       } else {
         m.fail("pre-tokenizer '" + t + "' is not supported (Split, ByteLevel, Metaspace, Sequence)");
       }
@@ -629,13 +665,17 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
       m.pre.push_back(std::move(s));
     }
 
-    m.ignore_merges = model.value("ignore_merges", false);
-    m.byte_fallback = model.value("byte_fallback", false);
-    m.fuse_unk = model.value("fuse_unk", false);
+    m.ignore_merges = present(model, "ignore_merges") && model.at("ignore_merges").get<bool>();
+    m.byte_fallback = present(model, "byte_fallback") && model.at("byte_fallback").get<bool>();
+    m.fuse_unk = present(model, "fuse_unk") && model.at("fuse_unk").get<bool>();
     for (const auto& [token, id] : model.at("vocab").items()) {
       const int32_t i = m.token_id(id, token);
       m.vocab[token] = i;
       if (static_cast<size_t>(i) >= m.token_of.size()) m.token_of.resize(static_cast<size_t>(i) + 1);
+      // Two tokens of one id: HF decodes the id as either, by its hash map's order.
+      if (!m.token_of[static_cast<size_t>(i)].empty())
+        m.fail("tokens '" + m.token_of[static_cast<size_t>(i)] + "' and '" + token + "' have the same id " +
+               std::to_string(i));
       m.token_of[static_cast<size_t>(i)] = token;
       m.max_id = std::max(m.max_id, i);
     }
@@ -679,9 +719,8 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
           s.kind = Impl::DecStep::byte_level;
         } else if (t == "Metaspace") {
           s.kind = Impl::DecStep::metaspace;
-          s.from = step.value("replacement", std::string("\xE2\x96\x81"));
-          s.prepend =
-              step.value("prepend_scheme", step.value("add_prefix_space", true) ? "always" : "never") != "never";
+          s.from = step.at("replacement").get<std::string>();
+          s.prepend = metaspace_scheme(step) != "never";
         } else if (t == "Replace") {
           s.kind = Impl::DecStep::replace;
           if (pattern_of(step.at("pattern"), s.from)) m.fail("a Replace decoder with a regex is not supported");
@@ -714,7 +753,8 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
                     a.value("normalized", !a.value("special", false))};
       if (t.content.empty()) m.fail("an added token is empty");
       t.normalized_content = t.normalized ? m.normalize(t.content) : t.content;
-      m.added_of[t.id] = t.content;
+      // HF decodes a normalized added token as its normalized content (what id_to_token gives).
+      m.added_of[t.id] = t.normalized_content;
       m.max_id = std::max(m.max_id, t.id);
       m.added.push_back(std::move(t));
     }
@@ -786,14 +826,19 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool text_start)
   // split again on the added tokens matched after normalization, and encoded.
   auto stretch = [&](const std::string& raw, bool at_start) {
     if (raw.empty()) return;
-    const std::string norm = m.normalize(raw);
-    size_t last = 0;
-    for (const auto& hit : m.find_added(norm, true)) {
-      m.encode_text(norm.substr(last, hit.begin - last), at_start && last == 0, out);
-      out.push_back(hit.token->id);
-      last = hit.end;
+    try {
+      const std::string norm = m.normalize(raw);
+      size_t last = 0;
+      for (const auto& hit : m.find_added(norm, true)) {
+        m.encode_text(norm.substr(last, hit.begin - last), at_start && last == 0, out);
+        out.push_back(hit.token->id);
+        last = hit.end;
+      }
+      m.encode_text(norm.substr(last), at_start && last == 0, out);
+    } catch (const RuntimeError& e) {  // a regex that failed or matched nothing: name the file too
+      if (std::string(e.what()).find(m.path) != std::string::npos) throw;
+      throw RuntimeError(std::string(e.what()) + " (" + m.path + ")");
     }
-    m.encode_text(norm.substr(last), at_start && last == 0, out);
   };
   size_t last = 0;
   for (const auto& hit : m.find_added(text, false)) {
