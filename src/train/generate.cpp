@@ -137,23 +137,38 @@ Completion complete(FsdpModel& model, const std::vector<int32_t>& prompt, const 
   return c;
 }
 
+namespace {
+// A JSON object from the model directory (generation_config.json, config.json), or refused naming
+// the file: a damaged one is never passed over for another's settings.
+json model_json(const fs::path& path) {
+  json j;
+  try {
+    j = json::parse(read_text_file(path.string()));
+  } catch (const json::exception& e) {
+    throw UnsupportedInput(path.string() + " is not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw UnsupportedInput(path.string() + " must hold a JSON object");
+  return j;
+}
+}  // namespace
+
 std::vector<int32_t> eos_ids(const Config& c, const Tokenizer* tok, const ChatFormat* format) {
   std::set<int32_t> ids;
-  const auto add = [&](const json& v) {
-    if (v.is_number_integer()) ids.insert(v.get<int32_t>());
-    if (v.is_array())
-      for (const auto& x : v)
-        if (x.is_number_integer()) ids.insert(x.get<int32_t>());
-  };
   if (!c.model.hf_path.empty()) {
+    // transformers' generate stops at generation_config.json's eos_token_id (one id or a list).
     for (const char* name : {"generation_config.json", "config.json"}) {
       const fs::path p = fs::path(c.model.hf_path) / name;
       if (!fs::is_regular_file(p)) continue;
-      const json j = json::parse(read_text_file(p.string()), nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
-        add(j["eos_token_id"]);
-        break;
+      const json j = model_json(p);
+      if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) continue;
+      const json& v = j["eos_token_id"];
+      for (const json& id : v.is_array() ? v : json::array({v})) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= c.model.shape.vocab_size)
+          throw UnsupportedInput(p.string() + ": eos_token_id " + v.dump() + " must be a token id in [0, " +
+                                 std::to_string(c.model.shape.vocab_size) + ") or a list of them");
+        ids.insert(id.get<int32_t>());
       }
+      break;
     }
   }
   if (tok) {
@@ -188,6 +203,23 @@ std::vector<ChatMessage> messages_of(const json& list) {
     out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
   }
   return out;
+}
+
+// A model directory's generation_config.json may ask for sampling settings that transformers
+// applies by default; ptrain decodes as its flags say, and says which settings it leaves.
+void warn_generation_settings_left(const Config& c, const SamplingOptions& o) {
+  if (c.model.hf_path.empty()) return;
+  const fs::path gc = fs::path(c.model.hf_path) / "generation_config.json";
+  if (!fs::is_regular_file(gc)) return;
+  const json j = model_json(gc);
+  std::string left;
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "eos_token_id" && it.key() != "bos_token_id" && it.key() != "pad_token_id" &&
+        it.key() != "transformers_version" && it.key() != "_from_model_config")
+      left += (left.empty() ? "" : ", ") + it.key() + " = " + it.value().dump();
+  if (!left.empty())
+    log::warn(gc.string(), " sets ", left, "; ptrain generate decodes as its own flags say (--temperature ",
+              o.temperature, ", --top-k ", o.top_k, ", --top-p ", o.top_p, ") and reads only its eos_token_id");
 }
 
 }  // namespace
@@ -248,21 +280,7 @@ int run_generate(const GenerateRequest& r) {
     load_checkpoint(r.checkpoint, *model, nullptr, progress);
     source = r.checkpoint + " (step " + std::to_string(progress.step) + ")";
   }
-  // A model directory's generation_config.json may ask for sampling settings that transformers
-  // applies by default; ptrain decodes as its flags say, and says which settings it leaves.
-  if (const fs::path gc = fs::path(c.model.hf_path) / "generation_config.json";
-      !c.model.hf_path.empty() && fs::is_regular_file(gc)) {
-    const json j = json::parse(read_text_file(gc.string()), nullptr, /*allow_exceptions=*/false);
-    std::string left;
-    if (j.is_object())
-      for (auto it = j.begin(); it != j.end(); ++it)
-        if (it.key() != "eos_token_id" && it.key() != "bos_token_id" && it.key() != "pad_token_id" &&
-            it.key() != "transformers_version" && it.key() != "_from_model_config")
-          left += (left.empty() ? "" : ", ") + it.key() + " = " + it.value().dump();
-    if (!left.empty())
-      log::warn(gc.string(), " sets ", left, "; ptrain generate decodes as its own flags say (--temperature ",
-                o.temperature, ", --top-k ", o.top_k, ", --top-p ", o.top_p, ") and reads only its eos_token_id");
-  }
+  warn_generation_settings_left(c, o);
   const std::vector<int32_t> eos = eos_ids(c, tok.get(), format ? &*format : nullptr);
   std::string eos_text;
   for (int32_t id : eos) eos_text += (eos_text.empty() ? "" : ", ") + std::to_string(id);

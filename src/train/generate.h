@@ -44,6 +44,8 @@ Completion complete(FsdpModel& model, const std::vector<int32_t>& prompt, const 
 
 // The ids generation stops at: the model directory's generation_config.json eos_token_id (else
 // config.json's), the tokenizer's end-of-document token and, with a chat format, its end of turn.
+// A file that is not a JSON object, or an eos_token_id that is not a token id of the model (or a
+// list of them), throws UnsupportedInput naming the file.
 std::vector<int32_t> eos_ids(const Config& config, const Tokenizer* tokenizer, const ChatFormat* format);
 
 struct GenerateRequest {
