@@ -218,6 +218,8 @@ constexpr const char* kFromStruct = "";
   }()
 
 const std::vector<Key>& keys() {
+  // One key a line, as written (clang-format 14 re-lays the whole table out as it grows).
+  // clang-format off
   static const std::vector<Key> kKeys = {
       PTRAIN_KEY("run", "name", run.name, kFromStruct, R"(run name; the output directory defaults to `runs/<name>`)"),
       PTRAIN_KEY("run", "output_dir", run.output_dir, R"(`runs/<name>`)",
@@ -270,6 +272,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "data", "fields", data.fields, kFromStruct,
           R"(jsonl/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, prompt, completion)"),
+      PTRAIN_KEY(
+          "data", "ignore_fields", data.ignore_fields, kFromStruct,
+          R"(jsonl/parquet: fields of a record or of its turns (Parquet: columns) to leave out knowingly, as the data names them (e.g. `["id", "source"]`); any other field a record kind does not read is refused by name)"),
       PTRAIN_KEY(
           "data", "on_bad_record", data.on_bad_record, kFromStruct,
           R"(jsonl/parquet: a malformed record stops with its `FILE:LINE` and field (`error`), or is left out, counted and reported with the first one's location (`skip`))"),
@@ -405,6 +410,7 @@ const std::vector<Key>& keys() {
           "quant", "double_quant", quant.double_quant, kFromStruct,
           R"(quantize the NF4 absmax scales too; with a bitsandbytes NF4 checkpoint it must equal its `bnb_4bit_use_double_quant`)"),
   };
+  // clang-format on
   return kKeys;
 }
 #undef PTRAIN_KEY

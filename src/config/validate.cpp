@@ -233,6 +233,19 @@ const std::vector<Rule>& rules() {
                     ? "applies to data.format = \"jsonl\" or \"parquet\" only"
                     : "";
        }},
+      {"data.ignore_fields",
+       [](const Config& c, const Environment&) -> std::string {
+         for (const auto& f : c.data.ignore_fields) {
+           if (f.empty()) return "a field name is empty";
+           for (const auto& renamed : c.data.fields)
+             if (renamed.substr(renamed.find('=') + 1) == f)
+               return "'" + f + "' is also renamed by data.fields ('" + renamed +
+                      "'): read it or leave it out, not both";
+         }
+         return !c.data.ignore_fields.empty() && !holds_records(c.data.format)
+                    ? "applies to data.format = \"jsonl\" or \"parquet\" only"
+                    : "";
+       }},
       {"data.packing",
        [](const Config& c, const Environment&) -> std::string {
          return c.data.packing && !holds_records(c.data.format)

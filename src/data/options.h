@@ -21,8 +21,9 @@ enum class BadRecord { error, skip };
 struct DataOptions {
   std::string path;  // text file (byte-level tokens), .bin token file or .jsonl records
   DataFormat format = DataFormat::text;
-  std::string tokenizer;                       // jsonl: tokenizer.json or its directory (default: model.hf_path)
-  std::vector<std::string> fields;             // jsonl/parquet: "canonical=theirs" field names ("output=answer")
+  std::string tokenizer;                   // jsonl: tokenizer.json or its directory (default: model.hf_path)
+  std::vector<std::string> fields;         // jsonl/parquet: "canonical=theirs" field names ("output=answer")
+  std::vector<std::string> ignore_fields;  // jsonl/parquet: fields (columns) left out knowingly, as the data names them
   BadRecord on_bad_record = BadRecord::error;  // jsonl/parquet: stop at a malformed record, or skip and count it
   ChatTemplate chat_template = ChatTemplate::automatic;  // jsonl chats: the template (auto: the tokenizer directory's)
   bool packing = false;                                  // jsonl: several samples per row

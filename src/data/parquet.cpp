@@ -1,5 +1,7 @@
 #include "data/parquet.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 #ifdef PTRAIN_PARQUET
@@ -81,7 +83,8 @@ json value_of(const arrow::Array& a, int64_t i, const std::string& column) {
     }
     default:
       throw RuntimeError("column '" + column + "' holds " + a.type()->ToString() +
-                         " values, which have no JSON equivalent (text, numbers, lists and structs do)");
+                         " values, which have no JSON equivalent (text, numbers, lists and structs do); list it in "
+                         "data.ignore_fields to leave it out");
   }
 }
 
@@ -124,7 +127,7 @@ void check_row_counts(const parquet::FileMetaData& meta, const std::string& path
 
 bool parquet_supported() { return true; }
 
-void parquet_records(const std::string& path, const ParquetBlock& block) {
+void parquet_records(const std::string& path, const ParquetBlock& block, const std::vector<std::string>& skip) {
   auto file = ok(arrow::io::ReadableFile::Open(path), path);
   auto reader = ok(parquet::arrow::OpenFile(file, arrow::default_memory_pool()), path);
   check_row_counts(*reader->parquet_reader()->metadata(), path);
@@ -135,6 +138,7 @@ void parquet_records(const std::string& path, const ParquetBlock& block) {
     std::vector<json> rows(static_cast<size_t>(table->num_rows()), json::object());
     for (int c = 0; c < table->num_columns(); ++c) {
       const std::string name = table->schema()->field(c)->name();
+      if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
       int64_t row = 0;
       for (const auto& chunk : table->column(c)->chunks())
         for (int64_t i = 0; i < chunk->length(); ++i, ++row) {
@@ -160,7 +164,7 @@ void parquet_records(const std::string& path, const ParquetBlock& block) {
 
 bool parquet_supported() { return false; }
 
-void parquet_records(const std::string& path, const ParquetBlock&) {
+void parquet_records(const std::string& path, const ParquetBlock&, const std::vector<std::string>&) {
   throw RuntimeError("'" + path +
                      "': this ptrain was built without Parquet support (no pyarrow in the build's venv); run "
                      "launch/setup.sh, which installs it, and rebuild");

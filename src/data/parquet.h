@@ -18,8 +18,8 @@ bool parquet_supported();
 // Every row of `path` as a JSON object text, in file order, one row group at a time (only that
 // group's rows are held): block(records, rows before them, rows in the file). Throws
 // RuntimeError naming the file (and the row and column) for an unreadable file or a column type
-// with no JSON equivalent (binary, dates, maps, ...).
+// with no JSON equivalent (binary, dates, maps, ...). Columns named in `skip` are not read.
 using ParquetBlock = std::function<void(std::vector<std::string>&& records, int64_t first_row, int64_t total_rows)>;
-void parquet_records(const std::string& path, const ParquetBlock& block);
+void parquet_records(const std::string& path, const ParquetBlock& block, const std::vector<std::string>& skip = {});
 
 }  // namespace ptrain

@@ -111,7 +111,8 @@ json key_parts(const std::string& data_path, bool parquet, const Tokenizer& tok,
       {"drop_too_long", o.drop_too_long},
       {"train_on_prompt", o.train_on_prompt},
       {"skip_bad_records", o.skip_bad_records},
-      {"fields", fields}};
+      {"fields", fields},
+      {"ignore_fields", o.ignore_fields}};
 }
 
 json stats_json(const SampleStats& s) {

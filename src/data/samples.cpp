@@ -28,14 +28,37 @@ const std::string& string_field(const json& j, const char* key) {
   return v.get_ref<const std::string&>();
 }
 
+// What a record kind reads is all it holds: any other field — a turn's "weight" or
+// "tool_calls", Qwen3's "reasoning_content", a "system" beside ShareGPT turns, a second record
+// kind, an "id" — would be left out of the sample without a word, so it is refused by name
+// (data.ignore_fields leaves fields out knowingly: they are gone before this is asked).
+void only_fields(const json& o, std::initializer_list<const char*> read, const std::string& what) {
+  for (auto it = o.begin(); it != o.end(); ++it) {
+    bool known = false;
+    for (const char* r : read) known = known || it.key() == r;
+    if (known) continue;
+    std::string reads;
+    for (const char* r : read) reads += std::string(reads.empty() ? "" : ", ") + "\"" + r + "\"";
+    const std::string hint =
+        it.key() == "reasoning_content"
+            ? " (Qwen3's template renders it as <think>...</think> before the reply: write it into the content so)"
+        : it.key() == "system" ? " (put it in the chat as its first turn, with the role \"system\")"
+                               : "";
+    throw RuntimeError(what + " holds \"" + it.key() + "\", which ptrain does not read (it reads " + reads + ")" +
+                       hint + ": remove it, or list it in data.ignore_fields to leave it out knowingly");
+  }
+}
+
 std::vector<ChatMessage> messages_of(const json& j) {
   const json& list = j.at("messages");
   if (!list.is_array() || list.empty())
     throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
+  only_fields(j, {"messages"}, "a \"messages\" record");
   std::vector<ChatMessage> out;
   for (const json& m : list) {
     if (!m.is_object() || !m.contains("role") || !m.contains("content"))
       throw RuntimeError("each message needs \"role\" and \"content\"");
+    only_fields(m, {"role", "content"}, "message " + std::to_string(out.size() + 1));
     out.push_back({string_field(m, "role"), string_field(m, "content")});
   }
   return out;
@@ -46,10 +69,12 @@ std::vector<ChatMessage> sharegpt_of(const json& j) {
   const json& list = j.at("conversations");
   if (!list.is_array() || list.empty())
     throw RuntimeError("\"conversations\" must be a non-empty array of {\"from\", \"value\"}");
+  only_fields(j, {"conversations"}, "a \"conversations\" record");
   std::vector<ChatMessage> out;
   for (const json& m : list) {
     if (!m.is_object() || !m.contains("from") || !m.contains("value"))
       throw RuntimeError("each turn of \"conversations\" needs \"from\" and \"value\"");
+    only_fields(m, {"from", "value"}, "turn " + std::to_string(out.size() + 1));
     std::string role = string_field(m, "from");
     if (role == "human") role = "user";
     if (role == "gpt") role = "assistant";
@@ -62,6 +87,7 @@ std::vector<ChatMessage> sharegpt_of(const json& j) {
 std::vector<ChatMessage> alpaca_of(const json& j) {
   if (!j.contains("output"))
     throw RuntimeError("an Alpaca record needs \"instruction\" and \"output\" (\"input\" is optional)");
+  only_fields(j, {"instruction", "input", "output", "system"}, "an Alpaca record");
   std::vector<ChatMessage> out;
   if (j.contains("system") && !string_field(j, "system").empty()) out.push_back({"system", string_field(j, "system")});
   std::string user = string_field(j, "instruction");
@@ -81,6 +107,17 @@ const std::vector<std::string>& record_fields() {
 }
 
 namespace {
+// Leaves out the fields data.ignore_fields names, in the record and in its turns.
+void drop_ignored(json& j, const std::vector<std::string>& ignored) {
+  if (ignored.empty() || !j.is_object()) return;
+  for (const auto& f : ignored) j.erase(f);
+  for (auto& [key, list] : j.items())
+    if (list.is_array())
+      for (auto& turn : list)
+        if (turn.is_object())
+          for (const auto& f : ignored) turn.erase(f);
+}
+
 // Renames a dataset's own field names to the canonical ones, in the record and in its turns.
 void canonical_names(json& j, const FieldNames& fields) {
   if (fields.empty() || !j.is_object()) return;
@@ -99,7 +136,7 @@ void canonical_names(json& j, const FieldNames& fields) {
 }  // namespace
 
 Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
-                     SampleStats& stats, const FieldNames& fields) {
+                     SampleStats& stats, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
   json j;
   try {
     j = json::parse(line);
@@ -107,6 +144,7 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
     throw RuntimeError(std::string("not valid JSON (") + e.what() + ")");
   }
   if (!j.is_object()) throw RuntimeError("a record must be a JSON object");
+  drop_ignored(j, ignore_fields);
   canonical_names(j, fields);
   const auto chat = [&](const std::vector<ChatMessage>& messages) {
     Sample s = render_chat(tok, format, messages, train_on_prompt);
@@ -119,12 +157,14 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
   if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion"))
       throw RuntimeError("a prompt/completion record needs both \"prompt\" and \"completion\"");
+    only_fields(j, {"prompt", "completion"}, "a prompt/completion record");
     Sample s = render_document(tok, format, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}},
                                train_on_prompt);
     ++stats.prompt_completion;
     return s;
   }
   if (j.contains("text")) {
+    only_fields(j, {"text"}, "a \"text\" record");
     Sample s = render_document(tok, format, {{string_field(j, "text"), true}}, true);
     ++stats.text;
     return s;
@@ -147,7 +187,7 @@ void render_range(const std::string& path, const std::string& separator, const s
     ++out.stats.records;
     Sample s;
     try {
-      s = render_record(tok, format, records[r], o.train_on_prompt, out.stats, o.fields);
+      s = render_record(tok, format, records[r], o.train_on_prompt, out.stats, o.fields, o.ignore_fields);
     } catch (const std::exception& e) {
       const std::string why = path + separator + std::to_string(where[r]) + ": " + e.what();
       if (!o.skip_bad_records) {
@@ -351,13 +391,16 @@ SampleStats render_samples(const std::string& path, bool parquet, const Tokenize
   SampleStats stats;
   int64_t total = 0;
   if (parquet) {
-    parquet_records(path, [&](std::vector<std::string>&& records, int64_t first, int64_t rows) {
-      std::vector<int64_t> where(records.size());
-      std::iota(where.begin(), where.end(), first + 1);
-      render_block(path, ": row ", records, where, tok, format, o, stats, out);
-      total = rows;
-      if (progress) progress(first + static_cast<int64_t>(records.size()), rows, out.ids());
-    });
+    parquet_records(
+        path,
+        [&](std::vector<std::string>&& records, int64_t first, int64_t rows) {
+          std::vector<int64_t> where(records.size());
+          std::iota(where.begin(), where.end(), first + 1);
+          render_block(path, ": row ", records, where, tok, format, o, stats, out);
+          total = rows;
+          if (progress) progress(first + static_cast<int64_t>(records.size()), rows, out.ids());
+        },
+        o.ignore_fields);
   } else {
     jsonl_blocks(path, static_cast<size_t>(std::max<int64_t>(1, o.block_bytes)),
                  [&](std::vector<std::string>&& records, std::vector<int64_t>&& lines, int64_t done, int64_t bytes) {

@@ -39,6 +39,7 @@ struct SampleOptions {
   bool train_on_prompt = false;
   bool skip_bad_records = false;  // data.on_bad_record = "skip": count and report them instead of stopping
   FieldNames fields;
+  std::vector<std::string> ignore_fields;  // data.ignore_fields: left out of records and turns, as the data names them
   int threads = 1;  // records rendered by this many threads at once (the result does not depend on it)
   int64_t block_bytes = int64_t{16} << 20;  // a JSONL file is read this many bytes of whole lines at a time
 };
@@ -100,8 +101,11 @@ class SampleSet {
   uint64_t content_hash_ = 0;
 };
 
-// One JSONL record as a sample (before truncation). Throws RuntimeError (without location).
+// One JSONL record as a sample (before truncation). Throws RuntimeError (without location), also
+// for a field of the record or of a turn that its kind does not read (a turn's "weight", a
+// "system" beside ShareGPT turns, an "id"): refused by name unless `ignore_fields` names it.
 Sample render_record(const Tokenizer& tokenizer, const ChatFormat& format, const std::string& json_line,
-                     bool train_on_prompt, SampleStats& stats, const FieldNames& fields = {});
+                     bool train_on_prompt, SampleStats& stats, const FieldNames& fields = {},
+                     const std::vector<std::string>& ignore_fields = {});
 
 }  // namespace ptrain

@@ -234,6 +234,7 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   o.train_on_prompt = c.data.train_on_prompt;
   o.skip_bad_records = c.data.on_bad_record == BadRecord::skip;
   for (const auto& f : c.data.fields) o.fields.emplace_back(f.substr(0, f.find('=')), f.substr(f.find('=') + 1));
+  o.ignore_fields = c.data.ignore_fields;
   o.threads = usable_cpus();
   std::string how;
   const std::shared_ptr<const SampleSet> set = load_samples(c, tok, format, o, comm, device, how);

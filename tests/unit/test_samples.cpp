@@ -181,9 +181,11 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
   const SampleSet want = load(test::fixture("parquet/records.jsonl"));
   ASSERT_EQ(want.size(), 8);
   int64_t at = 0;
+  SampleOptions no_id;  // text.parquet has an "id" column beside "text": left out knowingly
+  no_id.ignore_fields = {"id"};
   for (const auto& [name, rows] : std::vector<std::pair<std::string, int64_t>>{
            {"messages.parquet", 3}, {"alpaca.parquet", 3}, {"text.parquet", 2}}) {
-    const SampleSet got = SampleSet::from_parquet(test::fixture("parquet/" + name), tok(), format(), {});
+    const SampleSet got = SampleSet::from_parquet(test::fixture("parquet/" + name), tok(), format(), no_id);
     ASSERT_EQ(got.size(), rows) << name;
     for (int64_t i = 0; i < rows; ++i) {
       EXPECT_EQ(ids_of(got, i), ids_of(want, at + i)) << name << " row " << i + 1;
@@ -206,6 +208,15 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
     ADD_FAILURE() << "a binary column was accepted";
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("row 1: column 'blob' holds binary values"), std::string::npos) << e.what();
+  }
+  try {  // a column no record kind reads, not left out
+    SampleSet::from_parquet(test::fixture("parquet/text.parquet"), tok(), format(), {});
+    ADD_FAILURE() << "the id column was passed over";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("text.parquet: row 1: a \"text\" record holds \"id\", which ptrain does not "
+                                         "read (it reads \"text\")"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(SampleSet::from_parquet(test::fixture("parquet/records.jsonl"), tok(), format(), {}), RuntimeError);
   // A footer claiming more rows than the file holds (found by fuzz_parquet: Arrow sized its arrays
@@ -253,6 +264,54 @@ TEST(Samples, OwnFieldNamesAndSkippedBadRecords) {
   EXPECT_EQ(kept.stats.text, 2);
   EXPECT_NE(kept.stats.first_bad.find("bad.jsonl:2: \"text\" must be a string"), std::string::npos)
       << kept.stats.first_bad;
+}
+
+// A field a record kind does not read — of the record or of a turn — is refused naming it, the
+// record's line and the fix, never left out of the sample silently: a turn's weight, Qwen3's
+// reasoning_content, a system prompt beside ShareGPT turns, a second record kind, metadata.
+// data.ignore_fields leaves fields out knowingly (the sample is then the record without them).
+TEST(Samples, FieldsNoRecordKindReadsAreRefusedOrLeftOutKnowingly) {
+  test::TempDir dir;
+  const std::string user = R"({"role": "user", "content": "Say hi."})";
+  const std::string reply = R"({"role": "assistant", "content": "hi"})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "hi", "weight": 0}]})",
+       "message 2 holds \"weight\", which ptrain does not read (it reads \"role\", \"content\")"},
+      {R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "hi", "reasoning_content": "r"}]})",
+       "message 2 holds \"reasoning_content\", which ptrain does not read (it reads \"role\", \"content\") (Qwen3's "
+       "template renders it as <think>"},
+      {R"({"messages": [)" + user + "," + reply + R"(], "text": "rendered"})", "a \"messages\" record holds \"text\""},
+      {R"({"system": "Be brief.", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "hi"}]})",
+       "a \"conversations\" record holds \"system\", which ptrain does not read (it reads \"conversations\") (put it "
+       "in the chat as its first turn"},
+      {R"({"conversations": [{"from": "human", "value": "Say hi.", "lang": "en"}, {"from": "gpt", "value": "hi"}]})",
+       "turn 1 holds \"lang\""},
+      {R"({"instruction": "Say hi.", "output": "hi", "history": [["a", "b"]]})", "an Alpaca record holds \"history\""},
+      {R"({"prompt": "Say", "completion": " hi", "chosen": "x"})", "a prompt/completion record holds \"chosen\""},
+      {R"({"text": "hello", "id": 7})", "a \"text\" record holds \"id\""},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = dir / ("c" + std::to_string(i) + ".jsonl");
+    test::write_text(path, "{\"text\": \"first\"}\n" + cases[i].first + "\n");
+    try {
+      load(path);
+      ADD_FAILURE() << "read: " << cases[i].first;
+    } catch (const RuntimeError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(path + ":2: " + cases[i].second), std::string::npos) << what;
+      EXPECT_NE(what.find("list it in data.ignore_fields"), std::string::npos) << what;
+    }
+  }
+  // Left out knowingly: the same samples as the records without them.
+  test::write_text(dir / "meta.jsonl", R"({"id": 1, "messages": [)" + user +
+                                           R"(, {"role": "assistant", "content": "hi", "weight": 1}], "source": "s"})"
+                                           "\n");
+  test::write_text(dir / "plain.jsonl", R"({"messages": [)" + user + "," + reply + "]}\n");
+  SampleOptions ignore;
+  ignore.ignore_fields = {"id", "weight", "source"};
+  const SampleSet meta = SampleSet::from_jsonl(dir / "meta.jsonl", tok(), format(), ignore);
+  EXPECT_EQ(ids_of(meta, 0), ids_of(load(dir / "plain.jsonl"), 0));
+  EXPECT_EQ(trained_of(meta, 0), trained_of(load(dir / "plain.jsonl"), 0));
 }
 
 TEST(Samples, LongSamplesAreTruncatedOrDroppedAndCounted) {
