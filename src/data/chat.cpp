@@ -603,6 +603,12 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
     throw RuntimeError("unknown role '" + m.role + "' in a chat message (" +
                        chat_template_names()[static_cast<size_t>(f.kind)] + " takes " + names + ")");
   };
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (messages[i].reasoning && (f.kind != ChatTemplate::qwen3 || messages[i].role != "assistant"))
+      throw RuntimeError("message " + std::to_string(i + 1) + " holds reasoning_content, which only Qwen3's template " +
+                         "renders, and only in a reply (these chats render as " +
+                         chat_template_names()[static_cast<size_t>(f.kind)] +
+                         "): write it into the content, or list it in data.ignore_fields to leave it out knowingly");
   switch (f.kind) {
     case ChatTemplate::llama3:
     case ChatTemplate::llama3_1:
@@ -686,7 +692,9 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
         }
         std::string content = m.content, reasoning;
         const size_t close = content.find("</think>");
-        if (close != std::string::npos) {  // Python's split('</think>')[0] / [-1]
+        if (m.reasoning) {  // given apart: the content stays whole
+          reasoning = *m.reasoning;
+        } else if (close != std::string::npos) {  // Python's split('</think>')[0] / [-1]
           std::string before = strip_nl(content.substr(0, close), false, true);
           const size_t open = before.rfind("<think>");
           reasoning = strip_nl(open == std::string::npos ? before : before.substr(open + 7), true, false);

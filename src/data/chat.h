@@ -24,6 +24,7 @@
 // train_on_prompt.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,9 @@ class Tokenizer;
 struct ChatMessage {
   std::string role;  // system, user, assistant (llama3 also ipython)
   std::string content;
+  // A reply's reasoning given apart ("reasoning_content"): Qwen3's template renders it as the
+  // reply's <think> block instead of splitting the content; every other template is refused it.
+  std::optional<std::string> reasoning = std::nullopt;
 };
 
 struct Sample {

@@ -40,29 +40,34 @@ void only_fields(const json& o, std::initializer_list<const char*> read, const s
     std::string reads;
     for (const char* r : read) reads += std::string(reads.empty() ? "" : ", ") + "\"" + r + "\"";
     const std::string hint =
-        it.key() == "reasoning_content"
-            ? " (Qwen3's template renders it as <think>...</think> before the reply: write it into the content so)"
-        : it.key() == "system" ? " (put it in the chat as its first turn, with the role \"system\")"
-                               : "";
+        it.key() == "system" ? " (put it in the chat as its first turn, with the role \"system\")" : "";
     throw RuntimeError(what + " holds \"" + it.key() + "\", which ptrain does not read (it reads " + reads + ")" +
                        hint + ": remove it, or list it in data.ignore_fields to leave it out knowingly");
   }
 }
 
 std::vector<ChatMessage> messages_of(const json& j) {
-  const json& list = j.at("messages");
+  only_fields(j, {"messages"}, "a \"messages\" record");
+  return chat_turns(j.at("messages"));
+}
+
+}  // namespace
+
+std::vector<ChatMessage> chat_turns(const json& list) {
   if (!list.is_array() || list.empty())
     throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
-  only_fields(j, {"messages"}, "a \"messages\" record");
   std::vector<ChatMessage> out;
   for (const json& m : list) {
     if (!m.is_object() || !m.contains("role") || !m.contains("content"))
       throw RuntimeError("each message needs \"role\" and \"content\"");
-    only_fields(m, {"role", "content"}, "message " + std::to_string(out.size() + 1));
-    out.push_back({string_field(m, "role"), string_field(m, "content")});
+    only_fields(m, {"role", "content", "reasoning_content"}, "message " + std::to_string(out.size() + 1));
+    out.push_back({string_field(m, "role"), string_field(m, "content"), std::nullopt});
+    if (m.contains("reasoning_content")) out.back().reasoning = string_field(m, "reasoning_content");
   }
   return out;
 }
+
+namespace {
 
 // ShareGPT's {"from", "value"} turns; "human" / "gpt" are user / assistant.
 std::vector<ChatMessage> sharegpt_of(const json& j) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ class Tokenizer;
 // conversations, from, value, instruction, input, output, system, prompt, completion.
 using FieldNames = std::vector<std::pair<std::string, std::string>>;
 const std::vector<std::string>& record_fields();
+
+// A "messages" list as chat turns: each {"role", "content"} (and a reply's "reasoning_content"),
+// strings; any other field of a turn is refused by name (RuntimeError, without location).
+std::vector<ChatMessage> chat_turns(const nlohmann::json& messages);
 
 struct SampleOptions {
   int64_t max_ids = 0;  // seq_len + 1: the ids one row holds (its seq_len predictions)

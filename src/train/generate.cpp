@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "config/config.h"
 #include "data/chat.h"
+#include "data/samples.h"
 #include "data/tokenizer.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
@@ -192,19 +193,6 @@ void report(const Completion& c) {
             log::bytes(static_cast<double>(c.cache_bytes)), " | finished: ", c.finish);
 }
 
-std::vector<ChatMessage> messages_of(const json& list) {
-  if (!list.is_array() || list.empty())
-    throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
-  std::vector<ChatMessage> out;
-  for (const auto& m : list) {
-    if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-        !m["content"].is_string())
-      throw RuntimeError("each message needs \"role\" and \"content\" strings");
-    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-  }
-  return out;
-}
-
 // A model directory's generation_config.json may ask for sampling settings that transformers
 // applies by default; ptrain decodes as its flags say, and says which settings it leaves.
 void warn_generation_settings_left(const Config& c, const SamplingOptions& o) {
@@ -314,7 +302,7 @@ int run_generate(const GenerateRequest& r) {
             prompt.push_back(v.get<int32_t>());
           }
         } else if (record.contains("messages")) {
-          std::vector<ChatMessage> messages = messages_of(record["messages"]);
+          std::vector<ChatMessage> messages = chat_turns(record["messages"]);
           if (!r.system.empty() && messages.front().role != "system")
             messages.insert(messages.begin(), {"system", r.system});
           prompt = render_prompt(tokenizer(), chat_format_of(), messages);

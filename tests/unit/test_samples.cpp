@@ -267,8 +267,9 @@ TEST(Samples, OwnFieldNamesAndSkippedBadRecords) {
 }
 
 // A field a record kind does not read — of the record or of a turn — is refused naming it, the
-// record's line and the fix, never left out of the sample silently: a turn's weight, Qwen3's
-// reasoning_content, a system prompt beside ShareGPT turns, a second record kind, metadata.
+// record's line and the fix, never left out of the sample silently: a turn's weight, a reply's
+// reasoning_content under a template that does not render it (Qwen3's does), a system prompt
+// beside ShareGPT turns, a second record kind, metadata.
 // data.ignore_fields leaves fields out knowingly (the sample is then the record without them).
 TEST(Samples, FieldsNoRecordKindReadsAreRefusedOrLeftOutKnowingly) {
   test::TempDir dir;
@@ -276,10 +277,11 @@ TEST(Samples, FieldsNoRecordKindReadsAreRefusedOrLeftOutKnowingly) {
   const std::string reply = R"({"role": "assistant", "content": "hi"})";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "hi", "weight": 0}]})",
-       "message 2 holds \"weight\", which ptrain does not read (it reads \"role\", \"content\")"},
+       "message 2 holds \"weight\", which ptrain does not read (it reads \"role\", \"content\", "
+       "\"reasoning_content\")"},
       {R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "hi", "reasoning_content": "r"}]})",
-       "message 2 holds \"reasoning_content\", which ptrain does not read (it reads \"role\", \"content\") (Qwen3's "
-       "template renders it as <think>"},
+       "message 2 holds reasoning_content, which only Qwen3's template renders, and only in a reply (these "
+       "chats render as llama3)"},
       {R"({"messages": [)" + user + "," + reply + R"(], "text": "rendered"})", "a \"messages\" record holds \"text\""},
       {R"({"system": "Be brief.", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "hi"}]})",
        "a \"conversations\" record holds \"system\", which ptrain does not read (it reads \"conversations\") (put it "

@@ -482,7 +482,10 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
     int64_t trained = 0, tokens = 0;
     for (size_t c = 0; c < e.at("chats").size(); ++c) {
       std::vector<ChatMessage> messages;
-      for (const auto& m : e.at("chats")[c]) messages.push_back({m.at("role"), m.at("content")});
+      for (const auto& m : e.at("chats")[c]) {
+        messages.push_back({m.at("role"), m.at("content")});
+        if (m.contains("reasoning_content")) messages.back().reasoning = m.at("reasoning_content").get<std::string>();
+      }
       const Sample s = render_chat(tok, format, messages, false);
       EXPECT_EQ(s.ids, e.at("ids")[c].get<std::vector<int32_t>>()) << name << " chat " << c;
       const auto labels = e.at("labels")[c].get<std::vector<int64_t>>();
