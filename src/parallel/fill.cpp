@@ -5,6 +5,7 @@
 #include <ATen/core/Generator.h>
 
 #include <cmath>
+#include <set>
 
 #include "common/error.h"
 #include "common/hash.h"
@@ -158,23 +159,25 @@ void load_weights(FsdpModel& model, const TensorByName& tensor, const Nf4ByName&
 
 void load_adapters(FsdpModel& model, const std::map<std::string, at::Tensor>& tensors) {
   at::NoGradGuard no_grad;
-  size_t used = 0;
+  std::set<std::string> used;
   for (auto& u : model.adapter_units()) {
     u.shard.detach().zero_();
     for (const auto& slot : u.layout.slots) {
       auto it = tensors.find(slot.name);
       if (it == tensors.end())
         throw RuntimeError("the adapter has no tensor '" + slot.name + "'; its targets differ from lora.targets");
-      ++used;
+      used.insert(slot.name);
       if (it->second.sizes().vec() != slot.shape)
         throw RuntimeError("adapter tensor '" + slot.name + "' has shape " + c10::str(it->second.sizes()) +
                            ", lora.rank and the model give " + c10::str(c10::IntArrayRef(slot.shape)));
       copy_rank_slice(u, slot, it->second);
     }
   }
-  if (used != tensors.size())
-    throw RuntimeError("the adapter holds " + std::to_string(tensors.size() - used) +
-                       " tensor(s) for projections lora.targets does not list");
+  for (const auto& [name, t] : tensors)
+    if (!used.count(name))
+      throw RuntimeError("the adapter holds " + std::to_string(tensors.size() - used.size()) +
+                         " tensor(s) ptrain would not use, e.g. '" + name +
+                         "' (a projection lora.targets does not list, or a kind of tensor ptrain does not train)");
 }
 
 }  // namespace ptrain

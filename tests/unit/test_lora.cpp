@@ -348,6 +348,28 @@ TEST(Peft, AdaptersPeftSavesLoadAsPeftReadsThemOrAreRefusedByName) {
     EXPECT_LE(diff, 1e-4) << name;
     std::cout << name << ": max |logits - PEFT's| = " << diff << "\n";
   }
+  {  // a tensor of a kind ptrain does not train (DoRA's magnitude) beside the LoRA pairs: named
+    namespace fs = std::filesystem;
+    const fs::path extra = dir.path / "extra_tensor";
+    fs::create_directories(extra);
+    fs::copy_file(test::fixture("peft_variants/null_base/adapter_config.json"), extra / "adapter_config.json");
+    SafetensorsFile src(test::fixture("peft_variants/null_base/adapter_model.safetensors"));
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const auto& e : src.entries()) named.emplace_back(e.name, src.tensor(e.name));
+    named.emplace_back("base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", at::ones({64}));
+    write_safetensors((extra / "adapter_model.safetensors").string(), named, {});
+    Config c = load(dir / "peft.toml", {"lora.adapter_path=\"" + extra.string() + "\"",
+                                        "lora.targets=[\"q\", \"v\", \"down\"]", "lora.rslora=false"});
+    try {
+      build_model(c, at::kCPU, test::local_comm());
+      ADD_FAILURE() << "an adapter with a DoRA magnitude tensor loaded";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("ptrain would not use, e.g. "
+                                           "'model.layers.0.self_attn.q_proj.lora_magnitude_vector'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   for (const auto& [name, key] :
        std::vector<std::pair<std::string, std::string>>{{"rank_pattern", "\"rank_pattern\""},
                                                         {"layers_to_transform", "\"layers_to_transform\""},
