@@ -135,6 +135,11 @@ void parquet_records(const std::string& path, const ParquetBlock& block, const s
   int64_t first = 0;  // rows before this group
   for (int g = 0; g < reader->num_row_groups(); ++g) {
     const std::shared_ptr<arrow::Table> table = ok(reader->ReadRowGroup(g), path);
+    // What Arrow decoded from a damaged file may hold dictionary indices out of range (found by
+    // fuzz_parquet: a string read from outside its buffer), offsets past the data, invalid UTF-8:
+    // every buffer is checked before a value is read.
+    if (const arrow::Status valid = table->ValidateFull(); !valid.ok())
+      throw RuntimeError(path + ": row group " + std::to_string(g + 1) + " is damaged: " + valid.ToString());
     std::vector<json> rows(static_cast<size_t>(table->num_rows()), json::object());
     for (int c = 0; c < table->num_columns(); ++c) {
       const std::string name = table->schema()->field(c)->name();

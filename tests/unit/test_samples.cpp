@@ -230,6 +230,18 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
               std::string::npos)
         << e.what();
   }
+  // A dictionary index beyond the dictionary (found by fuzz_parquet: Arrow decoded it and a
+  // string was read from outside its buffer): every buffer is validated before a value is read.
+  try {
+    parquet_records(test::source_dir() + "/fuzz/regressions/parquet/dictionary_index_out_of_range",
+                    [](std::vector<std::string>&&, int64_t, int64_t) {});
+    ADD_FAILURE() << "a dictionary index out of range was read";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "row group 1 is damaged: Invalid: Column 0: In chunk 0: Invalid: Dictionary indices invalid"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // data.fields maps a dataset's own names onto the record fields (in the record and in each turn);
