@@ -271,7 +271,7 @@ const std::vector<Key>& keys() {
                  R"(jsonl: `tokenizer.json`, or the HF model directory holding it)"),
       PTRAIN_KEY(
           "data", "fields", data.fields, kFromStruct,
-          R"(jsonl/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, prompt, completion)"),
+          R"(jsonl/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, history, prompt, completion)"),
       PTRAIN_KEY(
           "data", "ignore_fields", data.ignore_fields, kFromStruct,
           R"(jsonl/parquet: fields of a record or of its turns (Parquet: columns) to leave out knowingly, as the data names them (e.g. `["id", "source"]`); any other field a record kind does not read is refused by name)"),

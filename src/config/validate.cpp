@@ -227,7 +227,7 @@ const std::vector<Rule>& rules() {
            if (std::find(known.begin(), known.end(), canonical) == known.end())
              return "'" + canonical +
                     "' is not a record field (text, messages, role, content, conversations, from, value, "
-                    "instruction, input, output, system, prompt, completion)";
+                    "instruction, input, output, system, history, prompt, completion)";
          }
          return !c.data.fields.empty() && !holds_records(c.data.format)
                     ? "applies to data.format = \"jsonl\" or \"parquet\" only"

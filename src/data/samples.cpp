@@ -88,13 +88,24 @@ std::vector<ChatMessage> sharegpt_of(const json& j) {
   return out;
 }
 
-// Alpaca's instruction / input / output (and an optional system) as a conversation.
+// Alpaca's instruction / input / output (and an optional system) as a conversation; "history"
+// (as LLaMA-Factory writes it: [[instruction, output], ...]) is the turns before it.
 std::vector<ChatMessage> alpaca_of(const json& j) {
   if (!j.contains("output"))
     throw RuntimeError("an Alpaca record needs \"instruction\" and \"output\" (\"input\" is optional)");
-  only_fields(j, {"instruction", "input", "output", "system"}, "an Alpaca record");
+  only_fields(j, {"instruction", "input", "output", "system", "history"}, "an Alpaca record");
   std::vector<ChatMessage> out;
   if (j.contains("system") && !string_field(j, "system").empty()) out.push_back({"system", string_field(j, "system")});
+  if (j.contains("history")) {
+    const json& history = j.at("history");
+    if (!history.is_array()) throw RuntimeError("\"history\" must be a list of [instruction, output] pairs");
+    for (const json& turn : history) {
+      if (!turn.is_array() || turn.size() != 2 || !turn[0].is_string() || !turn[1].is_string())
+        throw RuntimeError("each turn of \"history\" must be [instruction, output], two strings");
+      out.push_back({"user", turn[0].get<std::string>()});
+      out.push_back({"assistant", turn[1].get<std::string>()});
+    }
+  }
   std::string user = string_field(j, "instruction");
   if (j.contains("input") && !string_field(j, "input").empty()) user += "\n\n" + string_field(j, "input");
   out.push_back({"user", user});
@@ -105,9 +116,9 @@ std::vector<ChatMessage> alpaca_of(const json& j) {
 }  // namespace
 
 const std::vector<std::string>& record_fields() {
-  static const std::vector<std::string> f{"text",   "messages", "role",        "content", "conversations",
-                                          "from",   "value",    "instruction", "input",   "output",
-                                          "system", "prompt",   "completion"};
+  static const std::vector<std::string> f{"text",   "messages", "role",        "content",   "conversations",
+                                          "from",   "value",    "instruction", "input",     "output",
+                                          "system", "history",  "prompt",      "completion"};
   return f;
 }
 

@@ -30,7 +30,7 @@ class Tokenizer;
 
 // The record fields a dataset names differently: canonical field -> its name in the data
 // (data.fields, e.g. instruction -> "question"). Canonical fields: text, messages, role, content,
-// conversations, from, value, instruction, input, output, system, prompt, completion.
+// conversations, from, value, instruction, input, output, system, history, prompt, completion.
 using FieldNames = std::vector<std::pair<std::string, std::string>>;
 const std::vector<std::string>& record_fields();
 

@@ -148,23 +148,34 @@ TEST(Samples, AlpacaAndShareGptAreTheirConversations) {
   test::TempDir dir;
   test::write_text(dir / "alpaca.jsonl",
                    "{\"instruction\": \"Add the numbers.\", \"input\": \"2 and 3\", \"output\": \"5\"}\n"
-                   "{\"instruction\": \"Say hi.\", \"input\": \"\", \"output\": \"hi\", \"system\": \"Be brief.\"}\n");
+                   "{\"instruction\": \"Say hi.\", \"input\": \"\", \"output\": \"hi\", \"system\": \"Be brief.\"}\n"
+                   "{\"instruction\": \"And 4 + 4?\", \"output\": \"8\", \"system\": \"Be brief.\", "
+                   "\"history\": [[\"What is 2 + 3?\", \"5\"], [\"And 1 + 1?\", \"2\"]]}\n");
   test::write_text(dir / "sharegpt.jsonl",
                    "{\"conversations\": [{\"from\": \"human\", \"value\": \"Add the numbers.\\n\\n2 and 3\"}, "
                    "{\"from\": \"gpt\", \"value\": \"5\"}]}\n"
                    "{\"conversations\": [{\"from\": \"system\", \"value\": \"Be brief.\"}, {\"from\": \"human\", "
-                   "\"value\": \"Say hi.\"}, {\"from\": \"gpt\", \"value\": \"hi\"}]}\n");
-  test::write_text(dir / "messages.jsonl",
-                   "{\"messages\": [{\"role\": \"user\", \"content\": \"Add the numbers.\\n\\n2 and 3\"}, "
-                   "{\"role\": \"assistant\", \"content\": \"5\"}]}\n"
-                   "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
-                   "\"content\": \"Say hi.\"}, {\"role\": \"assistant\", \"content\": \"hi\"}]}\n");
+                   "\"value\": \"Say hi.\"}, {\"from\": \"gpt\", \"value\": \"hi\"}]}\n"
+                   "{\"conversations\": [{\"from\": \"system\", \"value\": \"Be brief.\"}, {\"from\": \"human\", "
+                   "\"value\": \"What is 2 + 3?\"}, {\"from\": \"gpt\", \"value\": \"5\"}, {\"from\": \"human\", "
+                   "\"value\": \"And 1 + 1?\"}, {\"from\": \"gpt\", \"value\": \"2\"}, {\"from\": \"human\", "
+                   "\"value\": \"And 4 + 4?\"}, {\"from\": \"gpt\", \"value\": \"8\"}]}\n");
+  test::write_text(
+      dir / "messages.jsonl",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"Add the numbers.\\n\\n2 and 3\"}, "
+      "{\"role\": \"assistant\", \"content\": \"5\"}]}\n"
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+      "\"content\": \"Say hi.\"}, {\"role\": \"assistant\", \"content\": \"hi\"}]}\n"
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+      "\"content\": \"What is 2 + 3?\"}, {\"role\": \"assistant\", \"content\": \"5\"}, {\"role\": "
+      "\"user\", \"content\": \"And 1 + 1?\"}, {\"role\": \"assistant\", \"content\": \"2\"}, "
+      "{\"role\": \"user\", \"content\": \"And 4 + 4?\"}, {\"role\": \"assistant\", \"content\": \"8\"}]}\n");
   const SampleSet want = load(dir / "messages.jsonl");
-  ASSERT_EQ(want.size(), 2);
+  ASSERT_EQ(want.size(), 3);
   for (const std::string name : {"alpaca.jsonl", "sharegpt.jsonl"}) {
     const SampleSet got = load(dir / name);
     ASSERT_EQ(got.size(), want.size()) << name;
-    EXPECT_EQ(got.stats.chat, 2) << name;
+    EXPECT_EQ(got.stats.chat, 3) << name;
     for (int64_t i = 0; i < want.size(); ++i) {
       EXPECT_EQ(ids_of(got, i), ids_of(want, i)) << name << " record " << i;
       EXPECT_EQ(trained_of(got, i), trained_of(want, i)) << name << " record " << i;
@@ -300,7 +311,7 @@ TEST(Samples, FieldsNoRecordKindReadsAreRefusedOrLeftOutKnowingly) {
        "in the chat as its first turn"},
       {R"({"conversations": [{"from": "human", "value": "Say hi.", "lang": "en"}, {"from": "gpt", "value": "hi"}]})",
        "turn 1 holds \"lang\""},
-      {R"({"instruction": "Say hi.", "output": "hi", "history": [["a", "b"]]})", "an Alpaca record holds \"history\""},
+      {R"({"instruction": "Say hi.", "output": "hi", "tools": []})", "an Alpaca record holds \"tools\""},
       {R"({"prompt": "Say", "completion": " hi", "chosen": "x"})", "a prompt/completion record holds \"chosen\""},
       {R"({"text": "hello", "id": 7})", "a \"text\" record holds \"id\""},
   };
@@ -315,6 +326,18 @@ TEST(Samples, FieldsNoRecordKindReadsAreRefusedOrLeftOutKnowingly) {
       EXPECT_NE(what.find(path + ":2: " + cases[i].second), std::string::npos) << what;
       EXPECT_NE(what.find("list it in data.ignore_fields"), std::string::npos) << what;
     }
+  }
+  // Alpaca's "history" is read (as LLaMA-Factory writes it: AlpacaAndShareGptAreTheirConversations),
+  // so it must be [instruction, output] pairs.
+  test::write_text(dir / "history.jsonl", R"({"instruction": "Say hi.", "output": "hi", "history": [["a"]]})"
+                                          "\n");
+  try {
+    load(dir / "history.jsonl");
+    ADD_FAILURE() << "a history turn of one string was read";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("history.jsonl:1: each turn of \"history\" must be [instruction, output]"),
+              std::string::npos)
+        << e.what();
   }
   // Left out knowingly: the same samples as the records without them.
   test::write_text(dir / "meta.jsonl", R"({"id": 1, "messages": [)" + user +
