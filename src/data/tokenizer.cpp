@@ -129,7 +129,6 @@ const ByteLevelMap& byte_level() {
 // GPT-2's pre-tokenizer regex, which ByteLevel(use_regex = true) splits with.
 constexpr const char* kGpt2Split = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-// Splits `text` into the regex's matches and the text between them (Split, behavior Isolated).
 // The matches of `re` in `text`; an empty one is refused: HF and ptrain step over an empty match
 // differently, so a pattern that can match nothing is read only where it never does.
 std::vector<std::pair<size_t, size_t>> nonempty_matches(const Regex& re, const std::string& text) {
@@ -142,6 +141,7 @@ std::vector<std::pair<size_t, size_t>> nonempty_matches(const Regex& re, const s
   return matches;
 }
 
+// Splits `text` into the regex's matches and the text between them (Split, behavior Isolated).
 std::vector<std::string> split_isolated(const Regex& re, const std::string& text) {
   std::vector<std::string> out;
   size_t last = 0;
