@@ -155,11 +155,13 @@ std::string config_token(const fs::path& dir, const char* key) {
 
 // The templates ptrain renders, as their models ship them (tool-call branches aside: a chat
 // without tools never enters them, and ptrain's chats have none). A directory's template is
-// recognized as one of these when it holds the same string literals outside tool branches and
-// raise_exception messages, uses the same filters, methods, token variables and loop / namespace
-// attributes as often, and renders no text outside its tags; anything else is refused, naming
-// the first difference. ChatML's default system message ("<|im_start|>system\n...<|im_end|>\n")
-// may be any text: it is read from the template and rendered when a chat has no system message.
+// recognized as one of these when it renders no text outside its tags and has the same tags in
+// the same order outside tool branches (TemplateScan::tags: every operator, name and literal but
+// raise_exception's message); anything else is refused, naming the first difference — in its
+// string literals, filters, methods, token variables or loop / namespace attributes (counted), else
+// the first tag that differs (an edit of logic alone: `!=` for `==`, a moved slice bound).
+// ChatML's default system message ("<|im_start|>system\n...<|im_end|>\n") may be any text: it is
+// read from the template and rendered when a chat has no system message.
 struct KnownTemplate {
   ChatTemplate kind;
   const char* model;
@@ -342,7 +344,21 @@ You are a helpful assistant.<|im_end|>
     {%- endif %}
 {%- endif %})"}},
                                        "Llama 3.2 Instruct");
-    const Edits llama_released{{llama_plain_loop, llama_released_loop}};
+    // The releases set their tool inputs' defaults first (statements no chat without tools reads
+    // afterwards, but tags all the same) and route tool messages past the plain loop.
+    const Edits llama_released{{"{{- bos_token }}\n", R"({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+)"},
+                               {"{%- if messages[0]['role'] == 'system' %}", R"({%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %})"},
+                               {llama_plain_loop, llama_released_loop}};
     const Edits qwen25_released{
         {R"(or (message.role == "assistant") %})", R"(or (message.role == "assistant" and not message.tool_calls) %})"},
         {R"('<|im_end|>' + '\n' }}
@@ -355,19 +371,21 @@ You are a helpful assistant.<|im_end|>
         {%- endif %}
         {{- '<|im_end|>\n' }}
     {%- endif %})"}};
-    const Edits mistral_released{
-        {R"({%- for message in loop_messages %}
+    const Edits mistral_released{{R"({%- for message in loop_messages %}
     {%- if (message["role"] == "user") != (loop.index0 % 2 == 0) %})",
-         R"({%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+                                  R"({%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
 {%- set ns = namespace() %}
 {%- set ns.index = 0 %}
 {%- for message in loop_messages %}
     {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
     {%- if (message["role"] == "user") != (ns.index % 2 == 0) %})"},
-        {R"(    {%- endif %}
+                                 {R"(    {%- endif %}
 {%- endfor %}
 {{- bos_token }})",
-         R"(    {%- endif %}
+                                  R"(    {%- endif %}
     {%- set ns.index = ns.index + 1 %}
     {%- endif %}
 {%- endfor %}
@@ -414,30 +432,44 @@ You are a helpful assistant.<|im_end|>
 }
 
 // A template's profile: its literals (ChatML's default system message replaced by a slot, the
-// message returned) and features.
+// message returned), features and tags (their literals slotted alike).
 struct Profile {
   std::map<std::string, std::pair<int, int>> literals;  // literal -> {how many times, the line it first appears on}
   std::map<std::string, int> features;
+  std::vector<TemplateScan::Tag> tags;
   std::string default_system;
 };
 
-Profile profile_of(const TemplateScan& scan) {
-  Profile p;
-  p.features = scan.features;
+// `literal`, or kDefaultSystemSlot for a ChatML default system message (then stored in `message`).
+std::string slotted(const std::string& literal, std::string& message) {
   const std::string open = "<|im_start|>system\n", close = "<|im_end|>\n";
-  for (const auto& lit : scan.literals) {
-    std::string text = lit.text;
-    if (text.size() > open.size() + close.size() && text.rfind(open, 0) == 0 &&
-        text.compare(text.size() - close.size(), close.size(), close) == 0) {
-      const std::string middle = text.substr(open.size(), text.size() - open.size() - close.size());
-      if (middle.find("<|") == std::string::npos) {
-        p.default_system = middle;
-        text = kDefaultSystemSlot;
-      }
+  if (literal.size() > open.size() + close.size() && literal.rfind(open, 0) == 0 &&
+      literal.compare(literal.size() - close.size(), close.size(), close) == 0) {
+    const std::string middle = literal.substr(open.size(), literal.size() - open.size() - close.size());
+    if (middle.find("<|") == std::string::npos) {
+      message = middle;
+      return kDefaultSystemSlot;
     }
-    auto& [count, line] = p.literals.emplace(text, std::make_pair(0, lit.line)).first->second;
+  }
+  return literal;
+}
+
+Profile profile_of(TemplateScan scan) {
+  Profile p;
+  p.features = std::move(scan.features);
+  for (const auto& lit : scan.literals) {
+    auto& [count, line] =
+        p.literals.emplace(slotted(lit.text, p.default_system), std::make_pair(0, lit.line)).first->second;
     ++count;
   }
+  for (auto& tag : scan.tags)
+    for (std::string& code : tag.code)
+      if (!code.empty() && code[0] == '\'') {
+        const std::string literal = slotted(code.substr(1), p.default_system);
+        code.resize(1);
+        code += literal;
+      }
+  p.tags = std::move(scan.tags);
   return p;
 }
 
@@ -471,6 +503,24 @@ std::string difference(const Profile& p, const Profile& k, const std::string& na
   return "";
 }
 
+std::string shown_tag(const std::string& source) {
+  return "\"" + (source.size() > 80 ? source.substr(0, 77) + "..." : source) + "\"";
+}
+
+// The first tag where `p` and `k` differ, or "" where every tag is the same.
+std::string tag_difference(const Profile& p, const Profile& k, const std::string& name) {
+  const size_t n = std::min(p.tags.size(), k.tags.size());
+  for (size_t i = 0; i < n; ++i)
+    if (p.tags[i].code != k.tags[i].code)
+      return "line " + std::to_string(p.tags[i].line) + ": the tag " + shown_tag(p.tags[i].source) + " is not " + name +
+             "'s " + shown_tag(k.tags[i].source);
+  if (p.tags.size() > n)
+    return "line " + std::to_string(p.tags[n].line) + ": the tag " + shown_tag(p.tags[n].source) +
+           " is past the end of " + name + "'s template";
+  if (k.tags.size() > n) return "it ends where " + name + "'s template goes on with " + shown_tag(k.tags[n].source);
+  return "";
+}
+
 }  // namespace
 
 RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where) {
@@ -498,7 +548,8 @@ RecognizedTemplate recognize_chat_template(const std::string& text, const std::s
   }();
   for (size_t i = 0; i < profiles.size(); ++i) {
     const KnownTemplate& k = known_templates()[i];
-    const std::string diff = difference(p, profiles[i], k.model);
+    std::string diff = difference(p, profiles[i], k.model);
+    if (diff.empty()) diff = tag_difference(p, profiles[i], k.model);
     if (diff.empty()) return {k.kind, k.model, p.default_system};
     size_t missing = 0;  // how far apart: literals on one side only
     for (const auto& l : p.literals) missing += profiles[i].literals.count(l.first) ? 0 : 1;

@@ -12,7 +12,8 @@ namespace {
 
 struct Token {
   enum Kind { name, string, other } kind;
-  std::string text;  // the name, the unescaped string, or the punctuation / number character(s)
+  std::string text;     // the name, the unescaped string, or the punctuation / number character(s)
+  bool spaced = false;  // whitespace before it
 };
 
 bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
@@ -33,6 +34,7 @@ std::vector<Token> lex_tag(const std::string& t, size_t& pos, bool statement, in
   std::vector<Token> out;
   int depth = 0;
   const char end0 = statement ? '%' : '}';
+  bool spaced = false;
   while (true) {
     if (pos >= t.size())
       throw RuntimeError("line " + std::to_string(line) + ": a " + (statement ? "{% ... %}" : "{{ ... }}") +
@@ -50,7 +52,10 @@ std::vector<Token> lex_tag(const std::string& t, size_t& pos, bool statement, in
     }
     if (is_space(c)) {
       ++pos;
-    } else if (c == '\'' || c == '"') {
+      spaced = true;
+      continue;
+    }
+    if (c == '\'' || c == '"') {
       std::string s;
       size_t i = pos + 1;
       for (; i < t.size() && t[i] != c; ++i) {
@@ -111,20 +116,54 @@ std::vector<Token> lex_tag(const std::string& t, size_t& pos, bool statement, in
         }
       }
       if (i >= t.size()) throw RuntimeError("line " + std::to_string(line) + ": a string literal is never closed");
-      out.push_back({Token::string, std::move(s)});
+      out.push_back({Token::string, std::move(s), spaced});
       pos = i + 1;
     } else if (is_name_start(c)) {
       size_t e = pos;
       while (e < t.size() && is_name_char(t[e])) ++e;
-      out.push_back({Token::name, t.substr(pos, e - pos)});
+      out.push_back({Token::name, t.substr(pos, e - pos), spaced});
       pos = e;
     } else {
       if (c == '(' || c == '[' || c == '{') ++depth;
       if ((c == ')' || c == ']' || c == '}') && depth > 0) --depth;
-      out.push_back({Token::other, std::string(1, c)});
+      out.push_back({Token::other, std::string(1, c), spaced});
       ++pos;
     }
+    spaced = false;
   }
+}
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// A tag's tokens as TemplateScan::Tag::code holds them: a number's digits and a two-character
+// operator written without a space inside are one token ("= =" is not "==").
+void append_code(std::vector<std::string>& code, bool& last_other, const Token& tok) {
+  if (tok.kind == Token::string) {
+    code.push_back("'" + tok.text);
+  } else if (tok.kind == Token::other && last_other && !tok.spaced && !code.empty()) {
+    const std::string& prev = code.back();
+    const std::string joined = prev + tok.text;
+    const bool number = is_digit(prev.back()) && is_digit(tok.text[0]) && is_digit(prev[0]);
+    if (number || joined == "==" || joined == "!=" || joined == "<=" || joined == ">=" || joined == "//" ||
+        joined == "**")
+      code.back() = joined;
+    else
+      code.push_back(tok.text);
+  } else {
+    code.push_back(tok.text);
+  }
+  last_other = tok.kind == Token::other;
+}
+
+std::string collapsed(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (!is_space(c))
+      out += c;
+    else if (!out.empty() && out.back() != ' ')
+      out += ' ';
+  }
+  return out;
 }
 
 // tokens [b, e) are a variable path: NAME, then .NAME or [LITERAL] any number of times.
@@ -237,6 +276,7 @@ TemplateScan scan_template(const std::string& t) {
   struct Block {
     std::string keyword;
     bool tool;
+    bool shown = false;  // its opening tag is in scan.tags (not when only tool branches came before)
   };
   std::vector<Block> blocks;
   size_t first_tool = SIZE_MAX;  // the outermost open tool branch (blocks only change at the back)
@@ -246,9 +286,12 @@ TemplateScan scan_template(const std::string& t) {
     if (tool && first_tool == SIZE_MAX) first_tool = blocks.size() - 1;
     if (!tool && first_tool == blocks.size() - 1) first_tool = SIZE_MAX;
   };
+  // Inside an open tool branch other than the innermost block's own.
+  auto in_outer_tool = [&] { return first_tool != SIZE_MAX && first_tool + 1 < blocks.size(); };
   auto push = [&](const std::string& keyword, bool tool) {
     blocks.push_back({keyword, false});
     set_back_tool(tool);
+    blocks.back().shown = !in_tool();
   };
   size_t counted = 0;  // lines are counted once, up to the furthest position asked (positions only grow)
   int lines = 1;
@@ -289,15 +332,27 @@ TemplateScan scan_template(const std::string& t) {
     const std::vector<Token> toks = lex_tag(t, pos, statement, line, prev_dash);
 
     size_t from = 0;  // the tokens whose literals and features count
+    TemplateScan::Tag tag{{statement ? "{%" : "{{"}, collapsed(t.substr(open, pos - open)), line};
+    bool shown = true;  // whether the tag goes into scan.tags (given it is outside tool branches)
     if (statement) {
       const std::string kw = toks.empty() ? "" : toks[0].text;
       const std::vector<Token> rest(toks.begin() + (toks.empty() ? 0 : 1), toks.end());
+      tag.code.push_back(kw);
       if (kw == "if") {
         push(kw, tool_condition(rest));
       } else if (kw == "elif" || kw == "else") {
         if (blocks.empty() || (blocks.back().keyword != "if" && blocks.back().keyword != "for"))
           throw RuntimeError("line " + std::to_string(line) + ": {% " + kw + " %} outside an {% if %}");
+        const bool outer = in_outer_tool();
         set_back_tool(kw == "elif" && tool_condition(rest));
+        Block& b = blocks.back();
+        if (!outer && !b.shown && !b.tool) {  // the first branch reached without tools
+          if (kw == "else" && b.keyword == "for")
+            scan.unsupported.push_back("line " + std::to_string(line) + ": {% else %} of a {% for %} over tools");
+          if (kw == "elif") tag.code.back() = "if";  // {% if tools %}A{% elif c %}B: {% if c %}B
+          b.shown = kw == "elif";                    // {% if tools %}A{% else %}B: B alone
+          shown = kw == "elif";
+        }
       } else if (kw == "for") {  // over tools or a message's tool calls
         const auto in = std::find_if(rest.begin(), rest.end(),
                                      [](const Token& tok) { return tok.kind == Token::name && tok.text == "in"; });
@@ -309,6 +364,7 @@ TemplateScan scan_template(const std::string& t) {
         const std::string opened = kw.substr(3);
         if (blocks.empty() || blocks.back().keyword != opened)
           throw RuntimeError("line " + std::to_string(line) + ": {% " + kw + " %} without its {% " + opened + " %}");
+        shown = !in_outer_tool() && blocks.back().shown;
         set_back_tool(false);
         blocks.pop_back();
       } else if (kw == "set") {
@@ -324,10 +380,13 @@ TemplateScan scan_template(const std::string& t) {
       continue;
     }
 
+    bool last_other = false;
     for (size_t i = from; i < toks.size(); ++i) {
       const Token& tok = toks[i];
       const bool call = i + 1 < toks.size() && toks[i + 1].text == "(";
       if (tok.kind == Token::name && tok.text == "raise_exception" && call) {  // its message renders nothing
+        tag.code.insert(tag.code.end(), {"raise_exception", "(", ")"});
+        last_other = true;
         int depth = 0;
         for (++i; i < toks.size(); ++i) {
           if (toks[i].kind == Token::other && toks[i].text == "(") ++depth;
@@ -335,6 +394,7 @@ TemplateScan scan_template(const std::string& t) {
         }
         continue;
       }
+      append_code(tag.code, last_other, tok);
       if (tok.kind == Token::string) {
         scan.literals.push_back({tok.text, line});
       } else if (tok.kind == Token::name) {
@@ -351,6 +411,7 @@ TemplateScan scan_template(const std::string& t) {
         }
       }
     }
+    if (shown) scan.tags.push_back(std::move(tag));
   }
   if (!blocks.empty())
     throw RuntimeError("the template ends inside an {% " + blocks.back().keyword + " %} that is never closed");

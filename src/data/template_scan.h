@@ -10,6 +10,12 @@
 // the forms `tools`, `tools is not none`, `custom_tools is defined`, `x.tool_calls`,
 // `'tool_calls' in x`, `x.role == 'tool'` (template_scan.cpp lists them all) — and of a `{% for %}`
 // over tools or tool calls; an `{% else %}` is never one. Nothing else is assumed about a name.
+//
+// `tags` is the template's logic as such a chat meets it: every tag outside tool branches, in
+// order, as tokens — so two templates with equal tags render every chat without tools alike
+// (neither renders text outside its tags; whitespace inside a tag and `-` control change nothing
+// then). A tool branch goes with its `{% if %}` / `{% endif %}`: `{% if tools %}A{% else %}B{% endif %}`
+// has B's tags, `{% if tools %}A{% elif c %}B{% endif %}` those of `{% if c %}B{% endif %}`.
 #pragma once
 #include <map>
 #include <string>
@@ -27,6 +33,14 @@ struct TemplateScan {
   // Outside tool branches: "|NAME" for each filter, ".NAME()" for each method call, and each use
   // of bos_token, eos_token, strftime_now, loop.ATTR, ns.ATTR — with their counts.
   std::map<std::string, int> features;
+  struct Tag {
+    // "{{" or "{%", then names, operators ("==", "!=", "<=", ...), numbers, and string literals as
+    // "'" + the unescaped text; raise_exception(...)'s message left out (it renders nothing).
+    std::vector<std::string> code;
+    std::string source;  // as written, whitespace runs as one space (for messages)
+    int line = 0;
+  };
+  std::vector<Tag> tags;
   std::vector<std::string> unsupported;  // {% raw %}, {% call %}, {% set x %}...{% endset %}, ...: "line N: {% raw %}"
 };
 

@@ -619,7 +619,10 @@ TEST(Chat, EveryTemplateVariantIsRenderedAsTransformersOrRefused) {
   std::vector<std::vector<ChatMessage>> chats;
   for (const auto& chat : fixture.at("chats")) {
     chats.emplace_back();
-    for (const auto& m : chat) chats.back().push_back({m.at("role"), m.at("content")});
+    for (const auto& m : chat) {
+      chats.back().push_back({m.at("role"), m.at("content")});
+      if (m.contains("reasoning_content")) chats.back().back().reasoning = m.at("reasoning_content").get<std::string>();
+    }
   }
   int read = 0, refused = 0, compared = 0, both_refuse = 0;
   std::map<std::string, int> refusals;  // why, by the start of the message after the file name
@@ -664,7 +667,7 @@ TEST(Chat, EveryTemplateVariantIsRenderedAsTransformersOrRefused) {
         continue;
       }
       ++compared;
-      EXPECT_EQ(ids, r.at("ids").get<std::vector<int32_t>>())
+      EXPECT_EQ(ids, fixture.at("ids").at(r.at("ids").get<size_t>()).get<std::vector<int32_t>>())
           << name << " (read as " << chat_template_names()[static_cast<size_t>(format.kind)] << "): chat "
           << r.at("chat") << (prompt ? " + prompt" : "");
     }
