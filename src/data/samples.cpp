@@ -29,10 +29,13 @@ const std::string& string_field(const json& j, const char* key) {
 }
 
 // What a record kind reads is all it holds: any other field — a turn's "weight" or
-// "tool_calls", Qwen3's "reasoning_content", a "system" beside ShareGPT turns, a second record
-// kind, an "id" — would be left out of the sample without a word, so it is refused by name
-// (data.ignore_fields leaves fields out knowingly: they are gone before this is asked).
-void only_fields(const json& o, std::initializer_list<const char*> read, const std::string& what) {
+// "tool_calls", a "system" beside ShareGPT turns, a second record kind, an "id" — would be left
+// out of the sample without a word, so it is refused by name (data.ignore_fields leaves fields
+// out knowingly: they are gone before this is asked). (A message's "reasoning_content" is read;
+// templates other than Qwen3's refuse it when they render.) `what` names the object, with its
+// 1-based `number` among its kind where it has one (a message, a turn): the label is built only
+// for a refusal, as every turn of every record is asked.
+void only_fields(const json& o, std::initializer_list<const char*> read, const char* what, size_t number = 0) {
   for (auto it = o.begin(); it != o.end(); ++it) {
     bool known = false;
     for (const char* r : read) known = known || it.key() == r;
@@ -41,8 +44,9 @@ void only_fields(const json& o, std::initializer_list<const char*> read, const s
     for (const char* r : read) reads += std::string(reads.empty() ? "" : ", ") + "\"" + r + "\"";
     const std::string hint =
         it.key() == "system" ? " (put it in the chat as its first turn, with the role \"system\")" : "";
-    throw RuntimeError(what + " holds \"" + it.key() + "\", which ptrain does not read (it reads " + reads + ")" +
-                       hint + ": remove it, or list it in data.ignore_fields to leave it out knowingly");
+    throw RuntimeError(std::string(what) + (number ? " " + std::to_string(number) : "") + " holds \"" + it.key() +
+                       "\", which ptrain does not read (it reads " + reads + ")" + hint +
+                       ": remove it, or list it in data.ignore_fields to leave it out knowingly");
   }
 }
 
@@ -60,7 +64,7 @@ std::vector<ChatMessage> chat_turns(const json& list) {
   for (const json& m : list) {
     if (!m.is_object() || !m.contains("role") || !m.contains("content"))
       throw RuntimeError("each message needs \"role\" and \"content\"");
-    only_fields(m, {"role", "content", "reasoning_content"}, "message " + std::to_string(out.size() + 1));
+    only_fields(m, {"role", "content", "reasoning_content"}, "message", out.size() + 1);
     out.push_back({string_field(m, "role"), string_field(m, "content"), std::nullopt});
     if (m.contains("reasoning_content")) out.back().reasoning = string_field(m, "reasoning_content");
   }
@@ -79,7 +83,7 @@ std::vector<ChatMessage> sharegpt_of(const json& j) {
   for (const json& m : list) {
     if (!m.is_object() || !m.contains("from") || !m.contains("value"))
       throw RuntimeError("each turn of \"conversations\" needs \"from\" and \"value\"");
-    only_fields(m, {"from", "value"}, "turn " + std::to_string(out.size() + 1));
+    only_fields(m, {"from", "value"}, "turn", out.size() + 1);
     std::string role = string_field(m, "from");
     if (role == "human") role = "user";
     if (role == "gpt") role = "assistant";
