@@ -185,7 +185,8 @@ void read_rope(const json& c, LlamaShape& s, const std::string& path) {
                              "\" as ptrain implements it; " + refusal_hint(it.key()));
 }
 
-// Qwen's sliding-window keys: a window only where use_sliding_window is true, which ptrain refuses.
+// Qwen's sliding-window keys: a window only where use_sliding_window is true (on the layers from
+// max_window_layers on), which ptrain refuses: its window is Mistral's, on every layer.
 void read_qwen_window(const json& c, LlamaShape& s, const std::string& path) {
   if (c.value("use_sliding_window", false))
     throw UnsupportedInput(path + ": use_sliding_window = true: sliding-window attention is not implemented for " +

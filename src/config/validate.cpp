@@ -275,17 +275,6 @@ const std::vector<Rule>& rules() {
                     : "seq_len (" + std::to_string(c.data.seq_len) + ") exceeds model.max_seq_len (" +
                           std::to_string(c.model.shape.max_seq_len) + ")";
        }},
-      {"data.seq_len",
-       [](const Config& c, const Environment&) -> std::string {
-         // Sliding-window attention is not implemented: a window is sound only where it never applies.
-         const int64_t w = c.model.shape.sliding_window;
-         return w == 0 || c.data.seq_len <= w ? ""
-                                              : "the model's attention slides over the last " + std::to_string(w) +
-                                                    " positions (config.json sliding_window), which ptrain does not "
-                                                    "implement; sequences must fit in the "
-                                                    "window: set data.seq_len <= " +
-                                                    std::to_string(w);
-       }},
   };
   // (Two lists: clang-format 14 mis-wraps lambdas deep inside a very long braced list.)
   static const std::vector<Rule> kTrainingRules = {

@@ -8,8 +8,9 @@
 //   qwen2    qwen2 / Qwen2ForCausalLM        yes               no                no         no
 //   qwen3    qwen3 / Qwen3ForCausalLM        attention_bias    attention_bias    no         yes (per head, before RoPE)
 //
-// Sliding-window attention (mistral, qwen2, qwen3) is not implemented: a window is accepted
-// only where it never applies — every sequence the run uses fits in it.
+// Mistral's sliding window (every layer sees the last sliding_window positions) is implemented;
+// Qwen2/3's (use_sliding_window = true: windows on the layers from max_window_layers on, which no
+// released Qwen model sets) is refused.
 #pragma once
 #include <cstdint>
 #include <optional>

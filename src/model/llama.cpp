@@ -125,7 +125,33 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
 }
 
-RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids, c10::ScalarType mask_dtype) {
+namespace {
+
+// [T, T]: j <= i, and j > i - window where window > 0.
+at::Tensor causal_band(int64_t T, int64_t window) {
+  const at::Tensor ones = at::ones({T, T}, at::kBool);
+  at::Tensor allowed = ones.tril();
+  if (window > 0) allowed = allowed.logical_and(ones.tril(-window).logical_not());
+  return allowed;
+}
+
+at::Tensor additive_mask(const at::Tensor& allowed, c10::ScalarType dtype, const at::Device& device) {
+  return at::zeros(allowed.sizes(), at::TensorOptions(dtype))
+      .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity())
+      .to(device);
+}
+
+}  // namespace
+
+RopeTables windowed_positions(const RopeTables& tables, int64_t T, int64_t window, c10::ScalarType mask_dtype) {
+  if (window <= 0 || T <= window) return tables;
+  RopeTables r = tables;
+  r.doc_mask = additive_mask(causal_band(T, window).view({1, 1, T, T}), mask_dtype, tables.cos.device());
+  return r;
+}
+
+RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids, c10::ScalarType mask_dtype,
+                            int64_t window) {
   TORCH_CHECK(doc_ids.dim() == 2, "doc_ids must be [batch, seq]");
   const at::Tensor docs = doc_ids.to(at::kCPU, at::kLong).contiguous();
   const int64_t B = docs.size(0), T = docs.size(1);
@@ -143,12 +169,11 @@ RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids,
   const at::Tensor idx = r.positions.reshape({-1});
   r.token_cos = tables.cos.index_select(0, idx).view({B, T, 1, half});
   r.token_sin = tables.sin.index_select(0, idx).view({B, T, 1, half});
-  const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1));   // [B, T, T]
-  const at::Tensor causal = at::ones({T, T}, at::kBool).tril();      // j <= i
-  const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);  // [B, 1, T, T]
-  r.doc_mask = at::zeros(allowed.sizes(), at::TensorOptions(mask_dtype))
-                   .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity())
-                   .to(device);
+  // Within one document, positions are consecutive: the window over rows is the window over
+  // positions.
+  const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1));                   // [B, T, T]
+  const at::Tensor allowed = same.logical_and(causal_band(T, window)).unsqueeze(1);  // [B, 1, T, T]
+  r.doc_mask = additive_mask(allowed, mask_dtype, device);
   return r;
 }
 
@@ -313,10 +338,9 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
   }
   const int64_t window = s.sliding_window;
   const bool windowed = window > 0 && start + T > window;
-  TORCH_CHECK(!(windowed && rope.doc_mask.defined()), "packed rows longer than the sliding window (", window,
-              " positions) are not supported");
   std::optional<at::Tensor> mask;  // none: plain causal (or, one new token after the cache, every position)
-  if (rope.doc_mask.defined()) {   // packed documents attend within their own document, causally
+  if (rope.doc_mask.defined()) {   // packed documents / the window, made once for every block
+    TORCH_CHECK(!kv, "a cached decode takes no precomputed attention mask");
     mask = rope.doc_mask;
   } else if ((start > 0 && T > 1) || windowed) {
     const at::Tensor ones = at::ones({T, start + T}, at::TensorOptions(at::kBool).device(x.device()));

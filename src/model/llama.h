@@ -37,11 +37,12 @@ struct KvCache {
 struct RopeTables {
   at::Tensor cos;
   at::Tensor sin;
-  // Packed sequences (packed_positions): each token's position in its own document [B, T]
-  // and the additive attention mask [B, 1, T, T] (0: causal and within the same document,
-  // -inf elsewhere), one tensor every block's attention reads — a boolean mask would be
-  // converted, and saved for backward, by each of them.
-  // Undefined: positions 0..T-1 and plain causal attention.
+  // Packed sequences (packed_positions): each token's position in its own document [B, T].
+  // The additive attention mask [B or 1, 1, T, T] (0: causal, within the same document and the
+  // sliding window; -inf elsewhere) of packed rows (packed_positions) or of rows longer than the
+  // window (windowed_positions): one tensor every block's attention reads — a boolean mask would
+  // be converted, and saved for backward, by each of them.
+  // Undefined: positions 0..T-1 and plain causal attention (within the window, if any).
   at::Tensor positions;
   at::Tensor doc_mask;
   at::Tensor token_cos, token_sin;  // packed: cos/sin at each token's position [B, T, 1, head_dim/2]
@@ -50,10 +51,15 @@ struct RopeTables {
 };
 // `tables` for a batch of packed documents: doc_ids [B, T] numbers each token's document
 // (consecutive tokens of one document share an id); positions restart at 0 in each document,
-// and attention never crosses a document boundary. The mask is in `mask_dtype` (attention's
-// dtype: the compute dtype).
+// and attention never crosses a document boundary. With a sliding `window` (> 0), a token sees
+// only the last `window` positions of its document, itself included. The mask is in
+// `mask_dtype` (attention's dtype: the compute dtype).
 RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids,
-                            c10::ScalarType mask_dtype = c10::kFloat);
+                            c10::ScalarType mask_dtype = c10::kFloat, int64_t window = 0);
+// `tables` for rows of T tokens under a sliding `window`: the additive mask of token i seeing
+// positions (i - window, i]. `tables` itself where the window never applies (window 0 or >= T).
+RopeTables windowed_positions(const RopeTables& tables, int64_t T, int64_t window,
+                              c10::ScalarType mask_dtype = c10::kFloat);
 // `tables` for T new tokens after the cache's `length` positions (tables must cover length + T).
 RopeTables cached_positions(const RopeTables& tables, KvCache& cache, int64_t T);
 at::Tensor rope_inv_freq(const LlamaShape& shape);

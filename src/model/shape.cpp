@@ -16,8 +16,7 @@ std::string LlamaShape::describe() const {
   if (mlp_biased()) parts.push_back("MLP biases");
   if (qk_norm()) parts.push_back("per-head q/k RMSNorm");
   if (tie_embeddings) parts.push_back("tied embedding");
-  if (sliding_window > 0)
-    parts.push_back("sliding window " + std::to_string(sliding_window) + " (sequences fit in it)");
+  if (sliding_window > 0) parts.push_back("sliding window of " + std::to_string(sliding_window) + " positions");
   std::string out = traits(family).name;
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : " (") + parts[i] + (i + 1 == parts.size() ? ")" : "");
   return out;

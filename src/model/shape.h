@@ -44,8 +44,8 @@ struct LlamaShape {
   Family family = Family::llama;
   bool attention_bias = false;  // config.json "attention_bias" (llama, qwen3: biases on q/k/v/o)
   bool mlp_bias = false;        // config.json "mlp_bias" (llama: biases on gate/up/down)
-  // Attention limited to the last W positions (mistral, qwen2/3); 0: none. ptrain accepts a
-  // window only where it never applies: data.seq_len <= W.
+  // Attention limited to the last W positions, the token's own included (mistral: every layer);
+  // 0: none. (Qwen2/3's per-layer windows, use_sliding_window = true, are refused.)
   int64_t sliding_window = 0;
 
   // The family's variations (model/family.h), resolved against the flags above.

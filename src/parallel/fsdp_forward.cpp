@@ -258,8 +258,9 @@ void FsdpModel::head_done() {
 }
 
 const RopeTables& FsdpModel::batch_rope(const at::Tensor& inputs, const at::Tensor& doc_ids) {
-  batch_rope_ =
-      doc_ids.defined() ? packed_positions(rope(inputs.size(1)), doc_ids, policy_.compute_dtype) : rope(inputs.size(1));
+  const int64_t T = inputs.size(1), window = shape_.sliding_window;
+  batch_rope_ = doc_ids.defined() ? packed_positions(rope(T), doc_ids, policy_.compute_dtype, window)
+                                  : windowed_positions(rope(T), T, window, policy_.compute_dtype);
   return batch_rope_;
 }
 

@@ -61,7 +61,10 @@ int check(const CheckRequest& a) {
                           gib(act.in_flight_bytes) + " awaiting their copy"
                     : std::to_string(act.layers) + " blocks x " + gib(act.per_block_bytes))
             << " + head " << gib(act.head_bytes)
-            << (act.mask_bytes ? " + packed rows' attention mask " + gib(act.mask_bytes) : std::string()) << ")\n"
+            << (act.mask_bytes ? std::string(c.data.packing ? " + packed rows'" : " + the sliding window's") +
+                                     " attention mask " + gib(act.mask_bytes)
+                               : std::string())
+            << ")\n"
             << "  transient         " << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
             << " (largest of: end of forward " << gib(plan.forward_transient_bytes) << ", a block's backward "
             << gib(plan.backward_transient_bytes) << ")\n"

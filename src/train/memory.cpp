@@ -138,7 +138,8 @@ ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInpu
   // A frozen embedding's output needs no gradient: the first block's first norm keeps nothing.
   e.first_block_bytes = e.per_block_bytes - (!trained && !in.checkpointing ? N * norm : 0);
   const int64_t packed_tokens = in.packed_rows * in.packed_len;
-  e.mask_bytes = packed_tokens * in.packed_len * c + packed_tokens * (8 + 2 * 4 * (s.head_dim / 2));
+  e.mask_bytes = packed_tokens * in.packed_len * c + packed_tokens * (8 + 2 * 4 * (s.head_dim / 2)) +
+                 in.windowed_len * in.windowed_len * c;
   if (in.checkpointing && in.offloading) {  // the inputs move to the host
     e.host_bytes = s.n_layers * e.per_block_bytes;
     e.in_flight_bytes = std::min(in.offload_in_flight, s.n_layers) * e.per_block_bytes;
@@ -156,6 +157,8 @@ ActivationInputs activation_inputs(const Config& c) {
   ActivationInputs in;
   in.tokens = c.data.micro_batch_size * c.data.seq_len;
   if (c.data.packing) in.packed_rows = c.data.micro_batch_size, in.packed_len = c.data.seq_len;
+  const int64_t window = c.model.shape.sliding_window;
+  if (!c.data.packing && window > 0 && c.data.seq_len > window) in.windowed_len = c.data.seq_len;
   in.compute_bytes = static_cast<int64_t>(c10::elementSize(precision_policy(c).compute_dtype));
   in.checkpointing = c.memory.activation_checkpointing == Checkpointing::full;
   in.offloading = c.memory.activation_offloading;

@@ -54,7 +54,8 @@ struct ActivationEstimate {
   int64_t host_bytes = 0;
   int64_t in_flight_bytes = 0;
   // Packed rows (data.packing), one set for all blocks: the additive attention mask [B, 1, T, T]
-  // in the compute dtype, each token's position (int64) and its RoPE cos/sin (float32).
+  // in the compute dtype, each token's position (int64) and its RoPE cos/sin (float32). Rows
+  // longer than a sliding window, unpacked: the mask alone, [1, 1, T, T].
   int64_t mask_bytes = 0;
   int64_t saved_bytes() const {
     return first_block_bytes + (layers - 1) * per_block_bytes + head_bytes + in_flight_bytes + mask_bytes;
@@ -63,6 +64,7 @@ struct ActivationEstimate {
 struct ActivationInputs {
   int64_t tokens = 0;                       // micro_batch_size x seq_len
   int64_t packed_rows = 0, packed_len = 0;  // data.packing: micro_batch_size, seq_len (else 0)
+  int64_t windowed_len = 0;                 // unpacked rows longer than the sliding window: seq_len (else 0)
   int64_t compute_bytes = 4;                // element size of activations (4 fp32, 2 bf16)
   bool checkpointing = false;               // memory.activation_checkpointing = "full"
   bool offloading = false;                  // memory.activation_offloading (with checkpointing)

@@ -179,7 +179,6 @@ def main():
          "use_sliding_window")
     case("qwen3_layer_types", "hf_qwen3", lambda d: edit_config(d, layer_types=["full_attention", "sliding_attention"]),
          "layer_types", "sliding_attention")
-    case("mistral_window", "hf_mistral", lambda d: edit_config(d, sliding_window=8), "data.seq_len", "sliding_window")
     # tensors
     case("unconsumed_bias", "hf_odd",
          lambda d: edit_tensors(d, lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(96)})),

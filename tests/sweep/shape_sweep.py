@@ -56,7 +56,7 @@ SHAPES = {
     "qwen3": dict(model_type="qwen3", hidden_size=64, num_attention_heads=6, num_key_value_heads=2, head_dim=20,
                   intermediate_size=130, vocab_size=257, num_hidden_layers=2),
     "mistral": dict(model_type="mistral", hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
-                    intermediate_size=200, vocab_size=333, num_hidden_layers=2, sliding_window=32),
+                    intermediate_size=200, vocab_size=333, num_hidden_layers=2, sliding_window=5),  # applies: SEQ 16
 }
 MODES = ["fp32", "mixed", "bf16", "lora", "qlora"]
 FAMILY_MODES = MODES + ["bf16-sr", "adamw8bit", "qlora-ckpt"]  # for the shapes of the other families

@@ -79,10 +79,13 @@ std::vector<std::string> differences(const LlamaShape& s, const json& hf) {
   if (hf.at("act") != "SiLUActivation") out.push_back("activation: ptrain SiLU, transformers " + hf.at("act").dump());
   if (hf.at("attention_dropout") != json::array({0.0}))
     out.push_back("attention dropout: ptrain none, transformers " + hf.at("attention_dropout").dump());
+  // Each layer's window (transformers' per layer; ptrain's one for every layer), as far as a run
+  // of kSeqLen tokens can tell: a window at least that long never applies.
+  auto applied = [](int64_t w) { return w > 0 && w < kSeqLen ? w : 0; };
   for (const auto& w : hf.at("sliding_windows"))
-    if (!w.is_null() && w.get<int64_t>() < kSeqLen)
-      out.push_back("transformers limits attention to a window of " + w.dump() + " < data.seq_len " +
-                    std::to_string(kSeqLen) + "; ptrain attends to every earlier position");
+    if (applied(w.is_null() ? 0 : w.get<int64_t>()) != applied(s.sliding_window))
+      out.push_back("attention window: transformers " + w.dump() + ", ptrain " + std::to_string(s.sliding_window) +
+                    " (0: none), in a run of data.seq_len " + std::to_string(kSeqLen));
   if (s.family == Family::mistral) {  // the window export writes back
     const json& w = hf.at("sliding_windows").at(0);
     if (s.sliding_window != (w.is_null() ? 0 : w.get<int64_t>()))

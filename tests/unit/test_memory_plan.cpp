@@ -162,6 +162,44 @@ TEST(Memory, PackedRowsKeepOneMaskAsPredicted) {
   }
 }
 
+// Rows longer than Mistral's sliding window keep one additive mask [1, 1, T, T] for all blocks, on
+// top of what the same rows keep without a window: as the planner counts it.
+TEST(Memory, RowsPastTheSlidingWindowKeepOneMaskAsPredicted) {
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    const LlamaShape plain_shape = family(shape(96, 3, 6, 2, 211, 300), Family::mistral);
+    LlamaShape windowed_shape = plain_shape;
+    windowed_shape.sliding_window = 7;
+    PrecisionPolicy policy;
+    if (bf16) policy.compute_dtype = at::kBFloat16;
+    const int64_t B = 3, T = 40;
+    at::Tensor tokens = at::randint(0, plain_shape.vocab_size, {B, T + 1}, at::kLong);
+    at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
+    auto saved = [&](const LlamaShape& s) {
+      FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm());
+      init_weights(model, 1);
+      model.forward_loss(in, tgt, 50).backward();  // the RoPE tables
+      model.zero_grad();
+      MeterScope scope;
+      at::Tensor loss = model.forward_loss(in, tgt, 50);
+      const int64_t net = scope.meter().net.load();
+      loss.backward();
+      return net;
+    };
+    const int64_t plain = saved(plain_shape);
+    const int64_t windowed = saved(windowed_shape);
+    ActivationInputs a;
+    a.tokens = B * T;
+    a.compute_bytes = bf16 ? 2 : 4;
+    a.windowed_len = T;
+    const int64_t predicted = predict_activations(windowed_shape, a).mask_bytes;
+    std::cout << "rows past the window: " << windowed - plain << " B more than without one, predicted " << predicted
+              << " B\n";
+    EXPECT_EQ(windowed - plain, predicted);
+    EXPECT_GT(predicted, 0);
+  }
+}
+
 // Activation offloading (memory.activation_offloading) for a full fine-tune and for QLoRA: the
 // same losses bit for bit as checkpointing alone (the recompute reads the same values, brought
 // back from the host); forward leaves on the device only what the planner says (the head's

@@ -172,7 +172,7 @@ TEST(HfConfig, ReadsEachFamilysVariations) {
   EXPECT_TRUE(bias.qkv_bias() && bias.o_bias() && bias.mlp_biased());
   const LlamaShape mistral = read_hf_config(test::fixture("hf_mistral"));
   EXPECT_EQ(mistral.family, Family::mistral);
-  EXPECT_EQ(mistral.sliding_window, 32);
+  EXPECT_EQ(mistral.sliding_window, 7);
   for (const auto& s : {qwen2, qwen3, bias, mistral}) {  // the parameter count is the layout's
     int64_t slots = 0;
     for (const auto& u : llama_units(s, 0.02))
@@ -249,8 +249,12 @@ TEST(Layout, GroupsAndShardsAlignedPaddingOnlyWhereNeeded) {
 // and attention kept inside each document, give every document the logits it gets alone — over
 // the dense holder and over FsdpModel, and through activation checkpointing's recompute, whose
 // gradients equal those without it.
-TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) {
-  const std::string dir = test::fixture("hf_tiny");
+namespace {
+// Documents of 5, 9 and 10 tokens packed into one row of `fixture`'s model get the logits each
+// gets alone; FsdpModel gives the packed row's loss, with and without activation checkpointing.
+void expect_packed_equals_alone(const std::string& fixture) {
+  SCOPED_TRACE(fixture);
+  const std::string dir = test::fixture(fixture);
   const LlamaShape shape = read_hf_config(dir);
   HfCheckpoint ckpt(dir);
   DenseWeights dense(shape, at::kFloat, at::kCPU);
@@ -261,7 +265,9 @@ TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) {
   std::vector<int64_t> doc;
   for (size_t d = 0; d < lengths.size(); ++d) doc.insert(doc.end(), lengths[d], static_cast<int64_t>(d));
   const at::Tensor doc_ids = at::tensor(doc, at::kLong).view({1, 24});
-  const at::Tensor packed = llama_logits(dense, shape, packed_positions(dense.rope(24), doc_ids), row);
+  const int64_t window = shape.sliding_window;
+  const at::Tensor packed =
+      llama_logits(dense, shape, packed_positions(dense.rope(24), doc_ids, at::kFloat, window), row);
   int64_t begin = 0;
   for (int64_t len : lengths) {
     const at::Tensor alone = llama_logits(dense, shape, dense.rope(len), row.narrow(1, begin, len));
@@ -284,8 +290,9 @@ TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) {
     FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
     load_weights(model, ckpt.by_name());
     at::Tensor loss = model.forward_loss(row, targets, 7, doc_ids);
-    const double want =
-        llama_loss(dense, shape, packed_positions(dense.rope(24), doc_ids), row, targets, 7, at::kFloat).item<double>();
+    const double want = llama_loss(dense, shape, packed_positions(dense.rope(24), doc_ids, at::kFloat, window), row,
+                                   targets, 7, at::kFloat)
+                            .item<double>();
     EXPECT_NEAR(loss.item<double>(), want, 1e-6) << (checkpointing ? "checkpointing" : "plain");
     if (!checkpointing) first_loss = loss.item<double>();
     loss.backward();
@@ -296,4 +303,15 @@ TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) {
   for (size_t i = 0; i < grads[0].size(); ++i)
     EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-5, 1e-7)) << "unit " << i;
   EXPECT_GT(first_loss, 0.0);
+}
+}  // namespace
+
+TEST(Packing, PackedDocumentsEqualTheDocumentsRunAlone) { expect_packed_equals_alone("hf_tiny"); }
+
+// Under Mistral's sliding window (hf_mistral: 7 positions) the documents of 9 and 10 tokens run
+// past it: packed, each token sees the last 7 positions of its own document, as alone (where the
+// window is the decoder's own mask, checked against transformers by HfParity).
+TEST(Packing, PackedDocumentsUnderASlidingWindowEqualTheDocumentsRunAlone) {
+  ASSERT_EQ(read_hf_config(test::fixture("hf_mistral")).sliding_window, 7);
+  expect_packed_equals_alone("hf_mistral");
 }
