@@ -23,8 +23,8 @@ namespace {
 
 // Python's str.isspace() for the code point UTF-8 encodes at s[i..i+n).
 std::string template_options() {
-  return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral "
-         "if your data was made for one of them)";
+  return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral, "
+         "mistral-v0.2 if your data was made for one of them)";
 }
 
 bool python_space(const std::string& s, size_t i, size_t& n) {
@@ -324,6 +324,31 @@ You are a helpful assistant.<|im_end|>
     {%- endif %}
 {%- endfor %}
 )"},
+      {ChatTemplate::mistral_v0_2, "Mistral 7B Instruct v0.2", R"({%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+)"},
   };
   // Other releases of these templates, as edits of them.
   static const std::vector<KnownTemplate> with_released = [] {
@@ -569,8 +594,8 @@ std::vector<int64_t> Sample::targets() const {
 }
 
 const std::vector<std::string>& chat_template_names() {
-  static const std::vector<std::string> n{"auto",    "llama3", "llama3.1", "llama3.2",
-                                          "qwen2.5", "qwen3",  "chatml",   "mistral"};
+  static const std::vector<std::string> n{"auto",  "llama3", "llama3.1", "llama3.2",    "qwen2.5",
+                                          "qwen3", "chatml", "mistral",  "mistral-v0.2"};
   return n;
 }
 
@@ -580,7 +605,7 @@ void check_template_tokens(const Tokenizer& tok, ChatTemplate kind, const std::s
   const auto tokens = tok.template_tokens();
   if (!tokens) return;
   const bool llama = kind == ChatTemplate::llama3 || kind == ChatTemplate::llama3_1 || kind == ChatTemplate::llama3_2;
-  const bool mistral = kind == ChatTemplate::mistral;
+  const bool mistral = kind == ChatTemplate::mistral || kind == ChatTemplate::mistral_v0_2;
   auto require = [&](const char* key, const std::string& have, const char* want) {
     if (have != want)
       throw RuntimeError(where + ": the chat template renders " + key + ", which this tokenizer's files make " +
@@ -765,7 +790,11 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
       }
       break;
     }
-    case ChatTemplate::mistral: {
+    case ChatTemplate::mistral:
+    case ChatTemplate::mistral_v0_2: {
+      // v0.3: "[INST] (system before the last user turn) CONTENT[/INST]", replies trimmed;
+      // v0.2: " [INST] (system before the first user turn) CONTENT [/INST]", replies as written.
+      const bool v3 = f.kind == ChatTemplate::mistral;
       const bool system = !messages.empty() && messages[0].role == "system";
       const size_t first = system ? 1 : 0;
       parts.push_back({"<s>", false});
@@ -773,16 +802,21 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
         const ChatMessage& m = messages[i];
         role_check(m, {"user", "assistant"});
         if ((m.role == "user") != ((i - first) % 2 == 0))
-          throw RuntimeError(
-              "mistral's template takes an optional system message, then user and assistant turns "
-              "alternating, starting with user");
+          throw RuntimeError(chat_template_names()[static_cast<size_t>(f.kind)] +
+                             "'s template takes an optional system message, then user and assistant turns "
+                             "alternating, starting with user");
         if (m.role == "user") {
-          parts.push_back({"[INST]", false});
-          const bool last = i + 1 == messages.size();
-          parts.push_back({" " + (last && system ? messages[0].content + "\n\n" : std::string()) + m.content, false});
-          parts.push_back({"[/INST]", false});
+          const bool with_system = system && (v3 ? i + 1 == messages.size() : i == first);
+          const std::string text = (with_system ? messages[0].content + "\n\n" : std::string()) + m.content;
+          if (v3) {
+            parts.push_back({"[INST]", false});
+            parts.push_back({" " + text, false});
+            parts.push_back({"[/INST]", false});
+          } else {
+            parts.push_back({" [INST] " + text + " [/INST]", false});
+          }
         } else {
-          parts.push_back({" " + trim(m.content), true});
+          parts.push_back({" " + (v3 ? trim(m.content) : m.content), true});
           parts.push_back({"</s>", true});
         }
       }
@@ -812,6 +846,7 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
       cue = {{"<|im_start|>", false}, {"assistant\n", false}};
       break;
     case ChatTemplate::mistral:
+    case ChatTemplate::mistral_v0_2:
     case ChatTemplate::automatic:
       break;
   }
@@ -827,6 +862,7 @@ std::string end_of_turn(const ChatFormat& f) {
     case ChatTemplate::chatml:
       return "<|im_end|>";
     case ChatTemplate::mistral:
+    case ChatTemplate::mistral_v0_2:
       return "</s>";
     default:
       return "<|eot_id|>";

@@ -19,6 +19,8 @@
 //   mistral   Mistral v0.3 / Mistral-Small: <s>, user turns [INST] CONTENT[/INST] (the system
 //             message goes before the last user turn's content, so a chat that ends with a
 //             reply does not show it), replies " CONTENT(trimmed)</s>"
+//   mistral-v0.2  Mistral 7B Instruct v0.2: <s>, user turns " [INST] CONTENT [/INST]" (the system
+//             message before the first user turn's content), replies " CONTENT</s>" (untrimmed)
 // A reply's trained span is what the template adds for it after the role header: its content
 // and end-of-turn token (and ChatML's "\n" after it); everything else is masked unless
 // train_on_prompt.
@@ -49,7 +51,7 @@ struct Sample {
 };
 
 // data.chat_template: `automatic` recognizes the template in the tokenizer's directory.
-enum class ChatTemplate { automatic, llama3, llama3_1, llama3_2, qwen2_5, qwen3, chatml, mistral };
+enum class ChatTemplate { automatic, llama3, llama3_1, llama3_2, qwen2_5, qwen3, chatml, mistral, mistral_v0_2 };
 const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
 
 struct ChatFormat {
@@ -70,15 +72,16 @@ std::pair<std::string, std::string> document_markers(const Tokenizer& tok);
 
 // The chat format for `tok`: the template `requested`, or (automatic) the one the tokenizer's
 // directory ships (chat_template.jinja or tokenizer_config.json's chat_template) recognized as
-// one above by what it holds (its literals, filters and methods: src/data/chat.cpp's
-// known_templates) — or Llama 3's when the directory has none and the tokenizer has Llama 3's header
-// tokens. An unrecognized template, or none where one is needed, throws RuntimeError naming the
-// file and the options (a template is never guessed).
+// one above by what it holds (every tag outside tool-call branches, token for token:
+// src/data/chat.cpp's known_templates) — or Llama 3's when the directory has none and the tokenizer has Llama 3's
+// header tokens. An unrecognized template, or none where one is needed, throws RuntimeError naming the file and the
+// options (a template is never guessed).
 ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested);
 
-// A chat template's text (read from `where`) recognized as one ptrain renders, by its profile
-// (literals, filters, methods, token variables outside tool-call branches; docs/data.md). Throws
-// RuntimeError naming `where`, the line and the first difference from the closest known template.
+// A chat template's text (read from `where`) recognized as one ptrain renders: the same tags
+// outside tool-call branches, token for token (docs/data.md). Throws RuntimeError naming `where`,
+// the line and the first difference from the closest known template (in its literals, filters,
+// methods and token variables, else the first tag that differs).
 struct RecognizedTemplate {
   ChatTemplate kind;
   std::string model;           // "Llama 3.1 / 3.3 Instruct (as released)", ...

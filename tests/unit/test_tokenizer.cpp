@@ -470,9 +470,13 @@ TEST(Chat, RendersAndMasksAsTransformersAndGivesItsLoss) {
 // trained, nothing else.
 TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
   const auto expected = nlohmann::json::parse(read_text_file(test::fixture("chat_templates_expected.json")));
-  const std::map<std::string, ChatTemplate> kinds{
-      {"llama3.1", ChatTemplate::llama3_1}, {"llama3.2", ChatTemplate::llama3_2}, {"qwen2.5", ChatTemplate::qwen2_5},
-      {"chatml", ChatTemplate::chatml},     {"qwen3", ChatTemplate::qwen3},       {"mistral", ChatTemplate::mistral}};
+  const std::map<std::string, ChatTemplate> kinds{{"llama3.1", ChatTemplate::llama3_1},
+                                                  {"llama3.2", ChatTemplate::llama3_2},
+                                                  {"qwen2.5", ChatTemplate::qwen2_5},
+                                                  {"chatml", ChatTemplate::chatml},
+                                                  {"qwen3", ChatTemplate::qwen3},
+                                                  {"mistral", ChatTemplate::mistral},
+                                                  {"mistral-v0.2", ChatTemplate::mistral_v0_2}};
   ASSERT_EQ(expected.size(), kinds.size());
   for (const auto& [name, e] : expected.items()) {
     Tokenizer tok(test::fixture("chat_templates/" + name));
