@@ -24,7 +24,7 @@ namespace {
 // Python's str.isspace() for the code point UTF-8 encodes at s[i..i+n).
 std::string template_options() {
   return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral, "
-         "mistral-v0.2 if your data was made for one of them)";
+         "mistral-v0.2, mistral-v0.1 if your data was made for one of them)";
 }
 
 bool python_space(const std::string& s, size_t i, size_t& n) {
@@ -349,6 +349,12 @@ You are a helpful assistant.<|im_end|>
     {%- endif %}
 {%- endfor %}
 )"},
+      {ChatTemplate::mistral_v0_1, "Mistral 7B Instruct v0.1",
+       "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+       "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+       "message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+       "'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant "
+       "roles are supported!') }}{% endif %}{% endfor %}"},
   };
   // Other releases of these templates, as edits of them.
   static const std::vector<KnownTemplate> with_released = [] {
@@ -594,8 +600,8 @@ std::vector<int64_t> Sample::targets() const {
 }
 
 const std::vector<std::string>& chat_template_names() {
-  static const std::vector<std::string> n{"auto",  "llama3", "llama3.1", "llama3.2",    "qwen2.5",
-                                          "qwen3", "chatml", "mistral",  "mistral-v0.2"};
+  static const std::vector<std::string> n{"auto",  "llama3", "llama3.1", "llama3.2",     "qwen2.5",
+                                          "qwen3", "chatml", "mistral",  "mistral-v0.2", "mistral-v0.1"};
   return n;
 }
 
@@ -605,7 +611,8 @@ void check_template_tokens(const Tokenizer& tok, ChatTemplate kind, const std::s
   const auto tokens = tok.template_tokens();
   if (!tokens) return;
   const bool llama = kind == ChatTemplate::llama3 || kind == ChatTemplate::llama3_1 || kind == ChatTemplate::llama3_2;
-  const bool mistral = kind == ChatTemplate::mistral || kind == ChatTemplate::mistral_v0_2;
+  const bool mistral =
+      kind == ChatTemplate::mistral || kind == ChatTemplate::mistral_v0_2 || kind == ChatTemplate::mistral_v0_1;
   auto require = [&](const char* key, const std::string& have, const char* want) {
     if (have != want)
       throw RuntimeError(where + ": the chat template renders " + key + ", which this tokenizer's files make " +
@@ -822,6 +829,22 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
       }
       break;
     }
+    case ChatTemplate::mistral_v0_1:  // "[INST] CONTENT [/INST]REPLY</s> [INST] ..."; no system message
+      parts.push_back({"<s>", false});
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        role_check(m, {"user", "assistant"});
+        if ((m.role == "user") != (i % 2 == 0))
+          throw RuntimeError("mistral-v0.1's template takes user and assistant turns alternating, starting with user");
+        if (m.role == "user") {
+          parts.push_back({(i > 0 ? " [INST] " : "[INST] ") + m.content + " [/INST]", false});
+        } else {
+          parts.push_back({m.content, true});
+          parts.push_back({"</s>", true});
+          if (i + 1 == messages.size()) parts.push_back({" ", false});  // the next turn's space: not trained
+        }
+      }
+      break;
     case ChatTemplate::automatic:
       throw RuntimeError("render_chat needs a resolved chat format (chat_format)");
   }
@@ -847,6 +870,7 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
       break;
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_v0_2:
+    case ChatTemplate::mistral_v0_1:
     case ChatTemplate::automatic:
       break;
   }
@@ -863,6 +887,7 @@ std::string end_of_turn(const ChatFormat& f) {
       return "<|im_end|>";
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_v0_2:
+    case ChatTemplate::mistral_v0_1:
       return "</s>";
     default:
       return "<|eot_id|>";

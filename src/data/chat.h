@@ -21,6 +21,8 @@
 //             reply does not show it), replies " CONTENT(trimmed)</s>"
 //   mistral-v0.2  Mistral 7B Instruct v0.2: <s>, user turns " [INST] CONTENT [/INST]" (the system
 //             message before the first user turn's content), replies " CONTENT</s>" (untrimmed)
+//   mistral-v0.1  Mistral 7B Instruct v0.1 (first release): <s>, user turns "[INST] CONTENT [/INST]",
+//             replies "CONTENT</s> " (the space after </s> is not trained); no system message
 // A reply's trained span is what the template adds for it after the role header: its content
 // and end-of-turn token (and ChatML's "\n" after it); everything else is masked unless
 // train_on_prompt.
@@ -51,7 +53,18 @@ struct Sample {
 };
 
 // data.chat_template: `automatic` recognizes the template in the tokenizer's directory.
-enum class ChatTemplate { automatic, llama3, llama3_1, llama3_2, qwen2_5, qwen3, chatml, mistral, mistral_v0_2 };
+enum class ChatTemplate {
+  automatic,
+  llama3,
+  llama3_1,
+  llama3_2,
+  qwen2_5,
+  qwen3,
+  chatml,
+  mistral,
+  mistral_v0_2,
+  mistral_v0_1
+};
 const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
 
 struct ChatFormat {

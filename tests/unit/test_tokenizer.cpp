@@ -476,7 +476,8 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
                                                   {"chatml", ChatTemplate::chatml},
                                                   {"qwen3", ChatTemplate::qwen3},
                                                   {"mistral", ChatTemplate::mistral},
-                                                  {"mistral-v0.2", ChatTemplate::mistral_v0_2}};
+                                                  {"mistral-v0.2", ChatTemplate::mistral_v0_2},
+                                                  {"mistral-v0.1", ChatTemplate::mistral_v0_1}};
   ASSERT_EQ(expected.size(), kinds.size());
   for (const auto& [name, e] : expected.items()) {
     Tokenizer tok(test::fixture("chat_templates/" + name));
