@@ -24,7 +24,7 @@ namespace {
 // Python's str.isspace() for the code point UTF-8 encodes at s[i..i+n).
 std::string template_options() {
   return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral, "
-         "mistral-v0.2, mistral-v0.1 if your data was made for one of them)";
+         "mistral-system-first, mistral-v0.2, mistral-v0.1 if your data was made for one of them)";
 }
 
 bool python_space(const std::string& s, size_t i, size_t& n) {
@@ -421,6 +421,8 @@ You are a helpful assistant.<|im_end|>
     {%- endif %}
 {%- endfor %}
 {{- bos_token }})"}};
+    // Some releases of Mistral v0.3's template put the system message with the first user turn.
+    const Edits system_first{{"loop.last and system_message", "loop.first and system_message"}};
     // Qwen3's first release: no `content is string` guard, reasoning_content tested `is defined`,
     // the content split off before the reasoning.
     const Edits qwen3_first{
@@ -455,6 +457,11 @@ You are a helpful assistant.<|im_end|>
         {ChatTemplate::qwen3, "Qwen3 (first release)", edited(text_of("Qwen3"), qwen3_first, "Qwen3 (first release)")},
         {ChatTemplate::mistral, "Mistral v0.3 (as released)",
          edited(text_of("Mistral v0.3"), mistral_released, "Mistral v0.3 (as released)")},
+        {ChatTemplate::mistral_system_first, "Mistral v0.3 with the system message first",
+         edited(text_of("Mistral v0.3"), system_first, "Mistral v0.3 (system first)")},
+        {ChatTemplate::mistral_system_first, "Mistral v0.3 (as released) with the system message first",
+         edited(edited(text_of("Mistral v0.3"), mistral_released, "Mistral v0.3 (as released)"), system_first,
+                "Mistral v0.3 (as released, system first)")},
     };
     all.insert(all.end(), more.begin(), more.end());
     return all;
@@ -600,8 +607,17 @@ std::vector<int64_t> Sample::targets() const {
 }
 
 const std::vector<std::string>& chat_template_names() {
-  static const std::vector<std::string> n{"auto",  "llama3", "llama3.1", "llama3.2",     "qwen2.5",
-                                          "qwen3", "chatml", "mistral",  "mistral-v0.2", "mistral-v0.1"};
+  static const std::vector<std::string> n{"auto",
+                                          "llama3",
+                                          "llama3.1",
+                                          "llama3.2",
+                                          "qwen2.5",
+                                          "qwen3",
+                                          "chatml",
+                                          "mistral",
+                                          "mistral-v0.2",
+                                          "mistral-v0.1",
+                                          "mistral-system-first"};
   return n;
 }
 
@@ -611,8 +627,8 @@ void check_template_tokens(const Tokenizer& tok, ChatTemplate kind, const std::s
   const auto tokens = tok.template_tokens();
   if (!tokens) return;
   const bool llama = kind == ChatTemplate::llama3 || kind == ChatTemplate::llama3_1 || kind == ChatTemplate::llama3_2;
-  const bool mistral =
-      kind == ChatTemplate::mistral || kind == ChatTemplate::mistral_v0_2 || kind == ChatTemplate::mistral_v0_1;
+  const bool mistral = kind == ChatTemplate::mistral || kind == ChatTemplate::mistral_system_first ||
+                       kind == ChatTemplate::mistral_v0_2 || kind == ChatTemplate::mistral_v0_1;
   auto require = [&](const char* key, const std::string& have, const char* want) {
     if (have != want)
       throw RuntimeError(where + ": the chat template renders " + key + ", which this tokenizer's files make " +
@@ -798,10 +814,13 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
       break;
     }
     case ChatTemplate::mistral:
+    case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2: {
-      // v0.3: "[INST] (system before the last user turn) CONTENT[/INST]", replies trimmed;
+      // v0.3: "[INST] (system before the last user turn) CONTENT[/INST]", replies trimmed (the
+      // system message before the first user turn with mistral-system-first);
       // v0.2: " [INST] (system before the first user turn) CONTENT [/INST]", replies as written.
-      const bool v3 = f.kind == ChatTemplate::mistral;
+      const bool v3 = f.kind != ChatTemplate::mistral_v0_2;
+      const bool system_last = f.kind == ChatTemplate::mistral;
       const bool system = !messages.empty() && messages[0].role == "system";
       const size_t first = system ? 1 : 0;
       parts.push_back({"<s>", false});
@@ -813,7 +832,7 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
                              "'s template takes an optional system message, then user and assistant turns "
                              "alternating, starting with user");
         if (m.role == "user") {
-          const bool with_system = system && (v3 ? i + 1 == messages.size() : i == first);
+          const bool with_system = system && (system_last ? i + 1 == messages.size() : i == first);
           const std::string text = (with_system ? messages[0].content + "\n\n" : std::string()) + m.content;
           if (v3) {
             parts.push_back({"[INST]", false});
@@ -869,6 +888,7 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
       cue = {{"<|im_start|>", false}, {"assistant\n", false}};
       break;
     case ChatTemplate::mistral:
+    case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_v0_1:
     case ChatTemplate::automatic:
@@ -886,6 +906,7 @@ std::string end_of_turn(const ChatFormat& f) {
     case ChatTemplate::chatml:
       return "<|im_end|>";
     case ChatTemplate::mistral:
+    case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_v0_1:
       return "</s>";

@@ -19,6 +19,8 @@
 //   mistral   Mistral v0.3 / Mistral-Small: <s>, user turns [INST] CONTENT[/INST] (the system
 //             message goes before the last user turn's content, so a chat that ends with a
 //             reply does not show it), replies " CONTENT(trimmed)</s>"
+//   mistral-system-first  mistral with the system message before the first user turn's content
+//             (the v0.3 template as some releases ship it: `loop.first`)
 //   mistral-v0.2  Mistral 7B Instruct v0.2: <s>, user turns " [INST] CONTENT [/INST]" (the system
 //             message before the first user turn's content), replies " CONTENT</s>" (untrimmed)
 //   mistral-v0.1  Mistral 7B Instruct v0.1 (first release): <s>, user turns "[INST] CONTENT [/INST]",
@@ -63,7 +65,8 @@ enum class ChatTemplate {
   chatml,
   mistral,
   mistral_v0_2,
-  mistral_v0_1
+  mistral_v0_1,
+  mistral_system_first
 };
 const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
 

@@ -477,7 +477,8 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
                                                   {"qwen3", ChatTemplate::qwen3},
                                                   {"mistral", ChatTemplate::mistral},
                                                   {"mistral-v0.2", ChatTemplate::mistral_v0_2},
-                                                  {"mistral-v0.1", ChatTemplate::mistral_v0_1}};
+                                                  {"mistral-v0.1", ChatTemplate::mistral_v0_1},
+                                                  {"mistral-system-first", ChatTemplate::mistral_system_first}};
   ASSERT_EQ(expected.size(), kinds.size());
   for (const auto& [name, e] : expected.items()) {
     Tokenizer tok(test::fixture("chat_templates/" + name));
