@@ -127,18 +127,19 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 namespace {
 
-// [T, T]: j <= i, and j > i - window where window > 0.
-at::Tensor causal_band(int64_t T, int64_t window) {
-  const at::Tensor ones = at::ones({T, T}, at::kBool);
-  at::Tensor allowed = ones.tril();
-  if (window > 0) allowed = allowed.logical_and(ones.tril(-window).logical_not());
+// Which positions T new tokens see, after `start` held ones: [T, start + T], token i (position
+// start + i) sees j <= start + i and, with a sliding window (> 0), only j > start + i - window.
+at::Tensor causal_band(int64_t T, int64_t start, int64_t window, const at::Device& device) {
+  const at::Tensor ones = at::ones({T, start + T}, at::TensorOptions(at::kBool).device(device));
+  at::Tensor allowed = ones.tril(start);
+  if (window > 0) allowed = allowed.logical_and(ones.tril(start - window).logical_not());
   return allowed;
 }
 
-at::Tensor additive_mask(const at::Tensor& allowed, c10::ScalarType dtype, const at::Device& device) {
-  return at::zeros(allowed.sizes(), at::TensorOptions(dtype))
-      .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity())
-      .to(device);
+// 0 where `allowed`, -inf elsewhere, in `dtype` on `allowed`'s device.
+at::Tensor additive_mask(const at::Tensor& allowed, c10::ScalarType dtype) {
+  return at::zeros(allowed.sizes(), allowed.options().dtype(dtype))
+      .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
 }  // namespace
@@ -146,7 +147,8 @@ at::Tensor additive_mask(const at::Tensor& allowed, c10::ScalarType dtype, const
 RopeTables windowed_positions(const RopeTables& tables, int64_t T, int64_t window, c10::ScalarType mask_dtype) {
   if (window <= 0 || T <= window) return tables;
   RopeTables r = tables;
-  r.doc_mask = additive_mask(causal_band(T, window).view({1, 1, T, T}), mask_dtype, tables.cos.device());
+  // Built on the tables' device: no [T, T] host tensor and copy per forward.
+  r.doc_mask = additive_mask(causal_band(T, 0, window, tables.cos.device()).view({1, 1, T, T}), mask_dtype);
   return r;
 }
 
@@ -171,9 +173,9 @@ RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids,
   r.token_sin = tables.sin.index_select(0, idx).view({B, T, 1, half});
   // Within one document, positions are consecutive: the window over rows is the window over
   // positions.
-  const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1));                   // [B, T, T]
-  const at::Tensor allowed = same.logical_and(causal_band(T, window)).unsqueeze(1);  // [B, 1, T, T]
-  r.doc_mask = additive_mask(allowed, mask_dtype, device);
+  const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1));                                // [B, T, T]
+  const at::Tensor allowed = same.logical_and(causal_band(T, 0, window, at::kCPU)).unsqueeze(1);  // [B, 1, T, T]
+  r.doc_mask = additive_mask(allowed, mask_dtype).to(device);
   return r;
 }
 
@@ -343,10 +345,7 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
     TORCH_CHECK(!kv, "a cached decode takes no precomputed attention mask");
     mask = rope.doc_mask;
   } else if ((start > 0 && T > 1) || windowed) {
-    const at::Tensor ones = at::ones({T, start + T}, at::TensorOptions(at::kBool).device(x.device()));
-    at::Tensor allowed = ones.tril(start);
-    if (windowed) allowed = allowed.logical_and(ones.tril(start - window).logical_not());
-    mask = allowed;
+    mask = causal_band(T, start, windowed ? window : 0, x.device());
   }
   const at::Tensor attn = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
                                                            /*is_causal=*/!mask && start == 0,
