@@ -224,10 +224,11 @@ const std::vector<Rule>& rules() {
            const auto& known = record_fields();
            if (eq == std::string::npos || eq + 1 == f.size())
              return "'" + f + "' is not \"canonical=theirs\" (e.g. \"output=answer\")";
-           if (std::find(known.begin(), known.end(), canonical) == known.end())
-             return "'" + canonical +
-                    "' is not a record field (text, messages, role, content, conversations, from, value, "
-                    "instruction, input, output, system, history, prompt, completion)";
+           if (std::find(known.begin(), known.end(), canonical) == known.end()) {
+             std::string names;  // the list record_fields() holds, not a copy of it that can fall behind
+             for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
+             return "'" + canonical + "' is not a record field (" + names + ")";
+           }
          }
          return !c.data.fields.empty() && !holds_records(c.data.format)
                     ? "applies to data.format = \"jsonl\" or \"parquet\" only"

@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "data/rows.h"
+#include "data/samples.h"
 #include "test_util.h"
 #include "train/setup.h"
 
@@ -71,6 +72,15 @@ TEST(ConfigBad, UnknownKeySuggestsTheClosestName) {
   problems = problems_of(test::source_dir() + "/tests/configs/bad/misplaced_key.toml", Environment{});
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].reason.find("did you mean optimizer.lr?"), std::string::npos) << problems[0].str();
+}
+
+// data.fields names the canonical fields the record kinds read — every one of them (the list
+// once missed "history").
+TEST(ConfigBad, AnUnknownCanonicalFieldIsRefusedListingEveryRecordField) {
+  auto problems = problems_of(test::source_dir() + "/tests/configs/bad/fields_unknown_canonical.toml", Environment{});
+  ASSERT_FALSE(problems.empty());
+  for (const std::string& field : record_fields())
+    EXPECT_NE(problems[0].reason.find(field), std::string::npos) << field << ": " << problems[0].str();
 }
 
 TEST(ConfigBad, CollectsEveryProblemAtOnce) {
