@@ -576,7 +576,14 @@ TEST(Chat, UnknownTemplatesAreRefusedNamingTheOptions) {
            {"{% for message in messages %}\n{% raw %}{{ x }}{% endraw %}{% endfor %}", "uses line 2: {% raw %}"},
            {"{{ '<|im_start|>\\u12' }}", "malformed \\u escape"},
            {"{% if messages %}{{ 'a' }}", "never closed"},
-           {"{{ 'a }}", "line 1: a string literal is never closed"}}) {
+           {"{{ 'a }}", "line 1: a string literal is never closed"},
+           // ChatML's own literals with one test negated: a tag, not a literal, differs
+           {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+            "'<|im_end|>' + '\\n'}}{% endfor %}{% if not add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+            "{% endif %}",
+            "line 1: the tag \"{% if not add_generation_prompt %}\" is not ChatML's \"{% if add_generation_prompt "
+            "%}\""},
+           {"{% for t in tools %}{{ 'x' }}{% else %}{{ 'y' }}{% endfor %}", "{% else %} of a {% for %} over tools"}}) {
     std::filesystem::copy_file(test::fixture("chat_templates/chatml/tokenizer.json"), dir / "tokenizer.json",
                                std::filesystem::copy_options::overwrite_existing);
     test::write_text(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", tmpl}}.dump());
