@@ -103,6 +103,10 @@ def checkpoint_meta_seeds():
             "shape": shape, "units": [{"name": "embed", "numel": 64384}, {"name": "block.0", "numel": 43136}],
             "files": {"model.rank0.safetensors": {"bytes": 1234, "crc32": "0badf00d"}}}
     put("checkpoint_meta", "lora_qwen3", json.dumps(meta, indent=2))
+    yarn = dict(shape, rope_scaling={"type": "yarn", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_seq_len": 32768, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "truncate": True, "attention_factor": 1.1386})
+    put("checkpoint_meta", "yarn", json.dumps(dict(meta, shape=yarn)))
     put("checkpoint_meta", "world_size_zero", json.dumps(dict(meta, world_size=0)))
     put("checkpoint_meta", "old_format", json.dumps(dict(meta, format_version=1)))
     put("checkpoint_meta", "not_json", "{\"format_version\": 2,")
@@ -149,6 +153,10 @@ def hf_config_seeds():
                             "original_max_position_embeddings": 16})
     put("hf_config", "llama3_rope_v4", json.dumps(v4, indent=2))
     put("hf_config", "yarn", json.dumps(dict(odd, rope_parameters={"rope_type": "yarn", "factor": 4.0})))
+    put("hf_config", "yarn_every_key", json.dumps(dict(odd, rope_parameters={
+        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16, "beta_fast": 16, "beta_slow": 2,
+        "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False, "rope_theta": 10000.0})))
+    put("hf_config", "linear_v4", json.dumps(dict(v4, rope_scaling={"type": "linear", "factor": 2.0})))
     put("hf_config", "moe", json.dumps(dict(odd, model_type="mixtral", num_local_experts=8)))
     put("hf_config", "gptq", json.dumps(dict(odd, quantization_config={"quant_method": "gptq", "bits": 4})))
     put("hf_config", "huge_layers", json.dumps(dict(odd, num_hidden_layers=1 << 40)))

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/error.h"
@@ -134,6 +135,45 @@ std::string family_list() {
   return out;
 }
 
+// YaRN's parameters as transformers reads them: `factor` null is max_position_embeddings over
+// the original length; beta_fast / beta_slow null or 0 are 32 / 1; truncate defaults to true;
+// attention_factor, where not given, is 0.1 ln(factor) + 1 — or the ratio of that with mscale and
+// with mscale_all_dim where both are given and nonzero (mscale alone changes nothing).
+template <class Number>
+void read_yarn(const json& r, RopeScaling& out, int64_t max_positions, int64_t original, Number&& number,
+               const std::string& where) {
+  out.type = RopeType::yarn;
+  out.original_max_seq_len = original;
+  if (!r.contains("factor")) throw UnsupportedInput(where + ".factor is missing (RoPE type \"yarn\" needs it)");
+  const auto factor = number("factor");
+  if (!factor && original <= 0) throw UnsupportedInput(where + ".original_max_position_embeddings must be positive");
+  out.factor = factor ? *factor : static_cast<double>(max_positions) / static_cast<double>(original);
+  auto beta = [&](const char* name, double fallback) {
+    const auto v = number(name);
+    if (v && *v < 0) throw UnsupportedInput(where + "." + name + " = " + r[name].dump() + " is negative");
+    return v && *v != 0 ? *v : fallback;
+  };
+  out.beta_fast = beta("beta_fast", 32.0);
+  out.beta_slow = beta("beta_slow", 1.0);
+  if (out.beta_fast < out.beta_slow)
+    throw UnsupportedInput(where + ": beta_fast (" + json(out.beta_fast).dump() + ") is below beta_slow (" +
+                           json(out.beta_slow).dump() + "); the ramp would run backwards (transformers warns)");
+  if (r.contains("truncate")) {
+    if (!r["truncate"].is_boolean()) throw UnsupportedInput(where + ".truncate must be true or false");
+    out.truncate = r["truncate"].get<bool>();
+  }
+  const auto given = number("attention_factor");
+  const auto m = number("mscale"), m_all = number("mscale_all_dim");
+  if (given) {
+    if (!(*given > 0)) throw UnsupportedInput(where + ".attention_factor must be positive");
+    out.attention_factor = *given;
+  } else if (m && *m != 0 && m_all && *m_all != 0) {
+    out.attention_factor = RopeScaling::yarn_mscale(out.factor, *m) / RopeScaling::yarn_mscale(out.factor, *m_all);
+  } else {
+    out.attention_factor = RopeScaling::yarn_mscale(out.factor);
+  }
+}
+
 void read_rope(const json& c, LlamaShape& s, const std::string& path) {
   // transformers < 5 writes "rope_theta" + "rope_scaling"; 5.x writes "rope_parameters" holding both.
   // Where a file holds both, transformers reads rope_scaling and drops rope_parameters (its
@@ -157,26 +197,45 @@ void read_rope(const json& c, LlamaShape& s, const std::string& path) {
   const json& r = *rope;
   const std::string type = r.value("rope_type", r.value("type", std::string("default")));
   std::set<std::string> known{"rope_type", "type", "rope_theta"};
+  RopeScaling& out = s.rope_scaling;
+  // A number at `name` (known from here on); empty where absent or null.
+  auto number = [&](const char* name) -> std::optional<double> {
+    known.insert(name);
+    if (!r.contains(name) || r[name].is_null()) return std::nullopt;
+    if (!r[name].is_number())
+      throw UnsupportedInput(path + ": " + key + "." + name + " = " + r[name].dump() + " is not a number");
+    return r[name].get<double>();
+  };
+  auto need = [&](const char* name) {
+    const auto v = number(name);
+    if (!v)
+      throw UnsupportedInput(path + ": " + key + "." + name + " is missing (RoPE type \"" + type + "\" needs it)");
+    return *v;
+  };
+  // Where it is absent, transformers takes the pretraining length to be max_position_embeddings.
+  auto original_length = [&] {
+    known.insert("original_max_position_embeddings");
+    return r.contains("original_max_position_embeddings")
+               ? json_integer(r["original_max_position_embeddings"],
+                              path + ": " + key + ".original_max_position_embeddings")
+               : s.max_seq_len;
+  };
   if (type == "llama3") {
-    auto need = [&](const char* name) {
-      if (!r.contains(name) || !r[name].is_number())
-        throw UnsupportedInput(path + ": " + key + "." + name +
-                               " is missing or not a number (RoPE type \"llama3\" "
-                               "needs factor, low_freq_factor and high_freq_factor)");
-      return r[name].get<double>();
-    };
-    s.rope_scaling.factor = need("factor");
-    s.rope_scaling.low_freq_factor = need("low_freq_factor");
-    s.rope_scaling.high_freq_factor = need("high_freq_factor");
-    // Where it is absent, transformers takes the pretraining length to be max_position_embeddings.
-    s.rope_scaling.original_max_seq_len = r.contains("original_max_position_embeddings")
-                                              ? json_integer(r["original_max_position_embeddings"],
-                                                             path + ": " + key + ".original_max_position_embeddings")
-                                              : s.max_seq_len;
-    known.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+    out.type = RopeType::llama3;
+    out.factor = need("factor");
+    out.low_freq_factor = need("low_freq_factor");
+    out.high_freq_factor = need("high_freq_factor");
+    out.original_max_seq_len = original_length();
+  } else if (type == "linear") {
+    out.type = RopeType::linear;
+    out.factor = need("factor");
+  } else if (type == "yarn") {
+    read_yarn(r, out, s.max_seq_len, original_length(), number, path + ": " + key);
+    known.insert("truncate");  // the one key of YaRN's that is not a number
   } else if (type != "default") {
-    throw UnsupportedInput(path + ": " + key + ".rope_type \"" + type +
-                           "\" is not implemented (ptrain implements \"default\" and \"llama3\")");
+    throw UnsupportedInput(
+        path + ": " + key + ".rope_type \"" + type +
+        "\" is not implemented (ptrain implements \"default\", \"llama3\", \"linear\" and \"yarn\")");
   }
   if (r.contains("rope_theta")) s.rope_theta = r["rope_theta"].get<double>();
   for (auto it = r.begin(); it != r.end(); ++it)
@@ -324,14 +383,21 @@ void write_hf_config(const std::string& dir, const LlamaShape& s) {
     if (key == "use_sliding_window") c[key] = false;
     if (key == "sliding_window") c[key] = s.sliding_window > 0 ? json(s.sliding_window) : json(nullptr);
   }
-  if (s.rope_scaling.factor > 0)
-    c["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", s.rope_scaling.factor},
-                         {"low_freq_factor", s.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", s.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", s.rope_scaling.original_max_seq_len}};
-  else
-    c["rope_scaling"] = nullptr;
+  const RopeScaling& r = s.rope_scaling;
+  c["rope_scaling"] = nullptr;
+  if (r.factor > 0) {
+    c["rope_scaling"] = {{"rope_type", r.type_name()}, {"factor", r.factor}};
+    if (r.type == RopeType::llama3)
+      c["rope_scaling"].update({{"low_freq_factor", r.low_freq_factor},
+                                {"high_freq_factor", r.high_freq_factor},
+                                {"original_max_position_embeddings", r.original_max_seq_len}});
+    if (r.type == RopeType::yarn)  // the attention factor as ptrain resolved it, so nothing is derived again
+      c["rope_scaling"].update({{"original_max_position_embeddings", r.original_max_seq_len},
+                                {"beta_fast", r.beta_fast},
+                                {"beta_slow", r.beta_slow},
+                                {"truncate", r.truncate},
+                                {"attention_factor", r.attention_factor}});
+  }
   write_file_atomic((fs::path(dir) / "config.json").string(), c.dump(2) + "\n");
 }
 

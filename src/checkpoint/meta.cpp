@@ -26,10 +26,15 @@ json shape_json(const LlamaShape& s) {
           {"mlp_bias", s.mlp_bias},
           {"sliding_window", s.sliding_window},
           {"rope_scaling",
-           {{"factor", s.rope_scaling.factor},
+           {{"type", s.rope_scaling.type_name()},
+            {"factor", s.rope_scaling.factor},
             {"low_freq_factor", s.rope_scaling.low_freq_factor},
             {"high_freq_factor", s.rope_scaling.high_freq_factor},
-            {"original_max_seq_len", s.rope_scaling.original_max_seq_len}}}};
+            {"original_max_seq_len", s.rope_scaling.original_max_seq_len},
+            {"beta_fast", s.rope_scaling.beta_fast},
+            {"beta_slow", s.rope_scaling.beta_slow},
+            {"truncate", s.rope_scaling.truncate},
+            {"attention_factor", s.rope_scaling.attention_factor}}}};
 }
 
 LlamaShape shape_from_json(const json& j) {
@@ -55,8 +60,22 @@ LlamaShape shape_from_json(const json& j) {
   s.attention_bias = j.value("attention_bias", false);
   s.mlp_bias = j.value("mlp_bias", false);
   s.sliding_window = j.value("sliding_window", int64_t{0});
+  // Checkpoints from before YaRN and linear scaling hold llama3 scaling or none.
   const auto& r = j.at("rope_scaling");
-  s.rope_scaling = {r.at("factor"), r.at("low_freq_factor"), r.at("high_freq_factor"), r.at("original_max_seq_len")};
+  RopeScaling& rope = s.rope_scaling;
+  const std::string type = r.value("type", std::string("llama3"));
+  const auto t = rope_type_named(type);
+  if (!t)
+    throw UnsupportedInput("checkpoint meta.json: RoPE scaling type \"" + type + "\" is not one ptrain implements");
+  rope.type = *t;
+  rope.factor = r.at("factor");
+  rope.low_freq_factor = r.at("low_freq_factor");
+  rope.high_freq_factor = r.at("high_freq_factor");
+  rope.original_max_seq_len = r.at("original_max_seq_len");
+  rope.beta_fast = r.value("beta_fast", rope.beta_fast);
+  rope.beta_slow = r.value("beta_slow", rope.beta_slow);
+  rope.truncate = r.value("truncate", rope.truncate);
+  rope.attention_factor = r.value("attention_factor", rope.attention_factor);
   return s;
 }
 
@@ -92,7 +111,8 @@ class Fields {
       fail(prefix_ + key, "= " + v.dump() + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     return v.get<int64_t>();
   }
-  double number(const std::string& key, double lo, double hi) const {
+  double number(const std::string& key, double lo, double hi, std::optional<double> fallback = {}) const {
+    if (fallback && !obj_.contains(key)) return *fallback;
     const json& v = need(key);
     if (!v.is_number()) fail(prefix_ + key, "is not a number");
     const double d = v.get<double>();
@@ -164,6 +184,14 @@ void validate_checkpoint_meta(const json& meta, const std::string& where) {
   r.number("low_freq_factor", -1e30, 1e30);
   r.number("high_freq_factor", -1e30, 1e30);
   r.integer("original_max_seq_len", 0, kMax);
+  r.string("type", true);
+  const json& rope = s.need("rope_scaling");
+  if (rope.contains("type") && !rope_type_named(rope["type"].get<std::string>()))
+    r.fail("shape.rope_scaling.type", "= " + rope["type"].dump() + " is not llama3, linear or yarn");
+  r.number("beta_fast", -1e30, 1e30, 32.0);
+  r.number("beta_slow", -1e30, 1e30, 1.0);
+  r.boolean("truncate", true);
+  r.number("attention_factor", -1e30, 1e30, 1.0);
   const json& units = m.need("units");
   if (!units.is_array()) m.fail("units", "is not a list");
   for (const auto& u : units) {

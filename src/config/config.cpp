@@ -83,6 +83,10 @@ const std::vector<std::string>& enum_names<ChatTemplate>() {
   return chat_template_names();
 }
 template <>
+const std::vector<std::string>& enum_names<RopeType>() {
+  return rope_type_names();
+}
+template <>
 const std::vector<std::string>& enum_names<Family>() {
   static const std::vector<std::string> n = [] {
     std::vector<std::string> names;
@@ -255,13 +259,15 @@ const std::vector<Key>& keys() {
       PTRAIN_DIM("tie_embeddings", model.shape.tie_embeddings, kFromStruct,
                  R"(output projection shares the embedding matrix)"),
       PTRAIN_DIM("rope_scaling_factor", model.shape.rope_scaling.factor, R"(preset (8 for Llama 3))",
-                 R"(Llama-3.1 RoPE frequency scaling; 0 disables)"),
+                 R"(RoPE frequency scaling factor (>= 1; 0 disables), of the type `rope_scaling_type` (`docs/models.md`))"),
+      PTRAIN_DIM("rope_scaling_type", model.shape.rope_scaling.type, kFromStruct,
+                 R"(which scaling `rope_scaling_factor` applies: `llama3` (Llama 3.1's bands), `linear` (every frequency divided by the factor) or `yarn` (YaRN: beta_fast 32, beta_slow 1, ends truncated, cos/sin scaled by 0.1 ln(factor) + 1; `hf_path`'s `config.json` may set the rest))"),
       PTRAIN_DIM("rope_low_freq_factor", model.shape.rope_scaling.low_freq_factor, kFromStruct,
                  R"(Llama-3.1 scaling parameter)"),
       PTRAIN_DIM("rope_high_freq_factor", model.shape.rope_scaling.high_freq_factor, kFromStruct,
                  R"(Llama-3.1 scaling parameter)"),
       PTRAIN_DIM("rope_original_max_seq_len", model.shape.rope_scaling.original_max_seq_len, kFromStruct,
-                 R"(Llama-3.1 scaling parameter)"),
+                 R"(Llama-3.1 and YaRN scaling parameter: the context the model was pretrained for)"),
       PTRAIN_KEY("data", "path", data.path, R"(— (required))",
                  R"(text file, token file or JSONL file (`docs/data.md`))"),
       PTRAIN_KEY(
@@ -695,6 +701,32 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
       assign(a);
     }
   auto& s = config.model.shape;
+  if (config.model.hf_path.empty()) {
+    // YaRN from [model] keys takes the attention factor config.json files derive where they give none.
+    if (s.rope_scaling.type == RopeType::yarn)
+      s.rope_scaling.attention_factor = RopeScaling::yarn_mscale(s.rope_scaling.factor);
+    // A RoPE scaling key the resolved scaling does not read is refused, not ignored, where it is
+    // set to anything but its default (a resolved TOML lists every key, at its default there).
+    const RopeScaling defaults;
+    auto unread = [&](const char* name, bool is_default, const std::string& why) {
+      if (!assigned(name) || is_default) return;
+      const auto o = config.origin(std::string("model.") + name);
+      problems.push_back({o.file, o.line, std::string("model.") + name, why});
+    };
+    const std::string type = std::string("model.rope_scaling_type is \"") + s.rope_scaling.type_name() + "\"";
+    if (s.rope_scaling.factor == 0)
+      unread("rope_scaling_type", s.rope_scaling.type == defaults.type,
+             "no RoPE scaling applies while model.rope_scaling_factor is 0; set it (>= 1)");
+    if (s.rope_scaling.type != RopeType::llama3) {
+      unread("rope_low_freq_factor", s.rope_scaling.low_freq_factor == defaults.low_freq_factor,
+             "is read by llama3 scaling only; " + type);
+      unread("rope_high_freq_factor", s.rope_scaling.high_freq_factor == defaults.high_freq_factor,
+             "is read by llama3 scaling only; " + type);
+    }
+    if (s.rope_scaling.type == RopeType::linear)
+      unread("rope_original_max_seq_len", s.rope_scaling.original_max_seq_len == defaults.original_max_seq_len,
+             "is read by llama3 and yarn scaling only; " + type);
+  }
   // A resized preset derives head_dim from its new width; a preset's own head_dim (Qwen3's 128
   // whatever the width) stands unless dim or n_heads changes.
   if (!assigned("head_dim") && (assigned("dim") || assigned("n_heads")) && config.model.hf_path.empty() &&

@@ -181,9 +181,21 @@ const std::vector<Rule>& rules() {
          const auto& r = c.model.shape.rope_scaling;
          if (r.factor == 0) return std::string();
          if (r.factor < 1) return std::string("must be 0 (off) or >= 1");
-         return r.high_freq_factor > r.low_freq_factor && r.original_max_seq_len > 0
-                    ? ""
-                    : "needs rope_high_freq_factor > rope_low_freq_factor and rope_original_max_seq_len > 0";
+         switch (r.type) {
+           case RopeType::llama3:
+             return r.high_freq_factor > r.low_freq_factor && r.original_max_seq_len > 0
+                        ? ""
+                        : "needs rope_high_freq_factor > rope_low_freq_factor and rope_original_max_seq_len > 0";
+           case RopeType::linear:
+             return "";
+           case RopeType::yarn:
+             if (r.original_max_seq_len <= 0) return "YaRN needs an original context length > 0";
+             if (!(c.model.shape.rope_theta > 1)) return "YaRN needs rope_theta > 1 (its ramp divides by log(theta))";
+             return r.beta_slow > 0 && r.beta_fast >= r.beta_slow && r.attention_factor > 0
+                        ? ""
+                        : "YaRN needs beta_fast >= beta_slow > 0 and an attention factor > 0";
+         }
+         return "";
        }},
       {"data.path",
        [](const Config& c, const Environment& env) -> std::string { return env.local ? check_data(c) : ""; }},

@@ -64,14 +64,9 @@ class SplitFlat : public torch::autograd::Function<SplitFlat> {
   }
 };
 
-}  // namespace
-
-at::Tensor rope_inv_freq(const LlamaShape& s) {
-  // Same float32 ops as transformers' LlamaRotaryEmbedding, so the tables match bit for bit.
-  auto arange = at::arange(0, s.head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(s.head_dim);
-  at::Tensor inv = 1.0 / at::pow(s.rope_theta, arange);
-  const auto& r = s.rope_scaling;
-  if (r.factor <= 0) return inv;
+// Llama 3.1: wavelengths longer than original / low_freq_factor are divided by factor, those
+// shorter than original / high_freq_factor kept, and the ones between ramped smoothly.
+at::Tensor llama3_scaled(const at::Tensor& inv, const RopeScaling& r) {
   const double old_len = static_cast<double>(r.original_max_seq_len);
   const double low_wavelen = old_len / r.low_freq_factor;
   const double high_wavelen = old_len / r.high_freq_factor;
@@ -83,12 +78,61 @@ at::Tensor rope_inv_freq(const LlamaShape& s) {
   return at::where(medium, smoothed, scaled);
 }
 
+// YaRN: the dimensions that turn fewer than beta_slow times over the original context take the
+// interpolated frequency (divided by factor), those that turn more than beta_fast times keep
+// theirs, and a linear ramp over the dimension index joins the two.
+at::Tensor yarn_scaled(const at::Tensor& powers, const LlamaShape& s) {
+  const RopeScaling& r = s.rope_scaling;
+  const double dim = static_cast<double>(s.head_dim);
+  auto dimension_of = [&](double rotations) {  // the dimension that turns `rotations` times
+    return dim * std::log(static_cast<double>(r.original_max_seq_len) / (rotations * 2 * M_PI)) /
+           (2 * std::log(s.rope_theta));
+  };
+  double low = dimension_of(r.beta_fast);
+  double high = dimension_of(r.beta_slow);
+  if (r.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // as transformers: no zero-width ramp
+  at::Tensor ramp = ((at::arange(s.head_dim / 2, at::kLong).to(at::kFloat) - low) / (high - low)).clamp(0, 1);
+  at::Tensor keep = 1 - ramp;  // the weight of the original frequency
+  return 1.0 / (r.factor * powers) * (1 - keep) + 1.0 / powers * keep;
+}
+
+}  // namespace
+
+at::Tensor rope_inv_freq(const LlamaShape& s) {
+  // Same float32 ops as transformers' rotary embeddings, so the tables match bit for bit.
+  auto arange = at::arange(0, s.head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(s.head_dim);
+  at::Tensor powers = at::pow(s.rope_theta, arange);
+  const auto& r = s.rope_scaling;
+  if (r.factor <= 0) return 1.0 / powers;
+  switch (r.type) {
+    case RopeType::llama3:
+      return llama3_scaled(1.0 / powers, r);
+    case RopeType::linear:
+      return 1.0 / powers / r.factor;
+    case RopeType::yarn:
+      return yarn_scaled(powers, s);
+  }
+  TORCH_CHECK(false, "unknown RoPE scaling type");
+}
+
 RopeTables rope_tables(const LlamaShape& s, int64_t seq_len, const at::Device& device) {
   at::Tensor t = at::arange(seq_len, at::kLong).to(at::kFloat);
   at::Tensor freqs = at::outer(t, rope_inv_freq(s));  // [T, head_dim/2], float32
+  // YaRN scales cos and sin (so every attention logit by its square); 1 for the other types.
+  const double scale = s.rope_scaling.table_scale();
   RopeTables r;
   r.cos = freqs.cos().to(device);
   r.sin = freqs.sin().to(device);
+  if (scale != 1.0) {
+    r.cos.mul_(scale);
+    r.sin.mul_(scale);
+  }
   return r;
 }
 

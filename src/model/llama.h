@@ -32,7 +32,8 @@ struct KvCache {
 };
 
 // RoPE tables in float32 for positions [0, seq_len): cos/sin of shape [seq_len, head_dim/2],
-// with Llama-3.1 frequency scaling when shape.rope_scaling.factor > 0 (same math as HF).
+// with the frequencies scaled (llama3, linear or YaRN, same math as HF) when
+// shape.rope_scaling.factor > 0, and YaRN's attention factor multiplied in.
 // With the fields below, the attention context of one forward (every block reads it).
 struct RopeTables {
   at::Tensor cos;

@@ -1,6 +1,25 @@
 #include "model/shape.h"
 
+#include <cmath>
+#include <sstream>
+
 namespace ptrain {
+
+const std::vector<std::string>& rope_type_names() {
+  static const std::vector<std::string> names{"llama3", "linear", "yarn"};  // RopeType's order
+  return names;
+}
+
+const char* RopeScaling::type_name() const { return rope_type_names().at(static_cast<size_t>(type)).c_str(); }
+
+double RopeScaling::yarn_mscale(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; }
+
+std::optional<RopeType> rope_type_named(const std::string& name) {
+  const auto& names = rope_type_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<RopeType>(i);
+  return std::nullopt;
+}
 
 int64_t LlamaShape::block_params() const {
   const int64_t attn = dim * q_dim() + 2 * dim * kv_dim() + q_dim() * dim;
@@ -17,6 +36,11 @@ std::string LlamaShape::describe() const {
   if (qk_norm()) parts.push_back("per-head q/k RMSNorm");
   if (tie_embeddings) parts.push_back("tied embedding");
   if (sliding_window > 0) parts.push_back("sliding window of " + std::to_string(sliding_window) + " positions");
+  if (rope_scaling.factor > 0 && rope_scaling.type != RopeType::llama3) {
+    std::ostringstream f;
+    f << rope_scaling.type_name() << " RoPE scaling x" << rope_scaling.factor;
+    parts.push_back(f.str());
+  }
   std::string out = traits(family).name;
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : " (") + parts[i] + (i + 1 == parts.size() ? ")" : "");
   return out;
@@ -37,7 +61,7 @@ LlamaShape llama3(int64_t dim, int64_t layers, int64_t heads, int64_t ffn) {
   s.max_seq_len = 8192;
   s.rope_theta = 500000.0;
   s.norm_eps = 1e-5;
-  s.rope_scaling = RopeScaling{8.0, 1.0, 4.0, 8192};
+  s.rope_scaling.factor = 8.0;  // low 1, high 4, original context 8192
   return s;
 }
 LlamaShape qwen(Family family, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,

@@ -11,13 +11,33 @@
 
 namespace ptrain {
 
-// Llama-3.1 style RoPE frequency scaling ("rope_type": "llama3" in HF config.json).
-struct RopeScaling {
-  double factor = 0.0;  // 0 disables scaling
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_seq_len = 8192;
+// RoPE frequency scaling, as HF config.json's rope_parameters / rope_scaling give it. Scaling
+// applies where factor > 0; `type` says which (presets and [model] keys: llama3).
+enum class RopeType {
+  llama3,  // Llama 3.1: long wavelengths divided by factor, a smooth ramp between
+  linear,  // every frequency divided by factor (position interpolation)
+  yarn,    // YaRN: frequencies ramped between interpolated and original, cos/sin scaled
 };
+struct RopeScaling {
+  RopeType type = RopeType::llama3;
+  double factor = 0.0;                  // 0 disables scaling
+  double low_freq_factor = 1.0;         // llama3
+  double high_freq_factor = 4.0;        // llama3
+  int64_t original_max_seq_len = 8192;  // llama3, yarn: the context the model was pretrained for
+  double beta_fast = 32.0;              // yarn: the ramp's ends, in rotations over that context
+  double beta_slow = 1.0;
+  bool truncate = true;           // yarn: the ramp's ends rounded outward to whole dimensions
+  double attention_factor = 1.0;  // yarn: cos and sin are multiplied by it
+  const char* type_name() const;  // "llama3", "linear", "yarn"
+  // YaRN's attention factor for a factor f where config.json gives none: 0.1 m ln(f) + 1 (1 for f <= 1).
+  static double yarn_mscale(double f, double m = 1.0);
+  // What RoPE's cos and sin are multiplied by: YaRN's attention factor, else 1.
+  double table_scale() const { return factor > 0 && type == RopeType::yarn ? attention_factor : 1.0; }
+};
+// The types' names as config.json and the [model] keys spell them, in enumerator order.
+const std::vector<std::string>& rope_type_names();
+// The type spelled `name`; empty when unknown.
+std::optional<RopeType> rope_type_named(const std::string& name);
 
 // Upper bounds on a shape, far above every published model (Llama 3.1 405B: 126 layers, width
 // 16,384, FFN 53,248; vocabularies up to 256k; contexts up to 10M) and low enough that a damaged

@@ -104,8 +104,15 @@ def main():
     case("moe", "hf_mistral", lambda d: edit_config(d, num_local_experts=8), '"num_local_experts"', "mixture-of-experts")
     case("softcap", "hf_qwen3", lambda d: edit_config(d, final_logit_softcapping=30.0), '"final_logit_softcapping"')
     case("partial_rotary", "hf_odd", lambda d: edit_config(d, partial_rotary_factor=0.5), '"partial_rotary_factor"')
-    case("yarn", "hf_qwen2", lambda d: edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0,
-                                                                         "rope_theta": 1e6}), '"yarn"')
+    case("dynamic_rope", "hf_qwen2", lambda d: edit_config(d, rope_parameters={"rope_type": "dynamic", "factor": 4.0,
+                                                                                 "rope_theta": 1e6}), '"dynamic"')
+    # YaRN is read; a key of it ptrain does not implement, or a value it cannot mean, is not
+    case("yarn_extra", "hf_qwen2", lambda d: edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                                               "rope_theta": 1e6, "low_freq_factor": 1.0}),
+         "low_freq_factor", '"yarn"')
+    case("yarn_truncate", "hf_qwen2", lambda d: edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                                                  "rope_theta": 1e6, "truncate": None}),
+         "truncate must be true or false")
     case("rope_extra", "hf_qwen3", lambda d: edit_config(d, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                                "mrope_section": [2, 2]}), "mrope_section")
     case("gelu", "hf_odd", lambda d: edit_config(d, hidden_act="gelu"), '"gelu"')

@@ -3,7 +3,8 @@
 the real clients.
 
 For each shape (odd hidden sizes, vocabularies that are not multiples of 64, MHA and GQA 8:1,
-tied embeddings, one layer, head_dim != hidden/heads; Llama with biases, Qwen2, Qwen3, Mistral)
+tied embeddings, one layer, head_dim != hidden/heads; Llama with biases, Qwen2 with YaRN, Qwen3
+with linear RoPE scaling, Mistral with a sliding window)
 this script
   1. makes a random Hugging Face model of its family with transformers (random norm weights and
      biases) and saves it;
@@ -50,11 +51,15 @@ SHAPES = {
     # the other families (model/family.h)
     "llama_bias": dict(hidden_size=72, num_attention_heads=4, num_key_value_heads=2, head_dim=24, intermediate_size=190,
                        vocab_size=259, num_hidden_layers=2, attention_bias=True, mlp_bias=True),
+    # Qwen2 with YaRN as Qwen2.5's model cards add it (factor 4 over an original context of 16)
     "qwen2_tied": dict(model_type="qwen2", hidden_size=84, num_attention_heads=6, num_key_value_heads=2,
                        intermediate_size=150, vocab_size=311, num_hidden_layers=2, tie_word_embeddings=True,
-                       rope_theta=1000000.0),
+                       rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16,
+                                            rope_theta=1000000.0)),
+    # Qwen3 with linear RoPE scaling (position interpolation)
     "qwen3": dict(model_type="qwen3", hidden_size=64, num_attention_heads=6, num_key_value_heads=2, head_dim=20,
-                  intermediate_size=130, vocab_size=257, num_hidden_layers=2),
+                  intermediate_size=130, vocab_size=257, num_hidden_layers=2,
+                  rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=1000000.0)),
     "mistral": dict(model_type="mistral", hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
                     intermediate_size=200, vocab_size=333, num_hidden_layers=2, sliding_window=5),  # applies: SEQ 16
 }

@@ -3,6 +3,9 @@
 // resolved TOML round trip.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -10,6 +13,7 @@
 #include "config/config.h"
 #include "data/rows.h"
 #include "data/samples.h"
+#include "model/llama.h"
 #include "test_util.h"
 #include "train/setup.h"
 
@@ -146,6 +150,14 @@ TEST(ConfigBad, EachSectionsOwnRulesReportAtTheirKey) {
       {{"lora.rank=0"}, "lora.rank"},
       {{"lora.alpha=0.0"}, "lora.alpha"},
       {{"lora.dropout=1.0"}, "lora.dropout"},
+      // a RoPE scaling key that would change nothing is refused, not ignored
+      {{"model.rope_scaling_type=\"yarn\""}, "model.rope_scaling_type"},
+      {{"model.rope_scaling_factor=4.0", "model.rope_scaling_type=\"cubic\""}, "model.rope_scaling_type"},
+      {{"model.rope_scaling_factor=4.0", "model.rope_scaling_type=\"linear\"", "model.rope_low_freq_factor=2.0"},
+       "model.rope_low_freq_factor"},
+      {{"model.rope_scaling_factor=4.0", "model.rope_scaling_type=\"linear\"", "model.rope_original_max_seq_len=64"},
+       "model.rope_original_max_seq_len"},
+      {{"model.rope_scaling_factor=0.5", "model.rope_scaling_type=\"yarn\""}, "model.rope_scaling_factor"},
   };
   for (const auto& [sets, key] : cases) {
     try {
@@ -172,6 +184,26 @@ TEST(Config, OverridesPresetAndResolvedTomlRoundTrips) {
   test::write_text(dir / "resolved.toml", to_toml(c));
   Config again = load_config(dir / "resolved.toml", {}, Environment{});
   EXPECT_EQ(to_toml(again), to_toml(c));
+}
+
+// YaRN from [model] keys: the attention factor config.json files derive where they give none,
+// and the resolved TOML reloads to the same scaling.
+TEST(Config, YarnFromModelKeysTakesItsDerivedAttentionFactor) {
+  test::TempDir dir;
+  const Config c = load_config(
+      test::small_config(dir),
+      {"model.rope_scaling_factor=4.0", "model.rope_scaling_type=\"yarn\"", "model.rope_original_max_seq_len=32"},
+      Environment{});
+  const RopeScaling& r = c.model.shape.rope_scaling;
+  EXPECT_EQ(r.type, RopeType::yarn);
+  EXPECT_DOUBLE_EQ(r.attention_factor, 0.1 * std::log(4.0) + 1);
+  EXPECT_DOUBLE_EQ(r.table_scale(), 0.1 * std::log(4.0) + 1);
+  EXPECT_EQ(r.original_max_seq_len, 32);
+  test::write_text(dir / "resolved.toml", to_toml(c));
+  const Config again = load_config(dir / "resolved.toml", {}, Environment{});
+  EXPECT_EQ(to_toml(again), to_toml(c));
+  EXPECT_TRUE(at::equal(rope_inv_freq(again.model.shape), rope_inv_freq(c.model.shape)));
+  EXPECT_DOUBLE_EQ(again.model.shape.rope_scaling.attention_factor, r.attention_factor);
 }
 
 // A preset through the config is the preset: its own head_dim (Qwen3's 128 at any width) and

@@ -67,8 +67,10 @@ std::vector<std::string> differences(const LlamaShape& s, const json& hf) {
       worst = std::max(worst, std::abs(inv[static_cast<int64_t>(i)].item<double>() - ref[i]) / std::abs(ref[i]));
     if (!(worst <= 1e-6)) out.push_back("RoPE frequencies differ by " + std::to_string(worst) + " (relative)");
   }
-  if (hf.at("rope_scaling").get<double>() != 1.0)
-    out.push_back("transformers scales cos/sin by " + hf.at("rope_scaling").dump() + "; ptrain does not");
+  const double table_scale = s.rope_scaling.table_scale(), hf_table_scale = hf.at("rope_scaling").get<double>();
+  if (!(std::abs(table_scale - hf_table_scale) <= 1e-12 * hf_table_scale))
+    out.push_back("transformers scales cos/sin by " + hf.at("rope_scaling").dump() + ", ptrain by " +
+                  std::to_string(table_scale));
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
   const auto scales = hf.at("softmax_scale").get<std::vector<double>>();
   if (scales.size() != 1 || std::abs(scales[0] - scale) > 1e-12 * scale)
@@ -97,7 +99,7 @@ std::vector<std::string> differences(const LlamaShape& s, const json& hf) {
 TEST(HfConfig, EveryConfigJsonVariantIsReadAsTransformersReadsItOrRefused) {
   const json fixture = json::parse(read_text_file(test::fixture("config_variants.json")));
   std::vector<std::string> failures;
-  std::map<std::string, int> accepted, refused_by_both, refused_by_ptrain_only;
+  std::map<std::string, int> accepted, refused_by_both, refused_by_ptrain_only, rope_types_read;
   for (const auto& v : fixture.at("variants")) {
     const std::string name = v.at("name").get<std::string>();
     const std::string family = v.at("family").get<std::string>();
@@ -126,6 +128,8 @@ TEST(HfConfig, EveryConfigJsonVariantIsReadAsTransformersReadsItOrRefused) {
       continue;
     }
     ++accepted[family];
+    ++rope_types_read[config->model.shape.rope_scaling.factor > 0 ? config->model.shape.rope_scaling.type_name()
+                                                                  : "default"];
     for (const auto& d : differences(config->model.shape, v.at("hf"))) failures.push_back(name + ": " + d);
   }
   for (const auto& [family, n] : accepted)
@@ -133,6 +137,11 @@ TEST(HfConfig, EveryConfigJsonVariantIsReadAsTransformersReadsItOrRefused) {
               << " refused that transformers reads, " << refused_by_both[family] << " refused by both\n";
   // Every family's configs are read, not only refused (the unmodified ones above must be).
   for (const char* family : {"llama", "mistral", "qwen2", "qwen3"}) EXPECT_GT(accepted[family], 0) << family;
+  // And every RoPE type ptrain implements is among what is compared.
+  for (const char* type : {"default", "llama3", "linear", "yarn"}) {
+    std::cout << "RoPE " << type << ": " << rope_types_read[type] << " variants read\n";
+    EXPECT_GT(rope_types_read[type], 0) << type;
+  }
   std::string shown;
   for (size_t i = 0; i < failures.size() && i < 400; ++i) shown += "\n  " + failures[i];
   EXPECT_TRUE(failures.empty()) << failures.size() << " variants read differently from transformers:" << shown;

@@ -34,13 +34,53 @@ TEST(Rope, InverseFrequenciesMatchClosedForm) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(inv[i].item<double>(), std::pow(10000.0, -2.0 * i / 8), 1e-7);
 }
 
+TEST(Rope, LinearAndYarnScalingInClosedForm) {
+  // head_dim 16, theta 10000: dimension pair i turns T / (2 pi 10000^(i/8)) times over T positions.
+  LlamaShape s;
+  s.head_dim = 16;
+  s.rope_theta = 10000.0;
+  const at::Tensor base = rope_inv_freq(s);
+  s.rope_scaling.factor = 4.0;
+  s.rope_scaling.type = RopeType::linear;
+  const at::Tensor linear = rope_inv_freq(s);
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(linear[i].item<double>(), base[i].item<double>() / 4, 1e-7);
+
+  // YaRN over an original context of 4096 (beta 32 / 1, ends truncated to pairs 2 and 6): pairs
+  // 0-2 turn more than 32 times (652, 206, 65) and keep their frequency, pairs 6-7 turn fewer than
+  // once (0.65, 0.21) and are divided by the factor, and a linear ramp over the index joins them.
+  s.rope_scaling.type = RopeType::yarn;
+  s.rope_scaling.original_max_seq_len = 4096;
+  s.rope_scaling.attention_factor = 0.1 * std::log(4.0) + 1;
+  const at::Tensor yarn = rope_inv_freq(s);
+  auto turns = [&](int i) { return 4096 * base[i].item<double>() / (2 * M_PI); };
+  auto dim_of = [](double rotations) {  // the (real) pair index at which a pair turns `rotations` times
+    return 16 * std::log(4096 / (rotations * 2 * M_PI)) / (2 * std::log(10000.0));
+  };
+  const double low = std::floor(dim_of(32)), high = std::ceil(dim_of(1));
+  ASSERT_LT(low, high);
+  for (int i = 0; i < 8; ++i) {
+    const double f = base[i].item<double>(), g = yarn[i].item<double>();
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    EXPECT_NEAR(g, f / 4 * ramp + f * (1 - ramp), 1e-6 * f) << "pair " << i << " turns " << turns(i) << " times";
+    if (turns(i) > 32) EXPECT_NEAR(g, f, 1e-7 * f);
+    if (turns(i) < 1) EXPECT_NEAR(g, f / 4, 1e-7 * f);
+  }
+  // cos and sin carry the attention factor: at position 0, cos = factor and sin = 0.
+  const RopeTables t = rope_tables(s, 3, at::kCPU);
+  EXPECT_NEAR(t.cos[0][0].item<double>(), 0.1 * std::log(4.0) + 1, 1e-7);
+  EXPECT_NEAR(t.sin[1][7].item<double>(), (0.1 * std::log(4.0) + 1) * std::sin(yarn[7].item<double>()), 1e-6);
+  s.rope_scaling.type = RopeType::linear;  // other types ignore the field
+  EXPECT_NEAR(rope_tables(s, 1, at::kCPU).cos[0][0].item<double>(), 1.0, 1e-7);
+}
+
 TEST(Rope, Llama31ScalingBands) {
   // original max 32, low 1, high 4: wavelength > 32 is divided by the factor, < 8 is kept,
   // and in between the smooth interpolation of HF's _compute_llama3_parameters applies.
   LlamaShape s;
   s.head_dim = 16;
   s.rope_theta = 10000.0;
-  s.rope_scaling = {8.0, 1.0, 4.0, 32};
+  s.rope_scaling.factor = 8.0;  // low 1, high 4
+  s.rope_scaling.original_max_seq_len = 32;
   at::Tensor scaled = rope_inv_freq(s);
   s.rope_scaling.factor = 0;
   at::Tensor base = rope_inv_freq(s);

@@ -186,6 +186,12 @@ TEST(Checkpoint, DamagedMetaIsRefusedNamingTheField) {
            {[](nlohmann::json& m) { m["shape"]["n_kv_heads"] = 3; }, "shape.n_heads is not a multiple"},
            {[](nlohmann::json& m) { m["shape"]["dim"] = -64; }, "shape.dim = -64 is outside"},
            {[](nlohmann::json& m) { m.erase("step"); }, "step is missing"},
+           {[](nlohmann::json& m) { m["shape"]["rope_scaling"]["type"] = "cubic"; },
+            "shape.rope_scaling.type = \"cubic\" is not llama3, linear or yarn"},
+           {[](nlohmann::json& m) { m["shape"]["rope_scaling"]["type"] = 3; },
+            "shape.rope_scaling.type is not a string"},
+           {[](nlohmann::json& m) { m["shape"]["rope_scaling"]["truncate"] = "yes"; },
+            "shape.rope_scaling.truncate is not true or false"},
            {[](nlohmann::json& m) { m["files"]["model.rank0.safetensors"]["crc32"] = "xyz"; },
             "files.model.rank0.safetensors.crc32 is not 8 hex digits"}}) {
     nlohmann::json bad = good;
