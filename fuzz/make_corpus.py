@@ -119,6 +119,8 @@ def config_seeds():
             if name.endswith(".toml"):
                 with open(os.path.join(root, d, name), "rb") as f:
                     put("config", d.replace(os.sep, "_") + "_" + name, f.read())
+    put("config", "yarn_keys", "[model]\npreset = \"qwen2_5_0_5b\"\nmax_seq_len = 131072\nrope_scaling_factor = 4.0\n"
+        "rope_scaling_type = \"yarn\"\nrope_original_max_seq_len = 32768\n[data]\nseq_len = 64\n")
     put("config", "overrides_everything", "[model]\npreset = \"tiny\"\ndim = 96\nn_heads = 6\nn_kv_heads = 2\n"
         "[data]\nseq_len = 64\n[lora]\nenabled = true\ntargets = [\"q\", \"v\"]\n[quant]\nbase = \"nf4\"\n")
 

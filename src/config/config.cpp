@@ -261,7 +261,7 @@ const std::vector<Key>& keys() {
       PTRAIN_DIM("rope_scaling_factor", model.shape.rope_scaling.factor, R"(preset (8 for Llama 3))",
                  R"(RoPE frequency scaling factor (>= 1; 0 disables), of the type `rope_scaling_type` (`docs/models.md`))"),
       PTRAIN_DIM("rope_scaling_type", model.shape.rope_scaling.type, kFromStruct,
-                 R"(which scaling `rope_scaling_factor` applies: `llama3` (Llama 3.1's bands), `linear` (every frequency divided by the factor) or `yarn` (YaRN: beta_fast 32, beta_slow 1, ends truncated, cos/sin scaled by 0.1 ln(factor) + 1; `hf_path`'s `config.json` may set the rest))"),
+                 R"(which scaling `rope_scaling_factor` applies: `llama3` (Llama 3.1's bands), `linear` (every frequency divided by the factor) or `yarn` (YaRN over `rope_original_max_seq_len`, which must then be set: beta_fast 32, beta_slow 1, ends truncated, cos/sin scaled by 0.1 ln(factor) + 1; `hf_path`'s `config.json` may set the rest))"),
       PTRAIN_DIM("rope_low_freq_factor", model.shape.rope_scaling.low_freq_factor, kFromStruct,
                  R"(Llama-3.1 scaling parameter)"),
       PTRAIN_DIM("rope_high_freq_factor", model.shape.rope_scaling.high_freq_factor, kFromStruct,
@@ -714,6 +714,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
       problems.push_back({o.file, o.line, std::string("model.") + name, why});
     };
     const std::string type = std::string("model.rope_scaling_type is \"") + s.rope_scaling.type_name() + "\"";
+    // A preset's context is not the one YaRN stretches unless the config says so.
+    if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::yarn && !assigned("rope_original_max_seq_len")) {
+      const auto o = config.origin("model.rope_scaling_type");
+      problems.push_back({o.file, o.line, "model.rope_scaling_type",
+                          "YaRN needs model.rope_original_max_seq_len: the context the model was pretrained for, "
+                          "which YaRN stretches by rope_scaling_factor"});
+    }
     if (s.rope_scaling.factor == 0)
       unread("rope_scaling_type", s.rope_scaling.type == defaults.type,
              "no RoPE scaling applies while model.rope_scaling_factor is 0; set it (>= 1)");

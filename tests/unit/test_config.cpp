@@ -157,7 +157,9 @@ TEST(ConfigBad, EachSectionsOwnRulesReportAtTheirKey) {
        "model.rope_low_freq_factor"},
       {{"model.rope_scaling_factor=4.0", "model.rope_scaling_type=\"linear\"", "model.rope_original_max_seq_len=64"},
        "model.rope_original_max_seq_len"},
-      {{"model.rope_scaling_factor=0.5", "model.rope_scaling_type=\"yarn\""}, "model.rope_scaling_factor"},
+      {{"model.rope_scaling_factor=0.5", "model.rope_scaling_type=\"yarn\"", "model.rope_original_max_seq_len=64"},
+       "model.rope_scaling_factor"},
+      {{"model.rope_scaling_factor=4.0", "model.rope_scaling_type=\"yarn\""}, "model.rope_scaling_type"},
   };
   for (const auto& [sets, key] : cases) {
     try {
