@@ -224,6 +224,19 @@ def tokenizer_dir_seeds():
             cfg + b"\0" + model + b"\0" + bases[v["base"]] + b"\0" + text + legacy)
 
 
+def json_array_seeds():
+    # data.format = "json": records as one array, one line and pretty-printed, and broken arrays.
+    with open(os.path.join(HERE, "..", "data", "tiny_chat.jsonl")) as f:
+        records = [json.loads(line) for line in f][:3]
+    put("json_array", "chats_indented", json.dumps(records, indent=2))
+    put("json_array", "chats_one_line", json.dumps(records))
+    put("json_array", "alpaca", json.dumps([{"instruction": "Add [1, 2].", "input": "", "output": "\"3\" ]\\"}]))
+    put("json_array", "trailing_comma", "[{\"text\": \"a\"},]")
+    put("json_array", "no_comma", "[{\"text\": \"a\"} {\"text\": \"b\"}]")
+    put("json_array", "truncated", "[{\"text\": \"a")
+    put("json_array", "jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n")
+
+
 def parquet_seeds():
     # The Parquet fixtures, cut ones, and columns of every kind the reader converts (integers at
     # their limits, floats that are not finite, deep lists, structs with nulls, dictionaries).
@@ -273,6 +286,7 @@ def main():
     chat_template_seeds()
     tokenizer_dir_seeds()
     parquet_seeds()
+    json_array_seeds()
     for target in fuzz_targets():
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)

@@ -25,8 +25,7 @@ namespace fs = std::filesystem;
 
 template <>
 const std::vector<std::string>& enum_names<DataFormat>() {
-  static const std::vector<std::string> n{"text", "tokens", "jsonl", "parquet"};
-  return n;
+  return data_format_names();
 }
 template <>
 const std::vector<std::string>& enum_names<Truncation>() {
@@ -272,18 +271,18 @@ const std::vector<Key>& keys() {
                  R"(text file, token file or JSONL file (`docs/data.md`))"),
       PTRAIN_KEY(
           "data", "format", data.format, kFromStruct,
-          R"(`text` (byte-level tokens, vocab 256), `tokens` (`.bin` made by `ptrain tokenize`) `jsonl` (text, chat — messages, ShareGPT, Alpaca — or prompt/completion records, tokenized as they load) or `parquet` (the same records, one per row, a column per field))"),
+          R"(`text` (byte-level tokens, vocab 256), `tokens` (`.bin` made by `ptrain tokenize`) `jsonl` (text, chat — messages, ShareGPT, Alpaca — or prompt/completion records, one per line, tokenized as they load), `json` (the same records as the elements of one JSON array, as `alpaca_data.json` and ShareGPT dumps hold them) or `parquet` (the same records, one per row, a column per field))"),
       PTRAIN_KEY("data", "tokenizer", data.tokenizer, R"(`model.hf_path`)",
                  R"(jsonl: `tokenizer.json`, or the HF model directory holding it)"),
       PTRAIN_KEY(
           "data", "fields", data.fields, kFromStruct,
-          R"(jsonl/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, history, prompt, completion)"),
+          R"(jsonl/json/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, history, prompt, completion)"),
       PTRAIN_KEY(
           "data", "ignore_fields", data.ignore_fields, kFromStruct,
-          R"(jsonl/parquet: fields of a record or of its turns (Parquet: columns) to leave out knowingly, as the data names them (e.g. `["id", "source"]`); any other field a record kind does not read is refused by name)"),
+          R"(jsonl/json/parquet: fields of a record or of its turns (Parquet: columns) to leave out knowingly, as the data names them (e.g. `["id", "source"]`); any other field a record kind does not read is refused by name)"),
       PTRAIN_KEY(
           "data", "on_bad_record", data.on_bad_record, kFromStruct,
-          R"(jsonl/parquet: a malformed record stops with its `FILE:LINE` and field (`error`), or is left out, counted and reported with the first one's location (`skip`))"),
+          R"(jsonl/json/parquet: a malformed record stops with its `FILE:LINE` and field (`error`), or is left out, counted and reported with the first one's location (`skip`))"),
       PTRAIN_KEY(
           "data", "chat_template", data.chat_template, kFromStruct,
           R"(jsonl chats (messages, ShareGPT, Alpaca): `auto` recognizes the template in the tokenizer's directory (`tokenizer_config.json` / `chat_template.jinja`) and refuses one it does not know; or `llama3`, `llama3.1`, `llama3.2`, `qwen2.5`, `qwen3`, `chatml`, `mistral`, `mistral-system-first`, `mistral-v0.2`, `mistral-v0.1` (docs/data.md))"),
@@ -297,9 +296,9 @@ const std::vector<Key>& keys() {
           R"(jsonl: a sample longer than `seq_len + 1` tokens is cut to its start (`truncate`) or left out (`drop`); both are counted and reported)"),
       PTRAIN_KEY(
           "data", "cache", data.cache, kFromStruct,
-          R"(jsonl/parquet: tokenize the file once into a cache file that later runs and every rank map read-only instead of tokenizing again; a changed data file, tokenizer, template or data option makes a new one (docs/data.md); `false` tokenizes into memory at every start)"),
+          R"(jsonl/json/parquet: tokenize the file once into a cache file that later runs and every rank map read-only instead of tokenizing again; a changed data file, tokenizer, template or data option makes a new one (docs/data.md); `false` tokenizes into memory at every start)"),
       PTRAIN_KEY("data", "cache_dir", data.cache_dir, R"(`$PTRAIN_DATA_CACHE`, else `~/.cache/ptrain/datasets`)",
-                 R"(jsonl/parquet: the directory of the cache files (made if missing))"),
+                 R"(jsonl/json/parquet: the directory of the cache files (made if missing))"),
       PTRAIN_KEY("data", "seq_len", data.seq_len, kFromStruct,
                  R"(tokens per sequence; windows hold `seq_len + 1` tokens)"),
       PTRAIN_KEY("data", "micro_batch_size", data.micro_batch_size, kFromStruct, R"(sequences per forward/backward)"),

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 
@@ -55,7 +56,23 @@ std::string check_data(const Config& c) {
     }
   } else if (holds_records(c.data.format)) {
     if (fs::file_size(c.data.path) == 0)
-      return "'" + c.data.path + "' is empty; a dataset holds one record per line (JSONL) or row (Parquet)";
+      return "'" + c.data.path +
+             "' is empty; a dataset holds one record per line (JSONL), array element (JSON) or row (Parquet)";
+    // A JSON array read as JSONL (or the other way round) fails at its first line: say which it is.
+    if (c.data.format == DataFormat::jsonl || c.data.format == DataFormat::json) {
+      std::ifstream in(c.data.path, std::ios::binary);
+      char first = 0;
+      while (in.get(first) && (first == ' ' || first == '\t' || first == '\r' || first == '\n')) {
+      }
+      if (c.data.format == DataFormat::jsonl && first == '[')
+        return "'" + c.data.path +
+               "' starts with '[': it holds one JSON array of records, which data.format = \"json\" reads "
+               "(\"jsonl\" is one record per line)";
+      if (c.data.format == DataFormat::json && first == '{')
+        return "'" + c.data.path +
+               "' starts with '{', not '[': records one per line are data.format = \"jsonl\" (\"json\" reads one "
+               "JSON array of records)";
+    }
     if (c.data.format == DataFormat::parquet && !parquet_supported())
       return "this ptrain was built without Parquet support (no pyarrow in the build's venv); run launch/setup.sh, "
              "which "
@@ -72,7 +89,7 @@ std::string cache_problem(const Config& c, bool dir) {
   const bool set = dir ? !c.data.cache_dir.empty() : !c.data.cache;
   if (!set) return "";
   if (!holds_records(c.data.format))
-    return std::string("applies to data.format = \"jsonl\" or \"parquet\" only (text and token files ") +
+    return std::string("applies to data.format = \"jsonl\", \"json\" or \"parquet\" only (text and token files ") +
            (dir ? "need no cache)" : "are mapped as they are, never tokenized at start)");
   return dir && !c.data.cache ? "is unused with data.cache = false: set one or the other" : "";
 }
@@ -209,10 +226,10 @@ const std::vector<Rule>& rules() {
       {"data.tokenizer",
        [](const Config& c, const Environment& env) -> std::string {
          if (!holds_records(c.data.format))
-           return !c.data.tokenizer.empty()
-                      ? "applies to data.format = \"jsonl\" or \"parquet\" only (token files are tokenized already; "
-                        "text is read as bytes)"
-                      : "";
+           return !c.data.tokenizer.empty() ? "applies to data.format = \"jsonl\", \"json\" or \"parquet\" only (token "
+                                              "files are tokenized already; "
+                                              "text is read as bytes)"
+                                            : "";
          if (!env.local) return "";  // --plan: no files are read
          if (c.tokenizer_path().empty())
            return "data.format = \"" + name_of(c.data.format) +
@@ -243,7 +260,7 @@ const std::vector<Rule>& rules() {
            }
          }
          return !c.data.fields.empty() && !holds_records(c.data.format)
-                    ? "applies to data.format = \"jsonl\" or \"parquet\" only"
+                    ? "applies to data.format = \"jsonl\", \"json\" or \"parquet\" only"
                     : "";
        }},
       {"data.ignore_fields",
@@ -256,26 +273,29 @@ const std::vector<Rule>& rules() {
                       "'): read it or leave it out, not both";
          }
          return !c.data.ignore_fields.empty() && !holds_records(c.data.format)
-                    ? "applies to data.format = \"jsonl\" or \"parquet\" only"
+                    ? "applies to data.format = \"jsonl\", \"json\" or \"parquet\" only"
                     : "";
        }},
       {"data.packing",
        [](const Config& c, const Environment&) -> std::string {
          return c.data.packing && !holds_records(c.data.format)
-                    ? "applies to data.format = \"jsonl\" or \"parquet\" only (token streams already fill every row)"
+                    ? "applies to data.format = \"jsonl\", \"json\" or \"parquet\" only (token streams already fill "
+                      "every row)"
                     : "";
        }},
       {"data.train_on_prompt",
        [](const Config& c, const Environment&) -> std::string {
          return c.data.train_on_prompt && !holds_records(c.data.format)
-                    ? "applies to data.format = \"jsonl\" or \"parquet\" only (text and token files train on every "
+                    ? "applies to data.format = \"jsonl\", \"json\" or \"parquet\" only (text and token files train on "
+                      "every "
                       "token)"
                     : "";
        }},
       {"data.truncation",
        [](const Config& c, const Environment&) -> std::string {
          return c.data.truncation == Truncation::drop && !holds_records(c.data.format)
-                    ? "applies to data.format = \"jsonl\" or \"parquet\" only (token streams are cut into windows)"
+                    ? "applies to data.format = \"jsonl\", \"json\" or \"parquet\" only (token streams are cut into "
+                      "windows)"
                     : "";
        }},
       {"data.cache", [](const Config& c, const Environment&) -> std::string { return cache_problem(c, false); }},

@@ -2,6 +2,11 @@
 
 namespace ptrain {
 
+const std::vector<std::string>& data_format_names() {
+  static const std::vector<std::string> names{"text", "tokens", "jsonl", "parquet", "json"};
+  return names;
+}
+
 OptionProblems DataOptions::problems() const {
   OptionProblems p;
   p.check("data.micro_batch_size", at_least(micro_batch_size, 1));

@@ -11,9 +11,13 @@
 
 namespace ptrain {
 
-enum class DataFormat { text, tokens, jsonl, parquet };
-// jsonl and parquet: records (text, chats, prompt/completion) rendered into samples with a loss mask.
-inline bool holds_records(DataFormat f) { return f == DataFormat::jsonl || f == DataFormat::parquet; }
+enum class DataFormat { text, tokens, jsonl, parquet, json };
+// The formats' names as data.format spells them, in enumerator order.
+const std::vector<std::string>& data_format_names();
+// jsonl, json and parquet: records (text, chats, prompt/completion) rendered into samples with a loss mask.
+inline bool holds_records(DataFormat f) {
+  return f == DataFormat::jsonl || f == DataFormat::parquet || f == DataFormat::json;
+}
 enum class Truncation { truncate, drop };
 enum class BadRecord { error, skip };
 

@@ -64,9 +64,8 @@ SampleRows::SampleRows(std::shared_ptr<const SampleSet> set, SampleSplit split, 
     : set_(std::move(set)), split_(std::move(split)), seq_len_(seq_len), seed_(seed), packing_(packing) {
   for (int64_t i = 0; i < set_->size(); ++i)
     if (set_->length(i) - 1 > seq_len_)
-      throw RuntimeError(set_->source() + ":" + std::to_string(set_->line(i)) + ": a sample of " +
-                         std::to_string(set_->length(i)) + " ids does not fit a row of seq_len " +
-                         std::to_string(seq_len_));
+      throw RuntimeError(set_->where(i) + ": a sample of " + std::to_string(set_->length(i)) +
+                         " ids does not fit a row of seq_len " + std::to_string(seq_len_));
   val_ = pack(split_.val);
   val_fill_ = fill(val_.samples, val_.starts);
   if (!split_.train.empty()) {

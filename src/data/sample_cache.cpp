@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdlib>
@@ -69,7 +70,7 @@ uint64_t hash_text(uint64_t h, const std::string& s) {
 }
 
 // What the samples depend on, as JSON (kept in the cache file, hashed into its key).
-json key_parts(const std::string& data_path, bool parquet, const Tokenizer& tok, const ChatFormat& format,
+json key_parts(const std::string& data_path, DataFormat file_format, const Tokenizer& tok, const ChatFormat& format,
                const SampleOptions& o) {
   const std::string abs = fs::absolute(data_path).lexically_normal().string();
   const int fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -98,7 +99,7 @@ json key_parts(const std::string& data_path, bool parquet, const Tokenizer& tok,
         {"mtime_ns", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec},
         {"crc32_first_mib", head},
         {"crc32_last_mib", tail}}},
-      {"format", parquet ? "parquet" : "jsonl"},
+      {"format", data_format_names().at(static_cast<size_t>(file_format))},
       {"tokenizer",
        {{"path", tok.path()}, {"reading", tok.reading()}, {"bytes", tokenizer.bytes}, {"crc32", tokenizer.crc32}}},
       {"chat",
@@ -268,8 +269,13 @@ class CacheReader final : public SampleWriter {
     }
     const auto* ids = reinterpret_cast<const int32_t*>(base);
     const auto* flags = base + t.trained_at;
-    return assemble(source, std::move(stats), map, ids, flags, offsets, lines, counts, t.samples, t.total_trained,
-                    t.max_id, t.content_hash);
+    // The key names the format (sample_cache_key), so a cache of another format is another file.
+    const std::string format = json::parse(key.parts).at("format").get<std::string>();
+    const auto& names = data_format_names();
+    const auto kind = static_cast<DataFormat>(std::find(names.begin(), names.end(), format) - names.begin());
+    return located(assemble(source, std::move(stats), map, ids, flags, offsets, lines, counts, t.samples,
+                            t.total_trained, t.max_id, t.content_hash),
+                   kind);
   }
 };
 
@@ -282,9 +288,9 @@ std::string default_sample_cache_dir() {
   return ".ptrain_cache/datasets";
 }
 
-SampleCacheKey sample_cache_key(const std::string& dir, const std::string& data_path, bool parquet,
+SampleCacheKey sample_cache_key(const std::string& dir, const std::string& data_path, DataFormat file_format,
                                 const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o) {
-  const std::string parts = key_parts(data_path, parquet, tok, format, o).dump();
+  const std::string parts = key_parts(data_path, file_format, tok, format, o).dump();
   const uint64_t h = hash_text(0, parts);
   const std::string hex = hex_fingerprint("", h).substr(1);
   return {h, (fs::path(dir) / (fs::path(data_path).filename().string() + "." + hex + ".samples")).string(), parts};
@@ -295,7 +301,7 @@ std::optional<SampleSet> open_sample_cache(const SampleCacheKey& key, const std:
   return CacheReader::open(key, data_path, /*verify_sum=*/true, why_not);
 }
 
-SampleSet build_sample_cache(const SampleCacheKey& key, const std::string& data_path, bool parquet,
+SampleSet build_sample_cache(const SampleCacheKey& key, const std::string& data_path, DataFormat file_format,
                              const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o,
                              const SampleProgress& progress) {
   const std::string dir = fs::path(key.path).parent_path().string();
@@ -317,7 +323,7 @@ SampleSet build_sample_cache(const SampleCacheKey& key, const std::string& data_
   SampleStats stats;
   // A write failing inside rendering (a full disk) is the cache's problem; a bad record is the data's.
   try {
-    stats = render_samples(data_path, parquet, tok, format, o, progress, *w);
+    stats = render_samples(data_path, file_format, tok, format, o, progress, *w);
   } catch (const CacheWriter::Failed& e) {
     io([&] { throw RuntimeError(e.what()); });
   }

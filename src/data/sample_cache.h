@@ -38,7 +38,7 @@ std::string default_sample_cache_dir();
 
 // The key of `data_path`'s samples under `dir`. Throws RuntimeError when the data file cannot
 // be read.
-SampleCacheKey sample_cache_key(const std::string& dir, const std::string& data_path, bool parquet,
+SampleCacheKey sample_cache_key(const std::string& dir, const std::string& data_path, DataFormat file_format,
                                 const Tokenizer& tokenizer, const ChatFormat& format, const SampleOptions& options);
 
 // The cached samples, mapped; nullopt when the file is absent, or — with the reason in
@@ -50,7 +50,7 @@ std::optional<SampleSet> open_sample_cache(const SampleCacheKey& key, const std:
 // only one block of records is in memory at a time — then maps it. Throws RuntimeError as
 // render_samples does, or CacheWriteError when the cache file cannot be written; nothing is left
 // behind then.
-SampleSet build_sample_cache(const SampleCacheKey& key, const std::string& data_path, bool parquet,
+SampleSet build_sample_cache(const SampleCacheKey& key, const std::string& data_path, DataFormat file_format,
                              const Tokenizer& tokenizer, const ChatFormat& format, const SampleOptions& options,
                              const SampleProgress& progress);
 

@@ -38,6 +38,11 @@ class SampleWriter {
   static SampleSet assemble(std::string source, SampleStats stats, std::shared_ptr<const void> storage,
                             const int32_t* ids, const uint8_t* trained, const int64_t* offsets, const int64_t* lines,
                             const int64_t* counts, int64_t n, int64_t total_trained, int32_t max_id, uint64_t hash);
+  // `set` names its records as `file_format` numbers them (SampleSet::where).
+  static SampleSet located(SampleSet set, DataFormat file_format) {
+    set.separator_ = record_separator(file_format);
+    return set;
+  }
 
   std::vector<int64_t> offsets_{0}, lines_, counts_;
   int64_t total_trained_ = 0;
@@ -49,7 +54,8 @@ class SampleWriter {
 // with options.threads threads and appends the block to `out`; returns the counts over the
 // file. The samples and counts do not depend on the thread count. A malformed record throws
 // RuntimeError naming FILE:LINE (FILE: row N) unless options.skip_bad_records.
-SampleStats render_samples(const std::string& path, bool parquet, const Tokenizer& tokenizer, const ChatFormat& format,
-                           const SampleOptions& options, const SampleProgress& progress, SampleWriter& out);
+SampleStats render_samples(const std::string& path, DataFormat file_format, const Tokenizer& tokenizer,
+                           const ChatFormat& format, const SampleOptions& options, const SampleProgress& progress,
+                           SampleWriter& out);
 
 }  // namespace ptrain

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "data/json_array.h"
 #include "data/parquet.h"
 #include "data/rows.h"
 #include "data/sample_writer.h"
@@ -341,15 +342,16 @@ struct MemoryArrays {
 
 class MemoryWriter final : public SampleWriter {
  public:
-  SampleSet finish(const std::string& source, const SampleStats& stats) {
+  SampleSet finish(const std::string& source, const SampleStats& stats, DataFormat file_format) {
     auto a = std::make_shared<MemoryArrays>();
     a->ids = std::move(ids_);
     a->trained = std::move(trained_);
     a->offsets = offsets_;
     a->lines = lines_;
     a->counts = counts_;
-    return assemble(source, stats, a, a->ids.data(), a->trained.data(), a->offsets.data(), a->lines.data(),
-                    a->counts.data());
+    return located(assemble(source, stats, a, a->ids.data(), a->trained.data(), a->offsets.data(), a->lines.data(),
+                            a->counts.data()),
+                   file_format);
   }
 
  private:
@@ -406,11 +408,24 @@ SampleSet SampleWriter::assemble(std::string source, SampleStats stats, std::sha
   return s;
 }
 
-SampleStats render_samples(const std::string& path, bool parquet, const Tokenizer& tok, const ChatFormat& format,
-                           const SampleOptions& o, const SampleProgress& progress, SampleWriter& out) {
+const char* record_separator(DataFormat file_format) {
+  switch (file_format) {
+    case DataFormat::parquet:
+      return ": row ";
+    case DataFormat::json:
+      return ": record ";
+    default:
+      return ":";
+  }
+}
+
+SampleStats render_samples(const std::string& path, DataFormat file_format, const Tokenizer& tok,
+                           const ChatFormat& format, const SampleOptions& o, const SampleProgress& progress,
+                           SampleWriter& out) {
   SampleStats stats;
   int64_t total = 0;
-  if (parquet) {
+  const size_t block_bytes = static_cast<size_t>(std::max<int64_t>(1, o.block_bytes));
+  if (file_format == DataFormat::parquet) {
     parquet_records(
         path,
         [&](std::vector<std::string>&& records, int64_t first, int64_t rows) {
@@ -421,8 +436,16 @@ SampleStats render_samples(const std::string& path, bool parquet, const Tokenize
           if (progress) progress(first + static_cast<int64_t>(records.size()), rows, out.ids());
         },
         o.ignore_fields);
+  } else if (file_format == DataFormat::json) {
+    json_array_blocks(
+        path, block_bytes,
+        [&](std::vector<std::string>&& records, std::vector<int64_t>&& index, int64_t done, int64_t bytes) {
+          render_block(path, ": record ", records, index, tok, format, o, stats, out);
+          total = bytes;
+          if (progress) progress(done, bytes, out.ids());
+        });
   } else {
-    jsonl_blocks(path, static_cast<size_t>(std::max<int64_t>(1, o.block_bytes)),
+    jsonl_blocks(path, block_bytes,
                  [&](std::vector<std::string>&& records, std::vector<int64_t>&& lines, int64_t done, int64_t bytes) {
                    render_block(path, ":", records, lines, tok, format, o, stats, out);
                    total = bytes;
@@ -436,15 +459,22 @@ SampleStats render_samples(const std::string& path, bool parquet, const Tokenize
 SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
                                 const SampleOptions& o, const SampleProgress& progress) {
   MemoryWriter w;
-  const SampleStats stats = render_samples(path, false, tok, format, o, progress, w);
-  return w.finish(path, stats);
+  const SampleStats stats = render_samples(path, DataFormat::jsonl, tok, format, o, progress, w);
+  return w.finish(path, stats, DataFormat::jsonl);
 }
 
 SampleSet SampleSet::from_parquet(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
                                   const SampleOptions& o, const SampleProgress& progress) {
   MemoryWriter w;
-  const SampleStats stats = render_samples(path, true, tok, format, o, progress, w);
-  return w.finish(path, stats);
+  const SampleStats stats = render_samples(path, DataFormat::parquet, tok, format, o, progress, w);
+  return w.finish(path, stats, DataFormat::parquet);
+}
+
+SampleSet SampleSet::from_json_array(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
+                                     const SampleOptions& o, const SampleProgress& progress) {
+  MemoryWriter w;
+  const SampleStats stats = render_samples(path, DataFormat::json, tok, format, o, progress, w);
+  return w.finish(path, stats, DataFormat::json);
 }
 
 }  // namespace ptrain

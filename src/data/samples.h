@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "data/chat.h"
+#include "data/options.h"
 
 namespace ptrain {
 
@@ -66,6 +67,10 @@ using SampleProgress = std::function<void(int64_t, int64_t, int64_t)>;
 // The samples of a data file: ids, which targets are trained, and where each sample came from.
 // Held in memory (from_jsonl / from_parquet) or mapped read-only from a cache file written by
 // the same renderer (sample_cache.h); the accessors are the same.
+// What joins a file's name and a record's number in messages: ":" (JSONL lines), ": row "
+// (Parquet rows), ": record " (the elements of a JSON array).
+const char* record_separator(DataFormat file_format);
+
 class SampleSet {
  public:
   // The file read in blocks (a JSONL file 16 MiB at a time, a Parquet file a row group at a
@@ -76,13 +81,19 @@ class SampleSet {
                                 const SampleOptions& options, const SampleProgress& progress = nullptr);
   static SampleSet from_jsonl(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
                               const SampleOptions& options, const SampleProgress& progress = nullptr);
+  // from_json_array: the elements of a file holding one JSON array of records (json_array.h);
+  // errors name FILE: record N.
+  static SampleSet from_json_array(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
+                                   const SampleOptions& options, const SampleProgress& progress = nullptr);
 
   int64_t size() const { return n_; }
   int64_t length(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }  // ids
   const int32_t* ids(int64_t i) const { return ids_ + offsets_[i]; }
   const uint8_t* trained(int64_t i) const { return trained_ + offsets_[i]; }
   int64_t trained_count(int64_t i) const { return counts_[i]; }  // trained targets of sample i
-  int64_t line(int64_t i) const { return lines_[i]; }            // 1-based line (row) of the source file
+  int64_t line(int64_t i) const { return lines_[i]; }            // 1-based line (row, record) of the source file
+  // "FILE:LINE", "FILE: row N" (Parquet) or "FILE: record N" (a JSON array): where sample i came from.
+  std::string where(int64_t i) const { return source_ + separator_ + std::to_string(lines_[i]); }
   int64_t total_ids() const { return offsets_[n_]; }
   int64_t total_trained() const { return total_trained_; }  // trained targets over all samples
   int32_t max_id() const { return max_id_; }
@@ -94,6 +105,7 @@ class SampleSet {
  private:
   friend class SampleWriter;
   std::string source_;
+  std::string separator_ = ":";          // record_separator() of the file's format
   std::shared_ptr<const void> storage_;  // owns the arrays below: vectors, or a file mapping
   const int32_t* ids_ = nullptr;
   const uint8_t* trained_ = nullptr;

@@ -141,7 +141,6 @@ RunData token_stream(const Config& c, bool eval_only) {
 std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& tok, const ChatFormat& format,
                                               const SampleOptions& o, Collectives* comm, const c10::Device& device,
                                               std::string& how) {
-  const bool parquet = c.data.format == DataFormat::parquet;
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last = 0;
@@ -173,13 +172,15 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
            std::to_string(o.threads) + (o.threads == 1 ? " thread)" : " threads)");
   };
   if (!c.data.cache) {
-    auto set = std::make_shared<SampleSet>(
-        (parquet ? SampleSet::from_parquet : SampleSet::from_jsonl)(c.data.path, tok, format, o, progress));
+    auto set = std::make_shared<SampleSet>((c.data.format == DataFormat::parquet ? SampleSet::from_parquet
+                                            : c.data.format == DataFormat::json
+                                                ? SampleSet::from_json_array
+                                                : SampleSet::from_jsonl)(c.data.path, tok, format, o, progress));
     how = tokenized(*set) + ", held in memory (data.cache = false)";
     return set;
   }
   const SampleCacheKey key = sample_cache_key(c.data.cache_dir.empty() ? default_sample_cache_dir() : c.data.cache_dir,
-                                              c.data.path, parquet, tok, format, o);
+                                              c.data.path, c.data.format, tok, format, o);
   std::optional<SampleSet> set;
   std::string failure;
   const auto open_or_build = [&] {
@@ -194,7 +195,7 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
       log::warn("the sample cache rank 0 wrote (", key.path,
                 ") is not visible on this rank (data.cache_dir is not "
                 "shared by the nodes); tokenizing here");
-    set = build_sample_cache(key, c.data.path, parquet, tok, format, o, progress);
+    set = build_sample_cache(key, c.data.path, c.data.format, tok, format, o, progress);
     how = tokenized(*set) + " into the cache " + key.path + " (" +
           log::bytes(static_cast<double>(fs::file_size(key.path))) + ")";
   };

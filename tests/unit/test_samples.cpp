@@ -536,11 +536,11 @@ TEST(SampleCache, HoldsWhatTokenizingInMemoryGivesForAnyBlockAndThreadCount) {
     expect_same_set(SampleSet::from_jsonl(data, tok(), format(), o), want,
                     "in memory, " + std::to_string(threads) + " threads, blocks of 997 bytes");
     const SampleCacheKey key =
-        sample_cache_key(dir / ("cache" + std::to_string(threads)), data, false, tok(), format(), o);
+        sample_cache_key(dir / ("cache" + std::to_string(threads)), data, DataFormat::jsonl, tok(), format(), o);
     std::string why;
     EXPECT_FALSE(open_sample_cache(key, data, &why));
     EXPECT_EQ(why, "");  // absent, not damaged
-    expect_same_set(build_sample_cache(key, data, false, tok(), format(), o, nullptr), want,
+    expect_same_set(build_sample_cache(key, data, DataFormat::jsonl, tok(), format(), o, nullptr), want,
                     "built, " + std::to_string(threads) + " threads");
     const std::optional<SampleSet> mapped = open_sample_cache(key, data, &why);
     ASSERT_TRUE(mapped) << why;
@@ -548,8 +548,8 @@ TEST(SampleCache, HoldsWhatTokenizingInMemoryGivesForAnyBlockAndThreadCount) {
   }
   if (parquet_supported()) {  // a Parquet file through the cache, a row group at a time
     const std::string pq = test::fixture("parquet/sharegpt.parquet");
-    const SampleCacheKey key = sample_cache_key(dir / "pq", pq, true, tok(), format(), {});
-    build_sample_cache(key, pq, true, tok(), format(), {}, nullptr);
+    const SampleCacheKey key = sample_cache_key(dir / "pq", pq, DataFormat::parquet, tok(), format(), {});
+    build_sample_cache(key, pq, DataFormat::parquet, tok(), format(), {}, nullptr);
     expect_same_set(open_sample_cache(key, pq, nullptr).value(), SampleSet::from_parquet(pq, tok(), format(), {}),
                     "parquet");
   }
@@ -561,7 +561,7 @@ TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
   test::TempDir dir;
   const std::string data = chats_file(dir, 5);
   const auto key = [&](const Tokenizer& t, const ChatFormat& f, const SampleOptions& o) {
-    return sample_cache_key(dir / "cache", data, false, t, f, o).hash;
+    return sample_cache_key(dir / "cache", data, DataFormat::jsonl, t, f, o).hash;
   };
   SampleOptions o;
   o.max_ids = 64;
@@ -609,8 +609,8 @@ TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
 TEST(SampleCache, ADamagedCacheFileIsRefusedSayingWhy) {
   test::TempDir dir;
   const std::string data = chats_file(dir, 40);
-  const SampleCacheKey key = sample_cache_key(dir / "cache", data, false, tok(), format(), {});
-  build_sample_cache(key, data, false, tok(), format(), {}, nullptr);
+  const SampleCacheKey key = sample_cache_key(dir / "cache", data, DataFormat::jsonl, tok(), format(), {});
+  build_sample_cache(key, data, DataFormat::jsonl, tok(), format(), {}, nullptr);
   const std::string good = read_text_file(key.path);
   const auto why_not = [&](const std::string& bytes) {
     test::write_text(key.path, bytes);
@@ -628,4 +628,73 @@ TEST(SampleCache, ADamagedCacheFileIsRefusedSayingWhy) {
   EXPECT_NE(why_not(std::string(good.size(), 'x')).find("not a ptrain sample cache"), std::string::npos);
   test::write_text(key.path, good);
   EXPECT_TRUE(open_sample_cache(key, data, nullptr));
+}
+
+// A JSON array of records (alpaca_data.json, ShareGPT dumps) holds the same records as JSONL:
+// the same samples whatever its layout (one line, pretty-printed; strings holding brackets,
+// commas, quotes and backslashes) and wherever the blocks cut it, in memory and through the
+// cache; each sample names its element.
+TEST(Samples, AJsonArrayHoldsTheSameSamplesAsJsonl) {
+  test::TempDir dir;
+  const std::vector<std::string> records{
+      R"({"instruction": "Add [1, 2] and {3}.", "input": "", "output": "\"6\", a \\ backslash ]"})",
+      R"({"conversations": [{"from": "human", "value": "hi, ]}{ there"}, {"from": "gpt", "value": "hello"}]})",
+      R"({"text": "plain text with \u00e9, a comma and \"[\""})",
+      R"({"prompt": "p", "completion": "c"})",
+  };
+  std::string jsonl, one_line = "[", pretty = " \n[\n";
+  for (size_t i = 0; i < records.size(); ++i) {
+    jsonl += records[i] + "\n";
+    one_line += (i ? "," : "") + records[i];
+    pretty += "  " + records[i] + (i + 1 < records.size() ? " ,\n" : "\n");
+  }
+  one_line += "]";
+  pretty += "]\n";
+  test::write_text(dir / "r.jsonl", jsonl);
+  const SampleSet want = load(dir / "r.jsonl");
+  ASSERT_EQ(want.size(), 4);
+  for (const auto& [name, text] :
+       {std::pair<std::string, std::string>{"one_line.json", one_line}, {"pretty.json", pretty}}) {
+    test::write_text(dir / name, text);
+    for (int64_t block : {int64_t{1} << 20, int64_t{7}}) {
+      SampleOptions o;
+      o.block_bytes = block;
+      const SampleSet got = SampleSet::from_json_array(dir / name, tok(), format(), o);
+      expect_same_set(got, want, name + ", blocks of " + std::to_string(block) + " bytes");
+      EXPECT_EQ(got.where(3), dir / name + ": record 4");
+    }
+    const SampleCacheKey key = sample_cache_key(dir / "cache", dir / name, DataFormat::json, tok(), format(), {});
+    EXPECT_NE(key.hash, sample_cache_key(dir / "cache", dir / name, DataFormat::jsonl, tok(), format(), {}).hash);
+    build_sample_cache(key, dir / name, DataFormat::json, tok(), format(), {}, nullptr);
+    const SampleSet mapped = open_sample_cache(key, dir / name, nullptr).value();
+    expect_same_set(mapped, want, name + ", mapped");
+    EXPECT_EQ(mapped.where(0), dir / name + ": record 1");
+  }
+}
+
+// A file that is not one JSON array is refused naming the line; a bad element, naming it.
+TEST(Samples, AFileThatIsNotOneJsonArrayIsRefusedNamingWhere) {
+  test::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"{\"text\": \"a\"}\n{\"text\": \"b\"}\n", "file.json:1: expected '[' (a JSON array) first, found '{'"},
+      {"[{\"text\": \"a\"},\n]", "file.json:2: a ',' before the closing ']'"},
+      {"[,{\"text\": \"a\"}]", "file.json:1: an element is missing before ','"},
+      {"[{\"text\": \"a\"}]\n]", "file.json:2: text after the array's closing ']': ']'"},
+      {"[{\"text\": \"a\"}\n", "file.json:2: the file ends before the array's closing ']'"},
+      {"[{\"text\": \"a]", "file.json:1: the file ends inside a string"},
+      {"[\n{\"text\": \"a\"}}]", "file.json:2: '}' closes a bracket element 1 never opened"},
+      {" \n ", "file.json:2: the file holds no JSON array"},
+      {"[{\"text\": \"a\"}\n {\"text\": \"b\"}]", "file.json: record 1: not valid JSON"},
+      {"[{\"text\": \"a\"}, 1]", "file.json: record 2: "},
+      {"[{\"text\": \"a\"},\n\n{\"text\": 42}]", "file.json: record 2: "},
+  };
+  for (const auto& [text, why] : cases) {
+    test::write_text(dir / "file.json", text);
+    try {
+      SampleSet::from_json_array(dir / "file.json", tok(), format(), {});
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
 }
