@@ -240,11 +240,15 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   std::string how;
   const std::shared_ptr<const SampleSet> set = load_samples(c, tok, format, o, comm, device, how);
   const SampleStats& st = set->stats;
-  if (set->size() == 0)
+  if (set->size() == 0) {
+    const char* empty = c.data.format == DataFormat::json      ? " (the array holds no element)"
+                        : c.data.format == DataFormat::parquet ? " (the file holds no row)"
+                                                               : " (the file holds only blank lines)";
     throw RuntimeError("'" + c.data.path + "' has no usable sample: " + std::to_string(st.records) + " records, " +
                        std::to_string(st.dropped_too_long) + " longer than seq_len+1 = " + std::to_string(o.max_ids) +
                        " tokens and dropped, " + std::to_string(st.dropped_untrained) + " with nothing to train" +
-                       (st.records == 0 ? " (the file holds only blank lines)" : ""));
+                       (st.records == 0 ? empty : ""));
+  }
   if (set->max_id() >= c.model.shape.vocab_size)
     throw RuntimeError("'" + c.data.path + "' tokenizes to id " + std::to_string(set->max_id()) +
                        " but model.vocab_size is " + std::to_string(c.model.shape.vocab_size) +

@@ -509,6 +509,25 @@ TEST(Train, JsonlStepWeighsEveryTrainedTokenEqually) {
   }
 }
 
+// A dataset without a record says so in its format's words.
+TEST(Train, ADatasetWithoutRecordsSaysSoInItsFormatsWords) {
+  test::TempDir dir;
+  test::write_text(dir / "blank.jsonl", "\n \n");
+  test::write_text(dir / "empty.json", "[ ]\n");
+  const std::string cfg = test::small_config(dir, "", 60000, "hf_path = \"" + test::fixture("hf_chat") + "\"\n");
+  for (const auto& [file, format, why] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"blank.jsonl", "jsonl", "(the file holds only blank lines)"},
+           {"empty.json", "json", "(the array holds no element)"}}) {
+    try {
+      (void)open_data(load(cfg, {"data.format=" + format, "data.path=" + (dir / file)}));
+      ADD_FAILURE() << file << " accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("has no usable sample: 0 records"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A JSONL run resumes exactly: the checkpoint's row counter is the whole data position.
 TEST(Train, JsonlResumeIsExact) {
   test::TempDir dir;
