@@ -1,6 +1,7 @@
 #include "model/shape.h"
 
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 namespace ptrain {
@@ -39,6 +40,9 @@ std::string LlamaShape::describe() const {
   if (rope_scaling.factor > 0 && rope_scaling.type != RopeType::llama3) {
     std::ostringstream f;
     f << rope_scaling.type_name() << " RoPE scaling x" << rope_scaling.factor;
+    if (rope_scaling.type == RopeType::yarn)  // what the factor stretches, and what cos/sin are scaled by
+      f << " of " << rope_scaling.original_max_seq_len << " positions, attention factor " << std::setprecision(4)
+        << rope_scaling.attention_factor;
     parts.push_back(f.str());
   }
   std::string out = traits(family).name;

@@ -213,6 +213,10 @@ TEST(HfConfig, ReadsEachFamilysVariations) {
   const LlamaShape mistral = read_hf_config(test::fixture("hf_mistral"));
   EXPECT_EQ(mistral.family, Family::mistral);
   EXPECT_EQ(mistral.sliding_window, 7);
+  // What a run prints of its model: YaRN's factor, the context it stretches and its attention factor.
+  EXPECT_EQ(qwen2.rope_scaling.type, RopeType::yarn);
+  EXPECT_NE(qwen2.describe().find("yarn RoPE scaling x4 of 16 positions, attention factor 1.139"), std::string::npos)
+      << qwen2.describe();
   for (const auto& s : {qwen2, qwen3, bias, mistral}) {  // the parameter count is the layout's
     int64_t slots = 0;
     for (const auto& u : llama_units(s, 0.02))
