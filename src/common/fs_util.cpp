@@ -135,6 +135,33 @@ std::string read_text_file(const std::string& path) {
   return s.str();
 }
 
+ChunkReader::ChunkReader(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw RuntimeError(sys_error("cannot open", path));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    ::close(fd_);
+    throw RuntimeError(sys_error("cannot read", path));
+  }
+  size_ = st.st_size;
+}
+
+ChunkReader::~ChunkReader() { ::close(fd_); }
+
+bool ChunkReader::next(std::string& buf, size_t n) {
+  buf.resize(n);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd_, buf.data() + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw RuntimeError(sys_error("cannot read", path_));
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  buf.resize(got);
+  return got > 0;
+}
+
 void remove_tree(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return;

@@ -53,6 +53,24 @@ class AtomicFile {
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 void write_file_atomic(const std::string& path, const std::string& text);
 std::string read_text_file(const std::string& path);  // throws RuntimeError
+
+// A file read front to back in chunks (the dataset readers' blocks): its size known up front,
+// for progress. Throws RuntimeError naming the file when it cannot be opened or read.
+class ChunkReader {
+ public:
+  explicit ChunkReader(const std::string& path);
+  ~ChunkReader();
+  ChunkReader(const ChunkReader&) = delete;
+  ChunkReader& operator=(const ChunkReader&) = delete;
+  int64_t size() const { return size_; }
+  // The next `n` bytes (fewer at the end of the file) into `buf`; false, `buf` empty, at the end.
+  bool next(std::string& buf, size_t n);
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
 // Recursive delete (no error if absent). Not std::filesystem::remove_all: libtorch.so exports
 // its own statically linked copy of that symbol, which interposes libstdc++'s and crashes.
 void remove_tree(const std::string& path);

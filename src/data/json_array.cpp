@@ -1,11 +1,10 @@
 #include "data/json_array.h"
 
-#include <cerrno>
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 
 #include "common/error.h"
+#include "common/fs_util.h"
 
 namespace ptrain {
 
@@ -118,26 +117,18 @@ class Splitter {
 }  // namespace
 
 void json_array_blocks(const std::string& path, size_t block_bytes, const JsonArrayBlock& fn) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw RuntimeError("cannot open '" + path + "': " + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const auto total = static_cast<int64_t>(in.tellg());
-  in.seekg(0);
+  ChunkReader in(path);
   Splitter split(path);
   std::string buf;
   int64_t done = 0;
   const size_t chunk = std::min<size_t>(std::max<size_t>(block_bytes, 1), size_t{1} << 20);
   while (true) {
-    buf.resize(chunk);
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    buf.resize(static_cast<size_t>(in.gcount()));
-    if (in.bad()) throw RuntimeError("cannot read '" + path + "': " + std::strerror(errno));
-    const bool last = buf.empty();
+    const bool last = !in.next(buf, chunk);
     if (last) split.finish();
     split.feed(buf);
     done += static_cast<int64_t>(buf.size());
     if (!split.elements.empty() && (last || split.pending_bytes >= block_bytes)) {
-      fn(std::move(split.elements), std::move(split.indices), done, total);
+      fn(std::move(split.elements), std::move(split.indices), done, in.size());
       split.elements.clear();
       split.indices.clear();
       split.pending_bytes = 0;
