@@ -269,13 +269,9 @@ class CacheReader final : public SampleWriter {
     }
     const auto* ids = reinterpret_cast<const int32_t*>(base);
     const auto* flags = base + t.trained_at;
-    // The key names the format (sample_cache_key), so a cache of another format is another file.
-    const std::string format = json::parse(key.parts).at("format").get<std::string>();
-    const auto& names = data_format_names();
-    const auto kind = static_cast<DataFormat>(std::find(names.begin(), names.end(), format) - names.begin());
     return located(assemble(source, std::move(stats), map, ids, flags, offsets, lines, counts, t.samples,
                             t.total_trained, t.max_id, t.content_hash),
-                   kind);
+                   key.format);
   }
 };
 
@@ -293,7 +289,8 @@ SampleCacheKey sample_cache_key(const std::string& dir, const std::string& data_
   const std::string parts = key_parts(data_path, file_format, tok, format, o).dump();
   const uint64_t h = hash_text(0, parts);
   const std::string hex = hex_fingerprint("", h).substr(1);
-  return {h, (fs::path(dir) / (fs::path(data_path).filename().string() + "." + hex + ".samples")).string(), parts};
+  return {h, (fs::path(dir) / (fs::path(data_path).filename().string() + "." + hex + ".samples")).string(), parts,
+          file_format};
 }
 
 std::optional<SampleSet> open_sample_cache(const SampleCacheKey& key, const std::string& data_path,

@@ -29,8 +29,9 @@ struct CacheWriteError : RuntimeError {
 
 struct SampleCacheKey {
   uint64_t hash = 0;
-  std::string path;   // the cache file
-  std::string parts;  // what was hashed, as JSON (kept in the file)
+  std::string path;                       // the cache file
+  std::string parts;                      // what was hashed, as JSON (kept in the file)
+  DataFormat format = DataFormat::jsonl;  // of the data file (part of the hash)
 };
 
 // $PTRAIN_DATA_CACHE, else $XDG_CACHE_HOME/ptrain/datasets, else $HOME/.cache/ptrain/datasets.

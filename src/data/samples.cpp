@@ -1,10 +1,7 @@
 #include "data/samples.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <exception>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
@@ -294,19 +291,12 @@ void render_block(const std::string& path, const std::string& separator, const s
 // The records of a JSONL file, `block_bytes` at a time (whole lines; a longer line is read whole).
 void jsonl_blocks(const std::string& path, size_t block_bytes,
                   const std::function<void(std::vector<std::string>&&, std::vector<int64_t>&&, int64_t, int64_t)>& fn) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw RuntimeError("cannot open '" + path + "': " + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const auto total = static_cast<int64_t>(in.tellg());
-  in.seekg(0);
+  ChunkReader in(path);
+  const int64_t total = in.size();
   std::string buf, tail;
   int64_t line = 0, done = 0;
   while (true) {
-    buf.resize(block_bytes);
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    buf.resize(static_cast<size_t>(in.gcount()));
-    if (in.bad()) throw RuntimeError("cannot read '" + path + "': " + std::strerror(errno));
-    const bool last = buf.empty();
+    const bool last = !in.next(buf, block_bytes);
     std::string text = std::move(tail);
     text += buf;
     size_t usable = last ? text.size() : text.rfind('\n');
@@ -456,25 +446,11 @@ SampleStats render_samples(const std::string& path, DataFormat file_format, cons
   return stats;
 }
 
-SampleSet SampleSet::from_jsonl(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
-                                const SampleOptions& o, const SampleProgress& progress) {
+SampleSet SampleSet::from_file(const std::string& path, DataFormat file_format, const Tokenizer& tok,
+                               const ChatFormat& format, const SampleOptions& o, const SampleProgress& progress) {
   MemoryWriter w;
-  const SampleStats stats = render_samples(path, DataFormat::jsonl, tok, format, o, progress, w);
-  return w.finish(path, stats, DataFormat::jsonl);
-}
-
-SampleSet SampleSet::from_parquet(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
-                                  const SampleOptions& o, const SampleProgress& progress) {
-  MemoryWriter w;
-  const SampleStats stats = render_samples(path, DataFormat::parquet, tok, format, o, progress, w);
-  return w.finish(path, stats, DataFormat::parquet);
-}
-
-SampleSet SampleSet::from_json_array(const std::string& path, const Tokenizer& tok, const ChatFormat& format,
-                                     const SampleOptions& o, const SampleProgress& progress) {
-  MemoryWriter w;
-  const SampleStats stats = render_samples(path, DataFormat::json, tok, format, o, progress, w);
-  return w.finish(path, stats, DataFormat::json);
+  const SampleStats stats = render_samples(path, file_format, tok, format, o, progress, w);
+  return w.finish(path, stats, file_format);
 }
 
 }  // namespace ptrain

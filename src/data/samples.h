@@ -65,7 +65,7 @@ struct SampleStats {
 using SampleProgress = std::function<void(int64_t, int64_t, int64_t)>;
 
 // The samples of a data file: ids, which targets are trained, and where each sample came from.
-// Held in memory (from_jsonl / from_parquet) or mapped read-only from a cache file written by
+// Held in memory (from_file) or mapped read-only from a cache file written by
 // the same renderer (sample_cache.h); the accessors are the same.
 // What joins a file's name and a record's number in messages: ":" (JSONL lines), ": row "
 // (Parquet rows), ": record " (the elements of a JSON array).
@@ -73,18 +73,22 @@ const char* record_separator(DataFormat file_format);
 
 class SampleSet {
  public:
-  // The file read in blocks (a JSONL file 16 MiB at a time, a Parquet file a row group at a
-  // time), each block's records rendered by `options.threads` threads and appended in file order.
-  // from_parquet: each row of a Parquet file as the record its columns spell (parquet.h); errors
-  // name FILE: row N.
-  static SampleSet from_parquet(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
-                                const SampleOptions& options, const SampleProgress& progress = nullptr);
+  // The records of a `file_format` file (jsonl, json or parquet) read in blocks (a JSONL or JSON
+  // file 16 MiB at a time, a Parquet file a row group at a time), each block's records rendered by
+  // `options.threads` threads and appended in file order. Parquet: each row as the record its
+  // columns spell (parquet.h); JSON: each element of the file's one array (json_array.h). Errors
+  // name the record as where() does.
+  static SampleSet from_file(const std::string& path, DataFormat file_format, const Tokenizer& tokenizer,
+                             const ChatFormat& format, const SampleOptions& options,
+                             const SampleProgress& progress = nullptr);
   static SampleSet from_jsonl(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
-                              const SampleOptions& options, const SampleProgress& progress = nullptr);
-  // from_json_array: the elements of a file holding one JSON array of records (json_array.h);
-  // errors name FILE: record N.
-  static SampleSet from_json_array(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
-                                   const SampleOptions& options, const SampleProgress& progress = nullptr);
+                              const SampleOptions& options, const SampleProgress& progress = nullptr) {
+    return from_file(path, DataFormat::jsonl, tokenizer, format, options, progress);
+  }
+  static SampleSet from_parquet(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& format,
+                                const SampleOptions& options, const SampleProgress& progress = nullptr) {
+    return from_file(path, DataFormat::parquet, tokenizer, format, options, progress);
+  }
 
   int64_t size() const { return n_; }
   int64_t length(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }  // ids

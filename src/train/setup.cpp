@@ -172,10 +172,7 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
            std::to_string(o.threads) + (o.threads == 1 ? " thread)" : " threads)");
   };
   if (!c.data.cache) {
-    auto set = std::make_shared<SampleSet>((c.data.format == DataFormat::parquet ? SampleSet::from_parquet
-                                            : c.data.format == DataFormat::json
-                                                ? SampleSet::from_json_array
-                                                : SampleSet::from_jsonl)(c.data.path, tok, format, o, progress));
+    auto set = std::make_shared<SampleSet>(SampleSet::from_file(c.data.path, c.data.format, tok, format, o, progress));
     how = tokenized(*set) + ", held in memory (data.cache = false)";
     return set;
   }

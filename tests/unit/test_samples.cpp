@@ -659,7 +659,7 @@ TEST(Samples, AJsonArrayHoldsTheSameSamplesAsJsonl) {
     for (int64_t block : {int64_t{1} << 20, int64_t{7}}) {
       SampleOptions o;
       o.block_bytes = block;
-      const SampleSet got = SampleSet::from_json_array(dir / name, tok(), format(), o);
+      const SampleSet got = SampleSet::from_file(dir / name, DataFormat::json, tok(), format(), o);
       expect_same_set(got, want, name + ", blocks of " + std::to_string(block) + " bytes");
       EXPECT_EQ(got.where(3), dir / name + ": record 4");
     }
@@ -691,7 +691,7 @@ TEST(Samples, AFileThatIsNotOneJsonArrayIsRefusedNamingWhere) {
   for (const auto& [text, why] : cases) {
     test::write_text(dir / "file.json", text);
     try {
-      SampleSet::from_json_array(dir / "file.json", tok(), format(), {});
+      SampleSet::from_file(dir / "file.json", DataFormat::json, tok(), format(), {});
       ADD_FAILURE() << "accepted: " << text;
     } catch (const RuntimeError& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
