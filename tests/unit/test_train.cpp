@@ -509,20 +509,26 @@ TEST(Train, JsonlStepWeighsEveryTrainedTokenEqually) {
   }
 }
 
-// A dataset without a record says so in its format's words.
-TEST(Train, ADatasetWithoutRecordsSaysSoInItsFormatsWords) {
+// A dataset without a record says so in its format's words, and a JSON array given as JSONL (or
+// JSONL given as one array) is refused naming the format it is.
+TEST(Train, EmptyOrMisformattedJsonDatasetsAreRefusedSayingWhy) {
   test::TempDir dir;
   test::write_text(dir / "blank.jsonl", "\n \n");
   test::write_text(dir / "empty.json", "[ ]\n");
+  test::write_text(dir / "array.json", " [{\"text\": \"a\"}]\n");
+  test::write_text(dir / "lines.jsonl", "{\"text\": \"a\"}\n");
   const std::string cfg = test::small_config(dir, "", 60000, "hf_path = \"" + test::fixture("hf_chat") + "\"\n");
   for (const auto& [file, format, why] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"blank.jsonl", "jsonl", "has no usable sample: 0 records, 0 longer than seq_len+1"},
            {"blank.jsonl", "jsonl", "(the file holds only blank lines)"},
-           {"empty.json", "json", "(the array holds no element)"}}) {
+           {"empty.json", "json", "has no usable sample: 0 records, 0 longer than seq_len+1"},
+           {"empty.json", "json", "(the array holds no element)"},
+           {"array.json", "jsonl", "starts with '[': it holds one JSON array of records, which data.format = \"json\""},
+           {"lines.jsonl", "json", "starts with '{', not '[': records one per line are data.format = \"jsonl\""}}) {
     try {
       (void)open_data(load(cfg, {"data.format=" + format, "data.path=" + (dir / file)}));
-      ADD_FAILURE() << file << " accepted";
+      ADD_FAILURE() << file << " accepted as " << format;
     } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("has no usable sample: 0 records"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   }
