@@ -63,6 +63,8 @@ at::Tensor linear4bit(const at::Tensor& x, const std::vector<const nf4::Quantize
   return Linear4bitFn::apply(x, modules);
 }
 
-at::Tensor linear4bit(const at::Tensor& x, const nf4::Quantized& weight) { return linear4bit(x, {&weight}); }
+at::Tensor linear4bit(const at::Tensor& x, const nf4::Quantized& weight) {
+  return linear4bit(x, std::vector<const nf4::Quantized*>{&weight});
+}
 
 }  // namespace ptrain
