@@ -26,9 +26,10 @@ __global__ void adamw_sr_kernel(AdamWSrShard s) {
     const float g = bf16_to_float(s.grad[i]);
     // The reference's order: m = lerp(m, g, 1 - beta1); v = beta2 * v + (1 - beta2) * g^2;
     // p *= 1 - lr * wd (decayed prefix); p -= step_size * m / (sqrt(v) / bc2 + eps).
+    // lerp as ATen's CPU kernel computes it for a weight below 1/2: one fused multiply-add.
     float m = bf16_to_float(s.exp_avg[i]);
-    m = m + (1.0f - s.beta1) * (g - m);
-    const float v = bf16_to_float(s.exp_avg_sq[i]) * s.beta2 + (1.0f - s.beta2) * g * g;
+    m = fmaf(s.one_minus_beta1, g - m, m);
+    const float v = bf16_to_float(s.exp_avg_sq[i]) * s.beta2 + s.one_minus_beta2 * g * g;
     float p = bf16_to_float(s.param[i]);
     if (i < s.decay_numel) p *= s.decay_factor;
     p -= s.step_size * (m / (sqrtf(v) / s.bias_correction2_sqrt + s.eps));

@@ -22,7 +22,10 @@ __global__ void nf4_kernel(Nf4Dequant a) {
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint8_t byte = a.packed[j];
     const int64_t b = (2 * j) / nf4::kBlock;  // both elements of a byte share a 64-block
-    const float scale = a.absmax ? a.absmax[b] : a.code8[a.qabsmax[b]] * a.absmax2[b / nf4::kStatsBlock] + a.offset;
+    // Rounded after the product and after the sum, as the CPU's two tensor operations round:
+    // nvcc would otherwise fuse them into one FMA and differ in the last bit.
+    const float scale =
+        a.absmax ? a.absmax[b] : __fadd_rn(__fmul_rn(a.code8[a.qabsmax[b]], a.absmax2[b / nf4::kStatsBlock]), a.offset);
     const float v0 = kNf4[byte >> 4] * scale, v1 = kNf4[byte & 0xF] * scale;
     const int64_t i = 2 * j;
     if (a.out_bf16) {

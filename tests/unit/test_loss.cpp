@@ -136,8 +136,11 @@ TEST(ChunkedLoss, CudaMatchesCpuInEveryDtypeWithAndWithoutTheOutputAdapter) {
   for (const auto& [dtype, logits] : modes)
     for (const bool lora : {false, true}) {
       const auto run = [&](const c10::Device& device) {
-        const auto on = [&](const at::Tensor& x) { return x.to(device, dtype).requires_grad_(); };
-        at::Tensor h = on(h0), w = lora ? w0.to(device, dtype) : on(w0), a = on(a0), b = on(b0);
+        // Fresh leaves on every run: x.to() returns x itself for the CPU in float32, and a leaf
+        // shared between runs would carry its gradient (and requires_grad) into the next one.
+        const auto copy = [&](const at::Tensor& x) { return x.to(device, dtype, false, /*copy=*/true); };
+        const auto on = [&](const at::Tensor& x) { return copy(x).requires_grad_(); };
+        at::Tensor h = on(h0), w = lora ? copy(w0) : on(w0), a = on(a0), b = on(b0);
         const OutputAdapter adapter{a, b, 2.0};
         at::Tensor loss = linear_cross_entropy(h, w, t.to(device), 16, logits, lora ? &adapter : nullptr);
         loss.backward();
