@@ -54,6 +54,8 @@ def main():
     a = ap.parse_args()
 
     device = torch.device(a.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)  # set_device needs an index
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
