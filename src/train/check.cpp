@@ -68,6 +68,7 @@ int check(const CheckRequest& a) {
             << "  transient         " << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
             << " (largest of: end of forward " << gib(plan.forward_transient_bytes) << ", a block's backward "
             << gib(plan.backward_transient_bytes) << ")\n"
+            << "  library workspace " << gib(plan.workspace.bytes) << " (" << plan.workspace.source << ")\n"
             << "  peak              " << gib(plan.peak_bytes()) << " ("
             << log::grouped(static_cast<double>(plan.peak_bytes())) << " bytes)\n";
   if (a.gpu_memory_gib <= 0) return 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -18,7 +19,9 @@
 #include "train/setup.h"
 
 #ifdef PTRAIN_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace ptrain {
@@ -150,7 +153,36 @@ ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInpu
 
 int64_t PeakPlan::peak_bytes() const {
   return state.total_state_bytes() + state.frozen_base_bytes + activations.saved_bytes() +
-         std::max(forward_transient_bytes, backward_transient_bytes);
+         std::max(forward_transient_bytes, backward_transient_bytes) + workspace.bytes;
+}
+
+LibraryWorkspace library_workspace(const Config& c) {
+  if (c.training.device == DeviceChoice::cpu) return {0, "none on the CPU"};
+#ifdef PTRAIN_CUDA
+  // Once per process: a second probe would find the workspaces already there.
+  static const std::optional<LibraryWorkspace> measured = []() -> std::optional<LibraryWorkspace> {
+    if (!at::hasCUDA() || c10::cuda::device_count() == 0) return std::nullopt;
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    const auto allocated = [&] {
+      c10::cuda::device_synchronize();
+      return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].current;
+    };
+    // The allocator keeps no statistics for a device before its first allocation there.
+    at::empty({1}, at::TensorOptions().device(c10::kCUDA, device));
+    const int64_t before = allocated();
+    for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+      const auto on = at::TensorOptions().device(c10::kCUDA, device).dtype(dtype);
+      const at::Tensor x = at::ones({64, 64}, on).requires_grad_(), w = at::ones({64, 64}, on), b = at::ones({64}, on);
+      at::linear(x, w, b).sum().backward();  // autograd's device thread runs the backward matmul
+    }
+    return LibraryWorkspace{allocated() - before,
+                            "measured: cuBLAS / cuBLASLt workspaces of the forward and autograd threads on " +
+                                std::string(at::cuda::getDeviceProperties(device)->name)};
+  }();
+  if (measured) return *measured;
+#endif
+  return {int64_t{2} * (32 + 1) * 1024 * 1024,
+          "no GPU visible: 2 threads x (32 MiB cuBLAS + 1 MiB cuBLASLt), as measured on an H100 with torch 2.11"};
 }
 
 ActivationInputs activation_inputs(const Config& c) {
@@ -220,6 +252,7 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   const int64_t fetched = in.checkpointing && in.offloading ? 2 * N * cb * s.dim : 0;
   p.backward_transient_bytes = (c.parallel.prefetch ? 2 : 1) * gathered_block + unit_grad + dequantized +
                                3 * N * cb * widest + p.activations.recompute_bytes + fetched;
+  p.workspace = library_workspace(c);
   return p;
 }
 

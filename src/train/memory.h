@@ -85,11 +85,23 @@ ActivationInputs activation_inputs(const Config& config);
 // (gathered output projection, one loss chunk of float32 logits) or during a block's backward
 // (two gathered blocks with prefetch, the block's flat gradient and its reduce buffer, activation
 // gradients, and its recomputed activations under checkpointing).
+// cuBLAS's workspaces: allocated through the caching allocator at a thread's first matmul and
+// kept for the process's life, one per cuBLAS handle and stream — the forward thread's and
+// autograd's device thread's (each a cuBLAS and, for a matmul with bias, a cuBLASLt workspace).
+// Measured in this process where a GPU is visible (the same two threads, both dtypes), else the
+// sizes measured on an H100 with torch 2.11 and no CUBLAS_WORKSPACE_CONFIG.
+struct LibraryWorkspace {
+  int64_t bytes = 0;
+  std::string source;  // how `bytes` was obtained
+};
+LibraryWorkspace library_workspace(const Config& config);
+
 struct PeakPlan {
   MemoryReport state;
   ActivationEstimate activations;
   int64_t forward_transient_bytes = 0;
   int64_t backward_transient_bytes = 0;
+  LibraryWorkspace workspace;
   int64_t peak_bytes() const;
 };
 PeakPlan predict_peak(const Config& config, int world_size);
