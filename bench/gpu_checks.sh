@@ -14,6 +14,8 @@
 #   memory   the planner's predicted peak (`ptrain check`) against the CUDA allocator's
 #            max_memory_allocated of the same run, for full fine-tunes, QLoRA, checkpointing, offloading
 #   race     the speed race against PyTorch FSDP2, eager and compiled (bench/speed_vs_fsdp2.sh)
+#   profile  a Kineto trace of three steps of the race's ptrain run (training.profile_steps),
+#            summarised by bench/trace_summary.py; the trace is kept, gzipped, for later study
 # Without a GPU the GPU stages say so and record "not run"; a skipped test is never a pass.
 #
 #   bench/gpu_checks.sh [STAGE ...]     (default: every stage not yet done, in the order above)
@@ -29,7 +31,7 @@ STATE="$PTRAIN_BUILD/gpu-checks"
 RESULTS="$STATE/results.md"
 LOGS="$STATE/logs"
 BIN="$PTRAIN_BUILD/ptrain"
-ALL_STAGES=(env build kernels smoke nccl memory race)
+ALL_STAGES=(env build kernels smoke nccl memory race profile)
 mkdir -p "$LOGS"
 
 # The python3 on PATH holds torch (the GPU machine's own; never carried): CMake and the bench
@@ -51,7 +53,8 @@ finish() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
   cp "$RESULTS" "$OUT/gpu_results.md" 2>/dev/null
-  tar czf "$OUT/gpu_logs.tgz" -C "$STATE" logs 2>/dev/null
+  tar czf "$OUT/gpu_logs.tgz" -C "$STATE" --exclude='*.json.gz' logs 2>/dev/null
+  cp "$LOGS"/*.json.gz "$OUT/" 2>/dev/null  # the profile's trace, apart: it is the largest
 }
 trap finish EXIT
 
@@ -222,6 +225,7 @@ llama3_2_1b_mixed|configs/llama3_2_1b_mixed.toml|--set training.device=cuda
 llama3_2_1b_bf16_adam8bit_ckpt|configs/llama3_2_1b_mixed.toml|--set training.device=cuda --set precision.mode=bf16 --set optimizer.name=adamw8bit --set memory.activation_checkpointing=full
 RUNS
   record "(the planner is an upper bound of the step's schedule: measured / predicted should be at most 1 and close to it)"
+  record "- the plan's $(grep -h -m1 '^  library workspace' "$LOGS"/memory_tiny_fp32_check.log | sed 's/^ *//')"
   return $fails
 }
 
@@ -230,6 +234,23 @@ stage_race() {
   OUT="$STATE/runs/race" bash "$ROOT/bench/speed_vs_fsdp2.sh" "$ROOT/configs/llama3_2_1b_mixed.toml" 30 \
     > "$LOGS/race.log" 2>&1 || { record "FAILED: speed race (logs/race.log)"; tail -20 "$LOGS/race.log"; return 1; }
   record "$(grep -v "^logs and metrics" "$LOGS/race.log")"
+}
+
+stage_profile() {
+  needs_gpu || return 0
+  local run="$STATE/runs/profile"
+  rm -rf "$run"
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=29521 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+    "$BIN" --config "$ROOT/configs/llama3_2_1b_mixed.toml" --set training.device=cuda --set training.steps=10 \
+    --set training.profile_start=6 --set training.profile_steps=3 --set training.log_every=1 \
+    --set training.eval_every=0 --set checkpoint.save_final=false --set run.output_dir="$run" \
+    > "$LOGS/profile.log" 2>&1 || { record "FAILED: profiled run (logs/profile.log)"; tail -20 "$LOGS/profile.log"; return 1; }
+  record "- Llama 3.2 1B mixed, 4 x 2048 tokens, steps 6-8 traced (tracing slows them; untraced steps: $(grep -o '[0-9.]* s/step' "$LOGS/profile.log" | sed -n 5p))"
+  "$PY" "$ROOT/bench/trace_summary.py" "$run/trace.rank0.json" --steps 3 > "$LOGS/profile_summary.md" 2>&1 ||
+    { record "FAILED: bench/trace_summary.py"; tail -5 "$LOGS/profile_summary.md"; return 1; }
+  record "$(cat "$LOGS/profile_summary.md")"
+  gzip -c "$run/trace.rank0.json" > "$LOGS/trace_llama3_2_1b_mixed.json.gz"
+  record "(trace: logs/trace_llama3_2_1b_mixed.json.gz, $(du -m "$LOGS/trace_llama3_2_1b_mixed.json.gz" | cut -f1) MiB)"
 }
 
 stages=("$@")

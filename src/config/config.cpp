@@ -327,6 +327,11 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "training", "count_lost_updates", training.count_lost_updates, kFromStruct,
           R"(count, at every step, the parameter elements whose computed update was non-zero but whose stored value (with its Kahan compensation) did not change — updates lost to rounding; logged as `updates_computed` / `updates_lost` in metrics.jsonl (summed over ranks since the last logged step); costs a copy of the parameter shards per step. `ptrain compare` turns it on)"),
+      PTRAIN_KEY(
+          "training", "profile_steps", training.profile_steps, kFromStruct,
+          R"(trace this many consecutive steps with LibTorch's profiler (Kineto: CPU operators with their shapes and, on CUDA, every kernel and copy) and write the trace to `trace.rank<R>.json` in the run directory, one per rank (Chrome trace format: chrome://tracing, Perfetto, or `bench/trace_summary.py`); 0 traces nothing. Tracing slows the traced steps)"),
+      PTRAIN_KEY("training", "profile_start", training.profile_start, kFromStruct,
+                 R"(the first traced step (>= 1; step 1 includes one-time start-up work))"),
       PTRAIN_KEY("training", "device", training.device, kFromStruct,
                  R"(`auto` (CUDA if visible), `cpu`, `cuda` (an error without a GPU))"),
       PTRAIN_KEY("training", "threads", training.threads, kFromStruct,

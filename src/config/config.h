@@ -60,6 +60,8 @@ struct Config {
     int64_t sample_tokens = 32;               // new tokens per sample
     bool sample_chat = false;                 // sample prompts rendered as a user turn of the chat template
     bool count_lost_updates = false;          // log the updates rounding kept from changing a parameter
+    int64_t profile_steps = 0;                // steps traced by LibTorch's profiler (0: none)
+    int64_t profile_start = 3;                // the first traced step
     DeviceChoice device = DeviceChoice::automatic;
     int64_t threads = 0;  // CPU intra-op threads; 0 = LibTorch default
   } training;

@@ -341,6 +341,21 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const Environment&) -> std::string { return at_least(c.training.eval_batches, 1); }},
       {"training.threads",
        [](const Config& c, const Environment&) -> std::string { return at_least(c.training.threads, 0); }},
+      {"training.profile_steps",
+       [](const Config& c, const Environment&) -> std::string { return at_least(c.training.profile_steps, 0); }},
+      {"training.profile_start",
+       [](const Config& c, const Environment&) -> std::string {
+         if (c.training.profile_steps <= 0)
+           return c.training.profile_start != Config{}.training.profile_start
+                      ? "applies to training.profile_steps (0: nothing is traced)"
+                      : "";
+         if (c.training.profile_start < 1) return at_least(c.training.profile_start, 1);
+         const int64_t last = c.training.profile_start + c.training.profile_steps - 1;
+         return last <= c.training.steps
+                    ? ""
+                    : "steps " + std::to_string(c.training.profile_start) + " to " + std::to_string(last) +
+                          " are traced but training.steps is " + std::to_string(c.training.steps);
+       }},
       {"training.device",
        [](const Config& c, const Environment& env) -> std::string {
          return c.training.device == DeviceChoice::cuda && env.local && !env.cuda_available

@@ -28,6 +28,7 @@
 #include "train/generate.h"
 #include "train/memory.h"
 #include "train/metrics.h"
+#include "train/profile.h"
 #include "train/setup.h"
 #include "train/step.h"
 
@@ -94,7 +95,8 @@ class Run {
         ws_(comm_->world_size()),
         out_dir_(c.output_dir()),
         schedule_{c.optimizer.lr, c.training.steps, c.lr_schedule},
-        data_(open_data(c, comm_.get(), device_)) {
+        data_(open_data(c, comm_.get(), device_)),
+        profiler_(c, rank_, device_.is_cuda(), out_dir_) {
     for (const auto& line : data_.report) log::info(line);
     if (!c.training.sample_prompts.empty()) prepare_samples();
     if (rank_ == 0) {
@@ -144,6 +146,7 @@ class Run {
   // the mean loss and on stopping; memory.json is written after the first.
   StepRecord step() {
     StepRecord s;
+    profiler_.before_step(progress.step + 1);
     const double t0 = now_s();
     comm_->stats.reset();
     s.lr = schedule_.lr(progress.step);
@@ -161,6 +164,8 @@ class Run {
     comm_->all_reduce_sum(agree);
     sync(device_);
     s.seconds = now_s() - t0;
+    if (const std::string trace = profiler_.after_step(progress.step); !trace.empty())
+      log::info("profile of steps ", c_.training.profile_start, "-", progress.step, " written: ", trace);
     s.comm = comm_->stats;
     s.loss = s.result.loss;  // the step's mean over all ranks' trained tokens
     s.stop = agree[0].item<double>() > 0;
@@ -294,6 +299,7 @@ class Run {
   std::string out_dir_;
   LrSchedule schedule_;
   RunData data_;
+  StepProfiler profiler_;
   std::unique_ptr<FsdpModel> model_;
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<MetricsWriter> metrics_;

@@ -127,6 +127,12 @@ echo '{"do_sample": true, "temperature": 0.6, "eos_token_id": [2, 1004]}' > "$tm
 expect 0 "stops at ids \[2, 1001, 1004\]" -- "$bin" "${gen[@]}" --prompt hi --set model.hf_path="$tmp/hf_gen"
 expect 0 "prompt [0-9]+ tokens in .* new tokens, decoded in .*tokens/s.*KV cache [0-9.]+ KiB" -- "$bin" "${gen[@]}" --chat --prompt "What is 2 + 2?" --system "Be brief."
 expect 0 "finished: (eos|stop|length)" -- bash -c "printf 'Hi\nWhat is 3 + 4?\n' | '$bin' ${gen[*]} --chat"
+# training.profile_steps: a Chrome trace of the chosen steps whose events include the step's
+# matmuls; the start without a count, and steps past the run's end, are refused by key.
+expect 0 "profile of steps 2-3 written: .*trace.rank0.json" -- "$bin" --config "$tmp/ok.toml" --set training.steps=4 --set training.profile_steps=2 --set training.profile_start=2 --set run.output_dir="$tmp/prof"
+expect 0 "aten::mm" -- python3 -c "import json, sys; print(sorted({e['name'] for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('cat') == 'cpu_op'}))" "$tmp/prof/trace.rank0.json"
+expect 2 "training.profile_start: applies to training.profile_steps" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_start=2
+expect 2 "training.profile_start: steps 2 to 3 are traced but training.steps is 2" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_steps=2 --set training.profile_start=2
 # tokenize -> eval on the token file gives the same numbers as eval on the text.
 expect 0 "byte-level tokens" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$tmp/corpus.bin"
 a=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.txt" --json 2>/dev/null | sed 's/"data":"[^"]*",//')
