@@ -390,7 +390,7 @@ const std::vector<Key>& keys() {
           "memory", "activation_offloading", memory.activation_offloading,
           kFromStruct, R"(with `activation_checkpointing = "full"`: the input each block keeps goes to pinned host memory in forward (a side stream on CUDA, at most 2 copies in flight) and comes back ahead of the block's backward; the GPU keeps none of the block inputs. Refused (exit 2) without full checkpointing)"),
       PTRAIN_KEY("memory", "loss_chunk_tokens", memory.loss_chunk_tokens, kFromStruct,
-                 R"(tokens per cross-entropy chunk; 0 picks ~64 MiB of float32 logits per chunk)"),
+                 R"(tokens per cross-entropy chunk; 0 picks ~512 MiB of float32 logits per chunk (1,046 tokens at Llama 3's 128,256-entry vocabulary); smaller chunks save memory but make the output projection's gradient GEMM memory-bound)"),
       PTRAIN_KEY("checkpoint", "dir", checkpoint.dir, R"(`<output_dir>/checkpoints`)",
                  R"(where `step_N/` directories go)"),
       PTRAIN_KEY("checkpoint", "every_steps", checkpoint.every_steps, kFromStruct,

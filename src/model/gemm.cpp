@@ -29,4 +29,17 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtyp
   return at::mm(a.to(out_dtype), b.to(out_dtype));
 }
 
+void add_mm_(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
+  if (acc.is_cuda() && acc.scalar_type() == at::kFloat && a.scalar_type() == b.scalar_type() &&
+      (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf)) {
+    at::addmm_out(acc, acc, a, b, at::kFloat);
+    return;
+  }
+  if (acc.scalar_type() == a.scalar_type() && a.scalar_type() == b.scalar_type() && !widen_on_cpu(a)) {
+    acc.addmm_(a, b);
+    return;
+  }
+  acc.add_(gemm::mm(a, b, acc.scalar_type()));
+}
+
 }  // namespace ptrain::gemm

@@ -21,4 +21,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bi
 // of different dtypes multiply in the wider one (float32 x bf16: in float32), on every device.
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype);
 
+// acc += a @ b with acc in float32 and a, b in one dtype: on CUDA one cuBLAS call that reads
+// acc and accumulates into it (beta = 1), where mm + add_ writes a float32 product of acc's
+// size and then reads both — for the output projection's gradient, summed over the loss's
+// chunks, that pass over [vocab, dim] float32 cost more than the matmul itself.
+void add_mm_(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b);
+
 }  // namespace ptrain::gemm

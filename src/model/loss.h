@@ -21,7 +21,8 @@ struct OutputAdapter {
 
 // hidden [N, dim] and weight [vocab, dim] in the compute dtype; targets [N] int64 with
 // kIgnoreIndex for masked positions. Returns the mean loss over unmasked tokens (float32
-// scalar; 0 when every token is masked). chunk_tokens <= 0 picks a chunk of ~64 MiB of logits.
+// scalar; 0 when every token is masked). chunk_tokens <= 0 picks a chunk of ~512 MiB of float32
+// logits (default_loss_chunk).
 // Logits are accumulated in float32 and held in `logits_dtype` (float32 unless the user opted
 // into bfloat16 logits); the loss is summed in float32 either way.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,

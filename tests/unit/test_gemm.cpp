@@ -50,3 +50,25 @@ TEST(Gemm, CudaMixedOperandsMultiplyInTheWiderDtype) {
   EXPECT_TRUE(at::allclose(gpu, ref, 1e-5, 1e-6));
   EXPECT_EQ(gemm::mm(b.t().contiguous().cuda(), a.t().contiguous().cuda(), at::kBFloat16).scalar_type(), at::kBFloat16);
 }
+
+// The loss's float32 gradient accumulators: acc += a @ b in one cuBLAS call on CUDA (bf16
+// operands), the same sums as the float32 reference on every device and dtype.
+TEST(Gemm, CudaAndCpuAccumulateIntoFloat32) {
+  at::manual_seed(5);
+  const at::Tensor acc0 = at::randn({37, 19}), a = at::randn({37, 23}), b = at::randn({23, 19});
+  std::vector<c10::Device> devices{c10::Device(c10::kCPU)};
+  if (torch::cuda::is_available()) devices.emplace_back(c10::kCUDA, 0);
+  for (const auto& device : devices)
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor x = a.to(dtype), y = b.t().contiguous().to(dtype).t();  // a transposed operand, as in backward
+      const at::Tensor ref = acc0 + at::mm(x.to(at::kFloat), y.to(at::kFloat));
+      at::Tensor acc = acc0.to(device, /*non_blocking=*/false, /*copy=*/true);
+      const void* storage = acc.data_ptr();
+      gemm::add_mm_(acc, x.to(device), y.to(device));
+      EXPECT_EQ(acc.data_ptr(), storage) << device << " " << dtype;  // accumulated in place
+      EXPECT_TRUE(at::allclose(acc.cpu(), ref, 1e-4, 1e-4)) << device << " " << dtype;
+    }
+  if (!torch::cuda::is_available())
+    GTEST_SKIP()
+        << "no CUDA GPU on this machine: the CPU cases passed, the cuBLAS accumulation runs on the GPU machine";
+}
