@@ -12,9 +12,13 @@ KINDS = [  # first match wins
     ("matmul (cuBLAS / CUTLASS)", re.compile(r"gemm|xmma|cutlass|nvjet|cublas", re.I)),
     ("attention (flash / mem-efficient)", re.compile(r"flash|fmha|attention", re.I)),
     ("NCCL", re.compile(r"nccl", re.I)),
-    ("ptrain kernels", re.compile(r"adamw_sr|adamw8bit|nf4_kernel|stochastic_round|sr_kernel", re.I)),
+    ("optimizer (fused AdamW, ptrain's AdamW kernels)", re.compile(r"FusedOptimizer|adamw_sr|adamw8bit", re.I)),
+    ("ptrain's NF4 / rounding kernels", re.compile(r"nf4_kernel|stochastic_round|sr_kernel", re.I)),
     ("reductions / softmax / norms", re.compile(r"reduce|softmax|norm|logsumexp", re.I)),
-    ("copies / casts / fills", re.compile(r"copy|cast|fill|cat|index|gather|scatter", re.I)),
+    # dtype casts are copy kernels (bfloat16_copy_kernel_cuda); "nocast" in an elementwise
+    # kernel's name (gpu_kernel_impl_nocast) is not a cast
+    ("copies / casts / fills / concatenation",
+     re.compile(r"copy_kernel|direct_copy|CatArray|FillFunctor|fill_kernel|index_elementwise|gather|scatter", re.I)),
     ("other elementwise", re.compile(r"elementwise|vectorized|unrolled", re.I)),
 ]
 
