@@ -10,12 +10,13 @@ namespace ptrain {
 
 void GradNorm::add(const at::Tensor& grad) {
   if (!grad.defined()) return;
-  if (!squares_.defined()) squares_ = at::zeros({1}, at::kDouble);
-  squares_ += at::linalg_vector_norm(grad, 2, {}, false, at::kDouble).pow(2).cpu();
+  // Summed where the gradients are: one copy to the host in total(), not a synchronisation per unit.
+  if (!squares_.defined()) squares_ = at::zeros({1}, grad.options().dtype(at::kDouble));
+  squares_ += at::linalg_vector_norm(grad, 2, {}, false, at::kDouble).pow(2).to(squares_.device());
 }
 
 double GradNorm::total(Collectives* comm) {
-  if (!squares_.defined()) squares_ = at::zeros({1}, at::kDouble);
+  squares_ = squares_.defined() ? squares_.cpu() : at::zeros({1}, at::kDouble);
   if (comm && comm->world_size() > 1) comm->all_reduce_sum(squares_);
   return std::sqrt(squares_.item<double>());
 }

@@ -20,7 +20,7 @@ class GradNorm {
   double total(Collectives* comm);
 
  private:
-  at::Tensor squares_;  // float64 [1] on the CPU
+  at::Tensor squares_;  // float64 [1] on the first gradient's device; on the CPU once total() ran
 };
 
 // Returns the global norm of `grads` before clipping; when max_norm > 0 and the norm exceeds
