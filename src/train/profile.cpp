@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "common/error.h"
+#include "common/log.h"
 #include "config/config.h"
 
 namespace ptrain {
@@ -28,7 +28,13 @@ StepProfiler::~StepProfiler() {
 }
 
 void StepProfiler::before_step(int64_t step) {
-  if (step != first_) return;
+  if (first_ > 0 && !started_ && step > first_) {  // a resumed run that starts past the traced steps
+    log::warn("training.profile_start = ", first_, " but this run starts at step ", step,
+              " (resumed): nothing is traced");
+    first_ = 0;
+  }
+  started_ = true;
+  if (first_ == 0 || step != first_) return;
   const ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/true);
   std::set<ActivityType> activities{ActivityType::CPU};
   if (cuda_) activities.insert(ActivityType::CUDA);

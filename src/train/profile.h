@@ -22,7 +22,7 @@ class StepProfiler {
  private:
   int64_t first_ = 0, last_ = -1;
   int rank_ = 0;
-  bool cuda_ = false, on_ = false;
+  bool cuda_ = false, on_ = false, started_ = false;
   std::string out_dir_;
 };
 

@@ -131,6 +131,8 @@ expect 0 "finished: (eos|stop|length)" -- bash -c "printf 'Hi\nWhat is 3 + 4?\n'
 # matmuls; the start without a count, and steps past the run's end, are refused by key.
 expect 0 "profile of steps 2-3 written: .*trace.rank0.json" -- "$bin" --config "$tmp/ok.toml" --set training.steps=4 --set training.profile_steps=2 --set training.profile_start=2 --set run.output_dir="$tmp/prof"
 expect 0 "aten::mm" -- python3 -c "import json, sys; print(sorted({e['name'] for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('cat') == 'cpu_op'}))" "$tmp/prof/trace.rank0.json"
+# A run resumed past the traced steps says it traces nothing (no trace file is written).
+expect 0 "profile_start = 2 but this run starts at step 5 \(resumed\): nothing is traced" -- "$bin" --config "$tmp/ok.toml" --set training.steps=6 --set training.profile_steps=2 --set training.profile_start=2 --set run.output_dir="$tmp/prof" --set checkpoint.resume=auto
 expect 2 "training.profile_start: applies to training.profile_steps" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_start=2
 expect 2 "training.profile_start: steps 2 to 3 are traced but training.steps is 2" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_steps=2 --set training.profile_start=2
 # tokenize -> eval on the token file gives the same numbers as eval on the text.
