@@ -133,6 +133,8 @@ expect 0 "profile of steps 2-3 written: .*trace.rank0.json" -- "$bin" --config "
 expect 0 "aten::mm" -- python3 -c "import json, sys; print(sorted({e['name'] for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('cat') == 'cpu_op'}))" "$tmp/prof/trace.rank0.json"
 # A run resumed past the traced steps says it traces nothing (no trace file is written).
 expect 0 "profile_start = 2 but this run starts at step 5 \(resumed\): nothing is traced" -- "$bin" --config "$tmp/ok.toml" --set training.steps=6 --set training.profile_steps=2 --set training.profile_start=2 --set run.output_dir="$tmp/prof" --set checkpoint.resume=auto
+expect 2 "training.profile_steps: must be >= 0 \(got -1\)" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_steps=-1
+expect 2 "training.profile_start: must be >= 1 \(got 0\)" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_steps=1 --set training.profile_start=0
 expect 2 "training.profile_start: applies to training.profile_steps" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_start=2
 expect 2 "training.profile_start: steps 2 to 3 are traced but training.steps is 2" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_steps=2 --set training.profile_start=2
 # tokenize -> eval on the token file gives the same numbers as eval on the text.
