@@ -98,7 +98,7 @@ def main():
     print(f"text: {len(text.encode()) / 2**20:.1f} MiB of Python sources; tokenizer: byte-level BPE, "
           f"{tok.get_vocab_size():,} tokens, Llama 3's regex (trained in {time.time() - t0:.0f} s)")
 
-    # GPT-2's byte-to-character map, inverted (the same table as src/data/tokenizer.cpp).
+    # GPT-2's byte-to-character map, inverted (the same table as src/tokenizer/tokenizer.cpp).
     printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
     chars, n = {}, 0
     for b in range(256):

@@ -7,8 +7,8 @@
 #include <exception>
 #include <string>
 
-#include "data/chat.h"
-#include "data/template_scan.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/template_scan.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -5,9 +5,9 @@
 #include <exception>
 #include <memory>
 
-#include "data/chat.h"
 #include "data/samples.h"
-#include "data/tokenizer.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto tok = std::make_unique<ptrain::Tokenizer>(PTRAIN_SOURCE_DIR "/tests/fixtures/hf_chat");

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <exception>
 
-#include "data/tokenizer.h"
 #include "fuzz_util.h"
+#include "tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto* nul = static_cast<const uint8_t*>(std::memchr(data, 0, size));

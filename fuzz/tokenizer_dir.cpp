@@ -8,8 +8,8 @@
 #include <exception>
 #include <filesystem>
 
-#include "data/tokenizer.h"
 #include "fuzz_util.h"
+#include "tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string parts[6];

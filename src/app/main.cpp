@@ -1,7 +1,7 @@
 // ptrain entry point: parses the command line and calls the subcommand's function in the part
-// it belongs to — train (train/trainer.h), check (train/check.h), eval (train/evaluate.h),
-// compare (train/compare.h), export (train/export.h), generate (train/generate.h), tokenize
-// (data/tokenize.h). Exit codes:
+// it belongs to — train (train/trainer.h), check (app/check.h), eval (app/evaluate.h),
+// compare (app/compare.h), export (app/export.h), generate (app/generate.h), tokenize
+// (app/tokenize.h). Exit codes:
 // 0 success, 2 usage/config error, 1 runtime failure.
 #include <torch/version.h>
 
@@ -14,17 +14,17 @@
 #include <string>
 #include <vector>
 
+#include "app/check.h"
+#include "app/compare.h"
+#include "app/evaluate.h"
+#include "app/export.h"
+#include "app/generate.h"
+#include "app/tokenize.h"
 #include "common/error.h"
 #include "common/suggest.h"
 #include "config/config.h"
-#include "data/tokenize.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
-#include "train/check.h"
-#include "train/compare.h"
-#include "train/evaluate.h"
-#include "train/export.h"
-#include "train/generate.h"
 #include "train/trainer.h"
 
 using namespace ptrain;

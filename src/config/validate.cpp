@@ -17,8 +17,8 @@
 #include "data/parquet.h"
 #include "data/samples.h"
 #include "data/token_file.h"
-#include "data/tokenizer.h"
 #include "model/layout.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ptrain {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "data/chat.h"
+#include "tokenizer/chat.h"
 
 namespace ptrain {
 

@@ -19,10 +19,10 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
-#include "data/chat.h"
 #include "data/rows.h"
 #include "data/sample_writer.h"
-#include "data/tokenizer.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ptrain {
 

@@ -12,7 +12,7 @@
 #include "data/parquet.h"
 #include "data/rows.h"
 #include "data/sample_writer.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ptrain {
 

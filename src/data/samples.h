@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "data/chat.h"
 #include "data/options.h"
+#include "tokenizer/chat.h"
 
 namespace ptrain {
 

@@ -55,7 +55,7 @@ class FsdpModel : public WeightSource {
  public:
   FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
             std::shared_ptr<Collectives> comm, FsdpOptions options = {});
-  // The units it holds (plan_model of its arguments). Filling them: parallel/fill.h.
+  // The units it holds (plan_model of its arguments). Filling them: parallel/weights.h.
   const ModelPlan& plan() const { return plan_; }
 
   // Mean cross-entropy over unmasked targets of this rank's batch. inputs/targets: [B, T].
@@ -85,7 +85,7 @@ class FsdpModel : public WeightSource {
   std::vector<FlatUnit>& adapter_units() { return adapters_; }
   std::vector<FlatUnit>& nf4_units() { return nf4_units_; }
   // NF4 base: the double-quantization offset of projection p of block `unit`, which is not among
-  // the unit's bytes (set when the block is quantized or loaded, parallel/fill.h).
+  // the unit's bytes (set when the block is quantized or loaded, parallel/weights.h).
   void set_nf4_offset(size_t unit, Proj p, float offset);
   // NF4 base: bytes of the quantized weights this rank holds (its shards).
   int64_t nf4_bytes() const;

@@ -28,14 +28,14 @@
 #include "data/rows.h"
 #include "data/sample_cache.h"
 #include "data/samples.h"
-#include "data/tokenizer.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
-#include "parallel/fill.h"
 #include "parallel/fsdp.h"
 #include "parallel/precision.h"
+#include "parallel/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ptrain {
 

@@ -22,8 +22,8 @@
 #include "optim/adamw.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
-#include "parallel/fill.h"
 #include "parallel/fsdp.h"
+#include "parallel/weights.h"
 #include "train/setup.h"
 #include "train/step.h"
 

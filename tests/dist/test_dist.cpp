@@ -19,8 +19,8 @@
 #include "checkpoint/safetensors.h"
 #include "common/fs_util.h"
 #include "model/layout.h"
-#include "parallel/fill.h"
 #include "parallel/fsdp.h"
+#include "parallel/weights.h"
 
 using namespace ptrain;
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// Decoding with a KV cache (model/llama.h KvCache, FsdpModel::next_logits, train/generate.h):
+// Decoding with a KV cache (model/llama.h KvCache, FsdpModel::next_logits, train/decode.h):
 // the cached path gives the logits of recomputing the whole sequence at every step, for every
 // family (Mistral past its sliding window too), with LoRA, after prompts fed in one piece or
 // several; and the sampler's rules. Equality with transformers' generate is tests/sweep's
@@ -13,7 +13,7 @@
 #include "model/llama.h"
 #include "parallel/fsdp.h"
 #include "test_util.h"
-#include "train/generate.h"
+#include "train/decode.h"
 #include "train/setup.h"
 #include "train_util.h"
 

@@ -13,6 +13,7 @@
 #include <set>
 #include <tuple>
 
+#include "app/export.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/peft.h"
@@ -24,11 +25,10 @@
 #include "model/layout.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
-#include "parallel/fill.h"
 #include "parallel/fsdp.h"
+#include "parallel/weights.h"
 #include "quant/nf4.h"
 #include "test_util.h"
-#include "train/export.h"
 #include "train/memory.h"
 #include "train/setup.h"
 #include "train/trainer.h"

@@ -10,8 +10,8 @@
 #include "model/forward.h"
 #include "model/llama.h"
 #include "model/loss.h"
-#include "parallel/fill.h"
 #include "parallel/fsdp.h"
+#include "parallel/weights.h"
 #include "test_util.h"
 
 using namespace ptrain;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "app/export.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/peft.h"
@@ -24,7 +25,6 @@
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
 #include "test_util.h"
-#include "train/export.h"
 #include "train/memory.h"
 #include "train/setup.h"
 #include "train/trainer.h"

@@ -14,8 +14,8 @@
 #include "common/alloc_meter.h"
 #include "model/layout.h"
 #include "model/linear4bit.h"
-#include "parallel/fill.h"
 #include "parallel/fsdp.h"
+#include "parallel/weights.h"
 #include "quant/nf4.h"
 #include "test_util.h"
 

@@ -15,14 +15,14 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
-#include "data/chat.h"
 #include "data/parquet.h"
 #include "data/rows.h"
 #include "data/sample_cache.h"
 #include "data/samples.h"
-#include "data/tokenizer.h"
 #include "model/loss.h"
 #include "test_util.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace ptrain;
 

@@ -16,10 +16,10 @@
 #include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/fs_util.h"
-#include "data/chat.h"
-#include "data/tokenizer.h"
 #include "model/forward.h"
 #include "test_util.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace ptrain;
 

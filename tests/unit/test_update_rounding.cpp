@@ -6,8 +6,8 @@
 
 #include <cmath>
 
+#include "app/compare.h"
 #include "optim/adamw.h"
-#include "train/compare.h"
 
 using namespace ptrain;
 

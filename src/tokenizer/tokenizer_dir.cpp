@@ -1,4 +1,4 @@
-#include "data/tokenizer_dir.h"
+#include "tokenizer/tokenizer_dir.h"
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>

@@ -30,7 +30,7 @@ class Tokenizer {
  public:
   // `path`: a tokenizer.json, read as HF tokenizers' Tokenizer.from_file reads it, or an HF model
   // directory holding one, read as transformers' AutoTokenizer reads it (tokenizer_config.json and
-  // config.json decide the class, which may rebuild the pipeline: data/tokenizer_dir.h). Throws
+  // config.json decide the class, which may rebuild the pipeline: tokenizer/tokenizer_dir.h). Throws
   // RuntimeError naming the file and what is unsupported or malformed.
   explicit Tokenizer(const std::string& path);
   ~Tokenizer();

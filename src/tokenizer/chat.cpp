@@ -1,4 +1,4 @@
-#include "data/chat.h"
+#include "tokenizer/chat.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -12,8 +12,8 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
-#include "data/template_scan.h"
-#include "data/tokenizer.h"
+#include "tokenizer/template_scan.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ptrain {
 

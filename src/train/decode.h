@@ -1,5 +1,5 @@
-// `ptrain generate`: the model a config describes (HF weights, PEFT adapters, the NF4 base) or a
-// ptrain checkpoint, answering prompts with a KV cache, on one process.
+// Decoding with a KV cache: continuing a prompt greedily or by sampling, and the ids generation
+// stops at. `ptrain generate` (app/generate.h) and the trainer's sample prompts use it.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -48,17 +48,8 @@ Completion complete(FsdpModel& model, const std::vector<int32_t>& prompt, const 
 // list of them), throws UnsupportedInput naming the file.
 std::vector<int32_t> eos_ids(const Config& config, const Tokenizer* tokenizer, const ChatFormat* format);
 
-struct GenerateRequest {
-  std::string config;
-  std::vector<std::string> sets;
-  std::string checkpoint;  // a step_N directory (any world size) instead of the config's weights
-  std::string tokenizer;   // --tokenizer (default: data.tokenizer, else model.hf_path)
-  std::string prompt;      // --prompt
-  bool chat = false;       // --chat: the chat template; interactive without --prompt / --in
-  std::string system;      // --system (chat)
-  std::string in, out;     // --in prompts.jsonl --out answers.jsonl
-  SamplingOptions sampling;
-};
-int run_generate(const GenerateRequest& request);  // the exit code
+// A model directory's generation_config.json may ask for sampling settings that transformers
+// applies by default; ptrain decodes as its flags say, and warns naming the settings it leaves.
+void warn_generation_settings_left(const Config& config, const SamplingOptions& options);
 
 }  // namespace ptrain

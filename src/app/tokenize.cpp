@@ -1,4 +1,4 @@
-#include "data/tokenize.h"
+#include "app/tokenize.h"
 
 #include <chrono>
 #include <filesystem>
@@ -6,9 +6,9 @@
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/log.h"
-#include "data/chat.h"
 #include "data/token_file.h"
-#include "data/tokenizer.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ptrain {
 

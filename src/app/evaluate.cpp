@@ -1,4 +1,4 @@
-#include "train/evaluate.h"
+#include "app/evaluate.h"
 
 #include <cstring>
 #include <filesystem>

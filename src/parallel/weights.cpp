@@ -1,4 +1,4 @@
-#include "parallel/fill.h"
+#include "parallel/weights.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

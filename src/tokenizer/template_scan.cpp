@@ -1,4 +1,4 @@
-#include "data/template_scan.h"
+#include "tokenizer/template_scan.h"
 
 #include <algorithm>
 #include <cstdint>

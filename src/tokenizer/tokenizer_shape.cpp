@@ -1,4 +1,4 @@
-#include "data/tokenizer_shape.h"
+#include "tokenizer/tokenizer_shape.h"
 
 #include <map>
 #include <vector>

@@ -2,7 +2,7 @@
 // lstrip_blocks, `-` whitespace control): its string literals, the text it outputs outside
 // expressions, the filters, methods and token variables it uses — each marked as inside a
 // tool-call branch or not — for recognizing a template by what it holds rather than by a few
-// substrings (src/data/chat.cpp).
+// substrings (src/tokenizer/chat.cpp).
 //
 // Tool-call branches are those a chat without tools never enters, as transformers renders it (tools
 // passed as none, no tool_calls, no tool messages): the body of an `{% if %}` / `{% elif %}` whose

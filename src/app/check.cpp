@@ -1,4 +1,4 @@
-#include "train/check.h"
+#include "app/check.h"
 
 #include <iostream>
 

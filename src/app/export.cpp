@@ -1,4 +1,4 @@
-#include "train/export.h"
+#include "app/export.h"
 
 #include <ATen/ATen.h>
 
@@ -11,13 +11,13 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "config/config.h"
-#include "data/tokenizer.h"
 #include "model/layout.h"
 #include "model/llama.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
+#include "tokenizer/tokenizer.h"
 #include "train/setup.h"
 
 namespace ptrain {

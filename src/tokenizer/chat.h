@@ -89,7 +89,7 @@ std::pair<std::string, std::string> document_markers(const Tokenizer& tok);
 // The chat format for `tok`: the template `requested`, or (automatic) the one the tokenizer's
 // directory ships (chat_template.jinja or tokenizer_config.json's chat_template) recognized as
 // one above by what it holds (every tag outside tool-call branches, token for token:
-// src/data/chat.cpp's known_templates) — or Llama 3's when the directory has none and the tokenizer has Llama 3's
+// src/tokenizer/chat.cpp's known_templates) — or Llama 3's when the directory has none and the tokenizer has Llama 3's
 // header tokens. An unrecognized template, or none where one is needed, throws RuntimeError naming the file and the
 // options (a template is never guessed).
 ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested);

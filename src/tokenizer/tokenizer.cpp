@@ -1,4 +1,4 @@
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <utf8proc.h>
 
@@ -18,8 +18,8 @@
 #include "common/fs_util.h"
 #include "common/regex.h"
 #include "common/utf8.h"
-#include "data/tokenizer_dir.h"
-#include "data/tokenizer_shape.h"
+#include "tokenizer/tokenizer_dir.h"
+#include "tokenizer/tokenizer_shape.h"
 
 namespace ptrain {
 

@@ -1,4 +1,4 @@
-#include "train/compare.h"
+#include "app/compare.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
