@@ -2,8 +2,9 @@
 # ptrain setup: installs what the build needs when it is missing, then configures and builds.
 # Idempotent: every step checks first and does nothing when already done.
 #
-#   launch/setup.sh              deps + tiny corpus + build (Release, build/)
-#   launch/setup.sh --deps-only  deps + tiny corpus, no build
+#   launch/setup.sh              deps + tiny corpus + build the ptrain binary (Release, build/)
+#   launch/setup.sh --tests      the same, plus the tests' reference clients, and build every test
+#   launch/setup.sh --deps-only  deps (the tests' clients included) + tiny corpus, no build
 #
 # Environment:
 #   PTRAIN_VENV     venv holding torch (default: ${XDG_CACHE_HOME:-~/.cache}/ptrain/venv-torch-2.11.0),
@@ -15,20 +16,23 @@
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
+# pyarrow, whose wheel ships the Arrow/Parquet C++ libraries ptrain reads Parquet datasets with.
+PY_BUILD_PACKAGES=(pyarrow==26.0.1)
 # Reference clients for the tests (HF export round trips, PEFT adapters, bitsandbytes' 4-bit
-# models and NF4 kernels, fixture scripts), and pyarrow, whose wheel ships the Arrow/Parquet C++
-# libraries ptrain reads Parquet datasets with.
-PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0 pyarrow==26.0.1 bitsandbytes==0.50.2)
+# models and NF4 kernels, fixture scripts): installed by --tests and --deps-only.
+PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0 bitsandbytes==0.50.2)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"
 VENV="${PTRAIN_VENV:-$CACHE_HOME/ptrain/venv-torch-$TORCH_VERSION}"
 BUILD_DIR="${PTRAIN_BUILD:-$ROOT/build}"
 BUILD_TYPE="${PTRAIN_BUILD_TYPE:-Release}"
 DEPS_ONLY=0
+TESTS=0
 for arg in "$@"; do
   case "$arg" in
-    --deps-only) DEPS_ONLY=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --deps-only) DEPS_ONLY=1; TESTS=1 ;;
+    --tests) TESTS=1 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -76,17 +80,20 @@ PY
     "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy
     torch_ok || { echo "setup.sh: torch $TORCH_VERSION did not import from $VENV" >&2; exit 1; }
   fi
-  # The reference clients the tests check ptrain against (exports loaded back, fixtures).
+  # pyarrow for the build; with --tests, the reference clients the tests check ptrain against
+  # (exports loaded back, fixtures).
+  packages=("${PY_BUILD_PACKAGES[@]}")
+  [ "$TESTS" = 1 ] && packages+=("${PY_TEST_PACKAGES[@]}")
   if "$VENV/bin/python" - <<PY 2>/dev/null
 import sys, importlib.metadata as md
-pins = {$(for p in "${PY_TEST_PACKAGES[@]}"; do printf '"%s": "%s", ' "${p%%==*}" "${p##*==}"; done)}
+pins = {$(for p in "${packages[@]}"; do printf '"%s": "%s", ' "${p%%==*}" "${p##*==}"; done)}
 sys.exit(0 if all(md.version(n) == v for n, v in pins.items()) else 1)
 PY
   then
-    say "test clients present: ${PY_TEST_PACKAGES[*]}"
+    say "python packages present: ${packages[*]}"
   else
-    say "installing test clients into $VENV: ${PY_TEST_PACKAGES[*]}"
-    "$VENV/bin/pip" install -q "${PY_TEST_PACKAGES[@]}"
+    say "installing into $VENV: ${packages[*]}"
+    "$VENV/bin/pip" install -q "${packages[@]}"
   fi
 ) 9>"$VENV.lock"
 
@@ -126,6 +133,12 @@ if [ ! -f "$BUILD_DIR/build.ninja" ] || ! grep -q "^PTRAIN_FUZZ:BOOL=$FUZZ$" "$B
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DPTRAIN_VENV="$VENV" \
     -DPTRAIN_FUZZ="$FUZZ" >/dev/null
 fi
-say "building (ninja, $(nproc) jobs)"
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+# Without --tests only the binary: the first run waits for nothing it does not use.
+if [ "$TESTS" = 1 ]; then
+  say "building ptrain and every test (ninja, $(nproc) jobs)"
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+else
+  say "building ptrain (ninja, $(nproc) jobs; launch/setup.sh --tests builds the tests too)"
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target ptrain
+fi
 say "done: $BUILD_DIR/ptrain"
