@@ -607,8 +607,11 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
       m.fail("tokenizer model type '" + type +
              "' is not supported; ptrain reads BPE tokenizers (byte-level as Llama 3 "
              "and Qwen, or SentencePiece-style as Llama 2 and Mistral)");
-    if (present(model, "continuing_subword_prefix") || present(model, "end_of_word_suffix"))
-      m.fail("BPE continuing_subword_prefix / end_of_word_suffix are not supported");
+    // An empty prefix or suffix is none (HF tokenizers reads "" and null alike; released Qwen files
+    // and transformers' own converters write ""); any other is refused.
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (present(model, key) && model.at(key) != json(""))
+        m.fail(std::string("BPE ") + key + " " + model.at(key).dump() + " is not supported (only none or \"\")");
     if (present(model, "dropout") && model.at("dropout").get<double>() > 0)
       m.fail("BPE dropout changes the ids from one call to the next; it is not supported");
 
