@@ -2,6 +2,7 @@
 
 #include <iostream>
 
+#include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "config/config.h"
@@ -29,8 +30,10 @@ int check(const CheckRequest& a) {
             << "# plan\nmodel: " << s.describe() << ", " << log::grouped(static_cast<double>(s.total_params()))
             << " parameters (" << s.n_layers << " blocks of " << log::grouped(static_cast<double>(s.block_params()))
             << ", embedding " << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
-            << log::grouped(static_cast<double>(s.head_params())) << ")\n"
-            << policy.table();
+            << log::grouped(static_cast<double>(s.head_params())) << ")\n";
+  if (!c.model.hf_path.empty())
+    if (const std::string note = hf_config_ignored_note(c.model.hf_path); !note.empty()) std::cout << note << "\n";
+  std::cout << policy.table();
   if (env.local) {  // the dataset as training will read it (JSONL: tokenized now)
     std::cout << "# data\n";
     for (const auto& line : open_data(c).report) std::cout << line << "\n";

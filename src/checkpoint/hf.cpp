@@ -27,95 +27,117 @@ json read_json(const std::string& path) {
   }
 }
 
-// config.json keys every family reads.
-const std::set<std::string>& common_keys() {
-  static const std::set<std::string> k{
-      "architectures",       "model_type",       "hidden_size",       "num_hidden_layers", "num_attention_heads",
-      "num_key_value_heads", "head_dim",         "intermediate_size", "vocab_size",        "max_position_embeddings",
-      "rope_theta",          "rope_parameters",  "rope_scaling",      "rms_norm_eps",      "tie_word_embeddings",
-      "hidden_act",          "attention_dropout"};
+// How ptrain treats a config.json key that transformers' code reads for a family.
+enum class KeyUse {
+  read,       // implemented: read_hf_config reads it
+  no_effect,  // transformers reads it without changing the trained network's numbers (`why`)
+  neutral,    // changes nothing at the values neutral() accepts; refused at any other
+  refused,    // describes what ptrain does not implement (`why`)
+};
+struct ConfigKey {
+  const char* key;
+  KeyUse use;
+  std::vector<Family> only;  // the families whose code reads it; empty: every family
+  const char* why = "";
+};
+
+// The config.json keys transformers 5.23's code reads for each family: every attribute its
+// causal LM reads while it is built, trained (forward with labels, backward) and run with a KV
+// cache, and every one its config class reads itself, as tests/fixtures/derive_hf_keys.py records
+// them (tests/fixtures/hf_keys_read.json; HfKeys.ConfigTableNamesEveryKeyTransformersReads checks
+// that this table names each). A key transformers does not read for the family is ignored, as
+// transformers ignores it, and listed by hf_config_ignored_keys(). rope_scaling and torch_dtype
+// are the names transformers 4.x wrote for rope_parameters and dtype.
+const std::vector<ConfigKey>& config_keys() {
+  using F = Family;
+  static const std::vector<ConfigKey> k{
+      {"architectures", KeyUse::read},
+      {"model_type", KeyUse::read},
+      {"hidden_size", KeyUse::read},
+      {"num_hidden_layers", KeyUse::read},
+      {"num_attention_heads", KeyUse::read},
+      {"num_key_value_heads", KeyUse::read},
+      {"head_dim", KeyUse::read},
+      {"intermediate_size", KeyUse::read},
+      {"vocab_size", KeyUse::read},
+      {"max_position_embeddings", KeyUse::read},
+      {"rope_theta", KeyUse::read},
+      {"rope_parameters", KeyUse::read},
+      {"rope_scaling", KeyUse::read},
+      {"original_max_position_embeddings", KeyUse::read},
+      {"rms_norm_eps", KeyUse::read},
+      {"tie_word_embeddings", KeyUse::read},
+      {"hidden_act", KeyUse::read},
+      {"attention_dropout", KeyUse::read},
+      {"pad_token_id", KeyUse::read},
+      {"quantization_config", KeyUse::read},
+      {"attention_bias", KeyUse::read, {F::llama, F::qwen3}},
+      {"mlp_bias", KeyUse::read, {F::llama}},
+      {"sliding_window", KeyUse::read, {F::mistral}},
+      {"sliding_window", KeyUse::neutral, {F::llama}},
+      {"sliding_window",
+       KeyUse::no_effect,
+       {F::qwen2, F::qwen3},
+       "it sizes the window of the layers layer_types marks sliding, which ptrain refuses"},
+      {"use_sliding_window", KeyUse::read, {F::qwen2, F::qwen3}},
+      {"max_window_layers",
+       KeyUse::no_effect,
+       {F::qwen2, F::qwen3},
+       "it picks the layers use_sliding_window windows, which ptrain refuses"},
+      {"layer_types", KeyUse::read, {F::qwen2, F::qwen3}},
+      {"layer_types", KeyUse::neutral, {F::llama, F::mistral}},
+      {"partial_rotary_factor", KeyUse::neutral},
+      {"attention_chunk_size", KeyUse::neutral},
+      {"kv_sharing_modes", KeyUse::neutral},
+      {"is_causal", KeyUse::neutral},
+      {"is_encoder_decoder", KeyUse::neutral},
+      {"text_config", KeyUse::neutral},
+      {"decoder", KeyUse::neutral},
+      {"generator", KeyUse::neutral},
+      {"auto_map", KeyUse::refused, {}, "the model ships its own modeling code, which ptrain cannot check"},
+      {"_name_or_path", KeyUse::no_effect, {}, "the name it was saved from"},
+      {"dtype", KeyUse::no_effect, {}, "the dtype transformers loads weights in; ptrain's [precision] decides"},
+      {"torch_dtype", KeyUse::no_effect, {}, "dtype's name in transformers 4.x"},
+      {"use_cache", KeyUse::no_effect, {}, "whether inference keeps a KV cache: the same numbers"},
+      {"output_hidden_states", KeyUse::no_effect, {}, "what the forward returns, not what it computes"},
+      {"return_dict", KeyUse::no_effect, {}, "what the forward returns, not what it computes"},
+      {"gradient_checkpointing", KeyUse::no_effect, {}, "memory, not numbers"},
+      {"initializer_range",
+       KeyUse::no_effect,
+       {},
+       "the init of weights the checkpoint lacks; ptrain loads every weight or refuses the directory"},
+      {"vision_aspect_ratio", KeyUse::no_effect, {}, "a default of vision models' forward, which a causal LM's lacks"},
+      {"vision_feature_layer", KeyUse::no_effect, {}, "a default of vision models' forward, which a causal LM's lacks"},
+      {"vision_feature_select_strategy",
+       KeyUse::no_effect,
+       {},
+       "a default of vision models' forward, which a causal LM's lacks"},
+  };
   return k;
 }
 
-// Keys that describe the files, the tokenizer, generation or the Python runtime — not the
-// network's computation. (PretrainedConfig's own attributes, which transformers 4.x wrote into
-// every config.json.)
-const std::set<std::string>& metadata_keys() {
-  static const std::set<std::string> k{"bos_token_id",
-                                       "eos_token_id",
-                                       "pad_token_id",
-                                       "sep_token_id",
-                                       "decoder_start_token_id",
-                                       "dtype",
-                                       "torch_dtype",
-                                       "transformers_version",
-                                       "use_cache",
-                                       "initializer_range",
-                                       "_name_or_path",
-                                       "name_or_path",
-                                       "output_attentions",
-                                       "output_hidden_states",
-                                       "return_dict",
-                                       "id2label",
-                                       "label2id",
-                                       "problem_type",
-                                       "tokenizer_class",
-                                       "prefix",
-                                       "task_specific_params",
-                                       "finetuning_task",
-                                       "is_encoder_decoder",
-                                       "is_decoder",
-                                       "add_cross_attention",
-                                       "tie_encoder_decoder",
-                                       "cross_attention_hidden_size",
-                                       "chunk_size_feed_forward",
-                                       "torchscript",
-                                       "pruned_heads",
-                                       "tf_legacy_loss",
-                                       "use_bfloat16",
-                                       "max_length",
-                                       "min_length",
-                                       "do_sample",
-                                       "early_stopping",
-                                       "num_beams",
-                                       "num_beam_groups",
-                                       "diversity_penalty",
-                                       "temperature",
-                                       "top_k",
-                                       "top_p",
-                                       "typical_p",
-                                       "repetition_penalty",
-                                       "length_penalty",
-                                       "no_repeat_ngram_size",
-                                       "encoder_no_repeat_ngram_size",
-                                       "bad_words_ids",
-                                       "num_return_sequences",
-                                       "output_scores",
-                                       "return_dict_in_generate",
-                                       "forced_bos_token_id",
-                                       "forced_eos_token_id",
-                                       "remove_invalid_values",
-                                       "exponential_decay_length_penalty",
-                                       "suppress_tokens",
-                                       "begin_suppress_tokens",
-                                       "_attn_implementation_autoset"};
-  return k;
+// The rule for `key` in family `f`, or null where transformers does not read it.
+const ConfigKey* config_key(const std::string& key, Family f) {
+  for (const auto& k : config_keys())
+    if (key == k.key && (k.only.empty() || std::find(k.only.begin(), k.only.end(), f) != k.only.end())) return &k;
+  return nullptr;
 }
 
-// Keys some families' configs carry that change nothing at this value (and are refused at any other).
+// Whether a key that changes nothing at some values holds one of them.
 bool neutral(const std::string& key, const json& v) {
-  if (key == "partial_rotary_factor") return v.is_number() && v.get<double>() == 1.0;
+  if (key == "partial_rotary_factor") return v.is_null() || (v.is_number() && v.get<double>() == 1.0);
+  if (key == "is_causal") return v.is_null() || v == json(true);
+  if (key == "is_encoder_decoder") return v.is_null() || v == json(false);
   if (key == "attn_logit_softcapping" || key == "final_logit_softcapping") return v.is_null();
-  if (key == "attention_bias" || key == "mlp_bias" || key == "use_sliding_window")
-    return v.is_boolean() && !v.get<bool>();
-  if (key == "sliding_window") return v.is_null();
-  return false;
+  return v.is_null();  // sliding_window, layer_types, attention_chunk_size, kv_sharing_modes, sub-configs
 }
 
 // Whether null is a value transformers reads for `key` in family `f` (RoPE: the default;
-// architectures: none named; the family's own list: derive it).
+// architectures: none named; pad_token_id: no padding row; original_max_position_embeddings:
+// max_position_embeddings; the family's own list: derive it).
 bool nullable(const FamilyTraits& f, const std::string& key) {
-  return key == "rope_parameters" || key == "rope_scaling" || key == "architectures" ||
+  return key == "rope_parameters" || key == "rope_scaling" || key == "architectures" || key == "pad_token_id" ||
+         key == "original_max_position_embeddings" ||
          std::find(f.nullable_keys.begin(), f.nullable_keys.end(), key) != f.nullable_keys.end();
 }
 
@@ -212,9 +234,12 @@ void read_rope(const json& c, LlamaShape& s, const std::string& path) {
       throw UnsupportedInput(path + ": " + key + "." + name + " is missing (RoPE type \"" + type + "\" needs it)");
     return *v;
   };
-  // Where it is absent, transformers takes the pretraining length to be max_position_embeddings.
+  // Where it is absent, transformers takes the pretraining length to be max_position_embeddings;
+  // a top-level original_max_position_embeddings (as Phi-3 writes it) comes first.
   auto original_length = [&] {
     known.insert("original_max_position_embeddings");
+    if (c.contains("original_max_position_embeddings") && !c["original_max_position_embeddings"].is_null())
+      return json_integer(c["original_max_position_embeddings"], path + ": original_max_position_embeddings");
     return r.contains("original_max_position_embeddings")
                ? json_integer(r["original_max_position_embeddings"],
                               path + ": " + key + ".original_max_position_embeddings")
@@ -261,6 +286,18 @@ void read_qwen_window(const json& c, LlamaShape& s, const std::string& path) {
   }
 }
 
+// pad_token_id as transformers' nn.Embedding(vocab, dim, padding_idx=pad_token_id) takes it: that
+// row gets no gradient; a negative one counts from the end (PyTorch's rule); -1 for none.
+int64_t read_padding_idx(const json& c, int64_t vocab, const std::string& path) {
+  if (!c.contains("pad_token_id") || c["pad_token_id"].is_null()) return -1;
+  const int64_t pad = json_integer(c["pad_token_id"], path + ": pad_token_id");
+  if (pad >= vocab || pad < -vocab)
+    throw UnsupportedInput(path + ": pad_token_id " + std::to_string(pad) +
+                           " is not a row of the embedding (vocab_size " + std::to_string(vocab) +
+                           "); transformers' nn.Embedding refuses it too");
+  return pad < 0 ? vocab + pad : pad;
+}
+
 // Mistral: the window applies to every layer; transformers' default is 4096 when the key is absent.
 void read_mistral_window(const json& c, LlamaShape& s, const std::string& path) {
   s.sliding_window = traits(s.family).default_sliding_window;
@@ -269,7 +306,37 @@ void read_mistral_window(const json& c, LlamaShape& s, const std::string& path) 
 }
 }  // namespace
 
-bool hf_config_metadata_key(const std::string& key) { return metadata_keys().count(key) > 0; }
+std::vector<std::string> hf_config_ignored_keys(const std::string& dir) {
+  const json c = read_json((fs::path(dir) / "config.json").string());
+  const auto family = c.is_object() && c.contains("model_type") && c["model_type"].is_string()
+                          ? family_named(c["model_type"].get<std::string>())
+                          : std::nullopt;
+  std::vector<std::string> out;
+  if (family)
+    for (auto it = c.begin(); it != c.end(); ++it)
+      if (!config_key(it.key(), *family)) out.push_back(it.key());
+  return out;
+}
+
+std::string hf_config_ignored_note(const std::string& dir) {
+  std::string keys;
+  for (const auto& k : hf_config_ignored_keys(dir)) keys += (keys.empty() ? "" : ", ") + k;
+  return keys.empty()
+             ? keys
+             : dir + "/config.json keys transformers' model code does not read, ignored as it ignores them: " + keys;
+}
+
+bool hf_config_key_shapes_network(const std::string& key, Family family) {
+  const ConfigKey* rule = config_key(key, family);
+  return rule && rule->use != KeyUse::no_effect;
+}
+
+std::vector<std::string> hf_config_keys_read(Family family) {
+  std::vector<std::string> out;
+  for (const auto& k : config_keys())
+    if (config_key(k.key, family) == &k) out.push_back(k.key);
+  return out;
+}
 
 LlamaShape read_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
@@ -290,22 +357,26 @@ LlamaShape read_hf_config(const std::string& dir) {
       c["architectures"] != json::array({f.architecture}))
     throw UnsupportedInput(path + ": architectures " + c["architectures"].dump() + " is not [\"" + f.architecture +
                            "\"]: ptrain trains the causal language model of family " + f.name);
-  // Every key is read, metadata, or neutral at its value; the first other one is refused.
+  // Every key transformers reads is read here, read without effect, or neutral at its value; the
+  // first other one is refused. Keys transformers does not read are ignored (hf_config_ignored_keys).
   for (auto it = c.begin(); it != c.end(); ++it) {
     const std::string& k = it.key();
+    const ConfigKey* rule = config_key(k, f.family);
+    if (!rule || rule->use == KeyUse::no_effect) continue;
     if (k == "quantization_config") {  // bitsandbytes NF4 is read; anything else is refused by name
       read_hf_storage(dir);
       continue;
     }
-    const bool own = std::find(f.own_keys.begin(), f.own_keys.end(), k) != f.own_keys.end();
-    if (metadata_keys().count(k)) continue;
-    if ((common_keys().count(k) || own) && it.value().is_null() && !nullable(f, k))
+    if (rule->use == KeyUse::refused)
+      throw UnsupportedInput(path + ": key \"" + k + "\" (= " + it.value().dump() + "): " + rule->why);
+    if (rule->use == KeyUse::neutral && !neutral(k, it.value()))
+      throw UnsupportedInput(path + ": key \"" + k + "\" (= " + it.value().dump() + ") is read by transformers' " +
+                             f.architecture + " and changes the network at this value: " + refusal_hint(k) +
+                             ". See docs/models.md for what each family supports");
+    if (rule->use == KeyUse::read && it.value().is_null() && !nullable(f, k))
       throw UnsupportedInput(path + ": \"" + k + "\" is null, which transformers' " + f.architecture +
                              " refuses too: give its value or remove the key (where config.json omits it, the "
                              "family's default applies)");
-    if (common_keys().count(k) || own || neutral(k, it.value())) continue;
-    throw UnsupportedInput(path + ": key \"" + k + "\" (= " + it.value().dump() + ") is not one ptrain reads for " +
-                           f.name + ": " + refusal_hint(k) + ". See docs/models.md for what each family supports");
   }
   auto need = [&](const char* key) -> const json& {
     if (!c.contains(key) || c[key].is_null()) throw UnsupportedInput(path + ": missing \"" + key + "\"");
@@ -340,8 +411,9 @@ LlamaShape read_hf_config(const std::string& dir) {
     s.norm_eps = value_or("rms_norm_eps", 1e-6);
     s.rope_theta = 10000.0;  // transformers' default_theta
     s.tie_embeddings = value_or("tie_word_embeddings", false);
-    s.attention_bias = value_or("attention_bias", false);
-    s.mlp_bias = value_or("mlp_bias", false);
+    s.attention_bias = config_key("attention_bias", s.family) && value_or("attention_bias", false);
+    s.mlp_bias = config_key("mlp_bias", s.family) && value_or("mlp_bias", false);
+    s.padding_idx = read_padding_idx(c, s.vocab_size, path);
     read_rope(c, s, path);
     if (c.value("hidden_act", std::string("silu")) != "silu")
       throw UnsupportedInput(path + ": hidden_act \"" + c["hidden_act"].get<std::string>() +
@@ -377,12 +449,14 @@ void write_hf_config(const std::string& dir, const LlamaShape& s) {
       {"attention_dropout", 0.0},
       {"torch_dtype", "float32"},
   };
-  for (const auto& key : f.own_keys) {
-    if (key == "attention_bias") c[key] = s.attention_bias;
-    if (key == "mlp_bias") c[key] = s.mlp_bias;
-    if (key == "use_sliding_window") c[key] = false;
-    if (key == "sliding_window") c[key] = s.sliding_window > 0 ? json(s.sliding_window) : json(nullptr);
-  }
+  // The family's own keys, where its code reads them.
+  auto reads = [&](const char* key) { return config_key(key, s.family) != nullptr; };
+  if (reads("attention_bias")) c["attention_bias"] = s.attention_bias;
+  if (reads("mlp_bias")) c["mlp_bias"] = s.mlp_bias;
+  if (reads("use_sliding_window")) c["use_sliding_window"] = false;
+  if (s.family == Family::mistral || reads("use_sliding_window"))
+    c["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json(nullptr);
+  if (s.padding_idx >= 0) c["pad_token_id"] = s.padding_idx;
   const RopeScaling& r = s.rope_scaling;
   c["rope_scaling"] = nullptr;
   if (r.factor > 0) {

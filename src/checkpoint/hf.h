@@ -1,12 +1,13 @@
 // Hugging Face model directories of the families in model/family.h: config.json -> LlamaShape,
 // and the tensors of model.safetensors or of the shards listed in model.safetensors.index.json.
 //
-// Strict both ways: every config.json key is one ptrain implements, one that describes the
-// files rather than the network (token ids, dtype, versions), or one whose value is checked to
-// change nothing; every tensor in the files is one the model consumes and every tensor the model
-// needs is there with its shape and a floating-point dtype. Anything else is refused naming the
-// key or tensor (UnsupportedInput, exit 2) — a model ptrain does not fully understand is never
-// trained as a different network.
+// config.json is read as transformers' code for the family reads it: every key that code reads is
+// implemented, read without effect on the numbers, checked to change nothing at its value, or
+// refused by name; every key it does not read is ignored and listed (hf_config_ignored_keys).
+// Every tensor in the files is one the model consumes and every tensor the model needs is there
+// with its shape and a floating-point dtype. Anything else is refused naming the key or tensor
+// (UnsupportedInput, exit 2) — a model ptrain does not fully understand is never trained as a
+// different network.
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -28,9 +29,17 @@ namespace ptrain {
 // refuses or reads ambiguously) or RuntimeError (no file, bad JSON).
 LlamaShape read_hf_config(const std::string& dir);
 
-// Whether config.json's `key` describes the files, the tokenizer, generation or the Python
-// runtime rather than the network (ptrain reads none of them: token ids, dtype, use_cache, ...).
-bool hf_config_metadata_key(const std::string& key);
+// The keys of DIR/config.json that transformers' code for its family does not read: ignored, as
+// transformers ignores them (names, versions, token ids it keeps for generation, ...).
+std::vector<std::string> hf_config_ignored_keys(const std::string& dir);
+// Those keys as a line for the log ("config.json keys ... ignored: a, b"); "" when there are none.
+std::string hf_config_ignored_note(const std::string& dir);
+// The config.json keys ptrain knows transformers' code reads for `family` (read, read without
+// effect, neutral at some values, or refused): the table tests/unit compares with transformers.
+std::vector<std::string> hf_config_keys_read(Family family);
+// Whether `key` shapes the network transformers builds for `family` (read by ptrain, neutral only
+// at some values, or refused); false for keys transformers reads without effect or does not read.
+bool hf_config_key_shapes_network(const std::string& key, Family family);
 
 // How config.json's `quantization_config` says the weights are stored. ptrain loads one kind of
 // quantized checkpoint: bitsandbytes NF4 as transformers saves it (BitsAndBytesConfig(

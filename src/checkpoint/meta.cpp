@@ -25,6 +25,7 @@ json shape_json(const LlamaShape& s) {
           {"attention_bias", s.attention_bias},
           {"mlp_bias", s.mlp_bias},
           {"sliding_window", s.sliding_window},
+          {"padding_idx", s.padding_idx},
           {"rope_scaling",
            {{"type", s.rope_scaling.type_name()},
             {"factor", s.rope_scaling.factor},
@@ -60,6 +61,7 @@ LlamaShape shape_from_json(const json& j) {
   s.attention_bias = j.value("attention_bias", false);
   s.mlp_bias = j.value("mlp_bias", false);
   s.sliding_window = j.value("sliding_window", int64_t{0});
+  s.padding_idx = j.value("padding_idx", int64_t{-1});  // checkpoints from before it: none
   // Checkpoints from before YaRN and linear scaling hold llama3 scaling or none.
   const auto& r = j.at("rope_scaling");
   RopeScaling& rope = s.rope_scaling;
@@ -170,7 +172,7 @@ void validate_checkpoint_meta(const json& meta, const std::string& where) {
   s.integer("dim", 1, 1 << 20);
   s.integer("n_layers", 1, 1 << 12);
   s.integer("ffn_dim", 1, 1 << 22);
-  s.integer("vocab_size", 1, 1 << 24);
+  const int64_t vocab = s.integer("vocab_size", 1, 1 << 24);
   s.integer("max_seq_len", 1, 1 << 26);
   s.number("rope_theta", 1e-30, 1e30);
   s.number("norm_eps", 0.0, 1.0);
@@ -179,6 +181,8 @@ void validate_checkpoint_meta(const json& meta, const std::string& where) {
   s.boolean("attention_bias", true);
   s.boolean("mlp_bias", true);
   s.integer("sliding_window", 0, kMax, int64_t{0});
+  if (s.integer("padding_idx", -1, kMax, int64_t{-1}) >= vocab)
+    s.fail("shape.padding_idx", "is not a row of the embedding (vocab_size " + std::to_string(vocab) + ")");
   Fields r(s.need("rope_scaling"), where, "shape.rope_scaling");
   r.number("factor", 0.0, 1e30);
   r.number("low_freq_factor", -1e30, 1e30);

@@ -9,7 +9,6 @@ const std::vector<FamilyTraits>& families() {
   // Llama decoder with a sliding window), Qwen2Attention (q/k/v bias=True, o bias=False),
   // Qwen3Attention (q_norm/k_norm over head_dim, bias=attention_bias; Qwen3MLP has none).
   static const std::vector<FamilyTraits> kFamilies = {
-      // pretraining_tp: read by no transformers 5 module (it only split matmuls in older ones).
       {Family::llama,
        "llama",
        "LlamaForCausalLM",
@@ -21,7 +20,6 @@ const std::vector<FamilyTraits>& families() {
        0,
        0,
        2048,
-       {"attention_bias", "mlp_bias", "pretraining_tp"},
        {"num_key_value_heads", "head_dim"},
        true},
       {Family::mistral,
@@ -35,7 +33,6 @@ const std::vector<FamilyTraits>& families() {
        0,
        4096,
        131072,
-       {"sliding_window"},
        {"head_dim", "sliding_window"},
        false},
       {Family::qwen2,
@@ -49,7 +46,6 @@ const std::vector<FamilyTraits>& families() {
        0,
        0,
        32768,
-       {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"},
        {"num_key_value_heads", "sliding_window", "layer_types"},
        false},
       {Family::qwen3,
@@ -63,7 +59,6 @@ const std::vector<FamilyTraits>& families() {
        128,
        0,
        32768,
-       {"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types"},
        {"num_key_value_heads", "sliding_window", "layer_types"},
        false},
   };

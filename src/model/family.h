@@ -35,8 +35,6 @@ struct FamilyTraits {
   int64_t default_head_dim;        // head_dim; 0: hidden_size / num_attention_heads
   int64_t default_sliding_window;  // mistral's sliding_window; 0: none
   int64_t default_max_positions;   // max_position_embeddings
-  // config.json keys of this family besides the ones every family reads (model/family.cpp).
-  std::vector<std::string> own_keys;
   // Keys whose null transformers reads as "derive it" (the query heads, hidden_size / heads, no
   // window); a null anywhere else is a value transformers refuses, and so does ptrain.
   std::vector<std::string> nullable_keys;

@@ -8,7 +8,7 @@ namespace ptrain {
 
 void llama_forward(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
                    const HeadFn& head) {
-  at::Tensor x = at::embedding(source.embedding(), inputs);
+  at::Tensor x = at::embedding(source.embedding(), inputs, shape.padding_idx);
   source.embedding_done();
   for (int64_t layer = 0; layer < shape.n_layers; ++layer) x = source.block(layer, x, rope);
   const HeadWeights w = source.head();

@@ -67,6 +67,9 @@ struct LlamaShape {
   // Attention limited to the last W positions, the token's own included (mistral: every layer);
   // 0: none. (Qwen2/3's per-layer windows, use_sliding_window = true, are refused.)
   int64_t sliding_window = 0;
+  // The embedding row of config.json's pad_token_id, which receives no gradient (transformers
+  // builds the embedding as nn.Embedding(vocab, dim, padding_idx=pad_token_id)); -1: none.
+  int64_t padding_idx = -1;
 
   // The family's variations (model/family.h), resolved against the flags above.
   bool qkv_bias() const { return has(traits(family).qkv_bias); }

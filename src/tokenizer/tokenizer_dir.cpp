@@ -13,7 +13,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-enum class TokClass { backend, llama, qwen2 };
+enum class TokClass { backend, llama, qwen2, gpt2 };
 
 const char* name_of(TokClass c) {
   switch (c) {
@@ -21,6 +21,8 @@ const char* name_of(TokClass c) {
       return "LlamaTokenizer";
     case TokClass::qwen2:
       return "Qwen2Tokenizer";
+    case TokClass::gpt2:
+      return "GPT2Tokenizer";
     default:
       return "TokenizersBackend";
   }
@@ -40,37 +42,73 @@ constexpr ModelType kModelTypes[] = {
     {"qwen3_moe", TokClass::qwen2, false},
 };
 
-// Keys of tokenizer_config.json that change nothing transformers' encode(text) or decode(ids)
-// gives with a tokenizer.json present (add_bos_token / add_eos_token are dropped then: the
-// tokenizer.json post-processor decides; clean_up_tokenization_spaces is skipped for BPE).
+// tokenizer_config.json keys transformers 5.23's code reads for the classes ptrain implements
+// (tests/fixtures/derive_hf_keys.py lists them from its source: every __init__ parameter along
+// the class's MRO and every key __init__ / _from_pretrained take from their kwargs;
+// tests/fixtures/hf_keys_read.json; HfKeys.TokenizerTablesNameEveryKeyTransformersReads checks
+// this table names each). Every other key is ignored, as transformers ignores it, and listed.
+//
+// Keys read that change nothing transformers' encode(text) or decode(ids) gives with a
+// tokenizer.json present: loader and provenance flags, batch cutting and padding (ptrain cuts and
+// pads samples itself), the chat template (read by tokenizer/chat.h), files tokenizer.json
+// replaces, and arguments transformers itself fills in. (add_bos_token / add_eos_token are
+// dropped then: the tokenizer.json post-processor decides; clean_up_tokenization_spaces is
+// skipped for BPE; errors is the slow tokenizer's.)
 const std::set<std::string> kNoEffectKeys{
+    "_commit_hash",
+    "_json_padding",
+    "_json_truncation",
+    "_spm_precompiled_charsmap",
     "add_bos_token",
     "add_eos_token",
     "backend",
+    "chat_control_tokens",
     "chat_template",
     "clean_up_tokenization_spaces",
     "errors",
+    "files_loaded",
+    "gguf_file",
+    "init_inputs",
+    "is_local",
+    "local_files_only",
+    "max_len",
+    "merges",
+    "merges_file",
     "model_input_names",
     "model_max_length",
+    "model_specific_special_tokens",
     "name_or_path",
     "padding_side",
+    "post_processor",
     "processor_class",
-    "sp_model_kwargs",
-    "truncation_side",
-    "use_default_system_prompt",
-    "spaces_between_special_tokens",
-    "pad_token_type_id",
-    "legacy_format",
+    "response_schema",
+    "response_template",
     "tokenizer_file",
+    "tokenizer_padding",
+    "tokenizer_truncation",
+    "truncation_side",
+    "unk_id",
+    "use_default_system_prompt",
+    "verbose",
+    "vocab",
     "vocab_file",
-    "merges_file",
-    "model_specific_special_tokens",
-    "add_special_tokens",
-    // How transformers cuts and pads batches: ptrain cuts and pads samples itself (data.seq_len).
-    "max_length",
-    "stride",
-    "truncation_strategy",
-    "pad_to_multiple_of",
+};
+// Keys read that change the ids or the text, and how ptrain treats each: implemented below, or
+// refused at values it does not reproduce.
+const std::set<std::string> kEffectKeys{
+    "tokenizer_class",   // the class, which may rebuild the pipeline
+    "legacy",            // LlamaTokenizer's prepend scheme
+    "add_prefix_space",  // LlamaTokenizer's prepend scheme; Qwen2Tokenizer / GPT2Tokenizer: refused when true
+    "added_tokens_decoder",
+    "additional_special_tokens",
+    "extra_special_tokens",
+    "split_special_tokens",                                                     // refused unless false
+    "fix_mistral_regex",                                                        // refused unless false
+    "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",  // refused unless false
+    "auto_map",                                                                 // refused: remote code
+    "fast_tokenizer_files",                                                     // refused: another tokenizer file
+    "tokenizer",         // refused: a tokenizer object in place of tokenizer.json
+    "tokenizer_object",  // refused: the same
 };
 const char* const kNamedSpecial[] = {"bos_token", "eos_token", "unk_token", "pad_token",
                                      "sep_token", "cls_token", "mask_token"};
@@ -117,9 +155,8 @@ struct Reader {
     return nullptr;
   }
 
-  // A special token the files name: transformers (re-)adds it with its flags — a string as a
-  // special token, not normalized, without lstrip / rstrip; an AddedToken object with its own —
-  // so tokenizer.json must hold it with the same flags.
+  // A special token the files name must be an added token of tokenizer.json (transformers would add
+  // it as a new one, which ptrain does not); named as an AddedToken object, with its flags.
   void check_named(const std::string& key, const json& v) const {
     if (v.is_null()) return;
     std::string content;
@@ -141,6 +178,10 @@ struct Reader {
                     "' is not an added token of tokenizer.json; transformers adds it as a new special token, which "
                     "ptrain does not (add it to tokenizer.json's added_tokens, e.g. by saving the tokenizer with "
                     "transformers)");
+    // A token named as a string that tokenizer.json already holds is not re-added: transformers
+    // keeps tokenizer.json's flags for it (a Mistral tokenizer converted by transformers names its
+    // 770 control tokens in extra_special_tokens, some of them special = false in tokenizer.json).
+    if (v.is_string()) return;
     for (const auto& [f, value] : want.items())
       if (a->value(f, json(false)) != value)
         fail(key, "'" + content + "' has " + f + " = " + a->value(f, json(false)).dump() +
@@ -189,6 +230,9 @@ struct Reader {
       if (cls == TokClass::qwen2 &&
           (std::string(key) == "unk_token" || std::string(key) == "eos_token" || std::string(key) == "pad_token"))
         check_named(key + std::string(" (Qwen2Tokenizer's default)"), "<|endoftext|>");
+      if (cls == TokClass::gpt2 &&
+          (std::string(key) == "unk_token" || std::string(key) == "bos_token" || std::string(key) == "eos_token"))
+        check_named(key + std::string(" (GPT2Tokenizer's default)"), "<|endoftext|>");
     }
     for (const char* key : {"additional_special_tokens", "extra_special_tokens"}) {
       const json* v = get(key);
@@ -273,12 +317,15 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
       config_class = c["tokenizer_class"].get<std::string>();
   }
 
-  // Keys ptrain does not reproduce, or does not know.
+  // Keys ptrain does not reproduce; keys transformers does not read, listed.
+  std::vector<std::string> ignored;
   for (const auto& [key, v] : r.cfg.items()) {
     if (key == "auto_map")
       r.fail(key, "names tokenizer code of the model's own (remote code), which ptrain cannot run");
     if (key == "fast_tokenizer_files")
       r.fail(key, "points transformers at another tokenizer file; ptrain reads tokenizer.json");
+    if (key == "tokenizer" || key == "tokenizer_object")
+      r.fail(key, "hands transformers a tokenizer object instead of tokenizer.json; ptrain reads tokenizer.json");
     if (key == "split_special_tokens" && v != json(false) && !v.is_null())
       r.fail(key, "= " + v.dump() +
                       ": transformers then reads special tokens written in text as plain text, which ptrain "
@@ -288,19 +335,8 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
     if (key == "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output" && v != json(false) &&
         !v.is_null())
       r.fail(key, "= " + v.dump() + " rewrites decoded text in transformers; ptrain does not (set it to false)");
-    static const std::set<std::string> read_here{
-        "tokenizer_class",
-        "legacy",
-        "add_prefix_space",
-        "added_tokens_decoder",
-        "additional_special_tokens",
-        "extra_special_tokens",
-        "split_special_tokens",
-        "fix_mistral_regex",
-        "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"};
     const bool named = std::find(std::begin(kNamedSpecial), std::end(kNamedSpecial), key) != std::end(kNamedSpecial);
-    if (!kNoEffectKeys.count(key) && !read_here.count(key) && !named)
-      r.fail(key, "is not a key ptrain reads; it may change how transformers tokenizes (remove it if it does not)");
+    if (!kNoEffectKeys.count(key) && !kEffectKeys.count(key) && !named) ignored.push_back(key);
   }
 
   // The class AutoTokenizer resolves (transformers 5.23, a local directory without remote code).
@@ -316,13 +352,15 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
       declared_class = TokClass::llama;
     else if (d == "Qwen2Tokenizer")
       declared_class = TokClass::qwen2;
+    else if (d == "GPT2Tokenizer")
+      declared_class = TokClass::gpt2;
     else if (d == "PreTrainedTokenizer" || d == "TokenizersBackend")
       declared_class = TokClass::backend;
     else
       throw RuntimeError((r.get("tokenizer_class") ? r.cfg_path : config_path).string() + ": tokenizer_class '" +
                          declared +
                          "' is not one ptrain reads (PreTrainedTokenizerFast / TokenizersBackend: tokenizer.json as "
-                         "written; LlamaTokenizer; Qwen2Tokenizer)");
+                         "written; LlamaTokenizer; Qwen2Tokenizer; GPT2Tokenizer)");
   }
   const ModelType* mt = nullptr;
   if (!model_type.empty()) {
@@ -404,6 +442,22 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
     model["ignore_merges"] = false;
     model["dropout"] = nullptr;
     why += ": pipeline rebuilt as Qwen2Tokenizer's (NFC, Qwen's split regex, ByteLevel)";
+  } else if (cls == TokClass::gpt2) {
+    // GPT2Tokenizer.__init__: BPE without dropout, affixes or unk fusing; byte-level with GPT-2's
+    // regex; no normalizer.
+    if (r.get("add_prefix_space") && r.flag("add_prefix_space", false))
+      r.fail("add_prefix_space", "= true: GPT2Tokenizer then puts a space before every text, which ptrain does not");
+    tokenizer["normalizer"] = nullptr;
+    tokenizer["pre_tokenizer"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+    tokenizer["decoder"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+    model["unk_token"] = nullptr;
+    model["fuse_unk"] = false;
+    model["byte_fallback"] = false;
+    model["ignore_merges"] = false;
+    model["dropout"] = nullptr;
+    why += ": pipeline rebuilt as GPT2Tokenizer's (ByteLevel with GPT-2's split regex, no normalizer)";
   }
   // bos_token / eos_token: the files' (special_tokens_map.json's over tokenizer_config.json's, as
   // merged above), else the class's default.
@@ -413,6 +467,7 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
       if (v->is_object()) return v->value("content", "");
       return "";  // null
     }
+    if (cls == TokClass::gpt2) return "<|endoftext|>";
     return cls == TokClass::llama ? llama_default : cls == TokClass::qwen2 ? qwen_default : "";
   };
   // tokenizer.json's truncation / padding make HF cut and pad every encoding; ptrain does not (it
@@ -424,11 +479,22 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
                   ? " (max_length " + tokenizer[key]["max_length"].dump() + ")"
                   : "") +
              " is not applied (ptrain cuts and pads samples itself: data.seq_len, data.truncation)";
+  if (!ignored.empty()) {
+    why += "; tokenizer_config.json keys transformers does not read, ignored:";
+    for (const auto& key : ignored) why += " " + key;
+  }
   return {std::string(name_of(cls)) + " (" + why + ")", special("bos_token", "<s>", ""),
           special("eos_token", "</s>", "<|endoftext|>")};
 }
 
 }  // namespace
+
+std::vector<std::string> tokenizer_config_keys_read() {
+  std::vector<std::string> keys(kNoEffectKeys.begin(), kNoEffectKeys.end());
+  keys.insert(keys.end(), kEffectKeys.begin(), kEffectKeys.end());
+  keys.insert(keys.end(), std::begin(kNamedSpecial), std::end(kNamedSpecial));
+  return keys;
+}
 
 TokenizerDirReading read_tokenizer_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
   if (!tokenizer.is_object() || !tokenizer.contains("model") || !tokenizer["model"].is_object())

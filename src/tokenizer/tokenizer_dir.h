@@ -8,11 +8,14 @@
 // read_tokenizer_dir() rewrites the parsed tokenizer.json into what transformers runs, or
 // refuses — naming the file and key — whatever ptrain does not reproduce exactly: another
 // tokenizer class, a special token transformers would add as a new token, added-token flags that
-// differ from tokenizer.json's, `split_special_tokens`, remote code, a key it does not know.
+// differ from tokenizer.json's, `split_special_tokens`, remote code. A tokenizer_config.json key
+// that transformers' code does not read is ignored, as transformers ignores it, and listed in the
+// description.
 #pragma once
 #include <filesystem>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 namespace ptrain {
 
@@ -30,5 +33,10 @@ struct TokenizerDirReading {
 // present. Throws RuntimeError.
 TokenizerDirReading read_tokenizer_dir(const std::filesystem::path& dir, const std::string& tokenizer_text,
                                        nlohmann::json& tokenizer);
+
+// The tokenizer_config.json keys ptrain knows transformers' code reads: implemented, refused at
+// the values it does not reproduce, or read without an effect on ids and text. Every other key is
+// ignored.
+std::vector<std::string> tokenizer_config_keys_read();
 
 }  // namespace ptrain

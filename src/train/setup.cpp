@@ -85,6 +85,8 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   auto model =
       std::make_unique<FsdpModel>(c.model.shape, precision_policy(c), device, c.model.init_std, std::move(comm), o);
   if (!c.model.hf_path.empty()) {
+    if (const std::string note = hf_config_ignored_note(c.model.hf_path); !note.empty() && model->comm().rank() == 0)
+      log::info(note);
     {
       MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
       const HfCheckpoint ckpt(c.model.hf_path);

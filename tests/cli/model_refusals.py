@@ -101,8 +101,11 @@ def main():
     case("no_model_type", "hf_odd", lambda d: edit_config(d, model_type=KeyError), 'no "model_type"')
     case("classifier", "hf_odd", lambda d: edit_config(d, architectures=["LlamaForSequenceClassification"]),
          "LlamaForSequenceClassification")
-    case("moe", "hf_mistral", lambda d: edit_config(d, num_local_experts=8), '"num_local_experts"', "mixture-of-experts")
-    case("softcap", "hf_qwen3", lambda d: edit_config(d, final_logit_softcapping=30.0), '"final_logit_softcapping"')
+    # (a key transformers' code does not read for the family, such as num_local_experts in a Mistral
+    # config, is ignored as transformers ignores it: HfKeys.*; a mixture of experts is another model_type)
+    case("moe", "hf_mistral", lambda d: edit_config(d, model_type="mixtral"), 'model_type "mixtral"')
+    case("chunked_attention", "hf_qwen3", lambda d: edit_config(d, attention_chunk_size=8), '"attention_chunk_size"')
+    case("bidirectional", "hf_odd", lambda d: edit_config(d, is_causal=False), '"is_causal"')
     case("partial_rotary", "hf_odd", lambda d: edit_config(d, partial_rotary_factor=0.5), '"partial_rotary_factor"')
     case("dynamic_rope", "hf_qwen2", lambda d: edit_config(d, rope_parameters={"rope_type": "dynamic", "factor": 4.0,
                                                                                  "rope_theta": 1e6}), '"dynamic"')
@@ -181,7 +184,8 @@ def main():
     case("bnb_quant_state_dtype", "hf_odd_bnb4", lambda d: edit_tensors(d, edit_state(lambda s: s.update(dtype="int3"))),
          "model.layers.0.mlp.down_proj.weight", "quant_state.dtype is \"int3\"", check_too=False, extra=qlora)
     case("remote_code", "hf_qwen2", lambda d: edit_config(d, auto_map={"AutoModelForCausalLM": "x.Y"}), '"auto_map"')
-    case("qwen2_attention_bias", "hf_qwen2", lambda d: edit_config(d, attention_bias=True), '"attention_bias"')
+    case("qwen3_attention_bias", "hf_qwen3", lambda d: edit_config(d, attention_bias=True), "q_proj.bias")
+    case("pad_outside_vocab", "hf_odd", lambda d: edit_config(d, pad_token_id=300), "pad_token_id 300")
     case("qwen_sliding", "hf_qwen2", lambda d: edit_config(d, use_sliding_window=True, sliding_window=8),
          "use_sliding_window")
     case("qwen3_layer_types", "hf_qwen3", lambda d: edit_config(d, layer_types=["full_attention", "sliding_attention"]),

@@ -567,7 +567,7 @@ void expect_step_parity(const std::string& label, const std::string& expected_pa
 }  // namespace
 
 TEST(Dist, StepParityWithTransformersForEveryFamilyAtOneTwoAndThreeRanks) {
-  for (const std::string model : {"hf_odd", "hf_llama_bias", "hf_qwen2", "hf_qwen3", "hf_mistral"})
+  for (const std::string model : {"hf_odd", "hf_llama_bias", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_pad"})
     expect_step_parity(model, test::fixture(model + "_step_expected.safetensors"), test::fixture(model));
 }
 

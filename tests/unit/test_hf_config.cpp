@@ -13,11 +13,13 @@
 #include <optional>
 
 #include "checkpoint/hf.h"
+#include "checkpoint/meta.h"
 #include "common/error.h"
 #include "config/config.h"
 #include "model/layout.h"
 #include "model/llama.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer_dir.h"
 
 namespace ptrain {
 namespace {
@@ -120,9 +122,10 @@ TEST(HfConfig, EveryConfigJsonVariantIsReadAsTransformersReadsItOrRefused) {
       continue;
     }
     if (v.at("hf").is_null()) {
-      // A key that does not describe the network (a token id, use_cache) may hold what
+      // A key that does not shape the network (a token id, use_cache) may hold what
       // transformers' validation refuses: the network ptrain builds is the same.
-      if (!hf_config_metadata_key(v.value("hf_error_field", "")))
+      const std::string field = v.value("hf_error_field", "");
+      if (field.empty() || hf_config_key_shapes_network(field, *family_named(family)))
         failures.push_back(name + ": transformers refuses it (" + v.at("hf_error").get<std::string>() +
                            "), ptrain read it");
       continue;
@@ -145,6 +148,77 @@ TEST(HfConfig, EveryConfigJsonVariantIsReadAsTransformersReadsItOrRefused) {
   std::string shown;
   for (size_t i = 0; i < failures.size() && i < 400; ++i) shown += "\n  " + failures[i];
   EXPECT_TRUE(failures.empty()) << failures.size() << " variants read differently from transformers:" << shown;
+}
+
+// The key tables against transformers' own code: tests/fixtures/derive_hf_keys.py records every
+// config.json key transformers reads for each family (building, training and running the model)
+// and every tokenizer_config.json key its tokenizer classes read (hf_keys_read.json). Each must
+// be in ptrain's tables — implemented, read without effect, neutral at some values, or refused —
+// since ptrain ignores every key its tables do not name. A new transformers release that reads a
+// new key fails here, naming it.
+TEST(HfKeys, ConfigTableNamesEveryKeyTransformersReads) {
+  const json f = json::parse(read_text_file(test::fixture("hf_keys_read.json")));
+  for (const auto& [family, keys] : f.at("config").items()) {
+    const auto known = hf_config_keys_read(*family_named(family));
+    for (const auto& k : keys)
+      EXPECT_NE(std::find(known.begin(), known.end(), k.get<std::string>()), known.end())
+          << "transformers " << f.at("transformers") << " reads config.json's " << k << " for " << family
+          << "; ptrain's table (src/checkpoint/hf.cpp, config_keys) does not name it";
+  }
+}
+
+TEST(HfKeys, TokenizerTablesNameEveryKeyTransformersReads) {
+  const json f = json::parse(read_text_file(test::fixture("hf_keys_read.json")));
+  const auto known = tokenizer_config_keys_read();
+  for (const auto& [cls, keys] : f.at("tokenizer_config").items())
+    for (const auto& k : keys)
+      EXPECT_NE(std::find(known.begin(), known.end(), k.get<std::string>()), known.end())
+          << "transformers " << f.at("transformers") << "'s " << cls << " reads tokenizer_config.json's " << k
+          << "; ptrain's table (src/tokenizer/tokenizer_dir.cpp) does not name it";
+}
+
+// A key transformers does not read is ignored, and listed, not refused: a released config.json
+// with name and tokenizer keys (SmolLM2's _model_name_or_path, unk_token_id) and 4.x's
+// pretraining_tp reads as the same network as without them.
+TEST(HfKeys, KeysTransformersDoesNotReadAreIgnoredAndListed) {
+  test::TempDir dir;
+  json c = json::parse(read_text_file(test::fixture("hf_tiny/config.json")));
+  test::write_text(dir / "config.json", c.dump());
+  const LlamaShape plain = read_hf_config(dir.path.string());
+  c["_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct";
+  c["unk_token_id"] = 0;
+  c["pretraining_tp"] = 1;
+  c["a_future_key"] = {{"x", 1}};
+  test::write_text(dir / "config.json", c.dump());
+  const LlamaShape with = read_hf_config(dir.path.string());
+  EXPECT_EQ(shape_json(with), shape_json(plain));
+  const auto ignored = hf_config_ignored_keys(dir.path.string());
+  for (const char* k : {"_model_name_or_path", "unk_token_id", "pretraining_tp", "a_future_key"})
+    EXPECT_NE(std::find(ignored.begin(), ignored.end(), k), ignored.end()) << k;
+  EXPECT_NE(hf_config_ignored_note(dir.path.string()).find("a_future_key"), std::string::npos);
+  // A key transformers reads is still refused at a value ptrain does not implement.
+  c["is_causal"] = false;
+  test::write_text(dir / "config.json", c.dump());
+  EXPECT_THROW(read_hf_config(dir.path.string()), UnsupportedInput);
+}
+
+// pad_token_id is read: transformers' nn.Embedding(padding_idx=pad_token_id) gives that row no
+// gradient; a negative id counts from the end, one outside the vocabulary is refused.
+TEST(HfKeys, PadTokenIdIsTheEmbeddingsPaddingRow) {
+  test::TempDir dir;
+  json c = json::parse(read_text_file(test::fixture("hf_tiny/config.json")));
+  const int64_t vocab = c.at("vocab_size").get<int64_t>();
+  for (const auto& [pad, row] : std::vector<std::pair<json, int64_t>>{
+           {json(nullptr), -1}, {json(3), 3}, {json(-1), vocab - 1}, {json(vocab - 1), vocab - 1}}) {
+    c["pad_token_id"] = pad;
+    test::write_text(dir / "config.json", c.dump());
+    EXPECT_EQ(read_hf_config(dir.path.string()).padding_idx, row) << pad;
+  }
+  for (const json& pad : {json(vocab), json(-vocab - 1), json("3")}) {
+    c["pad_token_id"] = pad;
+    test::write_text(dir / "config.json", c.dump());
+    EXPECT_THROW(read_hf_config(dir.path.string()), UnsupportedInput) << pad;
+  }
 }
 
 }  // namespace
