@@ -14,6 +14,7 @@ Each tokenizer encodes the whole text at 1 and at each thread count:
               not the process start or reading the file)
   tiktoken    encode_ordinary(text) at 1 thread, encode_ordinary_batch(lines, num_threads=N)
   HF          encode_batch(lines) with RAYON_NUM_THREADS=N
+--tokenizer DIR runs a released tokenizer instead (the real Llama 3.2 one: tests/realfiles).
 Prints a table of tokens/s and ptrain's ratio to each; exit 1 when the ids differ. tiktoken is
 installed into the venv on first use (pip, tiktoken==0.9.0).
 """
@@ -70,6 +71,8 @@ def main():
     ap.add_argument("--mib", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--tokenizer", help="a released Llama 3 tokenizer directory (tokenizer.json with Llama 3's regex; "
+                    "e.g. the llama3.2-tokenizer set of tests/realfiles/make_corpus.py) instead of training one")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     try:
@@ -84,19 +87,25 @@ def main():
     text = corpus(args.mib)
     text_path = os.path.join(tmp, "corpus.txt")
     open(text_path, "w", encoding="utf-8").write(text)
-    tok = Tokenizer(models.BPE(ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    t0 = time.time()
-    tok.train_from_iterator(text[: len(text) // 8].split("\n"),
-                            trainers.BpeTrainer(vocab_size=args.vocab, show_progress=False,
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok_dir = os.path.join(tmp, "tok")
-    os.makedirs(tok_dir)
-    tok.save(os.path.join(tok_dir, "tokenizer.json"))
-    print(f"text: {len(text.encode()) / 2**20:.1f} MiB of Python sources; tokenizer: byte-level BPE, "
-          f"{tok.get_vocab_size():,} tokens, Llama 3's regex (trained in {time.time() - t0:.0f} s)")
+    if args.tokenizer:
+        tok_dir = args.tokenizer
+        tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+        print(f"text: {len(text.encode()) / 2**20:.1f} MiB of Python sources; tokenizer: {tok_dir}, "
+              f"{tok.get_vocab_size():,} tokens ({len(tok.get_added_tokens_decoder())} added)")
+    else:
+        tok = Tokenizer(models.BPE(ignore_merges=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        t0 = time.time()
+        tok.train_from_iterator(text[: len(text) // 8].split("\n"),
+                                trainers.BpeTrainer(vocab_size=args.vocab, show_progress=False,
+                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tok_dir = os.path.join(tmp, "tok")
+        os.makedirs(tok_dir)
+        tok.save(os.path.join(tok_dir, "tokenizer.json"))
+        print(f"text: {len(text.encode()) / 2**20:.1f} MiB of Python sources; tokenizer: byte-level BPE, "
+              f"{tok.get_vocab_size():,} tokens, Llama 3's regex (trained in {time.time() - t0:.0f} s)")
 
     # GPT-2's byte-to-character map, inverted (the same table as src/tokenizer/tokenizer.cpp).
     printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
@@ -107,7 +116,7 @@ def main():
         else:
             chars[chr(256 + n)] = b
             n += 1
-    ranks = {bytes(chars[c] for c in token): i for token, i in tok.get_vocab().items()}
+    ranks = {bytes(chars[c] for c in token): i for token, i in tok.get_vocab(with_added_tokens=False).items()}
     enc = tiktoken.Encoding("bench", pat_str=LLAMA3_SPLIT, mergeable_ranks=ranks, special_tokens={})
 
     rows, reference = [], None

@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <exception>
@@ -295,6 +296,49 @@ struct Tokenizer::Impl {
     bool lstrip, rstrip, normalized;
   };
   std::vector<Added> added;  // longest content first
+  // The added tokens of one set (normalized or not) as a byte trie keyed by the text they match:
+  // the longest token at a position in one walk no longer than the longest token, so the 257
+  // added tokens of Llama 3 cost one table look-up at a byte that starts none of them.
+  struct AddedTrie {
+    struct Node {
+      std::vector<std::pair<unsigned char, int32_t>> next;
+      const Added* token = nullptr;  // the first added token whose key ends here
+    };
+    std::vector<Node> nodes = std::vector<Node>(1);
+    std::array<bool, 256> starts{};  // bytes that begin a key
+    void insert(const std::string& key, const Added* token) {
+      int32_t n = 0;
+      for (const char ch : key) {
+        const auto b = static_cast<unsigned char>(ch);
+        auto& next = nodes[static_cast<size_t>(n)].next;
+        auto it = std::find_if(next.begin(), next.end(), [b](const auto& e) { return e.first == b; });
+        if (it == next.end()) {
+          next.emplace_back(b, static_cast<int32_t>(nodes.size()));
+          n = static_cast<int32_t>(nodes.size());
+          nodes.emplace_back();
+        } else {
+          n = it->second;
+        }
+      }
+      if (!nodes[static_cast<size_t>(n)].token) nodes[static_cast<size_t>(n)].token = token;
+      starts[static_cast<unsigned char>(key[0])] = true;
+    }
+    // The longest key that `s` holds at `i`, or null.
+    const Added* longest(const std::string& s, size_t i) const {
+      if (!starts[static_cast<unsigned char>(s[i])]) return nullptr;
+      const Added* hit = nullptr;
+      for (int32_t n = 0; i < s.size(); ++i) {
+        const auto& next = nodes[static_cast<size_t>(n)].next;
+        const auto b = static_cast<unsigned char>(s[i]);
+        auto it = std::find_if(next.begin(), next.end(), [b](const auto& e) { return e.first == b; });
+        if (it == next.end()) break;
+        n = it->second;
+        if (nodes[static_cast<size_t>(n)].token) hit = nodes[static_cast<size_t>(n)].token;
+      }
+      return hit;
+    }
+  };
+  AddedTrie raw_added, normalized_added;  // built once `added` is complete (they point into it)
   std::unordered_map<int32_t, std::string> added_of;
   int32_t max_id = -1;
 
@@ -497,15 +541,9 @@ struct Tokenizer::Impl {
   std::vector<Match> find_added(const std::string& s, bool normalized_set) const {
     std::vector<Match> out;
     size_t floor = 0;  // where the previous match ended
+    const AddedTrie& trie = normalized_set ? normalized_added : raw_added;
     for (size_t i = 0; i < s.size();) {
-      const Added* hit = nullptr;
-      for (const auto& a : added) {  // longest first
-        const std::string& c = normalized_set ? a.normalized_content : a.content;
-        if (a.normalized == normalized_set && !c.empty() && s.compare(i, c.size(), c) == 0) {
-          hit = &a;
-          break;
-        }
-      }
+      const Added* hit = trie.longest(s, i);
       if (!hit) {
         ++i;
         continue;
@@ -763,6 +801,10 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     }
     std::stable_sort(m.added.begin(), m.added.end(),
                      [](const Impl::Added& a, const Impl::Added& b) { return a.content.size() > b.content.size(); });
+    for (const auto& a : m.added) {
+      const std::string& key = a.normalized ? a.normalized_content : a.content;
+      if (!key.empty()) (a.normalized ? m.normalized_added : m.raw_added).insert(key, &a);
+    }
 
     // The post-processor: the special tokens HF's encode(add_special_tokens=True) puts around one
     // text. Read for encode_with_special_tokens; one that is not understood is named there.
