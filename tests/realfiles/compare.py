@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""ptrain against transformers on the real-files corpus (tests/realfiles/make_corpus.py).
+
+    $PTRAIN_VENV/bin/python tests/realfiles/compare.py PTRAIN_BIN [CORPUS] [--only NAME,...]
+
+For every set of the corpus:
+  tokenizer   `ptrain tokenize --tokenizer DIR` on a mixed text (English, code, numbers, CJK,
+              accents, emoji, runs of spaces and newlines, the tokenizer's own special tokens
+              written in the text) = AutoTokenizer(DIR).encode(text, add_special_tokens=False)
+  check       (model directories) `ptrain check` reads the directory (exit 0), and which
+              config.json / tokenizer_config.json keys it ignores as transformers does
+  eval        (model directories) `ptrain eval --json` in fp32 on windows of that text = the mean
+              cross-entropy transformers' AutoModelForCausalLM gives the same windows (relative
+              difference <= 1e-5)
+Prints one table row per set; exit 1 on any refusal or difference.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SEQ = 96
+MIXED = """The quick brown fox jumps over the lazy dog. It's 3:45pm; we'd rather've won 1,234,567 times!
+def train(step: int) -> float:
+    return loss.item()  # 0x1F600 and 3.14159
+Ünïcödé façade, naïve café — “quotes” and ‘apostrophes’… 東京は日本の首都です。안녕하세요. Привет, мир!
+Emoji: 😀🚀👍🏽 and combining e\u0301 vs \u00e9; tabs\there\tand   three   spaces.
+
+    indented line after a blank one
+\r\nwindows line ending and trailing spaces   
+"""
+
+
+def texts_with_specials(tok):
+    specials = [t for t in tok.all_special_tokens if t]
+    return MIXED + " ".join(specials[:6]) + "\n" + MIXED.upper() + "\n".join(f"item {i}: {i * i}" for i in range(60))
+
+
+def ptrain_tokenize(binary, tok_dir, text, tmp):
+    src, out = os.path.join(tmp, "text.txt"), os.path.join(tmp, "tokens.bin")
+    with open(src, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    r = subprocess.run([binary, "tokenize", "--tokenizer", tok_dir, "--in", src, "--out", out, "--token-bytes", "4"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, (r.stderr or r.stdout).strip().splitlines()[-1]
+    return np.frombuffer(open(out, "rb").read()[32:], dtype=np.uint32).tolist(), out
+
+
+def ptrain_eval(binary, model_dir, tokens_path, tmp):
+    cfg = os.path.join(tmp, "eval.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[run]\nname = "realfiles"\noutput_dir = "{tmp}/run"\n[model]\nhf_path = "{model_dir}"\n'
+                f'[data]\npath = "{tokens_path}"\nformat = "tokens"\nseq_len = {SEQ}\nmicro_batch_size = 2\n'
+                f'[precision]\nmode = "fp32"\n[training]\ndevice = "cpu"\n')
+    check = subprocess.run([binary, "check", "--config", cfg], capture_output=True, text=True)
+    ignored = [line for line in check.stdout.splitlines() if "ignored" in line]
+    if check.returncode != 0:
+        return None, (check.stderr or check.stdout).strip().splitlines()[-1], ignored
+    r = subprocess.run([binary, "eval", "--config", cfg, "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, (r.stderr or r.stdout).strip().splitlines()[-1], ignored
+    return json.loads(r.stdout.strip().splitlines()[-1]), None, ignored
+
+
+def hf_eval(model_dir, ids):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    n = len(ids) // (SEQ + 1)
+    w = torch.tensor(ids[:n * (SEQ + 1)], dtype=torch.long).view(n, SEQ + 1)
+    with torch.no_grad():
+        logits = model(input_ids=w[:, :-1]).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
+    return float(loss), n
+
+
+def main():
+    binary = os.path.abspath(sys.argv[1])
+    corpus = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles")
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    sets = sorted(d for d in os.listdir(corpus) if os.path.exists(os.path.join(corpus, d, "DONE"))
+                  and os.path.exists(os.path.join(corpus, d, "tokenizer.json")) and (not only or d in only))
+    if not sets:
+        raise SystemExit(f"no corpus sets in {corpus}: run tests/realfiles/make_corpus.py first")
+    failures = 0
+    print(f"{'set':22} {'tokens':>7} {'ids':>6} {'eval: ptrain':>14} {'transformers':>13} {'rel. diff':>10}  ignored keys")
+    for name in sets:
+        d = os.path.join(corpus, name)
+        tok = AutoTokenizer.from_pretrained(d)
+        text = texts_with_specials(tok)
+        want = tok.encode(text, add_special_tokens=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            got, tokens_path = ptrain_tokenize(binary, d, text, tmp)
+            if got is None:
+                print(f"{name:22} REFUSED by ptrain tokenize: {tokens_path}")
+                failures += 1
+                continue
+            same = got == want
+            if not same:
+                first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                print(f"{name:22} ids differ at {first}: ptrain {got[first:first + 6]} transformers {want[first:first + 6]}")
+                failures += 1
+            row = f"{name:22} {len(want):7} {'equal' if same else 'DIFFER':>6}"
+            if not os.path.exists(os.path.join(d, "config.json")):
+                print(row + f" {'-':>14} {'-':>13} {'-':>10}  (tokenizer only)")
+                continue
+            # a longer stream for the eval: the text repeated, so there are several windows
+            long_text = (text + "\n") * 3
+            long_ids, long_path = ptrain_tokenize(binary, d, long_text, tmp)
+            result, error, ignored = ptrain_eval(binary, d, long_path, tmp)
+            if result is None:
+                print(row + f"  REFUSED: {error}")
+                failures += 1
+                continue
+            ref, windows = hf_eval(d, long_ids)
+            rel = abs(result["mean_loss"] - ref) / abs(ref)
+            ok = rel <= 1e-5 and result["windows"] == windows
+            failures += not ok
+            keys = "; ".join(line.split("ignored")[-1].strip(" :") for line in ignored) or "none"
+            print(row + f" {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}" + ("" if ok else "  DIFFER"))
+    print(f"{len(sets)} sets, {failures} with a refusal or a difference")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

