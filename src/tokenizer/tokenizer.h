@@ -24,7 +24,16 @@
 #include <utility>
 #include <vector>
 
+#include "common/error.h"
+
 namespace ptrain {
+
+// Text holding a character the split regex's Unicode tables cannot class as HF tokenizers does:
+// refused rather than tokenized differently. `byte`: where it starts in the text given to encode().
+struct UnclassifiedCharacter : RuntimeError {
+  UnclassifiedCharacter(const std::string& what, size_t byte) : RuntimeError(what), byte(byte) {}
+  size_t byte;
+};
 
 class Tokenizer {
  public:

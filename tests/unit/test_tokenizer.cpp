@@ -178,6 +178,21 @@ TEST(Tokenizer, RefusesCharactersItsUnicodeTablesCannotClass) {
     }
   }
   EXPECT_FALSE(Tokenizer(test::fixture("tokenizer_families/llama2")).encode("\ua7db").empty());
+  // In a file tokenized in chunks, the refusal names the file, the line and the byte of the file
+  // (not of the chunk it was in): 50 lines of 12 bytes, then "x " and the character.
+  test::TempDir dir;
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "hello world\n";
+  text += "x \ua7db\nmore\n";
+  test::write_text(dir / "text.txt", text);
+  for (const int threads : {1, 2}) {
+    try {
+      tokenize_file(tok, dir / "text.txt", false, -1, nullptr, 64, threads);
+      ADD_FAILURE() << "accepted U+A7DB";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("text.txt:51: byte 602 of the file"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A tokenizer.json from anywhere whose split regex backtracks without end: encoding fails under
