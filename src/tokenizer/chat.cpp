@@ -69,33 +69,40 @@ struct Part {
 
 // The parts' ids, exactly as encoding their concatenation does: the text splits at the added
 // tokens a part is exactly (those split any text cleanly); each stretch between them is encoded
-// whole, and a part's ids are what it adds to the encoding of the stretch so far.
+// whole, and a part's ids are what it adds to the encoding of the stretch so far. Where a part
+// re-tokenizes the end of the parts before it (GPT-2's regex joins a template's "\n" and the
+// spaces a message starts with), the tokens from there on are replaced — allowed only where they
+// are all trained, or all not, so that the mask needs no boundary inside a token.
 Sample tokenize_parts(const Tokenizer& tok, const std::vector<Part>& parts, bool train_all) {
   Sample s;
-  auto add = [&](const std::vector<int32_t>& ids, size_t from, bool trained) {
-    s.ids.insert(s.ids.end(), ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end());
-    s.trained.insert(s.trained.end(), ids.size() - from, trained || train_all);
-  };
   std::string stretch;
   std::vector<int32_t> so_far;
+  size_t base = 0;       // where the stretch's ids begin in s.ids
   bool at_start = true;  // the stretch begins the text
   for (const Part& p : parts) {
+    const bool trained = p.trained || train_all;
     if (auto id = tok.splitting_token(p.text)) {
-      add({*id}, 0, p.trained);
+      s.ids.push_back(*id);
+      s.trained.push_back(trained);
       stretch.clear();
       so_far.clear();
+      base = s.ids.size();
       at_start = false;
       continue;
     }
     stretch += p.text;
     const std::vector<int32_t> ids = tok.encode(stretch, at_start);
-    if (!std::equal(so_far.begin(), so_far.end(), ids.begin(),
-                    ids.begin() + static_cast<std::ptrdiff_t>(std::min(so_far.size(), ids.size()))) ||
-        ids.size() < so_far.size())
+    const size_t same =
+        static_cast<size_t>(std::mismatch(so_far.begin(), so_far.end(), ids.begin(), ids.end()).first - so_far.begin());
+    if (std::any_of(s.trained.begin() + static_cast<std::ptrdiff_t>(base + same), s.trained.end(),
+                    [&](uint8_t t) { return static_cast<bool>(t) != trained; }))
       throw RuntimeError("the tokenizer merges the start of \"" + p.text.substr(0, 40) +
                          "\" with the template text before it into one token, so no token boundary separates what is "
                          "trained from what is not");
-    add(ids, so_far.size(), p.trained);
+    s.ids.resize(base + same);
+    s.trained.resize(base + same);
+    s.ids.insert(s.ids.end(), ids.begin() + static_cast<std::ptrdiff_t>(same), ids.end());
+    s.trained.insert(s.trained.end(), ids.size() - same, trained);
     so_far = ids;
   }
   return s;

@@ -12,6 +12,11 @@ For every set of the corpus:
   eval        (model directories) `ptrain eval --json` in fp32 on windows of that text = the mean
               cross-entropy transformers' AutoModelForCausalLM gives the same windows (relative
               difference <= 1e-5)
+  chat        (model directories with a ChatML template: SmolLM2, Qwen2.5's) `ptrain eval` of
+              three chats as JSONL = transformers' loss over the replies of the same chats rendered
+              by apply_chat_template (labels -100 but for each reply through its <|im_end|> and
+              newline, as tests/fixtures/make_chat_template_fixtures.py marks them): the same
+              number of trained tokens, the loss within 1e-4 (as sweep.chat_roundtrip)
 Prints one table row per set; exit 1 on any refusal or difference.
 """
 import json
@@ -26,6 +31,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
+from make_chat_template_fixtures import labels_of  # noqa: E402  (the chat fixtures' reference mask)
+
+CHATS = [
+    [{"role": "user", "content": "What is 12 × 34?"}, {"role": "assistant", "content": "12 × 34 = 408."}],
+    [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"},
+     {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Japan?"},
+     {"role": "assistant", "content": "Tokyo — 東京."}],
+    [{"role": "user", "content": "  List: a, b  "}, {"role": "assistant", "content": "1. a\n2. b\n"}],
+]
 SEQ = 96
 MIXED = """The quick brown fox jumps over the lazy dog. It's 3:45pm; we'd rather've won 1,234,567 times!
 def train(step: int) -> float:
@@ -54,16 +69,17 @@ def ptrain_tokenize(binary, tok_dir, text, tmp):
     return np.frombuffer(open(out, "rb").read()[32:], dtype=np.uint32).tolist(), out
 
 
-def ptrain_eval(binary, model_dir, tokens_path, tmp):
+def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ):
     cfg = os.path.join(tmp, "eval.toml")
     with open(cfg, "w") as f:
         f.write(f'[run]\nname = "realfiles"\noutput_dir = "{tmp}/run"\n[model]\nhf_path = "{model_dir}"\n'
-                f'[data]\npath = "{tokens_path}"\nformat = "tokens"\nseq_len = {SEQ}\nmicro_batch_size = 2\n'
-                f'[precision]\nmode = "fp32"\n[training]\ndevice = "cpu"\n')
+                f'[data]\npath = "{tokens_path}"\nformat = "{fmt}"\nseq_len = {seq}\nmicro_batch_size = 2\n'
+                + ('cache = false\n' if fmt == "jsonl" else "") + '[precision]\nmode = "fp32"\n[training]\ndevice = "cpu"\n')
     check = subprocess.run([binary, "check", "--config", cfg], capture_output=True, text=True)
     ignored = [line for line in check.stdout.splitlines() if "ignored" in line]
     if check.returncode != 0:
-        return None, (check.stderr or check.stdout).strip().splitlines()[-1], ignored
+        errors = [line for line in (check.stderr + check.stdout).splitlines() if line.startswith("error")]
+        return None, "; ".join(errors) or (check.stderr or check.stdout).strip().splitlines()[-1], ignored
     r = subprocess.run([binary, "eval", "--config", cfg, "--json"], capture_output=True, text=True)
     if r.returncode != 0:
         return None, (r.stderr or r.stdout).strip().splitlines()[-1], ignored
@@ -79,6 +95,31 @@ def hf_eval(model_dir, ids):
         logits = model(input_ids=w[:, :-1]).logits.float()
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
     return float(loss), n
+
+
+def chat_check(binary, d, tok, tmp):
+    """(ptrain loss, transformers loss, trained tokens of each) over CHATS, or None without a
+    ChatML template."""
+    if "<|im_start|>" not in (tok.chat_template or ""):
+        return None
+    path = os.path.join(tmp, "chats.jsonl")
+    with open(path, "w") as f:
+        for chat in CHATS:
+            f.write(json.dumps({"messages": chat}, ensure_ascii=False) + "\n")
+    result, error, _ = ptrain_eval(binary, d, path, tmp, fmt="jsonl", seq=256)
+    if result is None:
+        return error
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    total, tokens = 0.0, 0
+    for chat in CHATS:
+        out = tok.apply_chat_template(chat, tokenize=True)
+        ids = list(out["input_ids"]) if hasattr(out, "keys") else list(out)
+        labels = labels_of(tok, ids, "<|im_start|>assistant\n", ["<|im_end|>", "\n"])
+        n = sum(1 for label in labels[1:] if label != -100)
+        with torch.no_grad():
+            total += model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.item() * n
+        tokens += n
+    return result["mean_loss"], total / tokens, result["tokens"], tokens
 
 
 def main():
@@ -126,6 +167,17 @@ def main():
             failures += not ok
             keys = "; ".join(line.split("ignored")[-1].strip(" :") for line in ignored) or "none"
             print(row + f" {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}" + ("" if ok else "  DIFFER"))
+            chat = chat_check(binary, d, tok, tmp)
+            if isinstance(chat, str):
+                print(f"{'':22} chat: REFUSED: {chat}")
+                failures += 1
+            elif chat:
+                ours, theirs, n_ours, n_theirs = chat
+                rel = abs(ours - theirs) / abs(theirs)
+                ok = n_ours == n_theirs and rel <= 1e-4  # as sweep.chat_roundtrip: few tokens, 30 layers
+                failures += not ok
+                print(f"{'':22} chat: {n_ours} trained tokens (transformers {n_theirs}), loss {ours:.6f} / "
+                      f"{theirs:.6f}, rel. diff {rel:.1e}" + ("" if ok else "  DIFFER"))
     print(f"{len(sets)} sets, {failures} with a refusal or a difference")
     sys.exit(1 if failures else 0)
 
