@@ -859,7 +859,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool text_start)
       if (n > 1) {
         const std::string why = unicode_classes().check(code_point(text, i, n));
         if (!why.empty())
-          throw UnclassifiedCharacter("text to tokenize holds " + why + " at byte " + std::to_string(i) +
+          throw UnclassifiedCharacter(why +
                                           ": the split regex could class it otherwise than HF tokenizers does, so it "
                                           "is refused rather than tokenized differently (" +
                                           m.path + ")",
@@ -1091,7 +1091,7 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
           const size_t at = chunks[k].first + e.byte;
           const auto line = 1 + std::count(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(at), '\n');
           throw RuntimeError(path + ":" + std::to_string(line) + ": byte " + std::to_string(at) +
-                             " of the file: " + e.what());
+                             " of the file: " + e.why);
         }
         const int64_t b = bytes_done += static_cast<int64_t>(chunks[k].second - chunks[k].first);
         const int64_t t = tokens_done += static_cast<int64_t>(ids[k].size());

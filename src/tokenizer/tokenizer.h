@@ -29,10 +29,13 @@
 namespace ptrain {
 
 // Text holding a character the split regex's Unicode tables cannot class as HF tokenizers does:
-// refused rather than tokenized differently. `byte`: where it starts in the text given to encode().
+// refused rather than tokenized differently. `byte`: where it starts in the text given to encode();
+// `why`: the message without that offset, for a caller that names the place itself.
 struct UnclassifiedCharacter : RuntimeError {
-  UnclassifiedCharacter(const std::string& what, size_t byte) : RuntimeError(what), byte(byte) {}
+  UnclassifiedCharacter(const std::string& why, size_t byte)
+      : RuntimeError("text to tokenize: byte " + std::to_string(byte) + ": " + why), byte(byte), why(why) {}
   size_t byte;
+  std::string why;
 };
 
 class Tokenizer {
