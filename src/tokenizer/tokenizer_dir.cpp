@@ -247,6 +247,14 @@ struct Reader {
     }
   }
 
+  // A byte-level class's add_prefix_space = true puts a space before every text, which ptrain
+  // does not.
+  void refuse_prefix_space(const char* cls) const {
+    if (get("add_prefix_space") && flag("add_prefix_space", false))
+      fail("add_prefix_space",
+           std::string("= true: ") + cls + " then puts a space before every text, which ptrain does not");
+  }
+
   // added_tokens_decoder: transformers adds every entry that differs from tokenizer.json's.
   void check_added_tokens_decoder() const {
     const json* d = get("added_tokens_decoder");
@@ -273,6 +281,21 @@ struct Reader {
     }
   }
 };
+
+// The BPE options a class that rebuilds the pipeline sets (tokenizer.json's vocabulary, merges,
+// added tokens and post-processor are kept): no unknown token, dropout or ignore_merges; unknown-
+// token fusing and byte fallback as the class says.
+void rebuild_bpe(json& model, bool fuse_unk, bool byte_fallback) {
+  model["unk_token"] = nullptr;
+  model["fuse_unk"] = fuse_unk;
+  model["byte_fallback"] = byte_fallback;
+  model["ignore_merges"] = false;
+  model["dropout"] = nullptr;
+}
+
+// The decoder Qwen2Tokenizer and GPT2Tokenizer build (decoders.ByteLevel()'s defaults).
+const json kByteLevelDecoder = {
+    {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
 
 std::string strip_fast(std::string s) {
   if (s.size() > 4 && s.ends_with("Fast")) s.resize(s.size() - 4);
@@ -413,15 +436,10 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
                               {{"type", "Fuse"}}});
     if (prefix) steps.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
     tokenizer["decoder"] = {{"type", "Sequence"}, {"decoders", steps}};
-    model["unk_token"] = nullptr;
-    model["fuse_unk"] = true;
-    model["byte_fallback"] = true;
-    model["ignore_merges"] = false;
-    model["dropout"] = nullptr;
+    rebuild_bpe(model, /*fuse_unk=*/true, /*byte_fallback=*/true);
     why += ": pipeline rebuilt as LlamaTokenizer's (Metaspace, prepend scheme '" + scheme + "', no normalizer)";
   } else if (cls == TokClass::qwen2) {
-    if (r.get("add_prefix_space") && r.flag("add_prefix_space", false))
-      r.fail("add_prefix_space", "= true: Qwen2Tokenizer then puts a space before every text, which ptrain does not");
+    r.refuse_prefix_space("Qwen2Tokenizer");
     tokenizer["normalizer"] = {{"type", "NFC"}};
     tokenizer["pre_tokenizer"] = {
         {"type", "Sequence"},
@@ -434,29 +452,18 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
                {"behavior", "Isolated"},
                {"invert", false}},
               {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
-    tokenizer["decoder"] = {
-        {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
-    model["unk_token"] = nullptr;
-    model["fuse_unk"] = false;
-    model["byte_fallback"] = false;
-    model["ignore_merges"] = false;
-    model["dropout"] = nullptr;
+    tokenizer["decoder"] = kByteLevelDecoder;
+    rebuild_bpe(model, /*fuse_unk=*/false, /*byte_fallback=*/false);
     why += ": pipeline rebuilt as Qwen2Tokenizer's (NFC, Qwen's split regex, ByteLevel)";
   } else if (cls == TokClass::gpt2) {
     // GPT2Tokenizer.__init__: BPE without dropout, affixes or unk fusing; byte-level with GPT-2's
     // regex; no normalizer.
-    if (r.get("add_prefix_space") && r.flag("add_prefix_space", false))
-      r.fail("add_prefix_space", "= true: GPT2Tokenizer then puts a space before every text, which ptrain does not");
+    r.refuse_prefix_space("GPT2Tokenizer");
     tokenizer["normalizer"] = nullptr;
     tokenizer["pre_tokenizer"] = {
         {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-    tokenizer["decoder"] = {
-        {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
-    model["unk_token"] = nullptr;
-    model["fuse_unk"] = false;
-    model["byte_fallback"] = false;
-    model["ignore_merges"] = false;
-    model["dropout"] = nullptr;
+    tokenizer["decoder"] = kByteLevelDecoder;
+    rebuild_bpe(model, /*fuse_unk=*/false, /*byte_fallback=*/false);
     why += ": pipeline rebuilt as GPT2Tokenizer's (ByteLevel with GPT-2's split regex, no normalizer)";
   }
   // bos_token / eos_token: the files' (special_tokens_map.json's over tokenizer_config.json's, as
