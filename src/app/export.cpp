@@ -45,7 +45,7 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
   const double scale = lora_scale(c.lora);
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (size_t i = 0; i < full.size(); ++i) {
-    const FlatUnit& u = model->units()[i];
+    const FlatUnit& u = model->unit({UnitRole::base, i});
     at::Tensor flat = at::zeros({full[i].numel}, at::kFloat);
     // The base: dense units copy over by slot; NF4 modules are dequantized into place.
     for (const auto& slot : u.layout.slots)
@@ -56,7 +56,7 @@ void export_merged(const std::string& checkpoint_dir, const std::string& out_dir
         for (const auto& module : group)
           slot_view(flat, module).copy_(nf4::dequantize(*model->nf4_weight(i, static_cast<Proj>(p++)), at::kFloat));
     }
-    const FlatUnit& a = model->trainable_units()[i];
+    const FlatUnit& a = model->trained_units()[i];
     for (const auto& slot : a.layout.slots) {  // W += scale * B @ A, per adapted projection
       const auto lora_at = slot.name.find(".lora_A.weight");
       if (lora_at == std::string::npos) continue;

@@ -89,7 +89,7 @@ int64_t identity(int64_t e) { return e; }
 
 // Entries of an optimizer state vector that cover this rank's owned elements of its unit.
 at::Tensor owned_state(const FsdpModel& model, const OptimState& s) {
-  const FlatUnit& u = model.trainable_units().at(s.target);
+  const FlatUnit& u = model.trained_units().at(s.target);
   return s.tensor.narrow(0, 0, s.index(u.shard_offset + u.owned()) - s.index(u.shard_offset));
 }
 
@@ -162,7 +162,7 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
   // This rank's owned slices (shard padding is not stored).
   std::vector<std::pair<std::string, at::Tensor>> params, state;
   json units = json::array();
-  for (const auto& u : model.trainable_units()) {  // a frozen LoRA base is rebuilt, not saved
+  for (const auto& u : model.trained_units()) {  // a frozen LoRA base is rebuilt, not saved
     params.emplace_back(u.layout.name, u.shard.detach().narrow(0, 0, u.owned()));
     units.push_back({{"name", u.layout.name}, {"numel", u.layout.numel}});
   }
@@ -221,13 +221,13 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
                  {"world_size", comm.world_size()},
                  {"precision", model.policy().mode},
                  {"master_dtype", c10::toString(model.policy().master_dtype)},
-                 {"lora", model.options().lora.enabled},
+                 {"lora", model.lora().enabled},
                  {"lora_config",
-                  {{"rank", model.options().lora.rank},
-                   {"alpha", model.options().lora.alpha},
-                   {"dropout", model.options().lora.dropout},
-                   {"rslora", model.options().lora.rslora},
-                   {"targets", model.options().lora.targets}}},
+                  {{"rank", model.lora().rank},
+                   {"alpha", model.lora().alpha},
+                   {"dropout", model.lora().dropout},
+                   {"rslora", model.lora().rslora},
+                   {"targets", model.lora().targets}}},
                  {"shape", shape_json(model.shape())},
                  {"units", units},
                  {"files", files}};
@@ -322,14 +322,14 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
       throw RuntimeError("checkpoint '" + dir + "' holds " + meta.at("master_dtype").get<std::string>() +
                          " master weights but precision mode '" + model.policy().mode + "' keeps " +
                          c10::toString(model.policy().master_dtype));
-    if (meta.value("lora", false) != model.options().lora.enabled)
+    if (meta.value("lora", false) != model.lora().enabled)
       throw RuntimeError("checkpoint '" + dir + "' holds " +
                          (meta.value("lora", false) ? "LoRA adapters" : "full model weights") + " but the config " +
-                         (model.options().lora.enabled ? "enables" : "does not enable") + " LoRA; match lora.enabled");
+                         (model.lora().enabled ? "enables" : "does not enable") + " LoRA; match lora.enabled");
     const int saved_ws = meta.at("world_size").get<int>();
     ShardReader params(dir, meta, "model", saved_ws), state(dir, meta, "optimizer", saved_ws);
     at::NoGradGuard no_grad;
-    for (auto& u : model.trainable_units()) {
+    for (auto& u : model.trained_units()) {
       u.shard.detach().zero_();
       params.copy(u.layout.name, u.layout.numel, u.shard_offset, u.shard_offset + u.owned(),
                   u.shard.detach().narrow(0, 0, u.owned()));
@@ -353,7 +353,7 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
           throw RuntimeError("checkpoint '" + dir + "' has no optimizer state '" + key +
                              "', which this run's optimizer keeps" + settings);
       for (const auto& s : optim->state()) {
-        const FlatUnit& u = model.trainable_units().at(s.target);
+        const FlatUnit& u = model.trained_units().at(s.target);
         s.tensor.zero_();
         state.copy(s.key, u.layout.numel, u.shard_offset, u.shard_offset + u.owned(), owned_state(model, s), s.index);
       }

@@ -48,6 +48,18 @@ ModelPlan ModelPlan::make(const LlamaShape& shape, const PlanOptions& o) {
   return p;
 }
 
+const std::vector<PlannedUnit>& ModelPlan::units(UnitRole role) const {
+  switch (role) {
+    case UnitRole::base:
+      return base;
+    case UnitRole::adapter:
+      return adapters;
+    case UnitRole::nf4:
+      return nf4;
+  }
+  throw std::logic_error("unknown unit role");
+}
+
 int64_t ModelPlan::num_params() const {
   int64_t n = 0;
   for (const auto& u : full) n += u.numel;

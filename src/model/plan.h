@@ -29,6 +29,15 @@ struct PlanOptions {
 };
 
 enum class UnitRole { base, adapter, nf4 };
+constexpr size_t kUnitRoles = 3;
+
+// One unit of a plan: its role and its piece (0 the embedding, block_unit(layer) a block, the
+// last the final norm + output; model/layout.h). A piece has one unit of each role the plan holds.
+struct UnitKey {
+  UnitRole role = UnitRole::base;
+  size_t piece = 0;
+  friend bool operator==(const UnitKey&, const UnitKey&) = default;
+};
 
 struct PlannedUnit {
   UnitLayout layout;  // numel 0 where a piece has no such unit (the embedding's adapters)
@@ -49,8 +58,11 @@ struct ModelPlan {
   std::vector<PlannedUnit> base, adapters, nf4;
 
   static ModelPlan make(const LlamaShape& shape, const PlanOptions& options);
-  // The units the optimizer steps: the adapters with LoRA, else the base.
-  const std::vector<PlannedUnit>& trained() const { return options.lora.enabled ? adapters : base; }
+  // The units of one role: base, adapters or nf4 (empty where the run has none of that role).
+  const std::vector<PlannedUnit>& units(UnitRole role) const;
+  // The role the optimizer steps: the adapters with LoRA, else the base.
+  UnitRole trained_role() const { return options.lora.enabled ? UnitRole::adapter : UnitRole::base; }
+  const std::vector<PlannedUnit>& trained() const { return units(trained_role()); }
   int64_t num_params() const;  // the model's parameters (full layouts)
   int64_t nf4_params() const;  // of them, held in 4 bits
 };

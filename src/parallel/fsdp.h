@@ -44,18 +44,19 @@ struct FlatUnit {
   int64_t owned() const { return std::max<int64_t>(0, std::min(shard_numel, layout.numel - shard_offset)); }
 };
 
-// The units a model of these options holds (model/plan.h): what FsdpModel allocates, what the
-// memory planner predicts from and what the loaders and exports fill and read.
-ModelPlan plan_model(const LlamaShape& shape, const PrecisionPolicy& policy, double init_std,
-                     const FsdpOptions& options);
-
 // The sharded model. As a WeightSource it runs the Llama forward (model/forward.h) with each
 // unit gathered just in time.
+//
+// It holds exactly the units of its plan (model/plan.h), addressed by UnitKey {role, piece}:
+// the base units, LoRA adapter units and NF4 byte units of each piece. Callers read them
+// (const); their values are filled through parallel/weights.h, checkpoints and the optimizer,
+// which write into the shards' storage, never replace a unit.
 class FsdpModel : public WeightSource {
  public:
-  FsdpModel(const LlamaShape& shape, const PrecisionPolicy& policy, const at::Device& device, double init_std,
-            std::shared_ptr<Collectives> comm, FsdpOptions options = {});
-  // The units it holds (plan_model of its arguments). Filling them: parallel/weights.h.
+  // `plan` (ModelPlan::make) decides the units, their dtypes and what is trained; its master and
+  // compute dtypes must be `policy`'s.
+  FsdpModel(ModelPlan plan, const PrecisionPolicy& policy, const at::Device& device, std::shared_ptr<Collectives> comm,
+            FsdpOptions options = {});
   const ModelPlan& plan() const { return plan_; }
 
   // Mean cross-entropy over unmasked targets of this rank's batch. inputs/targets: [B, T].
@@ -72,43 +73,37 @@ class FsdpModel : public WeightSource {
   // the cache's positions, which it appends to the cache (cache.length += T). No autograd.
   at::Tensor next_logits(const at::Tensor& inputs, KvCache& cache);
 
-  // The base units: embedding, blocks, head.
-  std::vector<FlatUnit>& units() { return units_; }
-  const std::vector<FlatUnit>& units() const { return units_; }
+  // The units of one role, one per piece (plan().units(role)); empty where the plan has none.
+  const std::vector<FlatUnit>& units(UnitRole role) const { return units_[role_index(role)]; }
+  const FlatUnit& unit(UnitKey key) const;
   // What the optimizer steps and checkpoints save: the adapters with LoRA, else the base units.
-  // Index i of on_grad_ready refers to trainable_units()[i].
-  std::vector<FlatUnit>& trainable_units() { return options_.lora.enabled ? adapters_ : units_; }
-  const std::vector<FlatUnit>& trainable_units() const { return options_.lora.enabled ? adapters_ : units_; }
-  // LoRA: the adapter units, adapter_units()[i] beside units()[i] (empty where a piece has no
-  // adapter). NF4 base: the byte units, nf4_units()[i] holding block i's quantized projections
-  // (empty elsewhere). Without LoRA / an NF4 base, none.
-  std::vector<FlatUnit>& adapter_units() { return adapters_; }
-  std::vector<FlatUnit>& nf4_units() { return nf4_units_; }
-  // NF4 base: the double-quantization offset of projection p of block `unit`, which is not among
-  // the unit's bytes (set when the block is quantized or loaded, parallel/weights.h).
-  void set_nf4_offset(size_t unit, Proj p, float offset);
+  // Index i of on_grad_ready refers to trained_units()[i].
+  const std::vector<FlatUnit>& trained_units() const { return units(plan_.trained_role()); }
+  // NF4 base: the double-quantization offset of projection p of block `piece`, which is not
+  // among the unit's bytes (set when the block is quantized or loaded, parallel/weights.h).
+  void set_nf4_offset(size_t piece, Proj p, float offset);
   // NF4 base: bytes of the quantized weights this rank holds (its shards).
   int64_t nf4_bytes() const;
-  // NF4 base: projection p of block unit `unit` (each HF module quantized on its own), or null.
+  // NF4 base: projection p of block `piece` (each HF module quantized on its own), or null.
   // Its tensors view the block's gathered bytes: readable while the block is gathered, which
   // at world size 1 is always (the shard is used in place).
-  const nf4::Quantized* nf4_weight(size_t unit, Proj p) const;
+  const nf4::Quantized* nf4_weight(size_t piece, Proj p) const;
   Collectives& comm() const { return *comm_; }
   void zero_grad();
-  const LlamaShape& shape() const { return shape_; }
+  const LlamaShape& shape() const { return plan_.shape; }
   const PrecisionPolicy& policy() const { return policy_; }
   const FsdpOptions& options() const { return options_; }
+  const LoraOptions& lora() const { return plan_.options.lora; }
+  const QuantOptions& quant() const { return plan_.options.quant; }
   const at::Device& device() const { return device_; }
 
   // Gathers one unit's full flat weights (compute dtype), connected to its shard by autograd.
-  // `unit` indexes units(), then adapters (units().size() + i), then NF4 byte units
-  // (units().size() + adapters + i).
-  at::Tensor gather(size_t unit);
-  void release(size_t unit);                // frees the gathered storage (reshard)
+  at::Tensor gather(UnitKey key);
+  void release(UnitKey key);                // frees the gathered storage (reshard)
   const RopeTables& rope(int64_t seq_len);  // float32 tables for positions [0, seq_len), on the device
   // When set, each unit's reduced shard gradient is handed here the moment it exists (inside
   // backward) instead of being accumulated into shard.grad(): optimizer-in-backward.
-  std::function<void(size_t unit, const at::Tensor& shard_grad)> on_grad_ready;
+  std::function<void(size_t trained_unit, const at::Tensor& shard_grad)> on_grad_ready;
   // Completes the reduce-scatter in flight, if any, delivering its gradient, and frees frozen
   // (LoRA) units still gathered. Backward calls it by itself when the embedding's gradient
   // (the last) is reduced; under LoRA the embedding is frozen, and the step calls it.
@@ -120,41 +115,51 @@ class FsdpModel : public WeightSource {
   ActivationOffloader* offloader() { return offloader_.get(); }
 
  private:
+  static size_t role_index(UnitRole role) { return static_cast<size_t>(role); }
   // The autograd functions of the schedule (fsdp_forward.cpp): they drive the methods below.
   class GatherUnit;
   class OnBackward;
   class CheckpointedBlock;
-  void regather(size_t unit);  // refills freed storage before the unit's backward
+  FlatUnit& at(UnitKey key);
+  // The piece has a unit of this role with weights (the embedding has no adapter, only blocks
+  // have NF4 bytes).
+  bool has(UnitKey key) const;
+  void regather(size_t piece);  // refills block `piece`'s freed storage before its backward
   // All-gathers the unit into its (re)allocated buffer, no autograd; returns [numel] view.
-  at::Tensor fill(size_t unit);
+  at::Tensor fill(UnitKey key);
   // Starts reduce-scattering (mean) a unit's flat gradient [numel] and frees the gathered
   // buffer; the shard gradient (master dtype) is delivered — accumulated into shard.grad(), or
   // handed to on_grad_ready — when the collective completes. Returns an undefined tensor:
   // autograd accumulates nothing itself.
-  at::Tensor reduce_grad(size_t unit, const at::Tensor& grad);
+  at::Tensor reduce_grad(UnitKey key, const at::Tensor& grad);
   // World size 1 with the shard already in the compute dtype: gathered weights are the shard
-  // itself. `unit` indexes units() then adapters (units().size() + i).
-  bool aliases_shard(size_t unit) const;
-  // Starts gathering `unit` ahead of its use (no-op when prefetch is off, the unit is out of
-  // range, already gathered or in flight); fill() completes it.
-  void prefetch(size_t unit);
+  // itself.
+  bool aliases_shard(UnitKey key) const;
+  // Starts gathering a unit ahead of its use (no-op when prefetch is off, the piece is out of
+  // range, the unit already gathered or in flight); fill() completes it.
+  void prefetch(UnitKey key);
   // A block is up to three units: its base unit, its NF4 byte unit (NF4 base) and its adapter
   // unit (LoRA); they are gathered, prefetched and released together. fill_block gathers them and
   // returns the trained buffer (the adapter's with LoRA); compute_block() runs the block on the
   // gathered buffers, with `trained` (when defined) in place of the trained one (the recompute
   // restores the RNG state of the forward, so LoRA dropout draws the same masks);
   // reduce_block_grad reduce-scatters the trained unit's gradient and frees the block.
-  at::Tensor fill_block(size_t unit);
-  void prefetch_block(size_t unit);
-  void release_block(size_t unit);
-  // LoRA: frees block `unit`'s frozen units (base, NF4 bytes) once its backward is done.
-  void release_frozen(size_t unit);
-  at::Tensor compute_block(size_t unit, const at::Tensor& x, const at::Tensor& trained = at::Tensor());
-  at::Tensor reduce_block_grad(size_t unit, const at::Tensor& grad);
-  void deliver(size_t unit, const at::Tensor& shard_grad);  // to on_grad_ready or into .grad()
+  at::Tensor fill_block(size_t piece);
+  void prefetch_block(size_t piece);
+  void release_block(size_t piece);
+  // LoRA: frees block `piece`'s frozen units (base, NF4 bytes) once its backward is done.
+  void release_frozen(size_t piece);
+  at::Tensor compute_block(size_t piece, const at::Tensor& x, const at::Tensor& trained = at::Tensor());
+  // Block `piece`'s weights on its gathered flat buffer `flat` (dense or NF4), and its LoRA
+  // adapter on the adapter's `flat`.
+  BlockWeights block_weights(size_t piece, const at::Tensor& flat) const;
+  BlockLora block_lora(size_t piece, const at::Tensor& flat, bool training) const;
+  UnitKey head_unit(UnitRole role) const { return {role, units(UnitRole::base).size() - 1}; }
+  at::Tensor reduce_block_grad(size_t piece, const at::Tensor& grad);
+  void deliver(UnitKey key, const at::Tensor& shard_grad);  // to on_grad_ready or into .grad()
   void complete_reduce();  // waits for the reduce-scatter in flight, if any, and delivers it
   struct PendingReduce {
-    size_t unit = 0;
+    UnitKey key;
     at::Tensor shard_grad, input;
     std::unique_ptr<PendingCollective> op;
   };
@@ -169,36 +174,28 @@ class FsdpModel : public WeightSource {
   at::Tensor wte_;             // the embedding table, while a forward runs (tied head)
   OutputAdapter out_adapter_;  // the output adapter's gathered views, while a forward runs
 
-  LlamaShape shape_;
+  ModelPlan plan_;
   PrecisionPolicy policy_;
   at::Device device_;
   std::shared_ptr<Collectives> comm_;
   FsdpOptions options_;
-  ModelPlan plan_;
-  std::vector<FlatUnit> units_;
-  std::vector<FlatUnit> adapters_;   // LoRA: adapters_[i] belongs to units_[i] (may be empty)
-  std::vector<FlatUnit> nf4_units_;  // NF4 base: nf4_units_[i] holds block i's matrices (empty elsewhere)
-  // NF4 base: per unit (blocks only) q/k/v, o, gate/up, down, viewing nf4_units_[i]'s gathered
+  // Per role, per piece: the plan's units, sharded; and the prefetch in flight for each.
+  std::array<std::vector<FlatUnit>, kUnitRoles> units_;
+  std::array<std::vector<std::unique_ptr<PendingCollective>>, kUnitRoles> gathering_;
+  // NF4 base: per piece (blocks only) q/k/v, o, gate/up, down, viewing the NF4 unit's gathered
   // bytes (rebound at each fill); the autograd graph refers to them by address, so they never
   // move.
-  std::vector<std::vector<std::unique_ptr<nf4::Quantized>>> nf4_;  // per unit, per Proj (blocks only)
-  // The NF4 modules of each matrix group of block `unit` (q/k/v, o, gate/up, down).
-  std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> nf4_weights(size_t unit) const;
-  void bind_nf4(size_t unit);  // points nf4_[unit] at the gathered bytes
-  void fill_nf4(size_t unit);  // gathers block `unit`'s NF4 bytes (if any) and binds them
-  FlatUnit& at(size_t unit);
-  const FlatUnit& at(size_t unit) const;
-  size_t adapter(size_t unit) const { return units_.size() + unit; }
-  size_t nf4_unit(size_t unit) const { return units_.size() + adapters_.size() + unit; }
-  bool has_adapter(size_t unit) const { return options_.lora.enabled && adapters_[unit].layout.numel > 0; }
-  bool has_nf4(size_t unit) const { return options_.quant.nf4() && nf4_units_[unit].layout.numel > 0; }
-  // The units of block `unit` other than its base unit: NF4 bytes, adapter (where present).
-  std::vector<size_t> companions(size_t unit) const;
-  std::vector<std::unique_ptr<PendingCollective>> gathering_;  // per unit: prefetch in flight
+  std::vector<std::vector<std::unique_ptr<nf4::Quantized>>> nf4_;
+  // The NF4 modules of each matrix group of block `piece` (q/k/v, o, gate/up, down).
+  std::array<std::vector<const nf4::Quantized*>, kMatrixGroups> nf4_weights(size_t piece) const;
+  void bind_nf4(size_t piece);  // points nf4_[piece] at the gathered bytes
+  void fill_nf4(size_t piece);  // gathers block `piece`'s NF4 bytes (if any) and binds them
+  // The units of block `piece` other than its base unit: NF4 bytes, adapter (where present).
+  std::vector<UnitKey> companions(size_t piece) const;
   std::unique_ptr<PendingReduce> reducing_;
   int64_t peak_gathered_ = 0;
-  void allocate_gathered(size_t unit);
-  at::Tensor gathered_view(size_t unit);  // the unit's full flat weights: the gathered buffer, or the shard in place
+  void allocate_gathered(UnitKey key);
+  at::Tensor gathered_view(UnitKey key);  // the unit's full flat weights: the gathered buffer, or the shard in place
   RopeTables rope_;
   int64_t rope_len_ = 0;
   std::unique_ptr<ActivationOffloader> offloader_;

@@ -66,40 +66,41 @@ class RngStateScope {
 // Shard -> gathered unit in the compute dtype; backward reduce-scatters the unit's gradient.
 class FsdpModel::GatherUnit : public torch::autograd::Function<FsdpModel::GatherUnit> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, int64_t unit);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model, UnitKey key);
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 };
 
 class FsdpModel::OnBackward : public torch::autograd::Function<FsdpModel::OnBackward> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t unit,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpModel* model, int64_t piece,
                             UnitAction action) {
     ctx->saved_data["model"] = saved_ref(model);
-    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["piece"] = piece;
     ctx->saved_data["action"] = static_cast<int64_t>(action);
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    const auto piece = static_cast<size_t>(ctx->saved_data["piece"].toInt());
     if (static_cast<UnitAction>(ctx->saved_data["action"].toInt()) == UnitAction::regather)
-      model_of(ctx)->regather(unit);
+      model_of(ctx)->regather(piece);
     else
-      model_of(ctx)->release_frozen(unit);
+      model_of(ctx)->release_frozen(piece);
     return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor FsdpModel::GatherUnit::forward(AutogradContext* ctx, const at::Tensor& shard, FsdpModel* model,
-                                          int64_t unit) {
+                                          UnitKey key) {
   ctx->saved_data["model"] = saved_ref(model);
-  ctx->saved_data["unit"] = unit;
-  return model->fill(static_cast<size_t>(unit));
+  ctx->saved_data["role"] = static_cast<int64_t>(key.role);
+  ctx->saved_data["piece"] = static_cast<int64_t>(key.piece);
+  return model->fill(key);
 }
 
 variable_list FsdpModel::GatherUnit::backward(AutogradContext* ctx, variable_list grads) {
-  FsdpModel* model = model_of(ctx);
-  return {model->reduce_grad(static_cast<size_t>(ctx->saved_data["unit"].toInt()), grads[0]), at::Tensor(),
-          at::Tensor()};
+  const UnitKey key{static_cast<UnitRole>(ctx->saved_data["role"].toInt()),
+                    static_cast<size_t>(ctx->saved_data["piece"].toInt())};
+  return {model_of(ctx)->reduce_grad(key, grads[0]), at::Tensor(), at::Tensor()};
 }
 
 // A whole block under full activation checkpointing: forward gathers, computes without a
@@ -110,28 +111,28 @@ class FsdpModel::CheckpointedBlock : public torch::autograd::Function<FsdpModel:
  public:
   // `trained` is what autograd differentiates besides x: the block's shard, or its adapter shard.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& trained, FsdpModel* model,
-                            int64_t unit) {
+                            int64_t piece) {
     ctx->saved_data["model"] = saved_ref(model);
-    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["piece"] = piece;
     if (ActivationOffloader* offloader = model->offloader())
       ctx->saved_data["ticket"] = offloader->offload(x);
     else
       ctx->save_for_backward({x});
-    if (model->options().lora.dropout > 0) {  // the recompute must draw the same masks
+    if (model->lora().dropout > 0) {  // the recompute must draw the same masks
       at::Generator gen = default_generator(model->device());
       std::lock_guard<std::mutex> lock(gen.mutex());
       ctx->saved_data["rng"] = gen.get_state();
     }
-    model->fill_block(unit);
-    model->prefetch_block(unit + 1);
-    at::Tensor y = model->compute_block(unit, x);
-    model->release_block(unit);
+    model->fill_block(piece);
+    model->prefetch_block(piece + 1);
+    at::Tensor y = model->compute_block(piece, x);
+    model->release_block(piece);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     FsdpModel* model = model_of(ctx);
-    const auto unit = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    const auto piece = static_cast<size_t>(ctx->saved_data["piece"].toInt());
     const bool trains = ctx->needs_input_grad(1);  // false: a frozen block without adapters
     at::Tensor saved;
     if (ctx->saved_data.count("ticket")) {
@@ -142,46 +143,54 @@ class FsdpModel::CheckpointedBlock : public torch::autograd::Function<FsdpModel:
       saved = ctx->get_saved_variables()[0];
     }
     at::Tensor x = saved.detach().requires_grad_(true);
-    at::Tensor w = model->fill_block(unit).detach().requires_grad_(trains);
-    if (unit > kFirstBlockUnit) model->prefetch_block(unit - 1);  // the previous block's backward comes next
+    at::Tensor w = model->fill_block(piece).detach().requires_grad_(trains);
+    if (piece > kFirstBlockUnit) model->prefetch_block(piece - 1);  // the previous block's backward comes next
     at::Tensor y;
     {
       std::optional<RngStateScope> rng;
       if (ctx->saved_data.count("rng"))
         rng.emplace(default_generator(model->device()), ctx->saved_data["rng"].toTensor());
       at::AutoGradMode grad_on(true);
-      y = model->compute_block(unit, x, trains ? w : at::Tensor());
+      y = model->compute_block(piece, x, trains ? w : at::Tensor());
     }
     if (!trains) {
       at::Tensor gx = torch::autograd::grad({y}, {x}, {grads[0]})[0];
-      model->release_block(unit);
+      model->release_block(piece);
       return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
     }
     auto g = torch::autograd::grad({y}, {x, w}, {grads[0]});
-    return {g[0], model->reduce_block_grad(unit, g[1]), at::Tensor(), at::Tensor()};
+    return {g[0], model->reduce_block_grad(piece, g[1]), at::Tensor(), at::Tensor()};
   }
 };
 
-at::Tensor FsdpModel::gather(size_t unit) {
-  if (!at(unit).shard.requires_grad()) return fill(unit);  // frozen: nothing to differentiate
-  return GatherUnit::apply(at(unit).shard, this, static_cast<int64_t>(unit));
+at::Tensor FsdpModel::gather(UnitKey key) {
+  if (!unit(key).shard.requires_grad()) return fill(key);  // frozen: nothing to differentiate
+  return GatherUnit::apply(unit(key).shard, this, key);
 }
 
-at::Tensor FsdpModel::compute_block(size_t unit, const at::Tensor& x, const at::Tensor& trained) {
-  const bool lora = has_adapter(unit);
-  const at::Tensor w = !lora && trained.defined() ? trained : gathered_view(unit);
+BlockWeights FsdpModel::block_weights(size_t piece, const at::Tensor& flat) const {
+  const UnitLayout& layout = unit({UnitRole::base, piece}).layout;
+  return quant().nf4() ? BlockWeights::from_nf4(flat, layout, nf4_weights(piece))
+                       : BlockWeights::from_flat(flat, layout);
+}
+
+BlockLora FsdpModel::block_lora(size_t piece, const at::Tensor& flat, bool training) const {
+  return BlockLora::from_flat(flat, unit({UnitRole::adapter, piece}).layout, shape(), lora_scale(lora()),
+                              lora().dropout, training);
+}
+
+at::Tensor FsdpModel::compute_block(size_t piece, const at::Tensor& x, const at::Tensor& trained) {
+  const UnitKey adapter{UnitRole::adapter, piece};
+  const bool with_lora = has(adapter);
+  const at::Tensor w = !with_lora && trained.defined() ? trained : gathered_view({UnitRole::base, piece});
   BlockLora l;
-  if (lora)
-    l = BlockLora::from_flat(trained.defined() ? trained : gathered_view(adapter(unit)), adapters_[unit].layout, shape_,
-                             lora_scale(options_.lora), options_.lora.dropout, true);
-  const BlockWeights bw = options_.quant.nf4() ? BlockWeights::from_nf4(w, units_[unit].layout, nf4_weights(unit))
-                                               : BlockWeights::from_flat(w, units_[unit].layout);
-  return block_forward(bw, x, batch_rope_, shape_, lora ? &l : nullptr);
+  if (with_lora) l = block_lora(piece, trained.defined() ? trained : gathered_view(adapter), true);
+  return block_forward(block_weights(piece, w), x, batch_rope_, shape(), with_lora ? &l : nullptr);
 }
 
 const RopeTables& FsdpModel::rope(int64_t seq_len) {
   if (seq_len > rope_len_) {
-    rope_ = rope_tables(shape_, std::max(seq_len, std::min<int64_t>(shape_.max_seq_len, 2 * seq_len)), device_);
+    rope_ = rope_tables(shape(), std::max(seq_len, std::min<int64_t>(shape().max_seq_len, 2 * seq_len)), device_);
     rope_len_ = rope_.cos.size(0);
   }
   return rope_;
@@ -193,36 +202,34 @@ const RopeTables& FsdpModel::rope(int64_t seq_len) {
 at::Tensor FsdpModel::embedding() {
   training_ = at::GradMode::is_enabled();
   if (training_ && offloader_) offloader_->begin_forward();
-  at::Tensor embed = gather(kEmbeddingUnit);
+  const UnitKey key{UnitRole::base, kEmbeddingUnit};
+  at::Tensor embed = gather(key);
   prefetch_block(kFirstBlockUnit);
-  wte_ = embedding_weight(embed, units_[kEmbeddingUnit].layout);
+  wte_ = embedding_weight(embed, unit(key).layout);
   return wte_;
 }
 
 void FsdpModel::embedding_done() {
-  if (!shape_.tie_embeddings) release(kEmbeddingUnit);  // the embedding's backward needs no weights
+  // the embedding's backward needs no weights
+  if (!shape().tie_embeddings) release({UnitRole::base, kEmbeddingUnit});
 }
 
 at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTables& rope) {
   const size_t i = block_unit(layer);
+  const UnitKey base{UnitRole::base, i}, adapter{UnitRole::adapter, i};
   if (training_ && options_.memory.checkpointing())
-    return CheckpointedBlock::apply(input, has_adapter(i) ? adapters_[i].shard : units_[i].shard, this,
-                                    static_cast<int64_t>(i));
+    return CheckpointedBlock::apply(input, unit(has(adapter) ? adapter : base).shard, this, static_cast<int64_t>(i));
   at::Tensor x = input;
-  at::Tensor w = gather(i);
-  at::Tensor a = has_adapter(i) ? gather(adapter(i)) : at::Tensor();
+  at::Tensor w = gather(base);
+  at::Tensor a = has(adapter) ? gather(adapter) : at::Tensor();
   fill_nf4(i);
   prefetch_block(i + 1);  // gathers while this block computes
-  BlockLora lora;
-  if (a.defined())
-    lora = BlockLora::from_flat(a, adapters_[i].layout, shape_, lora_scale(options_.lora), options_.lora.dropout,
-                                training_);
+  BlockLora l;
+  if (a.defined()) l = block_lora(i, a, training_);
   // A frozen block gets no reduce-scatter to release it: release once its backward is done.
-  if (options_.lora.enabled && training_ && x.requires_grad())
+  if (lora().enabled && training_ && x.requires_grad())
     x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
-  const BlockWeights bw = options_.quant.nf4() ? BlockWeights::from_nf4(w, units_[i].layout, nf4_weights(i))
-                                               : BlockWeights::from_flat(w, units_[i].layout);
-  x = block_forward(bw, x, rope, shape_, a.defined() ? &lora : nullptr, cache_layer(rope, layer));
+  x = block_forward(block_weights(i, w), x, rope, shape(), a.defined() ? &l : nullptr, cache_layer(rope, layer));
   if (!training_ || options_.parallel.reshard_after_forward) {
     release_block(i);
     if (training_) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::regather);
@@ -231,15 +238,15 @@ at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTa
 }
 
 HeadWeights FsdpModel::head() {
-  const size_t h = units_.size() - 1;
-  HeadWeights head = HeadWeights::from_flat(gather(h), units_[h].layout, wte_, shape_);
+  const UnitKey base = head_unit(UnitRole::base), adapter = head_unit(UnitRole::adapter);
+  HeadWeights head = HeadWeights::from_flat(gather(base), unit(base).layout, wte_, shape());
   out_adapter_ = OutputAdapter{};
-  if (has_adapter(h)) {  // lm_head.lora_A, lm_head.lora_B
-    at::Tensor flat = gather(adapter(h));
-    const auto& slots = adapters_[h].layout.slots;
+  if (has(adapter)) {  // lm_head.lora_A, lm_head.lora_B
+    at::Tensor flat = gather(adapter);
+    const auto& slots = unit(adapter).layout.slots;
     out_adapter_.a = slot_view(flat, slots[0]);
     out_adapter_.b = slot_view(flat, slots[1]);
-    out_adapter_.scale = lora_scale(options_.lora);
+    out_adapter_.scale = lora_scale(lora());
   }
   return head;
 }
@@ -247,18 +254,17 @@ HeadWeights FsdpModel::head() {
 const OutputAdapter* FsdpModel::output_adapter() { return out_adapter_.a.defined() ? &out_adapter_ : nullptr; }
 
 void FsdpModel::head_done() {
-  const size_t h = units_.size() - 1;
-  if (!training_ && out_adapter_.a.defined()) release(adapter(h));
-  if (shape_.tie_embeddings) release(0);
+  if (!training_ && out_adapter_.a.defined()) release(head_unit(UnitRole::adapter));
+  if (shape().tie_embeddings) release({UnitRole::base, kEmbeddingUnit});
   // The head stays gathered for its backward (the final norm needs its weight), unless no
   // backward will come.
-  if (!training_) release(h);
+  if (!training_) release(head_unit(UnitRole::base));
   wte_ = at::Tensor();
   out_adapter_ = OutputAdapter{};
 }
 
 const RopeTables& FsdpModel::batch_rope(const at::Tensor& inputs, const at::Tensor& doc_ids) {
-  const int64_t T = inputs.size(1), window = shape_.sliding_window;
+  const int64_t T = inputs.size(1), window = shape().sliding_window;
   batch_rope_ = doc_ids.defined() ? packed_positions(rope(T), doc_ids, policy_.compute_dtype, window)
                                   : windowed_positions(rope(T), T, window, policy_.compute_dtype);
   return batch_rope_;
@@ -266,24 +272,24 @@ const RopeTables& FsdpModel::batch_rope(const at::Tensor& inputs, const at::Tens
 
 at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                                    const at::Tensor& doc_ids) {
-  return llama_loss(*this, shape_, batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
+  return llama_loss(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
 }
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                              const at::Tensor& doc_ids) {
-  return llama_loss_sum(*this, shape_, batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
+  return llama_loss_sum(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
 }
 
 at::Tensor FsdpModel::next_logits(const at::Tensor& inputs, KvCache& cache) {
   const int64_t T = inputs.size(1);
   const RopeTables r = cached_positions(rope(cache.length + T), cache, T);
-  at::Tensor logits = llama_next_logits(*this, shape_, r, inputs);
+  at::Tensor logits = llama_next_logits(*this, shape(), r, inputs);
   cache.length += T;
   return logits;
 }
 
 at::Tensor FsdpModel::logits(const at::Tensor& inputs) {
-  return llama_logits(*this, shape_, batch_rope(inputs, at::Tensor()), inputs);
+  return llama_logits(*this, shape(), batch_rope(inputs, at::Tensor()), inputs);
 }
 
 }  // namespace ptrain

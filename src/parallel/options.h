@@ -1,6 +1,6 @@
 // The parallel part's options, as the config's [precision], [parallel] and [memory] sections
 // hold them: each field's initialiser is the key's default (docs/config.md shows them), in this
-// one place; FsdpOptions composes them with the model's [lora] and [quant]. Validation:
+// one place; FsdpOptions composes [parallel] and [memory]. Validation:
 // problems() beside each struct (its section's own rules); config/validate.cpp holds the rules
 // that read several sections or the machine.
 #pragma once
@@ -54,19 +54,12 @@ struct MemoryOptions {
   OptionProblems problems() const;
 };
 
-// What the sharded model (parallel/fsdp.h) is built with: the sections as configured.
+// How the sharded model (parallel/fsdp.h) runs its schedule: the sections as configured. What
+// it holds — LoRA adapters beside a frozen base, an NF4 base — is its plan's ([lora], [quant]:
+// model/plan.h).
 struct FsdpOptions {
   ParallelOptions parallel;
   MemoryOptions memory;
-  // enabled: every base unit is frozen (compute dtype, no gradient, no optimizer state) and a
-  // trainable adapter unit beside it holds its A/B matrices; the adapters are sharded,
-  // gathered, reduce-scattered and optimized like base units are without LoRA.
-  LoraOptions lora;
-  // nf4 (with LoRA): every block's seven projections are frozen NF4 tensors, each quantized on
-  // its own as bitsandbytes quantizes a Linear4bit, kept as one byte unit per block
-  // (nf4_unit_layout) that is sharded, all-gathered as 4-bit bytes and released like the
-  // block's other units; the rest of the base stays in the units.
-  QuantOptions quant;
 };
 
 }  // namespace ptrain

@@ -20,7 +20,7 @@ uint64_t mix_seed(uint64_t seed, uint64_t stream) { return mix64(seed + kGolden6
 
 // Copies the part of `slot` that lies in this rank's shard of `u` from `src` (the whole tensor,
 // any shape); the rest of `src` is never read.
-void copy_rank_slice(FlatUnit& u, const ParamSlot& slot, const at::Tensor& src) {
+void copy_rank_slice(const FlatUnit& u, const ParamSlot& slot, const at::Tensor& src) {
   const int64_t a = std::max(u.shard_offset, slot.offset),
                 b = std::min(u.shard_offset + u.owned(), slot.offset + slot.numel);
   if (a < b)
@@ -29,7 +29,7 @@ void copy_rank_slice(FlatUnit& u, const ParamSlot& slot, const at::Tensor& src) 
 
 // Draws the whole unit (one unit at a time) so every world size gets the same numbers; keeps
 // this rank's slice.
-void init_unit(FlatUnit& u, uint64_t seed) {
+void init_unit(const FlatUnit& u, uint64_t seed) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   at::Tensor flat = at::zeros({u.layout.numel}, at::kFloat);  // alignment padding stays 0
   for (const auto& slot : u.layout.slots) {
@@ -53,8 +53,8 @@ void init_unit(FlatUnit& u, uint64_t seed) {
 // bytes, and every module's double-quantization offset.
 void store_nf4_block(FsdpModel& model, size_t unit, const std::vector<nf4::Quantized>& modules) {
   TORCH_CHECK(static_cast<int>(modules.size()) == kProjections, "a block has 7 projections");
-  const bool double_quant = model.options().quant.double_quant;
-  FlatUnit& u = model.nf4_units().at(unit);
+  const bool double_quant = model.quant().double_quant;
+  const FlatUnit& u = model.unit({UnitRole::nf4, unit});
   u.shard.zero_();
   for (size_t p = 0; p < modules.size(); ++p) {
     const nf4::Quantized& q = modules[p];
@@ -72,8 +72,7 @@ void store_nf4_block(FsdpModel& model, size_t unit, const std::vector<nf4::Quant
 // bytes that fall in its shard.
 void quantize_block(FsdpModel& model, size_t unit, const std::vector<at::Tensor>& modules) {
   std::vector<nf4::Quantized> quantized;
-  for (const auto& m : modules)
-    quantized.push_back(nf4::quantize(m, model.options().quant.double_quant));  // on the CPU
+  for (const auto& m : modules) quantized.push_back(nf4::quantize(m, model.quant().double_quant));  // on the CPU
   store_nf4_block(model, unit, quantized);
 }
 
@@ -88,7 +87,7 @@ void check_shape(const std::string& name, const at::Tensor& src, const std::vect
 void init_weights(FsdpModel& model, uint64_t seed) {
   at::NoGradGuard no_grad;
   const ModelPlan& plan = model.plan();
-  std::vector<FlatUnit>& units = model.units();
+  const std::vector<FlatUnit>& units = model.units(UnitRole::base);
   for (size_t i = 0; i < units.size(); ++i) {
     if (!plan.options.quant.nf4() || units[i].layout.kind != UnitKind::block) {
       init_unit(units[i], mix_seed(seed, i));
@@ -104,7 +103,7 @@ void init_weights(FsdpModel& model, uint64_t seed) {
     for (const auto& g : block_matrix_groups(full.layout))
       for (const auto& slot : g) modules.push_back(slot_view(full.shard, slot));
     quantize_block(model, i, modules);
-    FlatUnit& u = units[i];
+    const FlatUnit& u = units[i];
     u.shard.zero_();
     for (const auto& slot : u.layout.slots)  // the norms
       copy_rank_slice(u, slot, full.shard.narrow(0, full.layout.offset_of(slot.name), slot.numel));
@@ -114,7 +113,7 @@ void init_weights(FsdpModel& model, uint64_t seed) {
 
 void init_adapters(FsdpModel& model, uint64_t seed) {
   at::NoGradGuard no_grad;
-  std::vector<FlatUnit>& adapters = model.adapter_units();
+  const std::vector<FlatUnit>& adapters = model.units(UnitRole::adapter);
   for (size_t i = 0; i < adapters.size(); ++i) init_unit(adapters[i], mix_seed(seed ^ 0x4C6F5241ull, i));
 }
 
@@ -123,7 +122,7 @@ void load_weights(FsdpModel& model, const TensorByName& tensor, const Nf4ByName&
   const ModelPlan& plan = model.plan();
   const bool nf4_base = plan.options.quant.nf4();
   TORCH_CHECK(!quantized || nf4_base, "a pre-quantized checkpoint loads into an NF4 base only");
-  std::vector<FlatUnit>& units = model.units();
+  const std::vector<FlatUnit>& units = model.units(UnitRole::base);
   if (nf4_base) {
     // One module at a time: read from the memory-mapped files (a view: no copy), quantized, and
     // dropped; the full-precision model never exists in memory. Pre-quantized modules are
@@ -147,7 +146,7 @@ void load_weights(FsdpModel& model, const TensorByName& tensor, const Nf4ByName&
       quantize_block(model, i, modules);
     }
   }
-  for (auto& u : units) {
+  for (const auto& u : units) {
     u.shard.zero_();
     for (const auto& slot : u.layout.slots) {
       at::Tensor src = tensor(slot.name);  // a view of the mapped file: only the slice copied is read
@@ -160,7 +159,7 @@ void load_weights(FsdpModel& model, const TensorByName& tensor, const Nf4ByName&
 void load_adapters(FsdpModel& model, const std::map<std::string, at::Tensor>& tensors) {
   at::NoGradGuard no_grad;
   std::set<std::string> used;
-  for (auto& u : model.adapter_units()) {
+  for (const auto& u : model.units(UnitRole::adapter)) {
     u.shard.detach().zero_();
     for (const auto& slot : u.layout.slots) {
       auto it = tensors.find(slot.name);

@@ -48,13 +48,13 @@ MemoryReport measure_memory(const FsdpModel& model, const Optimizer& optim) {
   MemoryReport r;
   r.rank = model.comm().rank();
   r.world_size = model.comm().world_size();
-  for (const auto& u : model.trainable_units()) {
+  for (const auto& u : model.trained_units()) {
     r.num_params += u.shard.numel();
     r.param_bytes += u.shard.nbytes();
     if (u.shard.grad().defined()) r.grad_bytes += u.shard.grad().nbytes();
   }
-  if (model.options().lora.enabled)
-    for (const auto& u : model.units()) r.frozen_base_bytes += u.shard.nbytes();
+  if (model.lora().enabled)
+    for (const auto& u : model.units(UnitRole::base)) r.frozen_base_bytes += u.shard.nbytes();
   r.nf4_params = model.plan().nf4_params();
   r.nf4_bytes = model.nf4_bytes();
   r.frozen_base_bytes += r.nf4_bytes;

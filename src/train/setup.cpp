@@ -74,16 +74,17 @@ std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const 
   return make_collectives(env, c.parallel.backend, device, c.parallel.timeout_s);
 }
 
-FsdpOptions fsdp_options(const Config& c) { return FsdpOptions{c.parallel, c.memory, c.lora, c.quant}; }
+FsdpOptions fsdp_options(const Config& c) { return FsdpOptions{c.parallel, c.memory}; }
 
 ModelPlan model_plan(const Config& c) {
-  return plan_model(c.model.shape, precision_policy(c), c.model.init_std, fsdp_options(c));
+  const PrecisionPolicy policy = precision_policy(c);
+  return ModelPlan::make(c.model.shape,
+                         PlanOptions{c.model.init_std, policy.master_dtype, policy.compute_dtype, c.lora, c.quant});
 }
 
 std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm) {
-  const FsdpOptions o = fsdp_options(c);
   auto model =
-      std::make_unique<FsdpModel>(c.model.shape, precision_policy(c), device, c.model.init_std, std::move(comm), o);
+      std::make_unique<FsdpModel>(model_plan(c), precision_policy(c), device, std::move(comm), fsdp_options(c));
   if (!c.model.hf_path.empty()) {
     if (const std::string note = hf_config_ignored_note(c.model.hf_path); !note.empty() && model->comm().rank() == 0)
       log::info(note);
@@ -311,7 +312,7 @@ std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& mode
   const auto seed = static_cast<uint64_t>(c.run.seed);
   if (o.name == OptimizerName::adamw8bit) {
     std::vector<Blocking> blocking;
-    for (const auto& u : model.trainable_units())
+    for (const auto& u : model.trained_units())
       blocking.push_back(Blocking::of(u.layout, u.shard_offset, u.shard_numel, kMin8bitNumel));
     return std::make_unique<AdamW8bit>(
         std::move(targets), std::move(blocking),
@@ -323,8 +324,8 @@ std::unique_ptr<Optimizer> make_optimizer(const Config& c, const FsdpModel& mode
 
 std::vector<OptimTarget> optim_targets(FsdpModel& model) {
   std::vector<OptimTarget> targets;
-  for (size_t i = 0; i < model.trainable_units().size(); ++i) {
-    auto& u = model.trainable_units()[i];
+  for (size_t i = 0; i < model.trained_units().size(); ++i) {
+    auto& u = model.trained_units()[i];
     targets.push_back({u.layout.name, u.shard,
                        std::clamp<int64_t>(u.layout.decay_numel - u.shard_offset, 0, u.shard_numel),
                        (static_cast<uint64_t>(i) << 40) + static_cast<uint64_t>(u.shard_offset)});

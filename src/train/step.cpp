@@ -61,7 +61,7 @@ StepResult train_step(FsdpModel& model, Optimizer& optim, const MicroBatchFn& mi
   r.loss = acc.loss;
   r.trained_tokens = acc.tokens;
   std::vector<at::Tensor> grads;
-  for (auto& u : model.trainable_units()) grads.push_back(u.shard.grad());
+  for (auto& u : model.trained_units()) grads.push_back(u.shard.grad());
   r.grad_norm = clip_grad_norm(grads, options.max_grad_norm, &model.comm());
   optim.step(lr);
   return r;

@@ -62,20 +62,22 @@ int main(int argc, char** argv) {
     fsdp.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
     const LlamaShape shape = read_hf_config(argv[2]);
     PeftAdapter adapter;
+    PlanOptions plan;
+    plan.init_std = 0.02;
     if (!qlora_adapter.empty()) {
       adapter = read_peft(qlora_adapter, shape);
-      fsdp.lora.enabled = true;
-      fsdp.quant = {QuantBase::nf4, true};
-      fsdp.lora.targets = adapter.targets;
-      fsdp.lora.rank = adapter.rank;
-      fsdp.lora.alpha = adapter.alpha;
-      fsdp.lora.rslora = adapter.rslora;
+      plan.lora.enabled = true;
+      plan.quant = {QuantBase::nf4, true};
+      plan.lora.targets = adapter.targets;
+      plan.lora.rank = adapter.rank;
+      plan.lora.alpha = adapter.alpha;
+      plan.lora.rslora = adapter.rslora;
     }
     const HfCheckpoint hf(argv[2]);
     verify_hf_tensors(hf, shape, HfStorage{}, true);
-    FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, comm, fsdp);
+    FsdpModel model(ModelPlan::make(shape, plan), PrecisionPolicy{}, at::kCPU, comm, fsdp);
     load_weights(model, hf.by_name());
-    if (fsdp.lora.enabled) load_adapters(model, adapter.tensors);
+    if (plan.lora.enabled) load_adapters(model, adapter.tensors);
     const int64_t T = tokens.size(2) - 1;
     std::vector<std::pair<std::string, at::Tensor>> out;
 
@@ -87,7 +89,7 @@ int main(int argc, char** argv) {
     at::Tensor mean0 = loss0.detach().to(at::kDouble).reshape({1}) / static_cast<double>(ws);
     comm->all_reduce_sum(mean0);
     out.emplace_back("loss0", mean0);
-    for (auto& u : model.trainable_units()) {
+    for (auto& u : model.trained_units()) {
       if (u.layout.slots.empty()) continue;  // LoRA: the embedding's and the head's adapter units are empty
       at::Tensor full = at::empty({u.shard_numel * ws}, at::kFloat);
       comm->all_gather(full, u.shard.grad());

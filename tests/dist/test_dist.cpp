@@ -304,10 +304,10 @@ TEST(Dist, ShardedCheckpointExportsToHfExactly) {
   const std::string ckpt = out + "/checkpoints/step_3";
   Proc e = sh(bin() + " export --checkpoint " + ckpt + " --out " + (dir / "hf"));
   ASSERT_EQ(e.rc, 0) << e.output;
-  FsdpModel imported(read_hf_config(dir / "hf"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
+  FsdpModel imported(test::plan(read_hf_config(dir / "hf")), PrecisionPolicy{}, at::kCPU, test::local_comm());
   load_weights(imported, HfCheckpoint(dir / "hf").by_name());
   auto flats = unit_flats(ckpt);
-  for (const auto& u : imported.units())
+  for (const auto& u : imported.units(UnitRole::base))
     EXPECT_TRUE(at::equal(u.shard.detach(), flats[u.layout.name])) << u.layout.name;
 }
 

@@ -95,7 +95,7 @@ TEST(Lora, ActivationCheckpointingTrainsIdenticallyAndSavesMemory) {
         auto model = build_model(load(cfg, sets), at::kCPU, test::local_comm());
         at::manual_seed(11);
         model->forward_loss(tokens.narrow(1, 0, 32), tokens.narrow(1, 1, 32), 0).backward();
-        for (auto& u : model->trainable_units())
+        for (auto& u : model->trained_units())
           if (u.shard.grad().defined()) grads[ac].push_back(u.shard.grad().clone());
       }
       ASSERT_EQ(grads["none"].size(), grads["full"].size());
@@ -125,9 +125,9 @@ TEST(Lora, StartsAsBaseTrainsOnlyAdaptersAndResumes) {
   at::manual_seed(3);
   at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
   EXPECT_TRUE(at::equal(base->logits(tokens), adapted->logits(tokens)));
-  for (size_t i = 0; i < base->units().size(); ++i) {
-    EXPECT_FALSE(adapted->units()[i].shard.requires_grad());
-    EXPECT_TRUE(at::equal(adapted->units()[i].shard, base->units()[i].shard)) << i;
+  for (size_t i = 0; i < base->units(UnitRole::base).size(); ++i) {
+    EXPECT_FALSE(adapted->units(UnitRole::base)[i].shard.requires_grad());
+    EXPECT_TRUE(at::equal(adapted->units(UnitRole::base)[i].shard, base->units(UnitRole::base)[i].shard)) << i;
   }
 
   ASSERT_EQ(train(lora_cfg), 0);  // 20 steps, checkpoints at 10 and 20
@@ -213,7 +213,7 @@ TEST(Qlora, Nf4BaseTrainsAndEqualsItsDequantizedDenseModel) {
   {
     at::NoGradGuard no_grad;  // each projection is its own NF4 module
     const int64_t modules = for_each_nf4_module(*qm, [&](size_t i, const ParamSlot& module, const nf4::Quantized& q) {
-      slot_view(dm->units()[i].shard.detach(), module).copy_(nf4::dequantize(q, at::kFloat));
+      slot_view(dm->units(UnitRole::base)[i].shard.detach(), module).copy_(nf4::dequantize(q, at::kFloat));
     });
     EXPECT_EQ(modules, kProjections * qc.model.shape.n_layers);
   }
@@ -522,7 +522,7 @@ TEST(Peft, ImportMatchesPeftLogitsAndExportRoundTrips) {
                                               "lora.adapter_path=\"" + (d2 / "peft") + "\""});
   auto reloaded = build_model(back, at::kCPU, test::local_comm());
   SafetensorsFile saved(ck + "/model.rank0.safetensors");
-  for (const auto& u : reloaded->trainable_units())
+  for (const auto& u : reloaded->trained_units())
     if (u.layout.numel > 0) {
       EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;
     }
@@ -542,7 +542,7 @@ TEST(Lora, MergedExportEqualsTheAdaptedModel) {
     auto adapted = build_model(c, at::kCPU, test::local_comm());
     TrainProgress progress;
     load_checkpoint(ck, *adapted, nullptr, progress);
-    FsdpModel merged(read_hf_config(dir / "merged"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
+    FsdpModel merged(test::plan(read_hf_config(dir / "merged")), PrecisionPolicy{}, at::kCPU, test::local_comm());
     load_weights(merged, HfCheckpoint(dir / "merged").by_name());
     at::manual_seed(4);
     at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);

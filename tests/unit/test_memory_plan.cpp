@@ -55,7 +55,7 @@ TEST(Memory, SavedActivationsMatchPrediction) {
       SCOPED_TRACE(name + (checkpointing ? " checkpointing" : ""));
       FsdpOptions o;
       o.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
-      FsdpModel model(s, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
+      FsdpModel model(test::plan(s), PrecisionPolicy{}, at::kCPU, test::local_comm(), o);
       init_weights(model, 1);
       const int64_t B = 3, T = 40;
       at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
@@ -93,11 +93,11 @@ TEST(Memory, QkNormActivationsUnderLoraMatchPrediction) {
     const std::string what = "lora targets " + std::to_string(targets.size());
     SCOPED_TRACE(what);
     PrecisionPolicy policy;
-    FsdpOptions o;
-    o.lora.enabled = !targets.empty();
-    o.lora.targets = targets;
-    o.lora.rank = 4;
-    FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm(), o);
+    LoraOptions lora;
+    lora.enabled = !targets.empty();
+    lora.targets = targets;
+    lora.rank = 4;
+    FsdpModel model(test::plan(s, policy, lora), policy, at::kCPU, test::local_comm());
     init_weights(model, 1);
     const int64_t B = 3, T = 40;
     at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
@@ -115,7 +115,7 @@ TEST(Memory, QkNormActivationsUnderLoraMatchPrediction) {
     ActivationInputs a;
     a.tokens = B * T;
     a.fused_norm = false;
-    a.lora = o.lora.enabled;
+    a.lora = lora.enabled;
     a.lora_rank = 4;
     const auto projections = block_projections(s);
     for (size_t i = 0; i < projections.size(); ++i)
@@ -134,7 +134,7 @@ TEST(Memory, PackedRowsKeepOneMaskAsPredicted) {
     const LlamaShape s = shape(96, 3, 6, 2, 211, 300);
     PrecisionPolicy policy;
     if (bf16) policy.compute_dtype = at::kBFloat16;
-    FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm());
+    FsdpModel model(test::plan(s, policy), policy, at::kCPU, test::local_comm());
     init_weights(model, 1);
     const int64_t B = 3, T = 40;
     at::Tensor tokens = at::randint(0, s.vocab_size, {B, T + 1}, at::kLong);
@@ -176,7 +176,7 @@ TEST(Memory, RowsPastTheSlidingWindowKeepOneMaskAsPredicted) {
     at::Tensor tokens = at::randint(0, plain_shape.vocab_size, {B, T + 1}, at::kLong);
     at::Tensor in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
     auto saved = [&](const LlamaShape& s) {
-      FsdpModel model(s, policy, at::kCPU, 0.02, test::local_comm());
+      FsdpModel model(test::plan(s, policy), policy, at::kCPU, test::local_comm());
       init_weights(model, 1);
       model.forward_loss(in, tgt, 50).backward();  // the RoPE tables
       model.zero_grad();

@@ -154,7 +154,7 @@ void check_hf_parity(const std::string& dir) {
   HfCheckpoint ckpt(dir);
   DenseWeights dense(shape, at::kFloat, at::kCPU);
   dense.load(ckpt.by_name());
-  FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
+  FsdpModel model(test::plan(shape), PrecisionPolicy{}, at::kCPU, test::local_comm());
   load_weights(model, ckpt.by_name());
 
   at::Tensor dense_logits = llama_logits(dense, shape, dense.rope(tokens.size(1)), tokens).view(logits_ref.sizes());
@@ -188,7 +188,7 @@ TEST(HfParity, EveryFamilysLogitsMatchTransformers) {
     verify_hf_tensors(ckpt, shape, HfStorage{}, true);
     DenseWeights dense(shape, at::kFloat, at::kCPU);
     dense.load(ckpt.by_name());
-    FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
+    FsdpModel model(test::plan(shape), PrecisionPolicy{}, at::kCPU, test::local_comm());
     load_weights(model, ckpt.by_name());
     const at::Tensor dense_logits = llama_logits(dense, shape, dense.rope(16), tokens).view(logits_ref.sizes());
     const at::Tensor fsdp_logits = model.logits(tokens).view(logits_ref.sizes());
@@ -331,7 +331,7 @@ void expect_packed_equals_alone(const std::string& fixture) {
   for (bool checkpointing : {false, true}) {
     FsdpOptions o;
     o.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
-    FsdpModel model(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
+    FsdpModel model(test::plan(shape), PrecisionPolicy{}, at::kCPU, test::local_comm(), o);
     load_weights(model, ckpt.by_name());
     at::Tensor loss = model.forward_loss(row, targets, 7, doc_ids);
     const double want = llama_loss(dense, shape, packed_positions(dense.rope(24), doc_ids, at::kFloat, window), row,
@@ -342,7 +342,7 @@ void expect_packed_equals_alone(const std::string& fixture) {
     loss.backward();
     model.finish_backward();
     grads.emplace_back();
-    for (auto& u : model.units()) grads.back().push_back(u.shard.grad().clone());
+    for (auto& u : model.units(UnitRole::base)) grads.back().push_back(u.shard.grad().clone());
   }
   for (size_t i = 0; i < grads[0].size(); ++i)
     EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-5, 1e-7)) << "unit " << i;

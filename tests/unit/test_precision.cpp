@@ -42,9 +42,9 @@ TEST(Precision, MixedComputesInBf16OverFp32Master) {
   Config mixed = load(test::small_config(dir), {"training.steps=1", "checkpoint.save_final=false",
                                                 "precision.mode=mixed", "run.output_dir=" + (dir / "mixed")});
   auto m = build_model(mixed, at::kCPU, test::local_comm());
-  EXPECT_EQ(m->units()[1].shard.scalar_type(), at::kFloat);
-  EXPECT_EQ(m->gather(1).scalar_type(), at::kBFloat16);
-  m->release(1);
+  EXPECT_EQ(m->units(UnitRole::base)[1].shard.scalar_type(), at::kFloat);
+  EXPECT_EQ(m->gather({UnitRole::base, 1}).scalar_type(), at::kBFloat16);
+  m->release({UnitRole::base, 1});
   ASSERT_EQ(train(fp32), 0);
   ASSERT_EQ(train(mixed), 0);
   const double a = losses(dir / "run/metrics.jsonl")[1], b = losses(dir / "mixed/metrics.jsonl")[1];
@@ -56,18 +56,18 @@ TEST(Precision, Bf16ModeDtypesAndStateBytes) {
   test::TempDir dir;
   Config c = load(test::small_config(dir), {"precision.mode=bf16", "training.steps=2", "checkpoint.save_final=false"});
   auto m = build_model(c, at::kCPU, test::local_comm());
-  EXPECT_EQ(m->units()[1].shard.scalar_type(), at::kBFloat16);  // sharded params (master)
-  EXPECT_EQ(m->gather(1).scalar_type(), at::kBFloat16);         // gathered unit / compute
-  m->release(1);
+  EXPECT_EQ(m->units(UnitRole::base)[1].shard.scalar_type(), at::kBFloat16);  // sharded params (master)
+  EXPECT_EQ(m->gather({UnitRole::base, 1}).scalar_type(), at::kBFloat16);     // gathered unit / compute
+  m->release({UnitRole::base, 1});
   EXPECT_EQ(m->rope(8).cos.scalar_type(), at::kFloat);  // RoPE tables
   at::Tensor tokens = at::randint(0, 256, {2, 9}, at::kLong);
   EXPECT_EQ(m->logits(tokens.narrow(1, 0, 8)).scalar_type(), at::kFloat);  // logits
   at::Tensor loss = m->forward_loss(tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8), 0);
   EXPECT_EQ(loss.scalar_type(), at::kFloat);  // loss
   loss.backward();
-  EXPECT_EQ(m->units()[1].shard.grad().scalar_type(), at::kBFloat16);  // grads
+  EXPECT_EQ(m->units(UnitRole::base)[1].shard.grad().scalar_type(), at::kBFloat16);  // grads
   std::vector<OptimTarget> targets;
-  for (auto& u : m->units()) targets.push_back({u.layout.name, u.shard, 0, 0});
+  for (auto& u : m->units(UnitRole::base)) targets.push_back({u.layout.name, u.shard, 0, 0});
   for (const auto& s : make_optimizer(c, *m, targets)->state())
     EXPECT_EQ(s.tensor.scalar_type(), at::kBFloat16) << s.key;  // optimizer moments
   Config c8 = load(test::small_config(dir), {"precision.mode=bf16", "optimizer.name=adamw8bit"});

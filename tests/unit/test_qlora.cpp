@@ -90,13 +90,13 @@ TEST(Qlora, FourBitLinearGradientsMatchDenseReference) {
 TEST(Qlora, LoraStartsAsBaseAndItsGradientsMatchDense) {
   Layers l = make_layers(1, 64);
   LlamaShape s = test::small_shape();  // dim 64
-  FsdpOptions o;
-  o.lora.enabled = true;
-  o.lora.targets = {"q"};
-  o.lora.rank = 8;
-  FsdpModel model(s, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
+  LoraOptions options;
+  options.enabled = true;
+  options.targets = {"q"};
+  options.rank = 8;
+  FsdpModel model(test::plan(s, {}, options), PrecisionPolicy{}, at::kCPU, test::local_comm());
   init_adapters(model, 4);
-  const FlatUnit& adapters = model.trainable_units().at(1);
+  const FlatUnit& adapters = model.trained_units().at(1);
   at::Tensor a = slot_view(adapters.shard.detach(), adapters.layout.slots.at(0)).clone();
   at::Tensor b = slot_view(adapters.shard.detach(), adapters.layout.slots.at(1)).clone();
   ASSERT_EQ(a.sizes(), (std::vector<int64_t>{8, 64}));
@@ -129,11 +129,12 @@ TEST(Qlora, LoraStartsAsBaseAndItsGradientsMatchDense) {
 TEST(Qlora, HfLoadQuantizesOneProjectionAtATime) {
   const std::string dir = test::fixture("hf_tiny");
   const LlamaShape shape = read_hf_config(dir);
-  FsdpOptions o;
-  o.lora.enabled = true;
-  o.lora.targets = {"q"};
-  o.quant.base = QuantBase::nf4;
-  FsdpModel m(shape, PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm(), o);
+  LoraOptions lora;
+  lora.enabled = true;
+  lora.targets = {"q"};
+  QuantOptions quant;
+  quant.base = QuantBase::nf4;
+  FsdpModel m(test::plan(shape, {}, lora, quant), PrecisionPolicy{}, at::kCPU, test::local_comm());
   HfCheckpoint ckpt(dir);
   int64_t peak = 0;
   {

@@ -105,7 +105,7 @@ TEST(Checkpoint, LatestSkipsIncompleteAndKeepPrunesOldest) {
   Config c = load(test::small_config(dir));
   auto model = build_model(c, at::kCPU, test::local_comm());
   std::vector<OptimTarget> targets;
-  for (auto& u : model->units()) targets.push_back({u.layout.name, u.shard, u.layout.decay_numel});
+  for (auto& u : model->units(UnitRole::base)) targets.push_back({u.layout.name, u.shard, u.layout.decay_numel});
   AdamW opt(targets, {});
   for (int64_t step : {30, 40}) save_checkpoint(root, *model, opt, {step, 0, ""}, 2, "");
   std::set<std::string> left;
@@ -263,10 +263,10 @@ TEST(Checkpoint, ExportThenHfImportIsExact) {
   const std::string ck = dir / "run/checkpoints/step_3";
   export_hf(ck, dir / "hf");
   EXPECT_EQ(read_hf_config(dir / "hf").ffn_dim, 160);
-  FsdpModel imported(read_hf_config(dir / "hf"), PrecisionPolicy{}, at::kCPU, 0.02, test::local_comm());
+  FsdpModel imported(test::plan(read_hf_config(dir / "hf")), PrecisionPolicy{}, at::kCPU, test::local_comm());
   load_weights(imported, HfCheckpoint(dir / "hf").by_name());
   SafetensorsFile saved(ck + "/model.rank0.safetensors");
-  for (const auto& u : imported.units())
+  for (const auto& u : imported.units(UnitRole::base))
     EXPECT_TRUE(at::equal(u.shard.detach(), saved.tensor(u.layout.name))) << u.layout.name;  // ws 1: no padding
 }
 
@@ -378,7 +378,7 @@ TEST(Fsdp, PrefetchKeepsResultsAndAtMostTwoUnitsGathered) {
       EXPECT_EQ(m->peak_gathered_units(), prefetch ? 2 : 1) << "prefetch " << prefetch << " ac " << ac;
       if (ac) continue;
       loss[prefetch] = l.item<double>();
-      for (auto& u : m->units()) grads[prefetch].push_back(u.shard.grad().clone());
+      for (auto& u : m->units(UnitRole::base)) grads[prefetch].push_back(u.shard.grad().clone());
     }
   }
   EXPECT_EQ(loss[0], loss[1]);

@@ -10,9 +10,11 @@
 
 #include "common/fs_util.h"
 #include "config/config.h"
+#include "model/plan.h"
 #include "model/shape.h"
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
+#include "parallel/precision.h"
 
 namespace ptrain::test {
 
@@ -41,6 +43,13 @@ struct TempDir {
 // Collectives of a single process (world size 1, no launcher).
 inline std::shared_ptr<Collectives> local_comm() {
   return make_collectives(DistEnv{}, Backend::automatic, c10::Device(c10::kCPU), 60.0);
+}
+
+// The plan of a model of `shape` (init std 0.02) in `policy`'s dtypes, with LoRA / an NF4 base
+// where given.
+inline ModelPlan plan(const LlamaShape& shape, const PrecisionPolicy& policy = {}, const LoraOptions& lora = {},
+                      const QuantOptions& quant = {}) {
+  return ModelPlan::make(shape, PlanOptions{0.02, policy.master_dtype, policy.compute_dtype, lora, quant});
 }
 
 inline void write_text(const std::string& path, const std::string& text) {
