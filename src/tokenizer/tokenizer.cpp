@@ -237,6 +237,7 @@ struct Tokenizer::Impl {
   std::string reading;  // how the files were read: the class transformers uses, or the file as written
   std::optional<std::pair<std::string, std::string>> template_tokens;  // a directory's bos_token / eos_token
   [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
+  std::function<void(const std::string&)> failer() const;  // fail(), for readers that take a callback
   // A token id as tokenizer.json writes it: an integer in [0, 2^24) — a float, a negative or a
   // huge id (which would size the id table) is refused.
   int32_t token_id(const json& v, const std::string& token) const {
@@ -341,6 +342,23 @@ struct Tokenizer::Impl {
   AddedTrie raw_added, normalized_added;  // built once `added` is complete (they point into it)
   std::unordered_map<int32_t, std::string> added_of;
   int32_t max_id = -1;
+
+  // Reading tokenizer.json, one part each (Tokenizer's constructor runs them in order): the
+  // file itself (parsed, its shape checked, a directory's other files read), then each part of
+  // the pipeline as HF tokenizers reads it, refused by name where ptrain does not implement it.
+  json open(const std::string& path_in);
+  void read_model_options(const json& model);
+  void read_normalizer(const json& j);
+  void read_pre_tokenizer(const json& j);
+  void read_vocab(const json& model);
+  void read_merges(const json& model);
+  void read_decoder(const json& j);
+  void read_added_tokens(const json& j);
+  void read_post_processor(const json& j);
+  PreStep pre_step(const json& step) const;
+  DecStep decoder_step(const json& step) const;
+  std::shared_ptr<Regex> pattern_of(const json& p, std::string& text) const;
+  std::string metaspace_scheme(const json& step) const;
 
   static uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
@@ -569,266 +587,304 @@ struct Tokenizer::Impl {
   }
 };
 
-Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
+namespace {
+bool present(const json& o, const char* key) { return o.is_object() && o.contains(key) && !o.at(key).is_null(); }
+
+// A Sequence's steps (or the one step), for normalizer / pre-tokenizer / decoder / post-processor.
+// (Sequences in a Sequence run in order, as HF runs them.)
+void flatten(const json& node, const char* key, std::vector<json>& out) {
+  if (node.is_null()) return;
+  if (node.value("type", "") != "Sequence") return out.push_back(node);
+  for (const auto& s : node.at(key)) flatten(s, key, out);
+}
+std::vector<json> steps_of(const json& node, const char* list_key) {
+  std::vector<json> steps;
+  flatten(node, list_key, steps);
+  return steps;
+}
+}  // namespace
+
+std::function<void(const std::string&)> Tokenizer::Impl::failer() const {
+  return [this](const std::string& what) { fail(what); };
+}
+
+json Tokenizer::Impl::open(const std::string& path_in) {
   const bool dir = fs::is_directory(path_in);
-  m.path = dir ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
-  if (!fs::is_regular_file(m.path))
-    throw RuntimeError("no tokenizer file '" + m.path + "' (pass a tokenizer.json or an HF model directory)");
-  const std::string text = read_text_file(m.path);
+  path = dir ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
+  if (!fs::is_regular_file(path))
+    throw RuntimeError("no tokenizer file '" + path + "' (pass a tokenizer.json or an HF model directory)");
+  const std::string text = read_text_file(path);
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    m.fail(std::string("not valid JSON: ") + e.what());
+    fail(std::string("not valid JSON: ") + e.what());
   }
-  auto fail = [&](const std::string& what) { m.fail(what); };
   // Every option as HF tokenizers reads it, or refused by name, before any is used.
-  check_tokenizer_json_shape(j, fail);
+  check_tokenizer_json_shape(j, failer());
   // A model directory is read as transformers' AutoTokenizer reads it (tokenizer_config.json,
   // config.json); a tokenizer.json file as HF tokenizers' Tokenizer.from_file does.
   if (dir) {
     TokenizerDirReading r = read_tokenizer_dir(path_in, text, j);
-    m.reading = std::move(r.description);
-    m.template_tokens = std::make_pair(std::move(r.bos_token), std::move(r.eos_token));
-  } else {
-    m.reading = "tokenizer.json as written (HF tokenizers' Tokenizer.from_file)";
-    // Tokenizer.from_file applies these to every encoding (cut at max_length, padded to a size):
-    // ptrain cuts and pads samples itself, so a file asking for them is refused, not half-read.
-    // transformers does not apply them, so a model directory is read without them (and says so).
-    for (const char* key : {"truncation", "padding"})
-      if (j.contains(key) && !j.at(key).is_null())
-        m.fail(std::string("its ") + key + " " + j.at(key).dump() +
-               " makes HF tokenizers cut or pad every text this file encodes, which ptrain does not do: set it to "
-               "null, or pass the model directory (transformers does not apply it either)");
+    reading = std::move(r.description);
+    template_tokens = std::make_pair(std::move(r.bos_token), std::move(r.eos_token));
+    return j;
   }
-  auto present = [](const json& o, const char* key) {
-    return o.is_object() && o.contains(key) && !o.at(key).is_null();
-  };
-  // A Sequence's steps (or the one step), for normalizer / pre-tokenizer / decoder.
-  // (Sequences in a Sequence run in order, as HF runs them.)
-  std::function<void(const json&, const char*, std::vector<json>&)> flatten = [&](const json& node, const char* key,
-                                                                                  std::vector<json>& out) {
-    if (node.is_null()) return;
-    if (node.value("type", "") != "Sequence") return out.push_back(node);
-    for (const auto& s : node.at(key)) flatten(s, key, out);
-  };
-  auto steps_of = [&](const json& node, const char* list_key) {
-    std::vector<json> steps;
-    flatten(node, list_key, steps);
-    return steps;
-  };
-  // A Replace / Split pattern: {"String": s} or {"Regex": r}.
-  // An empty one matches between every two characters, where HF and ptrain could split differently.
-  auto pattern_of = [&](const json& p, std::string& text) -> std::shared_ptr<Regex> {
-    const std::string value = p.begin()->get<std::string>();
-    if (value.empty()) m.fail("an empty pattern " + p.dump() + " is not supported");
-    if (p.contains("Regex")) return std::make_shared<Regex>(value, fail);
-    text = value;
-    return nullptr;
-  };
-  // A Metaspace's prepend scheme: "always" where absent; files from before prepend_scheme say
-  // add_prefix_space, which HF reads only where it agrees with the scheme.
-  auto metaspace_scheme = [&](const json& step) {
-    const std::string scheme = step.value("prepend_scheme", std::string("always"));
-    if (scheme != "always" && scheme != "first" && scheme != "never")
-      m.fail("Metaspace prepend_scheme '" + scheme + "' is not one HF tokenizers reads (always, first, never)");
-    if (step.contains("add_prefix_space") && !step.at("add_prefix_space").get<bool>() && scheme != "never")
-      m.fail("Metaspace add_prefix_space false with prepend_scheme '" + scheme + "': HF tokenizers refuses the pair");
-    return scheme;
-  };
+  reading = "tokenizer.json as written (HF tokenizers' Tokenizer.from_file)";
+  // Tokenizer.from_file applies these to every encoding (cut at max_length, padded to a size):
+  // ptrain cuts and pads samples itself, so a file asking for them is refused, not half-read.
+  // transformers does not apply them, so a model directory is read without them (and says so).
+  for (const char* key : {"truncation", "padding"})
+    if (j.contains(key) && !j.at(key).is_null())
+      fail(std::string("its ") + key + " " + j.at(key).dump() +
+           " makes HF tokenizers cut or pad every text this file encodes, which ptrain does not do: set it to "
+           "null, or pass the model directory (transformers does not apply it either)");
+  return j;
+}
+
+// A Replace / Split pattern: {"String": s} or {"Regex": r}.
+// An empty one matches between every two characters, where HF and ptrain could split differently.
+std::shared_ptr<Regex> Tokenizer::Impl::pattern_of(const json& p, std::string& text) const {
+  const std::string value = p.begin()->get<std::string>();
+  if (value.empty()) fail("an empty pattern " + p.dump() + " is not supported");
+  if (p.contains("Regex")) return std::make_shared<Regex>(value, failer());
+  text = value;
+  return nullptr;
+}
+
+// A Metaspace's prepend scheme: "always" where absent; files from before prepend_scheme say
+// add_prefix_space, which HF reads only where it agrees with the scheme.
+std::string Tokenizer::Impl::metaspace_scheme(const json& step) const {
+  const std::string scheme = step.value("prepend_scheme", std::string("always"));
+  if (scheme != "always" && scheme != "first" && scheme != "never")
+    fail("Metaspace prepend_scheme '" + scheme + "' is not one HF tokenizers reads (always, first, never)");
+  if (step.contains("add_prefix_space") && !step.at("add_prefix_space").get<bool>() && scheme != "never")
+    fail("Metaspace add_prefix_space false with prepend_scheme '" + scheme + "': HF tokenizers refuses the pair");
+  return scheme;
+}
+
+void Tokenizer::Impl::read_model_options(const json& model) {
+  const std::string type = model.value("type", "");
+  if (type != "BPE")
+    fail("tokenizer model type '" + type +
+         "' is not supported; ptrain reads BPE tokenizers (byte-level as Llama 3 "
+         "and Qwen, or SentencePiece-style as Llama 2 and Mistral)");
+  // An empty prefix or suffix is none (HF tokenizers reads "" and null alike; released Qwen files
+  // and transformers' own converters write ""); any other is refused.
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (present(model, key) && model.at(key) != json(""))
+      fail(std::string("BPE ") + key + " " + model.at(key).dump() + " is not supported (only none or \"\")");
+  if (present(model, "dropout") && model.at("dropout").get<double>() > 0)
+    fail("BPE dropout changes the ids from one call to the next; it is not supported");
+  ignore_merges = present(model, "ignore_merges") && model.at("ignore_merges").get<bool>();
+  byte_fallback = present(model, "byte_fallback") && model.at("byte_fallback").get<bool>();
+  fuse_unk = present(model, "fuse_unk") && model.at("fuse_unk").get<bool>();
+}
+
+void Tokenizer::Impl::read_normalizer(const json& j) {
+  for (const auto& step : steps_of(present(j, "normalizer") ? j.at("normalizer") : json(), "normalizers")) {
+    const std::string t = step.value("type", "");
+    NormStep s{};
+    if (t == "NFC")
+      s.kind = NormStep::nfc;
+    else if (t == "NFD")
+      s.kind = NormStep::nfd;
+    else if (t == "NFKC")
+      s.kind = NormStep::nfkc;
+    else if (t == "NFKD")
+      s.kind = NormStep::nfkd;
+    else if (t == "Lowercase")
+      s.kind = NormStep::lowercase;
+    else if (t == "Prepend")
+      s.kind = NormStep::prepend, s.text = step.at("prepend").get<std::string>();
+    else if (t == "Replace")
+      s.kind = NormStep::replace, s.pattern = pattern_of(step.at("pattern"), s.text),
+      s.content = step.at("content").get<std::string>();
+    else
+      fail("normalizer '" + t + "' is not supported (NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Sequence)");
+    normalizer.push_back(std::move(s));
+  }
+}
+
+Tokenizer::Impl::PreStep Tokenizer::Impl::pre_step(const json& step) const {
+  const std::string t = step.value("type", "");
+  PreStep s{};
+  if (t == "Split") {
+    s.kind = PreStep::split;
+    std::string literal;
+    s.regex = pattern_of(step.at("pattern"), literal);
+    if (!s.regex) fail("a Split pre-tokenizer on a plain string is not supported (a regex is)");
+    if (step.value("behavior", "") != "Isolated" || step.value("invert", false))
+      fail("Split behavior '" + step.value("behavior", "") + "'" + (step.value("invert", false) ? " inverted" : "") +
+           " is not supported (Isolated)");
+  } else if (t == "ByteLevel") {
+    s.kind = PreStep::byte_level;
+    if (step.value("add_prefix_space", false)) fail("ByteLevel add_prefix_space is not supported");
+    if (step.value("use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Split, failer());
+  } else if (t == "Metaspace") {
+    s.kind = PreStep::metaspace;
+    s.replacement = step.at("replacement").get<std::string>();
+    const std::string scheme = metaspace_scheme(step);
+    s.prepend = scheme == "always" ? PreStep::always : scheme == "first" ? PreStep::first : PreStep::never;
+    s.split_words = !step.contains("split") || step.at("split").is_null() || step.at("split").get<bool>();
+  } else {
+    fail("pre-tokenizer '" + t + "' is not supported (Split, ByteLevel, Metaspace, Sequence)");
+  }
+  return s;
+}
+
+void Tokenizer::Impl::read_pre_tokenizer(const json& j) {
+  for (const auto& step : steps_of(present(j, "pre_tokenizer") ? j.at("pre_tokenizer") : json(), "pretokenizers")) {
+    pre.push_back(pre_step(step));
+    classes_by_regex |= pre.back().regex != nullptr;
+  }
+}
+
+void Tokenizer::Impl::read_vocab(const json& model) {
+  for (const auto& [token, id] : model.at("vocab").items()) {
+    const int32_t i = token_id(id, token);
+    vocab[token] = i;
+    if (static_cast<size_t>(i) >= token_of.size()) token_of.resize(static_cast<size_t>(i) + 1);
+    // Two tokens of one id: HF decodes the id as either, by its hash map's order.
+    if (!token_of[static_cast<size_t>(i)].empty())
+      fail("tokens '" + token_of[static_cast<size_t>(i)] + "' and '" + token + "' have the same id " +
+           std::to_string(i));
+    token_of[static_cast<size_t>(i)] = token;
+    max_id = std::max(max_id, i);
+  }
+  if (present(model, "unk_token")) {
+    auto u = vocab.find(model.at("unk_token").get<std::string>());
+    if (u == vocab.end())
+      fail("the unknown token '" + model.at("unk_token").get<std::string>() + "' is not in the vocabulary");
+    unk = u->second;
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    auto v = vocab.find(name);
+    byte_id[b] = v == vocab.end() ? -1 : v->second;
+  }
+}
+
+void Tokenizer::Impl::read_merges(const json& model) {
+  int32_t rank = 0;
+  for (const auto& merge : model.at("merges")) {
+    std::string left, right;
+    if (merge.is_array()) {
+      left = merge.at(0).get<std::string>();
+      right = merge.at(1).get<std::string>();
+    } else {
+      const std::string s = merge.get<std::string>();
+      const auto space = s.find(' ');
+      if (space == std::string::npos) fail("merge '" + s + "' is not 'left right'");
+      left = s.substr(0, space);
+      right = s.substr(space + 1);
+    }
+    auto l = vocab.find(left), r = vocab.find(right), lr = vocab.find(left + right);
+    if (l == vocab.end() || r == vocab.end() || lr == vocab.end())
+      fail("merge '" + left + " " + right + "' names a token that is not in the vocabulary");
+    merges.emplace(pair_key(l->second, r->second), std::make_pair(rank++, lr->second));
+  }
+}
+
+Tokenizer::Impl::DecStep Tokenizer::Impl::decoder_step(const json& step) const {
+  const std::string t = step.value("type", "");
+  DecStep s{};
+  if (t == "ByteLevel") {
+    s.kind = DecStep::byte_level;
+  } else if (t == "Metaspace") {
+    s.kind = DecStep::metaspace;
+    s.from = step.at("replacement").get<std::string>();
+    s.prepend = metaspace_scheme(step) != "never";
+  } else if (t == "Replace") {
+    s.kind = DecStep::replace;
+    if (pattern_of(step.at("pattern"), s.from)) fail("a Replace decoder with a regex is not supported");
+    s.to = step.at("content").get<std::string>();
+  } else if (t == "ByteFallback") {
+    s.kind = DecStep::byte_fallback;
+  } else if (t == "Fuse") {
+    s.kind = DecStep::fuse;
+  } else if (t == "Strip") {
+    s.kind = DecStep::strip;
+    s.strip_content = step.at("content").get<std::string>();
+    s.start = step.value("start", int64_t{0});
+    s.stop = step.value("stop", int64_t{0});
+  } else {
+    fail("decoder '" + t + "' is not supported (ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)");
+  }
+  return s;
+}
+
+void Tokenizer::Impl::read_decoder(const json& j) {
+  if (!present(j, "decoder")) return;
+  has_decoder = true;
+  for (const auto& step : steps_of(j.at("decoder"), "decoders")) decoder.push_back(decoder_step(step));
+}
+
+void Tokenizer::Impl::read_added_tokens(const json& j) {
+  for (const auto& a : j.value("added_tokens", json::array())) {
+    if (a.value("single_word", false))
+      fail("added token '" + a.value("content", "") + "' uses single_word, which is not supported");
+    Added t{a.at("content").get<std::string>(),
+            "",
+            token_id(a.at("id"), a.at("content").get<std::string>()),
+            a.value("lstrip", false),
+            a.value("rstrip", false),
+            a.value("normalized", !a.value("special", false))};
+    if (t.content.empty()) fail("an added token is empty");
+    t.normalized_content = t.normalized ? normalize(t.content) : t.content;
+    // HF decodes a normalized added token as its normalized content (what id_to_token gives).
+    added_of[t.id] = t.normalized_content;
+    max_id = std::max(max_id, t.id);
+    added.push_back(std::move(t));
+  }
+  std::stable_sort(added.begin(), added.end(),
+                   [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+  for (const auto& a : added) {
+    const std::string& key = a.normalized ? a.normalized_content : a.content;
+    if (!key.empty()) (a.normalized ? normalized_added : raw_added).insert(key, &a);
+  }
+}
+
+// The post-processor: the special tokens HF's encode(add_special_tokens=True) puts around one
+// text. Read for encode_with_special_tokens; one that is not understood is named there.
+void Tokenizer::Impl::read_post_processor(const json& j) {
+  if (!present(j, "post_processor")) return;
+  for (const auto& step : steps_of(j.at("post_processor"), "processors")) {
+    const std::string t = step.value("type", "");
+    if (t == "ByteLevel") continue;  // offsets only: no ids
+    if (t != "TemplateProcessing") {
+      post_unsupported = "post_processor '" + t + "'";
+      continue;
+    }
+    bool after = false;
+    for (const auto& piece : step.at("single")) {
+      if (piece.contains("Sequence") && piece.at("Sequence").value("id", "") == "A" && !after) {
+        after = true;
+      } else if (piece.contains("SpecialToken")) {
+        const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
+        for (const auto& id : step.at("special_tokens").at(name).at("ids"))
+          (after ? special_suffix : special_prefix).push_back(token_id(id, name));
+      } else {
+        post_unsupported = "post_processor TemplateProcessing piece " + piece.dump();
+      }
+    }
+  }
+}
+
+Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  const json j = m.open(path_in);
   try {
     if (!j.is_object()) m.fail("not a tokenizer.json object");
-    const json& model = j.at("model");
-    const std::string type = model.value("type", "");
-    if (type != "BPE")
-      m.fail("tokenizer model type '" + type +
-             "' is not supported; ptrain reads BPE tokenizers (byte-level as Llama 3 "
-             "and Qwen, or SentencePiece-style as Llama 2 and Mistral)");
-    // An empty prefix or suffix is none (HF tokenizers reads "" and null alike; released Qwen files
-    // and transformers' own converters write ""); any other is refused.
-    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-      if (present(model, key) && model.at(key) != json(""))
-        m.fail(std::string("BPE ") + key + " " + model.at(key).dump() + " is not supported (only none or \"\")");
-    if (present(model, "dropout") && model.at("dropout").get<double>() > 0)
-      m.fail("BPE dropout changes the ids from one call to the next; it is not supported");
-
-    for (const auto& step : steps_of(present(j, "normalizer") ? j.at("normalizer") : json(), "normalizers")) {
-      const std::string t = step.value("type", "");
-      Impl::NormStep s{};
-      if (t == "NFC")
-        s.kind = Impl::NormStep::nfc;
-      else if (t == "NFD")
-        s.kind = Impl::NormStep::nfd;
-      else if (t == "NFKC")
-        s.kind = Impl::NormStep::nfkc;
-      else if (t == "NFKD")
-        s.kind = Impl::NormStep::nfkd;
-      else if (t == "Lowercase")
-        s.kind = Impl::NormStep::lowercase;
-      else if (t == "Prepend")
-        s.kind = Impl::NormStep::prepend, s.text = step.at("prepend").get<std::string>();
-      else if (t == "Replace")
-        s.kind = Impl::NormStep::replace, s.pattern = pattern_of(step.at("pattern"), s.text),
-        s.content = step.at("content").get<std::string>();
-      else
-        m.fail("normalizer '" + t + "' is not supported (NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Sequence)");
-      m.normalizer.push_back(std::move(s));
-    }
-
-    for (const auto& step : steps_of(present(j, "pre_tokenizer") ? j.at("pre_tokenizer") : json(), "pretokenizers")) {
-      const std::string t = step.value("type", "");
-      Impl::PreStep s{};
-      if (t == "Split") {
-        s.kind = Impl::PreStep::split;
-        std::string literal;
-        s.regex = pattern_of(step.at("pattern"), literal);
-        if (!s.regex) m.fail("a Split pre-tokenizer on a plain string is not supported (a regex is)");
-        if (step.value("behavior", "") != "Isolated" || step.value("invert", false))
-          m.fail("Split behavior '" + step.value("behavior", "") + "'" +
-                 (step.value("invert", false) ? " inverted" : "") + " is not supported (Isolated)");
-      } else if (t == "ByteLevel") {
-        s.kind = Impl::PreStep::byte_level;
-        if (step.value("add_prefix_space", false)) m.fail("ByteLevel add_prefix_space is not supported");
-        if (step.value("use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Split, fail);
-      } else if (t == "Metaspace") {
-        s.kind = Impl::PreStep::metaspace;
-        s.replacement = step.at("replacement").get<std::string>();
-        const std::string scheme = metaspace_scheme(step);
-        s.prepend = scheme == "always"  ? Impl::PreStep::always
-                    : scheme == "first" ? Impl::PreStep::first
-                                        : Impl::PreStep::never;
-        s.split_words = !step.contains("split") || step.at("split").is_null() || step.at("split").get<bool>();
-      } else {
-        m.fail("pre-tokenizer '" + t + "' is not supported (Split, ByteLevel, Metaspace, Sequence)");
-      }
-      m.classes_by_regex |= s.regex != nullptr;
-      m.pre.push_back(std::move(s));
-    }
-
-    m.ignore_merges = present(model, "ignore_merges") && model.at("ignore_merges").get<bool>();
-    m.byte_fallback = present(model, "byte_fallback") && model.at("byte_fallback").get<bool>();
-    m.fuse_unk = present(model, "fuse_unk") && model.at("fuse_unk").get<bool>();
-    for (const auto& [token, id] : model.at("vocab").items()) {
-      const int32_t i = m.token_id(id, token);
-      m.vocab[token] = i;
-      if (static_cast<size_t>(i) >= m.token_of.size()) m.token_of.resize(static_cast<size_t>(i) + 1);
-      // Two tokens of one id: HF decodes the id as either, by its hash map's order.
-      if (!m.token_of[static_cast<size_t>(i)].empty())
-        m.fail("tokens '" + m.token_of[static_cast<size_t>(i)] + "' and '" + token + "' have the same id " +
-               std::to_string(i));
-      m.token_of[static_cast<size_t>(i)] = token;
-      m.max_id = std::max(m.max_id, i);
-    }
-    if (present(model, "unk_token")) {
-      auto u = m.vocab.find(model.at("unk_token").get<std::string>());
-      if (u == m.vocab.end())
-        m.fail("the unknown token '" + model.at("unk_token").get<std::string>() + "' is not in the vocabulary");
-      m.unk = u->second;
-    }
-    for (int b = 0; b < 256; ++b) {
-      char name[8];
-      std::snprintf(name, sizeof name, "<0x%02X>", b);
-      auto v = m.vocab.find(name);
-      m.byte_id[b] = v == m.vocab.end() ? -1 : v->second;
-    }
-    int32_t rank = 0;
-    for (const auto& merge : model.at("merges")) {
-      std::string left, right;
-      if (merge.is_array()) {
-        left = merge.at(0).get<std::string>();
-        right = merge.at(1).get<std::string>();
-      } else {
-        const std::string s = merge.get<std::string>();
-        const auto space = s.find(' ');
-        if (space == std::string::npos) m.fail("merge '" + s + "' is not 'left right'");
-        left = s.substr(0, space);
-        right = s.substr(space + 1);
-      }
-      auto l = m.vocab.find(left), r = m.vocab.find(right), lr = m.vocab.find(left + right);
-      if (l == m.vocab.end() || r == m.vocab.end() || lr == m.vocab.end())
-        m.fail("merge '" + left + " " + right + "' names a token that is not in the vocabulary");
-      m.merges.emplace(Impl::pair_key(l->second, r->second), std::make_pair(rank++, lr->second));
-    }
-
-    if (present(j, "decoder")) {
-      m.has_decoder = true;
-      for (const auto& step : steps_of(j.at("decoder"), "decoders")) {
-        const std::string t = step.value("type", "");
-        Impl::DecStep s{};
-        if (t == "ByteLevel") {
-          s.kind = Impl::DecStep::byte_level;
-        } else if (t == "Metaspace") {
-          s.kind = Impl::DecStep::metaspace;
-          s.from = step.at("replacement").get<std::string>();
-          s.prepend = metaspace_scheme(step) != "never";
-        } else if (t == "Replace") {
-          s.kind = Impl::DecStep::replace;
-          if (pattern_of(step.at("pattern"), s.from)) m.fail("a Replace decoder with a regex is not supported");
-          s.to = step.at("content").get<std::string>();
-        } else if (t == "ByteFallback") {
-          s.kind = Impl::DecStep::byte_fallback;
-        } else if (t == "Fuse") {
-          s.kind = Impl::DecStep::fuse;
-        } else if (t == "Strip") {
-          s.kind = Impl::DecStep::strip;
-          s.strip_content = step.at("content").get<std::string>();
-          s.start = step.value("start", int64_t{0});
-          s.stop = step.value("stop", int64_t{0});
-        } else {
-          m.fail("decoder '" + t +
-                 "' is not supported (ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)");
-        }
-        m.decoder.push_back(std::move(s));
-      }
-    }
-
-    for (const auto& a : j.value("added_tokens", json::array())) {
-      if (a.value("single_word", false))
-        m.fail("added token '" + a.value("content", "") + "' uses single_word, which is not supported");
-      Impl::Added t{a.at("content").get<std::string>(),
-                    "",
-                    m.token_id(a.at("id"), a.at("content").get<std::string>()),
-                    a.value("lstrip", false),
-                    a.value("rstrip", false),
-                    a.value("normalized", !a.value("special", false))};
-      if (t.content.empty()) m.fail("an added token is empty");
-      t.normalized_content = t.normalized ? m.normalize(t.content) : t.content;
-      // HF decodes a normalized added token as its normalized content (what id_to_token gives).
-      m.added_of[t.id] = t.normalized_content;
-      m.max_id = std::max(m.max_id, t.id);
-      m.added.push_back(std::move(t));
-    }
-    std::stable_sort(m.added.begin(), m.added.end(),
-                     [](const Impl::Added& a, const Impl::Added& b) { return a.content.size() > b.content.size(); });
-    for (const auto& a : m.added) {
-      const std::string& key = a.normalized ? a.normalized_content : a.content;
-      if (!key.empty()) (a.normalized ? m.normalized_added : m.raw_added).insert(key, &a);
-    }
-
-    // The post-processor: the special tokens HF's encode(add_special_tokens=True) puts around one
-    // text. Read for encode_with_special_tokens; one that is not understood is named there.
-    if (present(j, "post_processor"))
-      for (const auto& step : steps_of(j.at("post_processor"), "processors")) {
-        const std::string t = step.value("type", "");
-        if (t == "ByteLevel") continue;  // offsets only: no ids
-        if (t != "TemplateProcessing") {
-          m.post_unsupported = "post_processor '" + t + "'";
-          continue;
-        }
-        bool after = false;
-        for (const auto& piece : step.at("single")) {
-          if (piece.contains("Sequence") && piece.at("Sequence").value("id", "") == "A" && !after) {
-            after = true;
-          } else if (piece.contains("SpecialToken")) {
-            const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
-            for (const auto& id : step.at("special_tokens").at(name).at("ids"))
-              (after ? m.special_suffix : m.special_prefix).push_back(m.token_id(id, name));
-          } else {
-            m.post_unsupported = "post_processor TemplateProcessing piece " + piece.dump();
-          }
-        }
-      }
+    m.read_model_options(j.at("model"));
+    m.read_normalizer(j);
+    m.read_pre_tokenizer(j);
+    m.read_vocab(j.at("model"));
+    m.read_merges(j.at("model"));
+    m.read_decoder(j);
+    m.read_added_tokens(j);  // after the normalizer: normalized tokens match normalized text
+    m.read_post_processor(j);
   } catch (const json::exception& e) {
     m.fail(std::string("malformed tokenizer.json: ") + e.what());
   }

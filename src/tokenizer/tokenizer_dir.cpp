@@ -302,45 +302,46 @@ std::string strip_fast(std::string s) {
   return s;
 }
 
-TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
-  Reader r{dir / "tokenizer_config.json", json::object(), tokenizer, {}};
-  if (fs::exists(r.cfg_path)) {
-    r.cfg = read_json_file(r.cfg_path);
-    if (!r.cfg.is_object()) throw RuntimeError(r.cfg_path.string() + ": not a JSON object");
-  }
-  // The legacy files, read by transformers only when tokenizer_config.json has no
-  // added_tokens_decoder: special_tokens_map.json's tokens override tokenizer_config.json's.
-  const fs::path map_path = dir / "special_tokens_map.json", added_path = dir / "added_tokens.json";
-  const bool legacy_files = !r.cfg.contains("added_tokens_decoder");
-  if (legacy_files && fs::exists(map_path)) {
-    const json m = read_json_file(map_path);
-    if (!m.is_object()) throw RuntimeError(map_path.string() + ": not a JSON object");
-    for (const auto& [key, value] : m.items()) {
-      r.origin[key] = map_path;
-      if (value.is_object() && key != "extra_special_tokens") {
-        json token = value;
-        token.erase("special");
-        token["__type"] = "AddedToken";
-        token["special"] = true;
-        r.cfg[key] = token;
-      } else if (key == "extra_special_tokens" && value.is_array() && r.cfg.contains(key) && r.cfg[key].is_array()) {
-        for (const auto& t : value) r.cfg[key].push_back(t.is_object() ? t.value("content", json()) : t);
-      } else {
-        r.cfg[key] = value;
-      }
+// special_tokens_map.json (a legacy file) merged into tokenizer_config.json as transformers
+// merges it: its tokens over tokenizer_config's.
+void merge_special_tokens_map(Reader& r, const fs::path& map_path) {
+  if (!fs::exists(map_path)) return;
+  const json m = read_json_file(map_path);
+  if (!m.is_object()) throw RuntimeError(map_path.string() + ": not a JSON object");
+  for (const auto& [key, value] : m.items()) {
+    r.origin[key] = map_path;
+    if (value.is_object() && key != "extra_special_tokens") {
+      json token = value;
+      token.erase("special");
+      token["__type"] = "AddedToken";
+      token["special"] = true;
+      r.cfg[key] = token;
+    } else if (key == "extra_special_tokens" && value.is_array() && r.cfg.contains(key) && r.cfg[key].is_array()) {
+      for (const auto& t : value) r.cfg[key].push_back(t.is_object() ? t.value("content", json()) : t);
+    } else {
+      r.cfg[key] = value;
     }
   }
-  std::string model_type, config_class;
-  const fs::path config_path = dir / "config.json";
-  if (fs::exists(config_path)) {
-    const json c = read_json_file(config_path);
-    if (!c.is_object()) throw RuntimeError(config_path.string() + ": not a JSON object");
-    if (c.contains("model_type") && c["model_type"].is_string()) model_type = c["model_type"].get<std::string>();
-    if (c.contains("tokenizer_class") && c["tokenizer_class"].is_string())
-      config_class = c["tokenizer_class"].get<std::string>();
-  }
+}
 
-  // Keys ptrain does not reproduce; keys transformers does not read, listed.
+// config.json's model_type and tokenizer_class ("" where absent).
+struct ModelConfigNames {
+  fs::path path;
+  std::string model_type, tokenizer_class;
+};
+ModelConfigNames read_model_config_names(const fs::path& dir) {
+  ModelConfigNames n{dir / "config.json", "", ""};
+  if (!fs::exists(n.path)) return n;
+  const json c = read_json_file(n.path);
+  if (!c.is_object()) throw RuntimeError(n.path.string() + ": not a JSON object");
+  if (c.contains("model_type") && c["model_type"].is_string()) n.model_type = c["model_type"].get<std::string>();
+  if (c.contains("tokenizer_class") && c["tokenizer_class"].is_string())
+    n.tokenizer_class = c["tokenizer_class"].get<std::string>();
+  return n;
+}
+
+// Refuses the keys ptrain does not reproduce; returns those transformers does not read (ignored).
+std::vector<std::string> check_config_keys(const Reader& r) {
   std::vector<std::string> ignored;
   for (const auto& [key, v] : r.cfg.items()) {
     if (key == "auto_map")
@@ -361,9 +362,14 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
     const bool named = std::find(std::begin(kNamedSpecial), std::end(kNamedSpecial), key) != std::end(kNamedSpecial);
     if (!kNoEffectKeys.count(key) && !kEffectKeys.count(key) && !named) ignored.push_back(key);
   }
+  return ignored;
+}
 
-  // The class AutoTokenizer resolves (transformers 5.23, a local directory without remote code).
-  std::string declared = config_class;
+// The class AutoTokenizer resolves (transformers 5.23, a local directory without remote code),
+// and why.
+std::pair<TokClass, std::string> resolve_class(const Reader& r, const ModelConfigNames& config,
+                                               const std::string& tokenizer_text) {
+  std::string declared = config.tokenizer_class;
   if (const json* v = r.get("tokenizer_class"); v && !v->is_null()) {
     if (!v->is_string()) r.fail("tokenizer_class", "must be a string");
     declared = v->get<std::string>();
@@ -380,48 +386,39 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
     else if (d == "PreTrainedTokenizer" || d == "TokenizersBackend")
       declared_class = TokClass::backend;
     else
-      throw RuntimeError((r.get("tokenizer_class") ? r.cfg_path : config_path).string() + ": tokenizer_class '" +
+      throw RuntimeError((r.get("tokenizer_class") ? r.cfg_path : config.path).string() + ": tokenizer_class '" +
                          declared +
                          "' is not one ptrain reads (PreTrainedTokenizerFast / TokenizersBackend: tokenizer.json as "
                          "written; LlamaTokenizer; Qwen2Tokenizer; GPT2Tokenizer)");
   }
+  const std::string& model_type = config.model_type;
   const ModelType* mt = nullptr;
   if (!model_type.empty()) {
     for (const auto& m : kModelTypes)
       if (model_type == m.name) mt = &m;
     if (!mt)
-      throw RuntimeError(config_path.string() + ": model_type '" + model_type +
+      throw RuntimeError(config.path.string() + ": model_type '" + model_type +
                          "': ptrain knows which tokenizer class transformers picks for llama, mistral, mixtral, qwen2, "
                          "qwen2_moe, qwen3 and qwen3_moe only");
   }
-  TokClass cls = TokClass::backend;
-  std::string why;
   if (declared_class == TokClass::llama && !(mt && mt->overrides_declared) &&
-      tokenizer_text.find("\"ByteLevel\"") != std::string::npos) {
-    cls = TokClass::backend;  // transformers' rule: a byte-level tokenizer.json is never rebuilt as Llama's
-    why = "tokenizer_class " + declared + " with a byte-level tokenizer.json";
-  } else if (declared_class && mt && mt->registered && *mt->registered != *declared_class) {
-    if (*mt->registered == TokClass::backend)
-      cls = TokClass::backend;
-    else
-      cls = mt->overrides_declared ? *mt->registered : *declared_class;
-    why = "tokenizer_class " + declared + " and model_type " + model_type;
-  } else if (declared_class) {
-    cls = *declared_class;
-    why = "tokenizer_class " + declared;
-  } else if (mt && mt->registered) {
-    cls = *mt->registered;
-    why = "model_type " + model_type;
-  } else {
-    why = "no tokenizer_class";
+      tokenizer_text.find("\"ByteLevel\"") != std::string::npos)
+    // transformers' rule: a byte-level tokenizer.json is never rebuilt as Llama's
+    return {TokClass::backend, "tokenizer_class " + declared + " with a byte-level tokenizer.json"};
+  if (declared_class && mt && mt->registered && *mt->registered != *declared_class) {
+    const TokClass cls = *mt->registered == TokClass::backend ? TokClass::backend
+                         : mt->overrides_declared             ? *mt->registered
+                                                              : *declared_class;
+    return {cls, "tokenizer_class " + declared + " and model_type " + model_type};
   }
+  if (declared_class) return {*declared_class, "tokenizer_class " + declared};
+  if (mt && mt->registered) return {*mt->registered, "model_type " + model_type};
+  return {TokClass::backend, "no tokenizer_class"};
+}
 
-  r.check_added_tokens_decoder();
-  r.check_special_tokens(cls);
-  if (legacy_files && fs::exists(added_path)) r.check_added_tokens_file(added_path, read_json_file(added_path));
-
-  // The pipeline the class builds in place of tokenizer.json's (its vocabulary, merges, added
-  // tokens and post-processor are kept).
+// The pipeline the class builds in place of tokenizer.json's (its vocabulary, merges, added
+// tokens and post-processor are kept); returns what was rebuilt ("" for the file as written).
+std::string rebuild_pipeline(const Reader& r, TokClass cls, json& tokenizer) {
   json& model = tokenizer["model"];
   if (cls == TokClass::llama) {
     const bool prefix =
@@ -437,8 +434,9 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
     if (prefix) steps.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
     tokenizer["decoder"] = {{"type", "Sequence"}, {"decoders", steps}};
     rebuild_bpe(model, /*fuse_unk=*/true, /*byte_fallback=*/true);
-    why += ": pipeline rebuilt as LlamaTokenizer's (Metaspace, prepend scheme '" + scheme + "', no normalizer)";
-  } else if (cls == TokClass::qwen2) {
+    return ": pipeline rebuilt as LlamaTokenizer's (Metaspace, prepend scheme '" + scheme + "', no normalizer)";
+  }
+  if (cls == TokClass::qwen2) {
     r.refuse_prefix_space("Qwen2Tokenizer");
     tokenizer["normalizer"] = {{"type", "NFC"}};
     tokenizer["pre_tokenizer"] = {
@@ -454,8 +452,9 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
               {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
     tokenizer["decoder"] = kByteLevelDecoder;
     rebuild_bpe(model, /*fuse_unk=*/false, /*byte_fallback=*/false);
-    why += ": pipeline rebuilt as Qwen2Tokenizer's (NFC, Qwen's split regex, ByteLevel)";
-  } else if (cls == TokClass::gpt2) {
+    return ": pipeline rebuilt as Qwen2Tokenizer's (NFC, Qwen's split regex, ByteLevel)";
+  }
+  if (cls == TokClass::gpt2) {
     // GPT2Tokenizer.__init__: BPE without dropout, affixes or unk fusing; byte-level with GPT-2's
     // regex; no normalizer.
     r.refuse_prefix_space("GPT2Tokenizer");
@@ -464,34 +463,62 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
         {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
     tokenizer["decoder"] = kByteLevelDecoder;
     rebuild_bpe(model, /*fuse_unk=*/false, /*byte_fallback=*/false);
-    why += ": pipeline rebuilt as GPT2Tokenizer's (ByteLevel with GPT-2's split regex, no normalizer)";
+    return ": pipeline rebuilt as GPT2Tokenizer's (ByteLevel with GPT-2's split regex, no normalizer)";
   }
-  // bos_token / eos_token: the files' (special_tokens_map.json's over tokenizer_config.json's, as
-  // merged above), else the class's default.
-  auto special = [&](const char* key, const char* llama_default, const char* qwen_default) -> std::string {
-    if (const json* v = r.get(key)) {
-      if (v->is_string()) return v->get<std::string>();
-      if (v->is_object()) return v->value("content", "");
-      return "";  // null
-    }
-    if (cls == TokClass::gpt2) return "<|endoftext|>";
-    return cls == TokClass::llama ? llama_default : cls == TokClass::qwen2 ? qwen_default : "";
-  };
-  // tokenizer.json's truncation / padding make HF cut and pad every encoding; ptrain does not (it
-  // cuts samples at data.seq_len + 1 ids and pads rows itself): said in the log.
+  return "";
+}
+
+// bos_token / eos_token: the files' (special_tokens_map.json's over tokenizer_config.json's, as
+// merged), else the class's default.
+std::string special_token(const Reader& r, TokClass cls, const char* key, const char* llama_default,
+                          const char* qwen_default) {
+  if (const json* v = r.get(key)) {
+    if (v->is_string()) return v->get<std::string>();
+    if (v->is_object()) return v->value("content", "");
+    return "";  // null
+  }
+  if (cls == TokClass::gpt2) return "<|endoftext|>";
+  return cls == TokClass::llama ? llama_default : cls == TokClass::qwen2 ? qwen_default : "";
+}
+
+// What the reading leaves out, for the log: tokenizer.json's truncation / padding make HF cut and
+// pad every encoding; ptrain does not (it cuts samples at data.seq_len + 1 ids and pads rows
+// itself); and the tokenizer_config.json keys transformers does not read.
+std::string left_out(const json& tokenizer, const std::vector<std::string>& ignored) {
+  std::string note;
   for (const char* key : {"truncation", "padding"})
     if (tokenizer.contains(key) && !tokenizer[key].is_null())
-      why += std::string("; tokenizer.json's ") + key +
-             (tokenizer[key].is_object() && tokenizer[key].contains("max_length")
-                  ? " (max_length " + tokenizer[key]["max_length"].dump() + ")"
-                  : "") +
-             " is not applied (ptrain cuts and pads samples itself: data.seq_len, data.truncation)";
+      note += std::string("; tokenizer.json's ") + key +
+              (tokenizer[key].is_object() && tokenizer[key].contains("max_length")
+                   ? " (max_length " + tokenizer[key]["max_length"].dump() + ")"
+                   : "") +
+              " is not applied (ptrain cuts and pads samples itself: data.seq_len, data.truncation)";
   if (!ignored.empty()) {
-    why += "; tokenizer_config.json keys transformers does not read, ignored:";
-    for (const auto& key : ignored) why += " " + key;
+    note += "; tokenizer_config.json keys transformers does not read, ignored:";
+    for (const auto& key : ignored) note += " " + key;
   }
-  return {std::string(name_of(cls)) + " (" + why + ")", special("bos_token", "<s>", ""),
-          special("eos_token", "</s>", "<|endoftext|>")};
+  return note;
+}
+
+TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
+  Reader r{dir / "tokenizer_config.json", json::object(), tokenizer, {}};
+  if (fs::exists(r.cfg_path)) {
+    r.cfg = read_json_file(r.cfg_path);
+    if (!r.cfg.is_object()) throw RuntimeError(r.cfg_path.string() + ": not a JSON object");
+  }
+  // The legacy files, read by transformers only when tokenizer_config.json has no added_tokens_decoder.
+  const fs::path added_path = dir / "added_tokens.json";
+  const bool legacy_files = !r.cfg.contains("added_tokens_decoder");
+  if (legacy_files) merge_special_tokens_map(r, dir / "special_tokens_map.json");
+  const std::vector<std::string> ignored = check_config_keys(r);
+  auto [cls, why] = resolve_class(r, read_model_config_names(dir), tokenizer_text);
+  r.check_added_tokens_decoder();
+  r.check_special_tokens(cls);
+  if (legacy_files && fs::exists(added_path)) r.check_added_tokens_file(added_path, read_json_file(added_path));
+  why += rebuild_pipeline(r, cls, tokenizer);
+  why += left_out(tokenizer, ignored);
+  return {std::string(name_of(cls)) + " (" + why + ")", special_token(r, cls, "bos_token", "<s>", ""),
+          special_token(r, cls, "eos_token", "</s>", "<|endoftext|>")};
 }
 
 }  // namespace
