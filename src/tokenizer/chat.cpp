@@ -698,183 +698,225 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
   return f;
 }
 
-Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<ChatMessage>& messages,
-                   bool train_on_prompt) {
-  std::vector<Part> parts;
-  auto role_check = [&](const ChatMessage& m, std::initializer_list<const char*> roles) {
-    for (const char* r : roles)
-      if (m.role == r) return;
-    std::string names;
-    for (const char* r : roles) names += (names.empty() ? "" : ", ") + std::string(r);
-    throw RuntimeError("unknown role '" + m.role + "' in a chat message (" +
-                       chat_template_names()[static_cast<size_t>(f.kind)] + " takes " + names + ")");
-  };
+namespace {
+const std::string& template_name(const ChatFormat& f) { return chat_template_names()[static_cast<size_t>(f.kind)]; }
+
+void check_role(const ChatFormat& f, const ChatMessage& m, std::initializer_list<const char*> roles) {
+  for (const char* r : roles)
+    if (m.role == r) return;
+  std::string names;
+  for (const char* r : roles) names += (names.empty() ? "" : ", ") + std::string(r);
+  throw RuntimeError("unknown role '" + m.role + "' in a chat message (" + template_name(f) + " takes " + names + ")");
+}
+
+void check_reasoning(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
   for (size_t i = 0; i < messages.size(); ++i)
     if (messages[i].reasoning && (f.kind != ChatTemplate::qwen3 || messages[i].role != "assistant"))
       throw RuntimeError("message " + std::to_string(i + 1) + " holds reasoning_content, which only Qwen3's template " +
-                         "renders, and only in a reply (these chats render as " +
-                         chat_template_names()[static_cast<size_t>(f.kind)] +
+                         "renders, and only in a reply (these chats render as " + template_name(f) +
                          "): write it into the content, or list it in data.ignore_fields to leave it out knowingly");
+}
+
+// Llama 3 / 3.1 / 3.2: 3.1 and 3.2 open with a dated system header holding the system message.
+std::vector<Part> llama3_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  std::vector<Part> parts{{"<|begin_of_text|>", false}};
+  size_t first = 0;
+  if (f.kind != ChatTemplate::llama3) {  // the dated system header, the system message in it
+    const bool system = !messages.empty() && messages[0].role == "system";
+    parts.push_back({"<|start_header_id|>", false});
+    parts.push_back({"system", false});
+    parts.push_back({"<|end_header_id|>", false});
+    parts.push_back({"\n\nCutting Knowledge Date: December 2023\nToday Date: " + f.date + "\n\n" +
+                         (system ? trim(messages[0].content) : std::string()),
+                     false});
+    parts.push_back({"<|eot_id|>", false});
+    first = system ? 1 : 0;
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    // Llama 3.1 / 3.2's templates render tool results (ipython) through their tool branch.
+    if (f.kind == ChatTemplate::llama3)
+      check_role(f, m, {"system", "user", "assistant", "ipython"});
+    else
+      check_role(f, m, {"system", "user", "assistant"});
+    const bool reply = m.role == "assistant";
+    parts.push_back({"<|start_header_id|>", false});
+    parts.push_back({m.role, false});
+    parts.push_back({"<|end_header_id|>", false});
+    parts.push_back({"\n\n", false});
+    parts.push_back({trim(m.content), reply});
+    parts.push_back({"<|eot_id|>", reply});
+  }
+  return parts;
+}
+
+// ChatML and Qwen2.5 (which adds its default system message where the chat has none).
+std::vector<Part> chatml_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  std::vector<Part> parts;
+  if (!f.default_system.empty() && (messages.empty() || messages[0].role != "system")) {
+    parts.push_back({"<|im_start|>", false});
+    parts.push_back({"system\n" + f.default_system, false});
+    parts.push_back({"<|im_end|>", false});
+    parts.push_back({"\n", false});
+  }
+  for (const ChatMessage& m : messages) {
+    check_role(f, m, {"system", "user", "assistant"});
+    const bool reply = m.role == "assistant";
+    parts.push_back({"<|im_start|>", false});
+    parts.push_back({m.role + "\n", false});
+    parts.push_back({m.content, reply});
+    parts.push_back({"<|im_end|>", reply});
+    parts.push_back({"\n", reply});
+  }
+  return parts;
+}
+
+std::string strip_newlines(const std::string& s, bool left, bool right) {
+  size_t b = 0, e = s.size();
+  while (left && b < e && s[b] == '\n') ++b;
+  while (right && e > b && s[e - 1] == '\n') --e;
+  return s.substr(b, e - b);
+}
+
+// Qwen3's last user turn (not a tool response): replies after it keep their reasoning, earlier ones lose it.
+size_t qwen3_last_query(const std::vector<ChatMessage>& messages) {
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string& c = messages[i].content;
+    const bool tool_response =
+        c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 && c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+    if (messages[i].role == "user" && !tool_response) return i;
+  }
+  return messages.empty() ? 0 : messages.size() - 1;
+}
+
+// A Qwen3 reply's reasoning and content: reasoning_content given apart (the content stays
+// whole), or split at "</think>" as the template's Python split('</think>')[0] / [-1] does.
+std::pair<std::string, std::string> qwen3_reasoning_and_content(const ChatMessage& m) {
+  std::string content = m.content, reasoning;
+  const size_t close = content.find("</think>");
+  if (m.reasoning) {
+    reasoning = *m.reasoning;
+  } else if (close != std::string::npos) {
+    std::string before = strip_newlines(content.substr(0, close), false, true);
+    const size_t open = before.rfind("<think>");
+    reasoning = strip_newlines(open == std::string::npos ? before : before.substr(open + 7), true, false);
+    content = strip_newlines(content.substr(content.rfind("</think>") + 8), true, false);
+  }
+  return {reasoning, content};
+}
+
+std::vector<Part> qwen3_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  std::vector<Part> parts;
+  const size_t last_query = qwen3_last_query(messages);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    check_role(f, m, {"system", "user", "assistant"});
+    parts.push_back({"<|im_start|>", false});
+    if (m.role != "assistant") {
+      parts.push_back({m.role + "\n" + m.content, false});
+      parts.push_back({"<|im_end|>", false});
+      parts.push_back({"\n", false});
+      continue;
+    }
+    const auto [reasoning, content] = qwen3_reasoning_and_content(m);
+    parts.push_back({"assistant\n", false});
+    if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+      parts.push_back({"<think>", true});
+      parts.push_back({"\n" + strip_newlines(reasoning, true, true) + "\n", true});
+      parts.push_back({"</think>", true});
+      parts.push_back({"\n\n" + strip_newlines(content, true, false), true});
+    } else {
+      parts.push_back({content, true});
+    }
+    parts.push_back({"<|im_end|>", true});
+    parts.push_back({"\n", true});
+  }
+  return parts;
+}
+
+// Mistral v0.3: "[INST] (system before the last user turn) CONTENT[/INST]", replies trimmed (the
+// system message before the first user turn with mistral-system-first);
+// v0.2: " [INST] (system before the first user turn) CONTENT [/INST]", replies as written.
+std::vector<Part> mistral_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  const bool v3 = f.kind != ChatTemplate::mistral_v0_2;
+  const bool system_last = f.kind == ChatTemplate::mistral;
+  const bool system = !messages.empty() && messages[0].role == "system";
+  const size_t first = system ? 1 : 0;
+  std::vector<Part> parts{{"<s>", false}};
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    check_role(f, m, {"user", "assistant"});
+    if ((m.role == "user") != ((i - first) % 2 == 0))
+      throw RuntimeError(template_name(f) +
+                         "'s template takes an optional system message, then user and assistant turns "
+                         "alternating, starting with user");
+    if (m.role != "user") {
+      parts.push_back({" " + (v3 ? trim(m.content) : m.content), true});
+      parts.push_back({"</s>", true});
+      continue;
+    }
+    const bool with_system = system && (system_last ? i + 1 == messages.size() : i == first);
+    const std::string text = (with_system ? messages[0].content + "\n\n" : std::string()) + m.content;
+    if (v3) {
+      parts.push_back({"[INST]", false});
+      parts.push_back({" " + text, false});
+      parts.push_back({"[/INST]", false});
+    } else {
+      parts.push_back({" [INST] " + text + " [/INST]", false});
+    }
+  }
+  return parts;
+}
+
+// Mistral v0.1: "[INST] CONTENT [/INST]REPLY</s> [INST] ..."; no system message.
+std::vector<Part> mistral_v0_1_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  std::vector<Part> parts{{"<s>", false}};
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    check_role(f, m, {"user", "assistant"});
+    if ((m.role == "user") != (i % 2 == 0))
+      throw RuntimeError("mistral-v0.1's template takes user and assistant turns alternating, starting with user");
+    if (m.role == "user") {
+      parts.push_back({(i > 0 ? " [INST] " : "[INST] ") + m.content + " [/INST]", false});
+    } else {
+      parts.push_back({m.content, true});
+      parts.push_back({"</s>", true});
+      if (i + 1 == messages.size()) parts.push_back({" ", false});  // the next turn's space: not trained
+    }
+  }
+  return parts;
+}
+
+// The chat as its template renders it, in parts: template text and message text, each with
+// whether it is trained (a reply's).
+std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
   switch (f.kind) {
     case ChatTemplate::llama3:
     case ChatTemplate::llama3_1:
-    case ChatTemplate::llama3_2: {
-      parts.push_back({"<|begin_of_text|>", false});
-      size_t first = 0;
-      if (f.kind != ChatTemplate::llama3) {  // the dated system header, the system message in it
-        const bool system = !messages.empty() && messages[0].role == "system";
-        parts.push_back({"<|start_header_id|>", false});
-        parts.push_back({"system", false});
-        parts.push_back({"<|end_header_id|>", false});
-        parts.push_back({"\n\nCutting Knowledge Date: December 2023\nToday Date: " + f.date + "\n\n" +
-                             (system ? trim(messages[0].content) : std::string()),
-                         false});
-        parts.push_back({"<|eot_id|>", false});
-        first = system ? 1 : 0;
-      }
-      for (size_t i = first; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        // Llama 3.1 / 3.2's templates render tool results (ipython) through their tool branch.
-        if (f.kind == ChatTemplate::llama3)
-          role_check(m, {"system", "user", "assistant", "ipython"});
-        else
-          role_check(m, {"system", "user", "assistant"});
-        const bool reply = m.role == "assistant";
-        parts.push_back({"<|start_header_id|>", false});
-        parts.push_back({m.role, false});
-        parts.push_back({"<|end_header_id|>", false});
-        parts.push_back({"\n\n", false});
-        parts.push_back({trim(m.content), reply});
-        parts.push_back({"<|eot_id|>", reply});
-      }
-      break;
-    }
+    case ChatTemplate::llama3_2:
+      return llama3_parts(f, messages);
     case ChatTemplate::qwen2_5:
-    case ChatTemplate::chatml: {
-      size_t first = 0;
-      if (!f.default_system.empty() && (messages.empty() || messages[0].role != "system")) {
-        parts.push_back({"<|im_start|>", false});
-        parts.push_back({"system\n" + f.default_system, false});
-        parts.push_back({"<|im_end|>", false});
-        parts.push_back({"\n", false});
-      }
-      for (size_t i = first; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        role_check(m, {"system", "user", "assistant"});
-        const bool reply = m.role == "assistant";
-        parts.push_back({"<|im_start|>", false});
-        parts.push_back({m.role + "\n", false});
-        parts.push_back({m.content, reply});
-        parts.push_back({"<|im_end|>", reply});
-        parts.push_back({"\n", reply});
-      }
-      break;
-    }
-    case ChatTemplate::qwen3: {
-      // The last user turn: replies after it keep their reasoning, earlier ones lose it.
-      size_t last_query = messages.empty() ? 0 : messages.size() - 1;
-      for (size_t i = messages.size(); i-- > 0;)
-        if (messages[i].role == "user" &&
-            !(messages[i].content.rfind("<tool_response>", 0) == 0 && messages[i].content.size() >= 16 &&
-              messages[i].content.compare(messages[i].content.size() - 16, 16, "</tool_response>") == 0)) {
-          last_query = i;
-          break;
-        }
-      auto strip_nl = [](const std::string& s, bool left, bool right) {
-        size_t b = 0, e = s.size();
-        while (left && b < e && s[b] == '\n') ++b;
-        while (right && e > b && s[e - 1] == '\n') --e;
-        return s.substr(b, e - b);
-      };
-      for (size_t i = 0; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        role_check(m, {"system", "user", "assistant"});
-        parts.push_back({"<|im_start|>", false});
-        if (m.role != "assistant") {
-          parts.push_back({m.role + "\n" + m.content, false});
-          parts.push_back({"<|im_end|>", false});
-          parts.push_back({"\n", false});
-          continue;
-        }
-        std::string content = m.content, reasoning;
-        const size_t close = content.find("</think>");
-        if (m.reasoning) {  // given apart: the content stays whole
-          reasoning = *m.reasoning;
-        } else if (close != std::string::npos) {  // Python's split('</think>')[0] / [-1]
-          std::string before = strip_nl(content.substr(0, close), false, true);
-          const size_t open = before.rfind("<think>");
-          reasoning = strip_nl(open == std::string::npos ? before : before.substr(open + 7), true, false);
-          content = strip_nl(content.substr(content.rfind("</think>") + 8), true, false);
-        }
-        parts.push_back({"assistant\n", false});
-        if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
-          parts.push_back({"<think>", true});
-          parts.push_back({"\n" + strip_nl(reasoning, true, true) + "\n", true});
-          parts.push_back({"</think>", true});
-          parts.push_back({"\n\n" + strip_nl(content, true, false), true});
-        } else {
-          parts.push_back({content, true});
-        }
-        parts.push_back({"<|im_end|>", true});
-        parts.push_back({"\n", true});
-      }
-      break;
-    }
+    case ChatTemplate::chatml:
+      return chatml_parts(f, messages);
+    case ChatTemplate::qwen3:
+      return qwen3_parts(f, messages);
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_system_first:
-    case ChatTemplate::mistral_v0_2: {
-      // v0.3: "[INST] (system before the last user turn) CONTENT[/INST]", replies trimmed (the
-      // system message before the first user turn with mistral-system-first);
-      // v0.2: " [INST] (system before the first user turn) CONTENT [/INST]", replies as written.
-      const bool v3 = f.kind != ChatTemplate::mistral_v0_2;
-      const bool system_last = f.kind == ChatTemplate::mistral;
-      const bool system = !messages.empty() && messages[0].role == "system";
-      const size_t first = system ? 1 : 0;
-      parts.push_back({"<s>", false});
-      for (size_t i = first; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        role_check(m, {"user", "assistant"});
-        if ((m.role == "user") != ((i - first) % 2 == 0))
-          throw RuntimeError(chat_template_names()[static_cast<size_t>(f.kind)] +
-                             "'s template takes an optional system message, then user and assistant turns "
-                             "alternating, starting with user");
-        if (m.role == "user") {
-          const bool with_system = system && (system_last ? i + 1 == messages.size() : i == first);
-          const std::string text = (with_system ? messages[0].content + "\n\n" : std::string()) + m.content;
-          if (v3) {
-            parts.push_back({"[INST]", false});
-            parts.push_back({" " + text, false});
-            parts.push_back({"[/INST]", false});
-          } else {
-            parts.push_back({" [INST] " + text + " [/INST]", false});
-          }
-        } else {
-          parts.push_back({" " + (v3 ? trim(m.content) : m.content), true});
-          parts.push_back({"</s>", true});
-        }
-      }
-      break;
-    }
-    case ChatTemplate::mistral_v0_1:  // "[INST] CONTENT [/INST]REPLY</s> [INST] ..."; no system message
-      parts.push_back({"<s>", false});
-      for (size_t i = 0; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        role_check(m, {"user", "assistant"});
-        if ((m.role == "user") != (i % 2 == 0))
-          throw RuntimeError("mistral-v0.1's template takes user and assistant turns alternating, starting with user");
-        if (m.role == "user") {
-          parts.push_back({(i > 0 ? " [INST] " : "[INST] ") + m.content + " [/INST]", false});
-        } else {
-          parts.push_back({m.content, true});
-          parts.push_back({"</s>", true});
-          if (i + 1 == messages.size()) parts.push_back({" ", false});  // the next turn's space: not trained
-        }
-      }
-      break;
+    case ChatTemplate::mistral_v0_2:
+      return mistral_parts(f, messages);
+    case ChatTemplate::mistral_v0_1:
+      return mistral_v0_1_parts(f, messages);
     case ChatTemplate::automatic:
-      throw RuntimeError("render_chat needs a resolved chat format (chat_format)");
+      break;
   }
-  return tokenize_parts(tok, parts, train_on_prompt);
+  throw RuntimeError("render_chat needs a resolved chat format (chat_format)");
+}
+}  // namespace
+
+Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<ChatMessage>& messages,
+                   bool train_on_prompt) {
+  check_reasoning(f, messages);
+  return tokenize_parts(tok, chat_parts(f, messages), train_on_prompt);
 }
 
 std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
