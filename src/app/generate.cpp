@@ -42,9 +42,7 @@ void report(const Completion& c) {
             log::bytes(static_cast<double>(c.cache_bytes)), " | finished: ", c.finish);
 }
 
-}  // namespace
-
-int run_generate(const GenerateRequest& r) {
+void check_request(const GenerateRequest& r) {
   if (DistEnv::detect().world_size > 1)
     throw UsageError("ptrain generate runs as one process; start it without mpirun");
   if (!r.prompt.empty() && !r.in.empty()) throw UsageError("--prompt and --in: give one or the other");
@@ -60,140 +58,189 @@ int run_generate(const GenerateRequest& r) {
     throw UsageError("--top-k / --top-p sample: give a --temperature > 0 with them (0 is greedy)");
   for (const auto& s : o.stop)
     if (s.empty()) throw UsageError("--stop needs a non-empty string");
+}
 
-  const Config c = load_config(r.config, r.sets);
-  // The tokenizer, when there is one (an ids-only batch needs none).
-  std::unique_ptr<Tokenizer> tok;
-  std::string no_tokenizer;
-  const std::string tok_path = r.tokenizer.empty() ? c.tokenizer_path() : r.tokenizer;
-  try {
-    if (tok_path.empty()) throw RuntimeError("no --tokenizer, data.tokenizer or model.hf_path is given");
-    tok = std::make_unique<Tokenizer>(tok_path);
-  } catch (const RuntimeError& e) {
-    no_tokenizer = e.what();
+// One generate run: the config, the tokenizer and chat format (read when first needed: an
+// ids-only batch needs neither), the model, the ids that stop a completion.
+class Session {
+ public:
+  explicit Session(const GenerateRequest& r) : r_(r), c_(load_config(r.config, r.sets)) {
+    const std::string path = r.tokenizer.empty() ? c_.tokenizer_path() : r.tokenizer;
+    try {
+      if (path.empty()) throw RuntimeError("no --tokenizer, data.tokenizer or model.hf_path is given");
+      tok_ = std::make_unique<Tokenizer>(path);
+    } catch (const RuntimeError& e) {
+      no_tokenizer_ = e.what();
+    }
+    if (!r.prompt.empty()) tokenizer();  // (before the model loads: a usage error costs nothing)
+    if (r.chat) chat_format_of();
+    load_model();
   }
-  const auto tokenizer = [&]() -> const Tokenizer& {
-    if (!tok) throw UsageError("text prompts need the model's tokenizer: " + no_tokenizer);
-    return *tok;
-  };
-  std::optional<ChatFormat> format;
-  const auto chat_format_of = [&]() -> const ChatFormat& {
-    if (!format) {
+
+  const Tokenizer& tokenizer() const {
+    if (!tok_) throw UsageError("text prompts need the model's tokenizer: " + no_tokenizer_);
+    return *tok_;
+  }
+  const ChatFormat& chat_format_of() {
+    if (!format_) {
       try {
-        format = chat_format(tokenizer(), c.data.chat_template);
+        format_ = chat_format(tokenizer(), c_.data.chat_template);
       } catch (const RuntimeError& e) {
         throw UsageError(std::string("no chat template to render the prompt with: ") + e.what());
       }
     }
-    return *format;
-  };
-  if (!r.prompt.empty()) tokenizer();  // (before the model loads: a usage error costs nothing)
-  if (r.chat) chat_format_of();
-
-  const DistEnv single;
-  const c10::Device device = resolve_device(c, single);
-  auto model = build_model(c, device, make_collectives(single, Backend::automatic, device, c.parallel.timeout_s));
-  std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
-  if (!c.lora.adapter_path.empty()) source += " + adapters " + c.lora.adapter_path;
-  if (!r.checkpoint.empty()) {
-    TrainProgress progress;
-    load_checkpoint(r.checkpoint, *model, nullptr, progress);
-    source = r.checkpoint + " (step " + std::to_string(progress.step) + ")";
+    return *format_;
   }
-  warn_generation_settings_left(c, o);
-  const std::vector<int32_t> eos = eos_ids(c, tok.get(), format ? &*format : nullptr);
-  std::string eos_text;
-  for (int32_t id : eos) eos_text += (eos_text.empty() ? "" : ", ") + std::to_string(id);
-  log::info("generating with ", source, " on ", device.str(), " (", name_of(c.precision.mode), ") | stops at ids [",
-            eos_text, "]", o.temperature > 0 ? " | sampling, seed " + std::to_string(o.seed) : " | greedy");
-
   // A plain prompt as the tokenizer alone encodes it (its post-processor's special tokens).
-  const auto plain_prompt = [&](const std::string& text) { return tokenizer().encode_with_special_tokens(text); };
-  const auto stream = [](const std::string& piece) { std::cout << piece << std::flush; };
-
-  if (!r.in.empty()) {  // a batch: one answer per record, in order
-    std::ifstream in(r.in);
-    if (!in) throw UsageError("cannot open --in '" + r.in + "'");
-    std::vector<std::string> answers;
-    int64_t line = 0;
-    for (std::string text; std::getline(in, text);) {
-      ++line;
-      if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-      json record, answer;
+  std::vector<int32_t> plain_prompt(const std::string& text) const {
+    return tokenizer().encode_with_special_tokens(text);
+  }
+  std::vector<int32_t> chat_prompt(const std::vector<ChatMessage>& messages) {
+    return render_prompt(tokenizer(), chat_format_of(), messages);
+  }
+  Completion complete(const std::vector<int32_t>& prompt, const SamplingOptions& o, const Tokenizer* tok,
+                      const std::function<void(const std::string&)>& stream = {}) {
+    return ptrain::complete(*model_, prompt, eos_, o, tok, stream);
+  }
+  // A record of --in: {"prompt": text}, {"messages": chat} or {"ids": [...]}.
+  std::vector<int32_t> record_prompt(const json& record) {
+    if (!record.is_object()) throw RuntimeError("a record must be a JSON object");
+    const int kinds = static_cast<int>(record.contains("ids")) + static_cast<int>(record.contains("messages")) +
+                      static_cast<int>(record.contains("prompt"));
+    if (kinds > 1) throw RuntimeError("a record holds one of \"prompt\", \"messages\" and \"ids\", not several");
+    if (record.contains("ids")) {
       std::vector<int32_t> prompt;
-      try {
-        record = json::parse(text);
-        if (!record.is_object()) throw RuntimeError("a record must be a JSON object");
-        const int kinds = static_cast<int>(record.contains("ids")) + static_cast<int>(record.contains("messages")) +
-                          static_cast<int>(record.contains("prompt"));
-        if (kinds > 1) throw RuntimeError("a record holds one of \"prompt\", \"messages\" and \"ids\", not several");
-        if (record.contains("ids")) {
-          for (const auto& v : record["ids"]) {
-            if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.model.shape.vocab_size)
-              throw RuntimeError("\"ids\" must be token ids in [0, " + std::to_string(c.model.shape.vocab_size) + ")");
-            prompt.push_back(v.get<int32_t>());
-          }
-        } else if (record.contains("messages")) {
-          std::vector<ChatMessage> messages = chat_turns(record["messages"]);
-          if (!r.system.empty() && messages.front().role != "system")
-            messages.insert(messages.begin(), {"system", r.system});
-          prompt = render_prompt(tokenizer(), chat_format_of(), messages);
-        } else if (record.contains("prompt") && record["prompt"].is_string()) {
-          prompt = plain_prompt(record["prompt"].get<std::string>());
-        } else {
-          throw RuntimeError("a record needs \"prompt\" (text), \"messages\" (a chat) or \"ids\"");
-        }
-      } catch (const json::exception& e) {
-        throw UsageError(r.in + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
-      } catch (const RuntimeError& e) {
-        throw UsageError(r.in + ":" + std::to_string(line) + ": " + e.what());
+      const int64_t vocab = c_.model.shape.vocab_size;
+      for (const auto& v : record["ids"]) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
+          throw RuntimeError("\"ids\" must be token ids in [0, " + std::to_string(vocab) + ")");
+        prompt.push_back(v.get<int32_t>());
       }
-      const bool text_out = !record.contains("ids") || tok;
-      const Completion done = complete(*model, prompt, eos, o, text_out ? tok.get() : nullptr);
-      report(done);
-      answer = record;
-      answer["prompt_ids"] = prompt;
-      answer["ids"] = done.ids;
-      if (text_out && tok) answer["text"] = done.text;
-      answer["finish"] = done.finish;
-      answer["eos"] = eos;
-      answers.push_back(answer.dump());
+      return prompt;
     }
-    std::string all;
-    for (const auto& a : answers) all += a + "\n";
-    write_file_atomic(r.out, all);
-    log::info("wrote ", answers.size(), " answers to ", r.out);
-    return 0;
+    if (record.contains("messages")) {
+      std::vector<ChatMessage> messages = chat_turns(record["messages"]);
+      if (!r_.system.empty() && messages.front().role != "system")
+        messages.insert(messages.begin(), {"system", r_.system});
+      return chat_prompt(messages);
+    }
+    if (record.contains("prompt") && record["prompt"].is_string())
+      return plain_prompt(record["prompt"].get<std::string>());
+    throw RuntimeError("a record needs \"prompt\" (text), \"messages\" (a chat) or \"ids\"");
   }
-  if (!r.prompt.empty()) {
-    const std::vector<int32_t> prompt =
-        r.chat ? render_prompt(tokenizer(), chat_format_of(),
-                               r.system.empty() ? std::vector<ChatMessage>{{"user", r.prompt}}
-                                                : std::vector<ChatMessage>{{"system", r.system}, {"user", r.prompt}})
-               : plain_prompt(r.prompt);
-    const Completion done = complete(*model, prompt, eos, o, &tokenizer(), stream);
-    std::cout << "\n";
+  const Tokenizer* tokenizer_if_any() const { return tok_.get(); }
+  const std::vector<int32_t>& eos() const { return eos_; }
+
+ private:
+  void load_model() {
+    const SamplingOptions& o = r_.sampling;
+    const DistEnv single;
+    const c10::Device device = resolve_device(c_, single);
+    model_ = build_model(c_, device, make_collectives(single, Backend::automatic, device, c_.parallel.timeout_s));
+    std::string source = c_.model.hf_path.empty() ? "init(seed=" + std::to_string(c_.run.seed) + ")" : c_.model.hf_path;
+    if (!c_.lora.adapter_path.empty()) source += " + adapters " + c_.lora.adapter_path;
+    if (!r_.checkpoint.empty()) {
+      TrainProgress progress;
+      load_checkpoint(r_.checkpoint, *model_, nullptr, progress);
+      source = r_.checkpoint + " (step " + std::to_string(progress.step) + ")";
+    }
+    warn_generation_settings_left(c_, o);
+    eos_ = eos_ids(c_, tok_.get(), format_ ? &*format_ : nullptr);
+    std::string eos_text;
+    for (int32_t id : eos_) eos_text += (eos_text.empty() ? "" : ", ") + std::to_string(id);
+    log::info("generating with ", source, " on ", device.str(), " (", name_of(c_.precision.mode), ") | stops at ids [",
+              eos_text, "]", o.temperature > 0 ? " | sampling, seed " + std::to_string(o.seed) : " | greedy");
+  }
+
+  const GenerateRequest& r_;
+  const Config c_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::string no_tokenizer_;  // why there is no tokenizer
+  std::optional<ChatFormat> format_;
+  std::unique_ptr<FsdpModel> model_;
+  std::vector<int32_t> eos_;
+};
+
+void stream_piece(const std::string& piece) { std::cout << piece << std::flush; }
+
+// --in / --out: one answer per record, in order.
+void answer_file(const GenerateRequest& r, Session& session) {
+  std::ifstream in(r.in);
+  if (!in) throw UsageError("cannot open --in '" + r.in + "'");
+  std::vector<std::string> answers;
+  int64_t line = 0;
+  for (std::string text; std::getline(in, text);) {
+    ++line;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json record;
+    std::vector<int32_t> prompt;
+    try {
+      record = json::parse(text);
+      prompt = session.record_prompt(record);
+    } catch (const json::exception& e) {
+      throw UsageError(r.in + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
+    } catch (const RuntimeError& e) {
+      throw UsageError(r.in + ":" + std::to_string(line) + ": " + e.what());
+    }
+    const Tokenizer* tok = session.tokenizer_if_any();
+    const bool text_out = !record.contains("ids") || tok;
+    const Completion done = session.complete(prompt, r.sampling, text_out ? tok : nullptr);
     report(done);
-    return 0;
+    json answer = record;
+    answer["prompt_ids"] = prompt;
+    answer["ids"] = done.ids;
+    if (text_out && tok) answer["text"] = done.text;
+    answer["finish"] = done.finish;
+    answer["eos"] = session.eos();
+    answers.push_back(answer.dump());
   }
-  // Interactive chat: each line a user turn; the conversation is kept. An empty line or the end
-  // of input ends it.
+  std::string all;
+  for (const auto& a : answers) all += a + "\n";
+  write_file_atomic(r.out, all);
+  log::info("wrote ", answers.size(), " answers to ", r.out);
+}
+
+// --prompt: one answer, streamed (with --chat, the prompt rendered as a user turn).
+void answer_prompt(const GenerateRequest& r, Session& session) {
+  std::vector<ChatMessage> turn{{"user", r.prompt}};
+  if (!r.system.empty()) turn.insert(turn.begin(), {"system", r.system});
+  const std::vector<int32_t> prompt = r.chat ? session.chat_prompt(turn) : session.plain_prompt(r.prompt);
+  const Completion done = session.complete(prompt, r.sampling, &session.tokenizer(), stream_piece);
+  std::cout << "\n";
+  report(done);
+}
+
+// Interactive chat: each line a user turn; the conversation is kept. An empty line or the end
+// of input ends it.
+void chat(const GenerateRequest& r, Session& session) {
   std::vector<ChatMessage> messages;
   if (!r.system.empty()) messages.push_back({"system", r.system});
   const bool terminal = ::isatty(STDIN_FILENO);
-  SamplingOptions turn = o;
+  SamplingOptions turn = r.sampling;
   for (;;) {
     if (terminal) std::cout << "> " << std::flush;
     std::string line;
     if (!std::getline(std::cin, line) || line.empty()) break;
     messages.push_back({"user", line});
-    const Completion done =
-        complete(*model, render_prompt(tokenizer(), chat_format_of(), messages), eos, turn, &tokenizer(), stream);
+    const Completion done = session.complete(session.chat_prompt(messages), turn, &session.tokenizer(), stream_piece);
     std::cout << "\n";
     report(done);
     messages.push_back({"assistant", done.text});
     ++turn.seed;  // each turn its own draw
   }
+}
+
+}  // namespace
+
+int run_generate(const GenerateRequest& r) {
+  check_request(r);
+  Session session(r);
+  if (!r.in.empty())
+    answer_file(r, session);
+  else if (!r.prompt.empty())
+    answer_prompt(r, session);
+  else
+    chat(r, session);
   return 0;
 }
 
