@@ -13,17 +13,12 @@
 
 namespace ptrain {
 
-int check(const CheckRequest& a) {
-  Environment env = Environment::detect();
-  env.local = !a.plan;
-  Config c = load_config(a.config, a.sets, env);
-  const int ws = a.world_size;
-  MemoryReport m = predict_memory(c, ws);
-  if (a.json) {
-    std::cout << m.to_json() << "\n";
-    return 0;
-  }
-  const PrecisionPolicy policy = precision_policy(c);
+namespace {
+
+std::string gib(int64_t bytes) { return log::fixed(static_cast<double>(bytes) / (1024.0 * 1024 * 1024), 2) + " GiB"; }
+
+// The resolved config, the model's size, what its HF config leaves unread, the precision table.
+void print_model(const Config& c) {
   const auto& s = c.model.shape;
   std::cout << "# resolved config (" << c.source_file << ")\n"
             << to_toml(c) << "\n"
@@ -33,16 +28,31 @@ int check(const CheckRequest& a) {
             << log::grouped(static_cast<double>(s.head_params())) << ")\n";
   if (!c.model.hf_path.empty())
     if (const std::string note = hf_config_ignored_note(c.model.hf_path); !note.empty()) std::cout << note << "\n";
-  std::cout << policy.table();
-  if (env.local) {  // the dataset as training will read it (JSONL: tokenized now)
-    std::cout << "# data\n";
-    for (const auto& line : open_data(c).report) std::cout << line << "\n";
-  }
-  const PeakPlan plan = predict_peak(c, ws);
-  const auto gib = [](int64_t bytes) {
-    return log::fixed(static_cast<double>(bytes) / (1024.0 * 1024 * 1024), 2) + " GiB";
-  };
-  const auto& act = plan.activations;
+  std::cout << precision_policy(c).table();
+}
+
+std::string frozen_base_line(const Config& c, const MemoryReport& m, int ws) {
+  if (!c.lora.enabled) return "";
+  const std::string nf4 = m.nf4_params ? "; NF4 " + log::fixed(m.nf4_bytes_per_param(), 4) + " B per 4-bit weight, 1/" +
+                                             std::to_string(ws) + " on each rank"
+                                       : std::string();
+  return "  frozen base       " + gib(m.frozen_base_bytes) + " (LoRA: not trained" + nf4 + ")\n";
+}
+
+std::string activations_line(const Config& c, const ActivationEstimate& act) {
+  const std::string blocks = c.memory.activation_offloading
+                                 ? "block inputs offloaded: " + gib(act.host_bytes) + " in pinned host memory, " +
+                                       gib(act.in_flight_bytes) + " awaiting their copy"
+                                 : std::to_string(act.layers) + " blocks x " + gib(act.per_block_bytes);
+  const std::string mask = act.mask_bytes
+                               ? std::string(c.data.packing ? " + packed rows'" : " + the sliding window's") +
+                                     " attention mask " + gib(act.mask_bytes)
+                               : std::string();
+  return "  activations       " + gib(act.saved_bytes()) + " (" + blocks + " + head " + gib(act.head_bytes) + mask +
+         ")\n";
+}
+
+void print_peak(const Config& c, const MemoryReport& m, const PeakPlan& plan, int ws) {
   std::cout << "predicted peak allocated memory per rank at world size " << ws << " (micro-batch "
             << c.data.micro_batch_size << " x " << c.data.seq_len << " tokens, activation checkpointing "
             << name_of(c.memory.activation_checkpointing) << (c.memory.activation_offloading ? " + offloading" : "")
@@ -51,50 +61,30 @@ int check(const CheckRequest& a) {
             << "  grads             " << gib(m.grad_bytes) << "\n"
             << "  optimizer state   " << gib(m.optimizer_state_bytes) << "\n"
             << "  master weights    " << gib(m.master_weight_bytes) << "\n"
-            << (c.lora.enabled
-                    ? "  frozen base       " + gib(m.frozen_base_bytes) + " (LoRA: not trained" +
-                          (m.nf4_params ? "; NF4 " + log::fixed(m.nf4_bytes_per_param(), 4) +
-                                              " B per 4-bit weight, 1/" + std::to_string(ws) + " on each rank"
-                                        : std::string()) +
-                          ")\n"
-                    : std::string())
-            << "  activations       " << gib(act.saved_bytes()) << " ("
-            << (c.memory.activation_offloading
-                    ? "block inputs offloaded: " + gib(act.host_bytes) + " in pinned host memory, " +
-                          gib(act.in_flight_bytes) + " awaiting their copy"
-                    : std::to_string(act.layers) + " blocks x " + gib(act.per_block_bytes))
-            << " + head " << gib(act.head_bytes)
-            << (act.mask_bytes ? std::string(c.data.packing ? " + packed rows'" : " + the sliding window's") +
-                                     " attention mask " + gib(act.mask_bytes)
-                               : std::string())
-            << ")\n"
-            << "  transient         " << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
+            << frozen_base_line(c, m, ws) << activations_line(c, plan.activations) << "  transient         "
+            << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
             << " (largest of: end of forward " << gib(plan.forward_transient_bytes) << ", a block's backward "
             << gib(plan.backward_transient_bytes) << ")\n"
             << "  library workspace " << gib(plan.workspace.bytes) << " (" << plan.workspace.source << ")\n"
             << "  peak              " << gib(plan.peak_bytes()) << " ("
             << log::grouped(static_cast<double>(plan.peak_bytes())) << " bytes)\n";
-  if (a.gpu_memory_gib <= 0) return 0;
-  const double gpu_gib = a.gpu_memory_gib;
-  const double peak_gib = static_cast<double>(plan.peak_bytes()) / (1024.0 * 1024 * 1024);
-  if (peak_gib <= gpu_gib) {
-    std::cout << "fits: " << log::fixed(peak_gib, 2) << " of " << gpu_gib << " GiB per GPU (margin "
-              << log::fixed(gpu_gib - peak_gib, 2) << " GiB)\n";
-    return 0;
-  }
-  // What would fit: each change on its own, then all of them together.
-  struct Change {
-    std::string what;
-    std::vector<std::string> sets;
-    int world_size;
-  };
+}
+
+// A change that lowers the peak: how to ask for it, its --set values, the world size it runs at.
+struct Change {
+  std::string what;
+  std::vector<std::string> sets;
+  int world_size;
+};
+
+// What could make the run fit, each on its own.
+std::vector<Change> memory_changes(const Config& c, int ws) {
   std::vector<Change> changes;
-  if (c.memory.activation_checkpointing != Checkpointing::full)
+  const bool full = c.memory.activation_checkpointing == Checkpointing::full;
+  if (!full)
     changes.push_back({"--set memory.activation_checkpointing=full", {"memory.activation_checkpointing=\"full\""}, ws});
   if (!c.memory.activation_offloading)
-    changes.push_back({std::string(c.memory.activation_checkpointing != Checkpointing::full
-                                       ? "--set memory.activation_checkpointing=full "
-                                       : "") +
+    changes.push_back({std::string(!full ? "--set memory.activation_checkpointing=full " : "") +
                            "--set memory.activation_offloading=true",
                        {"memory.activation_checkpointing=\"full\"", "memory.activation_offloading=true"},
                        ws});
@@ -108,9 +98,21 @@ int check(const CheckRequest& a) {
                        {"data.micro_batch_size=" + std::to_string(c.data.micro_batch_size / 2)},
                        ws});
   changes.push_back({"--world-size " + std::to_string(2 * ws), {}, 2 * ws});
+  return changes;
+}
+
+// Does the predicted peak fit --gpu-memory? Where it does not, the peak with each change and with
+// all valid ones together, on stderr; exit code 2.
+int fit_or_suggest(const CheckRequest& a, const Environment& env, const Config& c, const PeakPlan& plan) {
+  const double gpu_gib = a.gpu_memory_gib;
+  const double peak_gib = static_cast<double>(plan.peak_bytes()) / (1024.0 * 1024 * 1024);
+  if (peak_gib <= gpu_gib) {
+    std::cout << "fits: " << log::fixed(peak_gib, 2) << " of " << gpu_gib << " GiB per GPU (margin "
+              << log::fixed(gpu_gib - peak_gib, 2) << " GiB)\n";
+    return 0;
+  }
   std::cerr << "error: predicted peak " << log::fixed(peak_gib, 2) << " GiB per rank does not fit in --gpu-memory "
             << gpu_gib << " GiB. Predicted peak with:\n";
-  Change all{"all of the valid ones together", {}, 2 * ws};
   auto report = [&](const Change& ch) {
     std::vector<std::string> with = a.sets;
     with.insert(with.end(), ch.sets.begin(), ch.sets.end());
@@ -124,10 +126,32 @@ int check(const CheckRequest& a) {
       return false;
     }
   };
-  for (const auto& ch : changes)
+  Change all{"all of the valid ones together", {}, 2 * a.world_size};
+  for (const auto& ch : memory_changes(c, a.world_size))
     if (report(ch)) all.sets.insert(all.sets.end(), ch.sets.begin(), ch.sets.end());
   report(all);
   return 2;
+}
+
+}  // namespace
+
+int check(const CheckRequest& a) {
+  Environment env = Environment::detect();
+  env.local = !a.plan;
+  const Config c = load_config(a.config, a.sets, env);
+  const MemoryReport m = predict_memory(c, a.world_size);
+  if (a.json) {
+    std::cout << m.to_json() << "\n";
+    return 0;
+  }
+  print_model(c);
+  if (env.local) {  // the dataset as training will read it (JSONL: tokenized now)
+    std::cout << "# data\n";
+    for (const auto& line : open_data(c).report) std::cout << line << "\n";
+  }
+  const PeakPlan plan = predict_peak(c, a.world_size);
+  print_peak(c, m, plan, a.world_size);
+  return a.gpu_memory_gib > 0 ? fit_or_suggest(a, env, c, plan) : 0;
 }
 
 }  // namespace ptrain
