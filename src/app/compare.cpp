@@ -226,25 +226,19 @@ int run_child(const std::string& config, const std::vector<std::string>& sets) {
 
 std::string pct(double fraction) { return log::fixed(100.0 * fraction, 2) + " %"; }
 
-}  // namespace
+// One training run of the study: a mode at a seed, its output directory and resolved config.
+struct Run {
+  size_t mode;
+  int64_t seed;
+  std::string dir;
+  Config config;
+  std::vector<std::string> sets;
+};
 
-int compare(const CompareOptions& o) {
-  if (o.modes.empty())
-    throw UsageError("--modes needs at least one of fp32, mixed, bf16, bf16-sr, bf16-kahan, bf16-adam8bit");
-  if (o.seeds < 1) throw UsageError("--seeds must be at least 1");
+// Every run of the study, each config validated before any run starts.
+std::vector<Run> plan_runs(const CompareOptions& o, const Config& base, const std::string& out) {
   std::vector<std::vector<std::string>> per_mode;
   for (const auto& m : o.modes) per_mode.push_back(mode_overrides(m));  // all modes checked before any run
-  Config base = load_config(o.config_path, o.overrides);
-  const std::string out = o.out_dir.empty() ? "runs/compare-" + base.run.name : o.out_dir;
-  const bool rank0 = DistEnv::detect().rank == 0;
-
-  struct Run {
-    size_t mode;
-    int64_t seed;
-    std::string dir;
-    Config config;
-    std::vector<std::string> sets;
-  };
   std::vector<Run> runs;
   for (size_t i = 0; i < o.modes.size(); ++i)
     for (int k = 0; k < o.seeds; ++k) {
@@ -258,9 +252,14 @@ int compare(const CompareOptions& o) {
             std::string("checkpoint.every_steps=0"), std::string("checkpoint.resume=")})
         sets.push_back(s);
       if (o.steps > 0) sets.push_back("training.steps=" + std::to_string(o.steps));
-      Config config = load_config(o.config_path, sets);  // every run validated before any starts
+      Config config = load_config(o.config_path, sets);
       runs.push_back({i, seed, dir, std::move(config), std::move(sets)});
     }
+  return runs;
+}
+
+// Trains every run not finished yet; the first failing run's exit code, else 0.
+int execute_runs(const CompareOptions& o, const std::vector<Run>& runs) {
   const bool launched = DistEnv::detect().launcher != "none";
   for (size_t r = 0; r < runs.size(); ++r) {
     const Run& run = runs[r];
@@ -276,46 +275,43 @@ int compare(const CompareOptions& o) {
     const int rc = launched ? train(run.config) : run_child(o.config_path, run.sets);
     if (rc != 0) return rc;
   }
-  if (!rank0) return 0;
+  return 0;
+}
 
-  std::vector<std::vector<RunResult>> results(o.modes.size());
-  for (const auto& run : runs) results[run.mode].push_back(summarise(run.dir, run.seed, run.config.training.steps));
-  bool use_val = true;
-  for (const auto& mode : results)
-    for (const auto& r : mode) use_val = use_val && r.final_val >= 0;
-  std::vector<ModeSummary> modes;
-  for (size_t i = 0; i < o.modes.size(); ++i) modes.push_back(summarise_mode(o.modes[i], results[i], use_val));
-  const ModeSummary* ref = nullptr;
-  for (const auto& m : modes)
-    if (m.mode == "fp32") ref = &m;
-
-  const std::string metric = use_val ? "final val loss" : "final loss";
-  const int64_t steps = modes.front().runs.front().steps;
+// The summary's three tables: summary.md, summary.csv (a row per mode), runs.csv (a row per run).
+struct Tables {
   std::ostringstream md, csv, runs_csv;
-  md << "# ptrain compare: " << o.config_path << "\n\n"
-     << steps << " steps; " << o.seeds
-     << (o.seeds > 1 ? " seeds (run.seed " + std::to_string(base.run.seed) + " to " +
-                           std::to_string(base.run.seed + o.seeds - 1) + ")"
-                     : " seed (" + std::to_string(base.run.seed) + ")")
-     << ", each the same init, data order and rounding bits in every mode. " << metric
-     << ": mean ± standard deviation (lowest – highest) over the seeds; Δ: the mean relative to fp32's; beyond "
-        "spread: the seeds' ranges do not overlap (needs 2+ seeds). Lost updates: elements whose computed update was "
-        "non-zero but whose stored value did not change, over all steps / the last 20 %.\n\n"
-     << "| mode | " << metric
-     << " | Δ vs fp32 | beyond spread | lost updates (all / last 20 %) | state B/param | "
-        "tokens/s (median) | peak memory |\n"
-     << "|---|---|---|---|---|---|---|---|\n";
-  csv << "mode,steps,seeds,metric,mean,std,min,max,delta_vs_fp32_pct,beyond_spread,lost_updates_all,lost_updates_"
-         "late,state_bytes_per_param,tokens_per_s,peak_mem_bytes,peak_mem_source\n";
-  runs_csv << "mode,seed,steps,final_loss,best_loss,final_val_loss,updates_computed,updates_lost,updates_computed_"
-              "late,updates_lost_late,state_bytes_per_rank,tokens_per_s,peak_mem_bytes\n";
-  for (const auto& m : modes) {
-    double delta = ref ? 100.0 * (m.metric.mean - ref->metric.mean) / ref->metric.mean : 0.0;
-    if (std::abs(delta) < 0.005) delta = 0.0;  // no "-0.00"
-    const std::string d = ref ? log::fixed(delta, 2) : "";
-    const bool beyond = ref && &m != ref && beyond_seed_spread(m.metric, ref->metric);
-    const std::string spread = !ref || &m == ref ? "-" : o.seeds < 2 ? "n/a (1 seed)" : beyond ? "**yes**" : "no";
-    md << "| " << m.mode << " | " << log::fixed(m.metric.mean, 4)
+};
+
+void write_headers(Tables& t, const CompareOptions& o, const Config& base, int64_t steps, const std::string& metric) {
+  t.md << "# ptrain compare: " << o.config_path << "\n\n"
+       << steps << " steps; " << o.seeds
+       << (o.seeds > 1 ? " seeds (run.seed " + std::to_string(base.run.seed) + " to " +
+                             std::to_string(base.run.seed + o.seeds - 1) + ")"
+                       : " seed (" + std::to_string(base.run.seed) + ")")
+       << ", each the same init, data order and rounding bits in every mode. " << metric
+       << ": mean ± standard deviation (lowest – highest) over the seeds; Δ: the mean relative to fp32's; beyond "
+          "spread: the seeds' ranges do not overlap (needs 2+ seeds). Lost updates: elements whose computed update was "
+          "non-zero but whose stored value did not change, over all steps / the last 20 %.\n\n"
+       << "| mode | " << metric
+       << " | Δ vs fp32 | beyond spread | lost updates (all / last 20 %) | state B/param | "
+          "tokens/s (median) | peak memory |\n"
+       << "|---|---|---|---|---|---|---|---|\n";
+  t.csv << "mode,steps,seeds,metric,mean,std,min,max,delta_vs_fp32_pct,beyond_spread,lost_updates_all,lost_updates_"
+           "late,state_bytes_per_param,tokens_per_s,peak_mem_bytes,peak_mem_source\n";
+  t.runs_csv << "mode,seed,steps,final_loss,best_loss,final_val_loss,updates_computed,updates_lost,updates_computed_"
+                "late,updates_lost_late,state_bytes_per_rank,tokens_per_s,peak_mem_bytes\n";
+}
+
+// One mode's rows, against the fp32 reference `ref` (null when fp32 was not run).
+void write_rows(Tables& t, const CompareOptions& o, const ModeSummary& m, const ModeSummary* ref, int64_t steps,
+                bool use_val) {
+  double delta = ref ? 100.0 * (m.metric.mean - ref->metric.mean) / ref->metric.mean : 0.0;
+  if (std::abs(delta) < 0.005) delta = 0.0;  // no "-0.00"
+  const std::string d = ref ? log::fixed(delta, 2) : "";
+  const bool beyond = ref && &m != ref && beyond_seed_spread(m.metric, ref->metric);
+  const std::string spread = !ref || &m == ref ? "-" : o.seeds < 2 ? "n/a (1 seed)" : beyond ? "**yes**" : "no";
+  t.md << "| " << m.mode << " | " << log::fixed(m.metric.mean, 4)
        << (o.seeds > 1 ? " ± " + log::fixed(m.metric.std, 4) + " (" + log::fixed(m.metric.min, 4) + " – " +
                              log::fixed(m.metric.max, 4) + ")"
                        : "")
@@ -323,21 +319,52 @@ int compare(const CompareOptions& o) {
        << " / " << pct(m.lost_late) << " | " << log::fixed(m.state_bytes_per_param, 2) << " | "
        << log::grouped(m.tokens_per_s) << " | " << log::bytes(m.peak_bytes)
        << (m.peak_source == "process_peak_rss" ? " (RSS)" : " (allocated)") << " |\n";
-    csv << m.mode << "," << steps << "," << o.seeds << "," << (use_val ? "final_val_loss" : "final_loss") << ","
+  t.csv << m.mode << "," << steps << "," << o.seeds << "," << (use_val ? "final_val_loss" : "final_loss") << ","
         << m.metric.mean << "," << m.metric.std << "," << m.metric.min << "," << m.metric.max << "," << d << ","
         << (beyond ? "yes" : "no") << "," << m.lost_all << "," << m.lost_late << "," << m.state_bytes_per_param << ","
         << m.tokens_per_s << "," << m.peak_bytes << "," << m.peak_source << "\n";
-    for (const auto& r : m.runs)
-      runs_csv << m.mode << "," << r.seed << "," << r.steps << "," << r.final_loss << "," << r.best_loss << ","
+  for (const auto& r : m.runs)
+    t.runs_csv << m.mode << "," << r.seed << "," << r.steps << "," << r.final_loss << "," << r.best_loss << ","
                << (r.final_val >= 0 ? std::to_string(r.final_val) : "") << "," << r.computed << "," << r.lost << ","
                << r.computed_late << "," << r.lost_late << "," << r.state_bytes << "," << r.tokens_per_s << ","
                << r.peak_bytes << "\n";
-  }
-  write_file_atomic(out + "/summary.md", md.str());
-  write_file_atomic(out + "/summary.csv", csv.str());
-  write_file_atomic(out + "/runs.csv", runs_csv.str());
+}
+
+// Summarises the finished runs per mode and writes summary.md, summary.csv, runs.csv and the plot.
+void write_summary(const CompareOptions& o, const Config& base, const std::string& out, const std::vector<Run>& runs) {
+  std::vector<std::vector<RunResult>> results(o.modes.size());
+  for (const auto& run : runs) results[run.mode].push_back(summarise(run.dir, run.seed, run.config.training.steps));
+  bool use_val = true;  // every run evaluated: compare validation losses
+  for (const auto& mode : results)
+    for (const auto& r : mode) use_val = use_val && r.final_val >= 0;
+  std::vector<ModeSummary> modes;
+  for (size_t i = 0; i < o.modes.size(); ++i) modes.push_back(summarise_mode(o.modes[i], results[i], use_val));
+  const ModeSummary* ref = nullptr;
+  for (const auto& m : modes)
+    if (m.mode == "fp32") ref = &m;
+  const int64_t steps = modes.front().runs.front().steps;
+  Tables t;
+  write_headers(t, o, base, steps, use_val ? "final val loss" : "final loss");
+  for (const auto& m : modes) write_rows(t, o, m, ref, steps, use_val);
+  write_file_atomic(out + "/summary.md", t.md.str());
+  write_file_atomic(out + "/summary.csv", t.csv.str());
+  write_file_atomic(out + "/runs.csv", t.runs_csv.str());
   plot(out, modes);
-  std::fputs(md.str().c_str(), stdout);
+  std::fputs(t.md.str().c_str(), stdout);
+}
+
+}  // namespace
+
+int compare(const CompareOptions& o) {
+  if (o.modes.empty())
+    throw UsageError("--modes needs at least one of fp32, mixed, bf16, bf16-sr, bf16-kahan, bf16-adam8bit");
+  if (o.seeds < 1) throw UsageError("--seeds must be at least 1");
+  const Config base = load_config(o.config_path, o.overrides);
+  const std::string out = o.out_dir.empty() ? "runs/compare-" + base.run.name : o.out_dir;
+  const std::vector<Run> runs = plan_runs(o, base, out);
+  if (const int rc = execute_runs(o, runs); rc != 0) return rc;
+  if (DistEnv::detect().rank != 0) return 0;
+  write_summary(o, base, out, runs);
   log::info("compare outputs: ", out, "/summary.md, summary.csv, runs.csv, loss.svg, <mode>",
             o.seeds > 1 ? "/seed<S>" : "", "/metrics.jsonl");
   return 0;
