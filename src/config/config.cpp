@@ -639,37 +639,56 @@ std::vector<std::string> known_keys() {
   return out;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides, const Environment& env) {
-  std::vector<ConfigProblem> problems;
-  std::vector<Assignment> assignments;
-  Config config;
-  config.source_file = path;
+namespace {
 
-  if (!fs::is_regular_file(path)) {
+// The file's and the overrides' key = value assignments, in order (a TOML syntax error ends the
+// reading: nothing else could be checked reliably).
+std::vector<Assignment> read_assignments(const std::string& path, const std::vector<std::string>& overrides,
+                                         std::vector<ConfigProblem>& problems) {
+  if (!fs::is_regular_file(path))
     throw ConfigError({{path, 0, "config", "no such config file; pass an existing TOML file to --config"}});
-  }
+  std::vector<Assignment> assignments;
   try {
     toml::table root = toml::parse_file(path);
     collect(root, path, assignments, problems);
   } catch (const toml::parse_error& e) {
     problems.push_back({path, static_cast<int>(e.source().begin.line), "toml",
                         std::string(e.description()) + " (fix the TOML syntax)"});
-    throw ConfigError(std::move(problems));  // nothing else can be checked reliably
+    throw ConfigError(std::move(problems));
   }
   for (size_t i = 0; i < overrides.size(); ++i)
     collect_override(overrides[i], static_cast<int>(i + 1), assignments, problems);
+  return assignments;
+}
 
-  // Model shape: preset or hf_path first, then explicit per-dimension keys on top.
-  auto assign = [&](const Assignment& a) {
+// Applies the assignments to a config, collecting the problems.
+struct Assigner {
+  Config& config;
+  const std::vector<Assignment>& assignments;
+  std::vector<ConfigProblem>& problems;
+
+  void assign(const Assignment& a) const {
     try {
       a.key->set(config, a.value);
       config.origins[a.key->full()] = a.origin;
     } catch (const UnknownName& e) {
       problems.push_back({a.origin.file, a.origin.line, a.key->full(), e.what()});
     }
-  };
-  for (const auto& a : assignments)
-    if (!a.key->model_dim) assign(a);
+  }
+  // A [model] dimension key the config sets.
+  bool assigned(const char* name) const {
+    return std::any_of(assignments.begin(), assignments.end(),
+                       [&](const Assignment& a) { return a.key->model_dim && a.key->name == name; });
+  }
+  void problem(const std::string& key, const std::string& what) const {
+    const auto o = config.origin(key);
+    problems.push_back({o.file, o.line, key, what});
+  }
+};
+
+// The model's shape from model.hf_path's config.json, or from its preset.
+void resolve_shape(const Assigner& a) {
+  Config& config = a.config;
   if (!config.model.hf_path.empty()) {
     try {
       config.model.shape = read_hf_config(config.model.hf_path);
@@ -677,73 +696,83 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
       config.model.hf_nf4 = stored.nf4;
       config.model.hf_nf4_double_quant = stored.double_quant;
     } catch (const std::exception& e) {
-      auto o = config.origin("model.hf_path");
-      problems.push_back({o.file, o.line, "model.hf_path", e.what()});
+      a.problem("model.hf_path", e.what());
     }
   } else if (auto shape = preset_shape(config.model.preset)) {
     config.model.shape = *shape;
   } else {
-    auto o = config.origin("model.preset");
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-    problems.push_back({o.file, o.line, "model.preset",
-                        "unknown preset '" + config.model.preset + "'; use one of " + names + " or set model.hf_path"});
+    a.problem("model.preset",
+              "unknown preset '" + config.model.preset + "'; use one of " + names + " or set model.hf_path");
   }
+}
+
+// Explicit per-dimension [model] keys, on top of a preset (refused with model.hf_path).
+void assign_model_dims(const Assigner& a) {
+  for (const auto& x : a.assignments) {
+    if (!x.key->model_dim) continue;
+    if (!a.config.model.hf_path.empty()) {
+      a.problems.push_back({x.origin.file, x.origin.line, x.key->full(),
+                            "the shape comes from model.hf_path's config.json; remove this key"});
+      continue;
+    }
+    a.assign(x);
+  }
+}
+
+// [model] RoPE scaling keys: YaRN's attention factor derived as config.json files derive it where
+// they give none; a key the resolved scaling does not read is refused, not ignored, where it is
+// set to anything but its default (a resolved TOML lists every key, at its default there).
+void check_rope_scaling_keys(const Assigner& a) {
+  RopeScaling& r = a.config.model.shape.rope_scaling;
+  if (r.type == RopeType::yarn) r.attention_factor = RopeScaling::yarn_mscale(r.factor);
+  const RopeScaling defaults;
+  auto unread = [&](const char* name, bool is_default, const std::string& why) {
+    if (a.assigned(name) && !is_default) a.problem(std::string("model.") + name, why);
+  };
+  const std::string type = std::string("model.rope_scaling_type is \"") + r.type_name() + "\"";
+  // A preset's context is not the one YaRN stretches unless the config says so.
+  if (r.factor > 0 && r.type == RopeType::yarn && !a.assigned("rope_original_max_seq_len"))
+    a.problem("model.rope_scaling_type",
+              "YaRN needs model.rope_original_max_seq_len: the context the model was pretrained for, "
+              "which YaRN stretches by rope_scaling_factor");
+  if (r.factor == 0)
+    unread("rope_scaling_type", r.type == defaults.type,
+           "no RoPE scaling applies while model.rope_scaling_factor is 0; set it (>= 1)");
+  if (r.type != RopeType::llama3) {
+    unread("rope_low_freq_factor", r.low_freq_factor == defaults.low_freq_factor,
+           "is read by llama3 scaling only; " + type);
+    unread("rope_high_freq_factor", r.high_freq_factor == defaults.high_freq_factor,
+           "is read by llama3 scaling only; " + type);
+  }
+  if (r.type == RopeType::linear)
+    unread("rope_original_max_seq_len", r.original_max_seq_len == defaults.original_max_seq_len,
+           "is read by llama3 and yarn scaling only; " + type);
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, const Environment& env) {
+  std::vector<ConfigProblem> problems;
+  Config config;
+  config.source_file = path;
+  const std::vector<Assignment> assignments = read_assignments(path, overrides, problems);
+  const Assigner a{config, assignments, problems};
+  // Model shape: preset or hf_path first, then explicit per-dimension keys on top.
+  for (const auto& x : assignments)
+    if (!x.key->model_dim) a.assign(x);
+  resolve_shape(a);
   // Without a shape the dimension rules would only echo the problem above.
   if (config.model.shape.dim == 0) throw ConfigError(std::move(problems));
-  auto assigned = [&](const char* name) {
-    return std::any_of(assignments.begin(), assignments.end(),
-                       [&](const Assignment& a) { return a.key->model_dim && a.key->name == name; });
-  };
-  for (const auto& a : assignments)
-    if (a.key->model_dim) {
-      if (!config.model.hf_path.empty()) {
-        problems.push_back({a.origin.file, a.origin.line, a.key->full(),
-                            "the shape comes from model.hf_path's config.json; remove this key"});
-        continue;
-      }
-      assign(a);
-    }
-  auto& s = config.model.shape;
-  if (config.model.hf_path.empty()) {
-    // YaRN from [model] keys takes the attention factor config.json files derive where they give none.
-    if (s.rope_scaling.type == RopeType::yarn)
-      s.rope_scaling.attention_factor = RopeScaling::yarn_mscale(s.rope_scaling.factor);
-    // A RoPE scaling key the resolved scaling does not read is refused, not ignored, where it is
-    // set to anything but its default (a resolved TOML lists every key, at its default there).
-    const RopeScaling defaults;
-    auto unread = [&](const char* name, bool is_default, const std::string& why) {
-      if (!assigned(name) || is_default) return;
-      const auto o = config.origin(std::string("model.") + name);
-      problems.push_back({o.file, o.line, std::string("model.") + name, why});
-    };
-    const std::string type = std::string("model.rope_scaling_type is \"") + s.rope_scaling.type_name() + "\"";
-    // A preset's context is not the one YaRN stretches unless the config says so.
-    if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::yarn && !assigned("rope_original_max_seq_len")) {
-      const auto o = config.origin("model.rope_scaling_type");
-      problems.push_back({o.file, o.line, "model.rope_scaling_type",
-                          "YaRN needs model.rope_original_max_seq_len: the context the model was pretrained for, "
-                          "which YaRN stretches by rope_scaling_factor"});
-    }
-    if (s.rope_scaling.factor == 0)
-      unread("rope_scaling_type", s.rope_scaling.type == defaults.type,
-             "no RoPE scaling applies while model.rope_scaling_factor is 0; set it (>= 1)");
-    if (s.rope_scaling.type != RopeType::llama3) {
-      unread("rope_low_freq_factor", s.rope_scaling.low_freq_factor == defaults.low_freq_factor,
-             "is read by llama3 scaling only; " + type);
-      unread("rope_high_freq_factor", s.rope_scaling.high_freq_factor == defaults.high_freq_factor,
-             "is read by llama3 scaling only; " + type);
-    }
-    if (s.rope_scaling.type == RopeType::linear)
-      unread("rope_original_max_seq_len", s.rope_scaling.original_max_seq_len == defaults.original_max_seq_len,
-             "is read by llama3 and yarn scaling only; " + type);
-  }
+  assign_model_dims(a);
+  if (config.model.hf_path.empty()) check_rope_scaling_keys(a);
   // A resized preset derives head_dim from its new width; a preset's own head_dim (Qwen3's 128
   // whatever the width) stands unless dim or n_heads changes.
-  if (!assigned("head_dim") && (assigned("dim") || assigned("n_heads")) && config.model.hf_path.empty() &&
+  auto& s = config.model.shape;
+  if (!a.assigned("head_dim") && (a.assigned("dim") || a.assigned("n_heads")) && config.model.hf_path.empty() &&
       s.n_heads > 0)
     s.head_dim = s.dim / s.n_heads;
-
   validate(config, env, problems);
   if (!problems.empty()) throw ConfigError(std::move(problems));
   return config;
