@@ -77,8 +77,77 @@ AdamW8bit::AdamW8bit(std::vector<OptimTarget> targets, std::vector<Blocking> blo
   if (!targets_.empty() && targets_[0].param.is_cuda()) tables_device_ = tables_.to(targets_[0].param.device());
 }
 
-void AdamW8bit::apply(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
-  at::NoGradGuard no_grad;
+namespace {
+// One target's step on the CPU, block by block: its parameters and gradient (float32 or
+// bfloat16), its quantized moments (or float32 ones where the block is too small to quantize).
+struct CpuShard {
+  const float* tab;  // the code tables and midpoints
+  const int32_t* slot;
+  uint8_t *mc, *vc;
+  float *ma, *va, *m32, *v32;
+  void* p_raw;
+  const void* g_raw;
+  bool bf16, sr;
+  uint64_t seed, offset;
+  int64_t decay_blocks;
+  const q8::AdamScalars& s;
+
+  // Updates element e of the block (moments in mm / vv), storing the new parameter.
+  void update_element(int64_t e, bool decay, float& mm, float& vv) const {
+    float p, g;
+    if (bf16) {
+      p = static_cast<float>(static_cast<const c10::BFloat16*>(p_raw)[e]);
+      g = static_cast<float>(static_cast<const c10::BFloat16*>(g_raw)[e]);
+    } else {
+      p = static_cast<const float*>(p_raw)[e];
+      g = static_cast<const float*>(g_raw)[e];
+    }
+    q8::adam_element(s, decay, g, p, mm, vv);
+    if (!bf16) {
+      static_cast<float*>(p_raw)[e] = p;
+    } else if (sr) {
+      uint32_t bits;
+      std::memcpy(&bits, &p, 4);
+      const uint16_t r = sr::round_bits(bits, sr::hash(seed, offset + static_cast<uint64_t>(e)));
+      std::memcpy(static_cast<c10::BFloat16*>(p_raw) + e, &r, 2);
+    } else {
+      static_cast<c10::BFloat16*>(p_raw)[e] = c10::BFloat16(p);
+    }
+  }
+
+  // Block b's new moments, requantized with their new absmax.
+  void store_quantized(int64_t b, const float* mb, const float* vb) const {
+    float am = 0.0f, av = 0.0f;
+    for (int64_t j = 0; j < B; ++j) {
+      am = std::max(am, std::abs(mb[j]));
+      av = std::max(av, vb[j]);
+    }
+    ma[b] = am;
+    va[b] = av;
+    const float im = q8::inverse_scale(am), iv = q8::inverse_scale(av);
+    for (int64_t j = 0; j < B; ++j) {
+      mc[b * B + j] = static_cast<uint8_t>(q8::nearest_code(tab + kSignedMids, q8::clamp_unit(mb[j] * im)));
+      vc[b * B + j] = static_cast<uint8_t>(q8::nearest_code(tab + kUnsignedMids, q8::clamp_unit(vb[j] * iv)));
+    }
+  }
+
+  void update_block(int64_t b) const {
+    float mb[B], vb[B];
+    const int32_t f = slot[b];
+    for (int64_t j = 0; j < B; ++j) {
+      const int64_t e = b * B + j;
+      mb[j] = f >= 0 ? m32[f * B + j] : tab[kSignedCode + mc[e]] * ma[b];
+      vb[j] = f >= 0 ? v32[f * B + j] : tab[kUnsignedCode + vc[e]] * va[b];
+      update_element(e, b < decay_blocks, mb[j], vb[j]);
+    }
+    if (f < 0) return store_quantized(b, mb, vb);
+    std::memcpy(m32 + f * B, mb, sizeof mb);
+    std::memcpy(v32 + f * B, vb, sizeof vb);
+  }
+};
+}  // namespace
+
+q8::AdamScalars AdamW8bit::scalars(double lr) const {
   const double t = static_cast<double>(steps_);
   q8::AdamScalars s{};
   s.beta1 = static_cast<float>(opt_.beta1);
@@ -88,100 +157,76 @@ void AdamW8bit::apply(const std::vector<std::pair<size_t, at::Tensor>>& grads, d
   s.decay_factor = static_cast<float>(1.0 - lr * opt_.weight_decay);
   s.step_size = static_cast<float>(lr / (1.0 - std::pow(opt_.beta1, t)));
   s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, t)));
-  const uint64_t seed = sr::step_seed(opt_.seed, steps_);
+  return s;
+}
 
-  for (const auto& [i, grad_in] : grads) {
-    const OptimTarget& tg = targets_[i];
-    at::Tensor param = tg.param.detach();
-    at::Tensor grad = grad_in.to(param.scalar_type()).contiguous();
-    const bool bf16 = param.scalar_type() == at::kBFloat16;
-    TORCH_CHECK(bf16 || param.scalar_type() == at::kFloat, "AdamW8bit updates float32 or bfloat16 parameters");
-    const int64_t n_blocks = blocking_[i].n_blocks, decay_blocks = opt_.weight_decay != 0 ? tg.decay_numel / B : 0;
-    Moment &m = m_[i], &v = v_[i];
-    if (param.is_cuda()) {
+void AdamW8bit::step_cuda(size_t i, const at::Tensor& param, const at::Tensor& grad, const q8::AdamScalars& s,
+                          uint64_t seed) {
 #ifdef PTRAIN_CUDA
-      kernels::AdamW8bitShard k{param.data_ptr(),
-                                bf16,
-                                grad.data_ptr(),
-                                m.codes.data_ptr<uint8_t>(),
-                                v.codes.data_ptr<uint8_t>(),
-                                m.absmax.data_ptr<float>(),
-                                v.absmax.data_ptr<float>(),
-                                m.fp32.data_ptr<float>(),
-                                v.fp32.data_ptr<float>(),
-                                slot_[i].data_ptr<int32_t>(),
-                                n_blocks,
-                                decay_blocks,
-                                tables_device_.data_ptr<float>(),
-                                s,
-                                opt_.stochastic_rounding,
-                                seed,
-                                tg.global_offset};
-      kernels::adamw8bit_step(k, at::cuda::getCurrentCUDAStream(param.device().index()).stream());
-      continue;
+  const OptimTarget& tg = targets_[i];
+  Moment &m = m_[i], &v = v_[i];
+  kernels::AdamW8bitShard k{param.data_ptr(),
+                            param.scalar_type() == at::kBFloat16,
+                            grad.data_ptr(),
+                            m.codes.data_ptr<uint8_t>(),
+                            v.codes.data_ptr<uint8_t>(),
+                            m.absmax.data_ptr<float>(),
+                            v.absmax.data_ptr<float>(),
+                            m.fp32.data_ptr<float>(),
+                            v.fp32.data_ptr<float>(),
+                            slot_[i].data_ptr<int32_t>(),
+                            blocking_[i].n_blocks,
+                            opt_.weight_decay != 0 ? tg.decay_numel / B : 0,
+                            tables_device_.data_ptr<float>(),
+                            s,
+                            opt_.stochastic_rounding,
+                            seed,
+                            tg.global_offset};
+  kernels::adamw8bit_step(k, at::cuda::getCurrentCUDAStream(param.device().index()).stream());
 #else
-      TORCH_CHECK(false, "AdamW8bit on CUDA needs a build with nvcc");
+  TORCH_CHECK(false, "AdamW8bit on CUDA needs a build with nvcc");
 #endif
-    }
-    const float* tab = tables_.data_ptr<float>();
-    const int32_t* slot = slot_[i].data_ptr<int32_t>();
-    uint8_t *mc = m.codes.data_ptr<uint8_t>(), *vc = v.codes.data_ptr<uint8_t>();
-    float *ma = m.absmax.data_ptr<float>(), *va = v.absmax.data_ptr<float>();
-    float *m32 = m.fp32.data_ptr<float>(), *v32 = v.fp32.data_ptr<float>();
-    void* p_raw = param.data_ptr();
-    const void* g_raw = grad.data_ptr();
-    const bool sr = opt_.stochastic_rounding && bf16;
-    const uint64_t offset = tg.global_offset;
-    at::parallel_for(0, n_blocks, 8, [&](int64_t b0, int64_t b1) {
-      float mb[B], vb[B];
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t base = b * B;
-        const int32_t f = slot[b];
-        for (int64_t j = 0; j < B; ++j) {
-          const int64_t e = base + j;
-          float p, g;
-          if (bf16) {
-            p = static_cast<float>(static_cast<const c10::BFloat16*>(p_raw)[e]);
-            g = static_cast<float>(static_cast<const c10::BFloat16*>(g_raw)[e]);
-          } else {
-            p = static_cast<const float*>(p_raw)[e];
-            g = static_cast<const float*>(g_raw)[e];
-          }
-          float mm = f >= 0 ? m32[f * B + j] : tab[kSignedCode + mc[e]] * ma[b];
-          float vv = f >= 0 ? v32[f * B + j] : tab[kUnsignedCode + vc[e]] * va[b];
-          q8::adam_element(s, b < decay_blocks, g, p, mm, vv);
-          mb[j] = mm;
-          vb[j] = vv;
-          if (!bf16) {
-            static_cast<float*>(p_raw)[e] = p;
-          } else if (sr) {
-            uint32_t bits;
-            std::memcpy(&bits, &p, 4);
-            const uint16_t r = sr::round_bits(bits, sr::hash(seed, offset + static_cast<uint64_t>(e)));
-            std::memcpy(static_cast<c10::BFloat16*>(p_raw) + e, &r, 2);
-          } else {
-            static_cast<c10::BFloat16*>(p_raw)[e] = c10::BFloat16(p);
-          }
-        }
-        if (f >= 0) {
-          std::memcpy(m32 + f * B, mb, sizeof mb);
-          std::memcpy(v32 + f * B, vb, sizeof vb);
-          continue;
-        }
-        float am = 0.0f, av = 0.0f;
-        for (int64_t j = 0; j < B; ++j) {
-          am = std::max(am, std::abs(mb[j]));
-          av = std::max(av, vb[j]);
-        }
-        ma[b] = am;
-        va[b] = av;
-        const float im = q8::inverse_scale(am), iv = q8::inverse_scale(av);
-        for (int64_t j = 0; j < B; ++j) {
-          mc[base + j] = static_cast<uint8_t>(q8::nearest_code(tab + kSignedMids, q8::clamp_unit(mb[j] * im)));
-          vc[base + j] = static_cast<uint8_t>(q8::nearest_code(tab + kUnsignedMids, q8::clamp_unit(vb[j] * iv)));
-        }
-      }
-    });
+}
+
+void AdamW8bit::step_cpu(size_t i, const at::Tensor& param, const at::Tensor& grad, const q8::AdamScalars& s,
+                         uint64_t seed) {
+  const OptimTarget& tg = targets_[i];
+  Moment &m = m_[i], &v = v_[i];
+  const bool bf16 = param.scalar_type() == at::kBFloat16;
+  const CpuShard shard{tables_.data_ptr<float>(),
+                       slot_[i].data_ptr<int32_t>(),
+                       m.codes.data_ptr<uint8_t>(),
+                       v.codes.data_ptr<uint8_t>(),
+                       m.absmax.data_ptr<float>(),
+                       v.absmax.data_ptr<float>(),
+                       m.fp32.data_ptr<float>(),
+                       v.fp32.data_ptr<float>(),
+                       param.data_ptr(),
+                       grad.data_ptr(),
+                       bf16,
+                       opt_.stochastic_rounding && bf16,
+                       seed,
+                       tg.global_offset,
+                       opt_.weight_decay != 0 ? tg.decay_numel / B : 0,
+                       s};
+  at::parallel_for(0, blocking_[i].n_blocks, 8, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) shard.update_block(b);
+  });
+}
+
+void AdamW8bit::apply(const std::vector<std::pair<size_t, at::Tensor>>& grads, double lr) {
+  at::NoGradGuard no_grad;
+  const q8::AdamScalars s = scalars(lr);
+  const uint64_t seed = sr::step_seed(opt_.seed, steps_);
+  for (const auto& [i, grad_in] : grads) {
+    at::Tensor param = targets_[i].param.detach();
+    at::Tensor grad = grad_in.to(param.scalar_type()).contiguous();
+    TORCH_CHECK(param.scalar_type() == at::kBFloat16 || param.scalar_type() == at::kFloat,
+                "AdamW8bit updates float32 or bfloat16 parameters");
+    if (param.is_cuda())
+      step_cuda(i, param, grad, s, seed);
+    else
+      step_cpu(i, param, grad, s, seed);
   }
 }
 

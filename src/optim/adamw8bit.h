@@ -17,6 +17,7 @@
 #include "model/layout.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
+#include "quant/blockwise8_math.h"
 
 namespace ptrain {
 
@@ -58,6 +59,11 @@ class AdamW8bit : public Optimizer {
     at::Tensor codes, absmax, fp32;
   };
   at::Tensor dequantized(size_t i, const Moment& m, bool is_signed) const;
+  // The step's scalars at learning rate lr (bias corrections of step steps_), and one target's
+  // update on each device.
+  q8::AdamScalars scalars(double lr) const;
+  void step_cuda(size_t i, const at::Tensor& param, const at::Tensor& grad, const q8::AdamScalars& s, uint64_t seed);
+  void step_cpu(size_t i, const at::Tensor& param, const at::Tensor& grad, const q8::AdamScalars& s, uint64_t seed);
   std::vector<Blocking> blocking_;
   std::vector<at::Tensor> slot_;  // int32 [n_blocks] on the params' device
   std::vector<Moment> m_, v_;
