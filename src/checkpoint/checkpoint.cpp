@@ -145,31 +145,17 @@ class ShardReader {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& root, const FsdpModel& model, const Optimizer& optim,
-                            const TrainProgress& progress, int64_t keep, const std::string& config_toml) {
-  Collectives& comm = model.comm();
-  const int rank = comm.rank();
-  const std::string step = "step_" + std::to_string(progress.step);
-  const fs::path final_dir = fs::path(root) / step;
-  const fs::path tmp = fs::path(root) / ("." + step + ".tmp");
-  if (rank == 0) {
-    fs::create_directories(root);
-    remove_tree(tmp.string());  // leftovers of a crashed attempt
-    fs::create_directories(tmp);
-  }
-  comm.barrier();
+namespace {
 
-  // This rank's owned slices (shard padding is not stored).
+// This rank's part of a checkpoint in `tmp`: its owned slices of the trained units (shard padding
+// is not stored), its optimizer state, its RNG, and a file of each one's size and CRC-32. Returns
+// the failure ("" when written): a full disk is caught, so that every rank learns of it.
+std::string write_rank_part(const fs::path& tmp, const FsdpModel& model, const Optimizer& optim) {
+  const int rank = model.comm().rank();
   std::vector<std::pair<std::string, at::Tensor>> params, state;
-  json units = json::array();
-  for (const auto& u : model.trained_units()) {  // a frozen LoRA base is rebuilt, not saved
+  for (const auto& u : model.trained_units())  // a frozen LoRA base is rebuilt, not saved
     params.emplace_back(u.layout.name, u.shard.detach().narrow(0, 0, u.owned()));
-    units.push_back({{"name", u.layout.name}, {"numel", u.layout.numel}});
-  }
   for (const auto& s : optim.state()) state.emplace_back(s.key, owned_state(model, s));
-  // Each rank writes its part and records each file's size and CRC-32; a failure (a full disk)
-  // is caught so that every rank learns of it and none reports a checkpoint.
-  std::string failure;
   try {
     json sums = json::object();
     sums[shard_file("model", rank)] = sum_json(write_safetensors((tmp / shard_file("model", rank)).string(), params));
@@ -178,75 +164,117 @@ std::string save_checkpoint(const std::string& root, const FsdpModel& model, con
     sums[shard_file("rng", rank)] = sum_json(write_safetensors(
         (tmp / shard_file("rng", rank)).string(), {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}}));
     write_file_atomic((tmp / sums_file(rank)).string(), sums.dump() + "\n");
+    return "";
   } catch (const std::exception& e) {
-    failure = e.what();
+    return e.what();
   }
-  // (also the barrier after every rank's writes)
-  if (const int n = ranks_where(comm, !failure.empty(), model.device()); n > 0) {
-    const std::string previous = latest_checkpoint(root);
-    if (rank == 0) {
-      try {
-        remove_tree(tmp.string());
-      } catch (const std::exception& e) {
-        log::warn("could not remove ", tmp.string(), ": ", e.what());
-      }
-    }
-    comm.barrier();  // the temporary is gone before any rank reports (and may take the job down)
-    throw RuntimeError("checkpoint " + step + " was not written: " + std::to_string(n) + " rank(s) failed to write " +
-                       "their part" + (failure.empty() ? "" : " (here: " + failure + ")") +
-                       "; its temporary directory is removed and " +
-                       (previous.empty() ? std::string("no earlier checkpoint exists")
-                                         : "the previous checkpoint " + previous + " is intact"));
-  }
+}
 
-  if (rank == 0) {
-    json files = json::object();  // every rank's files, as each recorded them
-    for (int r = 0; r < comm.world_size(); ++r) {
-      const fs::path sums = tmp / sums_file(r);
-      const json recorded = json::parse(read_text_file(sums.string()));
-      for (const auto& [name, sum] : recorded.items()) {
-        if (fs::file_size(tmp / name) != sum.at("bytes").get<uint64_t>())
-          throw RuntimeError("checkpoint " + step + ": " + name + " is not the size rank " + std::to_string(r) +
-                             " wrote");
-        files[name] = sum;
-      }
-      remove_tree(sums.string());
+// Some rank failed to write: the temporary directory is removed before any rank reports.
+[[noreturn]] void abandon(const std::string& root, const fs::path& tmp, const std::string& step, int failed_ranks,
+                          const std::string& failure, Collectives& comm) {
+  const std::string previous = latest_checkpoint(root);
+  if (comm.rank() == 0) {
+    try {
+      remove_tree(tmp.string());
+    } catch (const std::exception& e) {
+      log::warn("could not remove ", tmp.string(), ": ", e.what());
     }
+  }
+  comm.barrier();  // the temporary is gone before any rank reports (and may take the job down)
+  throw RuntimeError("checkpoint " + step + " was not written: " + std::to_string(failed_ranks) +
+                     " rank(s) failed to write their part" + (failure.empty() ? "" : " (here: " + failure + ")") +
+                     "; its temporary directory is removed and " +
+                     (previous.empty() ? std::string("no earlier checkpoint exists")
+                                       : "the previous checkpoint " + previous + " is intact"));
+}
+
+// Every rank's files as each recorded them, each checked for its size (rank 0; the records are
+// then removed).
+json collect_sums(const fs::path& tmp, const std::string& step, int world_size) {
+  json files = json::object();
+  for (int r = 0; r < world_size; ++r) {
+    const fs::path sums = tmp / sums_file(r);
+    const json recorded = json::parse(read_text_file(sums.string()));
+    for (const auto& [name, sum] : recorded.items()) {
+      if (fs::file_size(tmp / name) != sum.at("bytes").get<uint64_t>())
+        throw RuntimeError("checkpoint " + step + ": " + name + " is not the size rank " + std::to_string(r) +
+                           " wrote");
+      files[name] = sum;
+    }
+    remove_tree(sums.string());
+  }
+  return files;
+}
+
+json checkpoint_meta(const FsdpModel& model, const Optimizer& optim, const TrainProgress& progress, json files) {
+  json units = json::array();
+  for (const auto& u : model.trained_units()) units.push_back({{"name", u.layout.name}, {"numel", u.layout.numel}});
+  const LoraOptions& lora = model.lora();
+  return {{"format_version", kCheckpointFormatVersion},
+          {"step", progress.step},
+          {"samples", progress.samples},
+          {"data", progress.data},
+          {"optimizer_steps", optim.steps()},
+          {"world_size", model.comm().world_size()},
+          {"precision", model.policy().mode},
+          {"master_dtype", c10::toString(model.policy().master_dtype)},
+          {"lora", lora.enabled},
+          {"lora_config",
+           {{"rank", lora.rank},
+            {"alpha", lora.alpha},
+            {"dropout", lora.dropout},
+            {"rslora", lora.rslora},
+            {"targets", lora.targets}}},
+          {"shape", shape_json(model.shape())},
+          {"units", units},
+          {"files", std::move(files)}};
+}
+
+// Renames the complete temporary directory to step_N. Replacing an existing step_N (a rerun of the
+// same step) moves it aside first, so a complete step_N is on disk at every moment except between
+// two renames. Then keeps the newest `keep` checkpoints.
+void publish(const std::string& root, const fs::path& tmp, const fs::path& final_dir, const std::string& step,
+             int64_t keep) {
+  fsync_path(tmp.string());
+  fs::path old;
+  if (fs::exists(final_dir)) {
+    old = fs::path(root) / ("." + step + ".old");
+    remove_tree(old.string());
+    fs::rename(final_dir, old);
+  }
+  fs::rename(tmp, final_dir);
+  fsync_path(root);
+  if (!old.empty()) remove_tree(old.string());
+  auto all = complete_checkpoints(root);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i)
+    if (all[i] != final_dir) remove_tree(all[i].string());
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, const FsdpModel& model, const Optimizer& optim,
+                            const TrainProgress& progress, int64_t keep, const std::string& config_toml) {
+  Collectives& comm = model.comm();
+  const std::string step = "step_" + std::to_string(progress.step);
+  const fs::path final_dir = fs::path(root) / step;
+  const fs::path tmp = fs::path(root) / ("." + step + ".tmp");
+  if (comm.rank() == 0) {
+    fs::create_directories(root);
+    remove_tree(tmp.string());  // leftovers of a crashed attempt
+    fs::create_directories(tmp);
+  }
+  comm.barrier();
+  const std::string failure = write_rank_part(tmp, model, optim);
+  // (also the barrier after every rank's writes)
+  if (const int n = ranks_where(comm, !failure.empty(), model.device()); n > 0)
+    abandon(root, tmp, step, n, failure, comm);
+  if (comm.rank() == 0) {
+    json files = collect_sums(tmp, step, comm.world_size());
     write_file_atomic((tmp / "config.toml").string(), config_toml);
-    json meta = {{"format_version", kCheckpointFormatVersion},
-                 {"step", progress.step},
-                 {"samples", progress.samples},
-                 {"data", progress.data},
-                 {"optimizer_steps", optim.steps()},
-                 {"world_size", comm.world_size()},
-                 {"precision", model.policy().mode},
-                 {"master_dtype", c10::toString(model.policy().master_dtype)},
-                 {"lora", model.lora().enabled},
-                 {"lora_config",
-                  {{"rank", model.lora().rank},
-                   {"alpha", model.lora().alpha},
-                   {"dropout", model.lora().dropout},
-                   {"rslora", model.lora().rslora},
-                   {"targets", model.lora().targets}}},
-                 {"shape", shape_json(model.shape())},
-                 {"units", units},
-                 {"files", files}};
+    const json meta = checkpoint_meta(model, optim, progress, std::move(files));
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");  // last: marks completeness
-    fsync_path(tmp.string());
-    // Replacing an existing step_N (a rerun of the same step): move it aside first, so a
-    // complete step_N is on disk at every moment except between two renames.
-    fs::path old;
-    if (fs::exists(final_dir)) {
-      old = fs::path(root) / ("." + step + ".old");
-      remove_tree(old.string());
-      fs::rename(final_dir, old);
-    }
-    fs::rename(tmp, final_dir);
-    fsync_path(root);
-    if (!old.empty()) remove_tree(old.string());
-    auto all = complete_checkpoints(root);
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i)
-      if (all[i] != final_dir) remove_tree(all[i].string());
+    publish(root, tmp, final_dir, step, keep);
   }
   comm.barrier();
   return final_dir.string();
