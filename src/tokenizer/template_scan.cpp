@@ -271,120 +271,164 @@ std::string rendered_text(std::string raw, bool after_block, bool after_dash, bo
 
 }  // namespace
 
-TemplateScan scan_template(const std::string& t) {
-  TemplateScan scan;
+namespace {
+
+// One pass over a template: the text it renders, its tags (outside tool branches), the string
+// literals and features its code uses; blocks are tracked to tell tool branches apart.
+class Scanner {
+ public:
+  explicit Scanner(const std::string& t) : t_(t) {}
+
+  TemplateScan run() {
+    size_t pos = 0;
+    bool prev_block = false, prev_dash = false, prev_any = false;
+    while (pos <= t_.size()) {
+      const size_t open = next_tag(pos);
+      const bool block = open < t_.size() && t_[open + 1] != '{';
+      const char mark = open + 2 < t_.size() ? t_[open + 2] : '\0';
+      const std::string out =
+          rendered_text(t_.substr(pos, open - pos), prev_block, prev_dash, block && open < t_.size(),
+                        open < t_.size() && mark == '-', mark == '+', !prev_any);
+      if (!out.empty()) scan_.output_text.push_back({out, line_at(pos)});
+      if (open >= t_.size()) break;
+      const int line = line_at(open);
+      pos = open + 2 + ((mark == '-' || mark == '+') ? 1 : 0);
+      prev_any = true;
+      prev_block = block;
+      if (t_[open + 1] == '#') {
+        pos = skip_comment(pos, line, prev_dash);
+        continue;
+      }
+      const bool statement = t_[open + 1] == '%';
+      const std::vector<Token> toks = lex_tag(t_, pos, statement, line, prev_dash);
+      TemplateScan::Tag tag{{statement ? "{%" : "{{"}, collapsed(t_.substr(open, pos - open)), line};
+      bool shown = true;  // whether the tag goes into scan.tags (given it is outside tool branches)
+      if (statement) shown = read_statement(toks, line, tag);
+      // A tool branch's own condition counts no more than its body: without tools it is false.
+      if (in_tool()) continue;
+      count_tokens(toks, statement ? 1 : 0, line, tag);
+      if (shown) scan_.tags.push_back(std::move(tag));
+    }
+    if (!blocks_.empty())
+      throw RuntimeError("the template ends inside an {% " + blocks_.back().keyword + " %} that is never closed");
+    return std::move(scan_);
+  }
+
+ private:
   struct Block {
     std::string keyword;
     bool tool;
     bool shown = false;  // its opening tag is in scan.tags (not when only tool branches came before)
   };
-  std::vector<Block> blocks;
-  size_t first_tool = SIZE_MAX;  // the outermost open tool branch (blocks only change at the back)
-  auto in_tool = [&] { return first_tool != SIZE_MAX; };
-  auto set_back_tool = [&](bool tool) {
-    blocks.back().tool = tool;
-    if (tool && first_tool == SIZE_MAX) first_tool = blocks.size() - 1;
-    if (!tool && first_tool == blocks.size() - 1) first_tool = SIZE_MAX;
-  };
+
+  bool in_tool() const { return first_tool_ != SIZE_MAX; }
   // Inside an open tool branch other than the innermost block's own.
-  auto in_outer_tool = [&] { return first_tool != SIZE_MAX && first_tool + 1 < blocks.size(); };
-  auto push = [&](const std::string& keyword, bool tool) {
-    blocks.push_back({keyword, false});
+  bool in_outer_tool() const { return first_tool_ != SIZE_MAX && first_tool_ + 1 < blocks_.size(); }
+  void set_back_tool(bool tool) {
+    blocks_.back().tool = tool;
+    if (tool && first_tool_ == SIZE_MAX) first_tool_ = blocks_.size() - 1;
+    if (!tool && first_tool_ == blocks_.size() - 1) first_tool_ = SIZE_MAX;
+  }
+  void push(const std::string& keyword, bool tool) {
+    blocks_.push_back({keyword, false});
     set_back_tool(tool);
-    blocks.back().shown = !in_tool();
-  };
-  size_t counted = 0;  // lines are counted once, up to the furthest position asked (positions only grow)
-  int lines = 1;
-  auto line_at = [&](size_t p) {
-    lines += static_cast<int>(
-        std::count(t.begin() + static_cast<std::ptrdiff_t>(counted), t.begin() + static_cast<std::ptrdiff_t>(p), '\n'));
-    counted = p;
-    return lines;
-  };
-
-  size_t pos = 0;
-  bool prev_block = false, prev_dash = false, prev_any = false;
-  while (pos <= t.size()) {
-    size_t open = pos;  // the next "{{", "{%" or "{#", in one pass
-    while ((open = t.find('{', open)) != std::string::npos && open + 1 < t.size() && t[open + 1] != '{' &&
-           t[open + 1] != '%' && t[open + 1] != '#')
+    blocks_.back().shown = !in_tool();
+  }
+  // Lines are counted once, up to the furthest position asked (positions only grow).
+  int line_at(size_t p) {
+    lines_ += static_cast<int>(std::count(t_.begin() + static_cast<std::ptrdiff_t>(counted_),
+                                          t_.begin() + static_cast<std::ptrdiff_t>(p), '\n'));
+    counted_ = p;
+    return lines_;
+  }
+  // The next "{{", "{%" or "{#" from pos, in one pass; the template's size where there is none.
+  size_t next_tag(size_t pos) const {
+    size_t open = pos;
+    while ((open = t_.find('{', open)) != std::string::npos && open + 1 < t_.size() && t_[open + 1] != '{' &&
+           t_[open + 1] != '%' && t_[open + 1] != '#')
       ++open;
-    if (open == std::string::npos || open + 1 >= t.size()) open = t.size();
-    const bool block = open < t.size() && t[open + 1] != '{';
-    const char mark = open + 2 < t.size() ? t[open + 2] : '\0';
-    const std::string out = rendered_text(t.substr(pos, open - pos), prev_block, prev_dash, block && open < t.size(),
-                                          open < t.size() && mark == '-', mark == '+', !prev_any);
-    if (!out.empty()) scan.output_text.push_back({out, line_at(pos)});
-    if (open >= t.size()) break;
-    const int line = line_at(open);
-    pos = open + 2 + ((mark == '-' || mark == '+') ? 1 : 0);
-    prev_any = true;
-    prev_block = block;
-    if (t[open + 1] == '#') {
-      const size_t close = t.find("#}", pos);
-      if (close == std::string::npos)
-        throw RuntimeError("line " + std::to_string(line) + ": a comment is never closed");
-      prev_dash = close > 0 && t[close - 1] == '-';
-      pos = close + 2;
-      continue;
-    }
-    const bool statement = t[open + 1] == '%';
-    const std::vector<Token> toks = lex_tag(t, pos, statement, line, prev_dash);
+    return open == std::string::npos || open + 1 >= t_.size() ? t_.size() : open;
+  }
+  size_t skip_comment(size_t pos, int line, bool& close_dash) const {
+    const size_t close = t_.find("#}", pos);
+    if (close == std::string::npos) throw RuntimeError("line " + std::to_string(line) + ": a comment is never closed");
+    close_dash = close > 0 && t_[close - 1] == '-';
+    return close + 2;
+  }
 
-    size_t from = 0;  // the tokens whose literals and features count
-    TemplateScan::Tag tag{{statement ? "{%" : "{{"}, collapsed(t.substr(open, pos - open)), line};
-    bool shown = true;  // whether the tag goes into scan.tags (given it is outside tool branches)
-    if (statement) {
-      const std::string kw = toks.empty() ? "" : toks[0].text;
-      const std::vector<Token> rest(toks.begin() + (toks.empty() ? 0 : 1), toks.end());
-      tag.code.push_back(kw);
-      if (kw == "if") {
-        push(kw, tool_condition(rest));
-      } else if (kw == "elif" || kw == "else") {
-        if (blocks.empty() || (blocks.back().keyword != "if" && blocks.back().keyword != "for"))
-          throw RuntimeError("line " + std::to_string(line) + ": {% " + kw + " %} outside an {% if %}");
-        const bool outer = in_outer_tool();
-        set_back_tool(kw == "elif" && tool_condition(rest));
-        Block& b = blocks.back();
-        if (!outer && !b.shown && !b.tool) {  // the first branch reached without tools
-          if (kw == "else" && b.keyword == "for")
-            scan.unsupported.push_back("line " + std::to_string(line) + ": {% else %} of a {% for %} over tools");
-          if (kw == "elif") tag.code.back() = "if";  // {% if tools %}A{% elif c %}B: {% if c %}B
-          b.shown = kw == "elif";                    // {% if tools %}A{% else %}B: B alone
-          shown = kw == "elif";
-        }
-      } else if (kw == "for") {  // over tools or a message's tool calls
-        const auto in = std::find_if(rest.begin(), rest.end(),
-                                     [](const Token& tok) { return tok.kind == Token::name && tok.text == "in"; });
-        const std::vector<Token> iterated(in == rest.end() ? rest.end() : in + 1, rest.end());
-        push(kw, !iterated.empty() && positive_tool_term(iterated));
-      } else if (kw == "macro" || kw == "generation") {
-        push(kw, false);
-      } else if (kw == "endif" || kw == "endfor" || kw == "endmacro" || kw == "endgeneration") {
-        const std::string opened = kw.substr(3);
-        if (blocks.empty() || blocks.back().keyword != opened)
-          throw RuntimeError("line " + std::to_string(line) + ": {% " + kw + " %} without its {% " + opened + " %}");
-        shown = !in_outer_tool() && blocks.back().shown;
-        set_back_tool(false);
-        blocks.pop_back();
-      } else if (kw == "set") {
-        if (std::none_of(rest.begin(), rest.end(), [](const Token& tok) { return tok.text == "="; }))
-          scan.unsupported.push_back("line " + std::to_string(line) + ": {% set ... %}...{% endset %}");
-      } else if (kw != "break" && kw != "continue") {
-        scan.unsupported.push_back("line " + std::to_string(line) + ": {% " + kw + " %}");
-      }
-      from = 1;
-      // A tool branch's own condition counts no more than its body: without tools it is false.
-      if (in_tool()) continue;
-    } else if (in_tool()) {
-      continue;
-    }
+  // {% elif %} / {% else %}: the first branch reached without tools stands in for the block.
+  bool read_branch(const std::string& kw, const std::vector<Token>& rest, int line, TemplateScan::Tag& tag) {
+    if (blocks_.empty() || (blocks_.back().keyword != "if" && blocks_.back().keyword != "for"))
+      throw RuntimeError("line " + std::to_string(line) + ": {% " + kw + " %} outside an {% if %}");
+    const bool outer = in_outer_tool();
+    set_back_tool(kw == "elif" && tool_condition(rest));
+    Block& b = blocks_.back();
+    if (outer || b.shown || b.tool) return true;
+    if (kw == "else" && b.keyword == "for")
+      scan_.unsupported.push_back("line " + std::to_string(line) + ": {% else %} of a {% for %} over tools");
+    if (kw == "elif") tag.code.back() = "if";  // {% if tools %}A{% elif c %}B: {% if c %}B
+    b.shown = kw == "elif";                    // {% if tools %}A{% else %}B: B alone
+    return kw == "elif";
+  }
 
+  // A statement tag: blocks opened and closed, unsupported statements listed. Returns whether
+  // the tag is shown.
+  bool read_statement(const std::vector<Token>& toks, int line, TemplateScan::Tag& tag) {
+    const std::string kw = toks.empty() ? "" : toks[0].text;
+    const std::vector<Token> rest(toks.begin() + (toks.empty() ? 0 : 1), toks.end());
+    tag.code.push_back(kw);
+    if (kw == "if") {
+      push(kw, tool_condition(rest));
+    } else if (kw == "elif" || kw == "else") {
+      return read_branch(kw, rest, line, tag);
+    } else if (kw == "for") {  // over tools or a message's tool calls
+      const auto in = std::find_if(rest.begin(), rest.end(),
+                                   [](const Token& tok) { return tok.kind == Token::name && tok.text == "in"; });
+      const std::vector<Token> iterated(in == rest.end() ? rest.end() : in + 1, rest.end());
+      push(kw, !iterated.empty() && positive_tool_term(iterated));
+    } else if (kw == "macro" || kw == "generation") {
+      push(kw, false);
+    } else if (kw == "endif" || kw == "endfor" || kw == "endmacro" || kw == "endgeneration") {
+      const std::string opened = kw.substr(3);
+      if (blocks_.empty() || blocks_.back().keyword != opened)
+        throw RuntimeError("line " + std::to_string(line) + ": {% " + kw + " %} without its {% " + opened + " %}");
+      const bool shown = !in_outer_tool() && blocks_.back().shown;
+      set_back_tool(false);
+      blocks_.pop_back();
+      return shown;
+    } else if (kw == "set") {
+      if (std::none_of(rest.begin(), rest.end(), [](const Token& tok) { return tok.text == "="; }))
+        scan_.unsupported.push_back("line " + std::to_string(line) + ": {% set ... %}...{% endset %}");
+    } else if (kw != "break" && kw != "continue") {
+      scan_.unsupported.push_back("line " + std::to_string(line) + ": {% " + kw + " %}");
+    }
+    return true;
+  }
+
+  // A name's feature: a filter ("|trim"), a method call (".strip()"), a loop / namespace
+  // attribute ("loop.last"), or one of the globals that matter (bos_token, eos_token, strftime_now).
+  void count_feature(const std::vector<Token>& toks, size_t i, bool call) {
+    const Token& tok = toks[i];
+    const std::string& prev = i > 0 ? toks[i - 1].text : "";
+    const bool after_dot = i > 0 && toks[i - 1].kind == Token::other && prev == ".";
+    if (i > 0 && toks[i - 1].kind == Token::other && prev == "|")
+      ++scan_.features["|" + tok.text];
+    else if (after_dot && call)
+      ++scan_.features["." + tok.text + "()"];
+    else if (after_dot && i >= 2 && (toks[i - 2].text == "loop" || toks[i - 2].text == "ns"))
+      ++scan_.features[toks[i - 2].text + "." + tok.text];
+    else if (!after_dot && (tok.text == "bos_token" || tok.text == "eos_token" || tok.text == "strftime_now"))
+      ++scan_.features[tok.text];
+  }
+
+  // The tag's code from token `from` on: its literals and features counted; a raise_exception's
+  // message (which renders nothing) left out.
+  void count_tokens(const std::vector<Token>& toks, size_t from, int line, TemplateScan::Tag& tag) {
     bool last_other = false;
     for (size_t i = from; i < toks.size(); ++i) {
       const Token& tok = toks[i];
       const bool call = i + 1 < toks.size() && toks[i + 1].text == "(";
-      if (tok.kind == Token::name && tok.text == "raise_exception" && call) {  // its message renders nothing
+      if (tok.kind == Token::name && tok.text == "raise_exception" && call) {
         tag.code.insert(tag.code.end(), {"raise_exception", "(", ")"});
         last_other = true;
         int depth = 0;
@@ -395,27 +439,23 @@ TemplateScan scan_template(const std::string& t) {
         continue;
       }
       append_code(tag.code, last_other, tok);
-      if (tok.kind == Token::string) {
-        scan.literals.push_back({tok.text, line});
-      } else if (tok.kind == Token::name) {
-        const std::string& prev = i > 0 ? toks[i - 1].text : "";
-        const bool after_dot = i > 0 && toks[i - 1].kind == Token::other && prev == ".";
-        if (i > 0 && toks[i - 1].kind == Token::other && prev == "|") {
-          ++scan.features["|" + tok.text];
-        } else if (after_dot && call) {
-          ++scan.features["." + tok.text + "()"];
-        } else if (after_dot && i >= 2 && (toks[i - 2].text == "loop" || toks[i - 2].text == "ns")) {
-          ++scan.features[toks[i - 2].text + "." + tok.text];
-        } else if (!after_dot && (tok.text == "bos_token" || tok.text == "eos_token" || tok.text == "strftime_now")) {
-          ++scan.features[tok.text];
-        }
-      }
+      if (tok.kind == Token::string)
+        scan_.literals.push_back({tok.text, line});
+      else if (tok.kind == Token::name)
+        count_feature(toks, i, call);
     }
-    if (shown) scan.tags.push_back(std::move(tag));
   }
-  if (!blocks.empty())
-    throw RuntimeError("the template ends inside an {% " + blocks.back().keyword + " %} that is never closed");
-  return scan;
-}
+
+  const std::string& t_;
+  TemplateScan scan_;
+  std::vector<Block> blocks_;
+  size_t first_tool_ = SIZE_MAX;  // the outermost open tool branch (blocks only change at the back)
+  size_t counted_ = 0;
+  int lines_ = 1;
+};
+
+}  // namespace
+
+TemplateScan scan_template(const std::string& t) { return Scanner(t).run(); }
 
 }  // namespace ptrain
