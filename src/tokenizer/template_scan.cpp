@@ -27,6 +27,70 @@ int hex_value(char c) {
   return -1;
 }
 
+// A Python string escape's character (after the backslash), or none: a line continuation gives
+// nothing, an unknown escape stays as written.
+std::string simple_escape(char e) {
+  switch (e) {
+    case 'n':
+      return "\n";
+    case 't':
+      return "\t";
+    case 'r':
+      return "\r";
+    case 'b':
+      return "\b";
+    case 'f':
+      return "\f";
+    case 'v':
+      return "\v";
+    case '\\':
+      return "\\";
+    case '\'':
+      return "'";
+    case '"':
+      return "\"";
+    case '\n':
+      return "";  // a line continuation
+    default:
+      return std::string("\\") + e;
+  }
+}
+
+// A string literal whose opening quote is at `pos`, unescaped as Python does; leaves `pos` past
+// its closing quote.
+std::string lex_string(const std::string& t, size_t& pos, int line) {
+  const char quote = t[pos];
+  std::string s;
+  size_t i = pos + 1;
+  for (; i < t.size() && t[i] != quote; ++i) {
+    if (t[i] != '\\' || i + 1 >= t.size()) {
+      s += t[i];
+      continue;
+    }
+    const char e = t[++i];
+    const int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+    if (digits == 0) {
+      s += simple_escape(e);
+      continue;
+    }
+    uint32_t cp = 0;
+    bool ok = i + static_cast<size_t>(digits) < t.size();
+    for (int k = 1; ok && k <= digits; ++k) {
+      const int v = hex_value(t[i + static_cast<size_t>(k)]);
+      ok = v >= 0;
+      cp = cp * 16 + static_cast<uint32_t>(std::max(v, 0));
+    }
+    if (!ok || cp > 0x10FFFF)
+      throw RuntimeError("line " + std::to_string(line) + ": a string literal has a malformed \\" + std::string(1, e) +
+                         " escape");
+    s += utf8(cp);
+    i += static_cast<size_t>(digits);
+  }
+  if (i >= t.size()) throw RuntimeError("line " + std::to_string(line) + ": a string literal is never closed");
+  pos = i + 1;
+  return s;
+}
+
 // One tag's tokens, from `pos` (just past its opening and whitespace-control character) to its
 // end ("}}" for an expression, "%}" for a statement, outside strings and brackets). Leaves `pos`
 // past the end; `close_dash` tells whether the tag ends with "-".
@@ -56,68 +120,7 @@ std::vector<Token> lex_tag(const std::string& t, size_t& pos, bool statement, in
       continue;
     }
     if (c == '\'' || c == '"') {
-      std::string s;
-      size_t i = pos + 1;
-      for (; i < t.size() && t[i] != c; ++i) {
-        if (t[i] != '\\' || i + 1 >= t.size()) {
-          s += t[i];
-          continue;
-        }
-        const char e = t[++i];
-        const int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
-        if (digits > 0) {
-          uint32_t cp = 0;
-          bool ok = i + static_cast<size_t>(digits) < t.size();
-          for (int k = 1; ok && k <= digits; ++k) {
-            const int v = hex_value(t[i + static_cast<size_t>(k)]);
-            ok = v >= 0;
-            cp = cp * 16 + static_cast<uint32_t>(std::max(v, 0));
-          }
-          if (!ok || cp > 0x10FFFF)
-            throw RuntimeError("line " + std::to_string(line) + ": a string literal has a malformed \\" +
-                               std::string(1, e) + " escape");
-          s += utf8(cp);
-          i += static_cast<size_t>(digits);
-          continue;
-        }
-        switch (e) {
-          case 'n':
-            s += '\n';
-            break;
-          case 't':
-            s += '\t';
-            break;
-          case 'r':
-            s += '\r';
-            break;
-          case 'b':
-            s += '\b';
-            break;
-          case 'f':
-            s += '\f';
-            break;
-          case 'v':
-            s += '\v';
-            break;
-          case '\\':
-            s += '\\';
-            break;
-          case '\'':
-            s += '\'';
-            break;
-          case '"':
-            s += '"';
-            break;
-          case '\n':
-            break;  // a line continuation
-          default:
-            s += '\\';
-            s += e;  // Python keeps an unknown escape as written
-        }
-      }
-      if (i >= t.size()) throw RuntimeError("line " + std::to_string(line) + ": a string literal is never closed");
-      out.push_back({Token::string, std::move(s), spaced});
-      pos = i + 1;
+      out.push_back({Token::string, lex_string(t, pos, line), spaced});
     } else if (is_name_start(c)) {
       size_t e = pos;
       while (e < t.size() && is_name_char(t[e])) ++e;
