@@ -89,6 +89,130 @@ std::vector<std::pair<std::string, std::string>> modules_of(const LlamaShape& sh
 }
 }  // namespace
 
+namespace {
+
+// The keys PEFT reads that ptrain cannot reproduce are refused by name; its task type and
+// weight initialisations that rewrite the base likewise.
+void check_peft_keys(const json& cfg, const std::string& cfg_path) {
+  if (cfg.value("peft_type", "") != "LORA")
+    throw RuntimeError(cfg_path + ": peft_type is '" + cfg.value("peft_type", "") + "', ptrain reads LORA adapters");
+  if (cfg.contains("task_type") && !cfg["task_type"].is_null() && cfg["task_type"] != "CAUSAL_LM")
+    throw RuntimeError(cfg_path + ": task_type " + cfg["task_type"].dump() + " is not CAUSAL_LM");
+  static const std::set<std::string> read{
+      "peft_type",        "r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "base_model_name_or_path",
+      "init_lora_weights"};
+  for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+    if (read.count(it.key()) || descriptive_keys().count(it.key()) || neutral(it.key(), it.value())) continue;
+    throw RuntimeError(cfg_path + ": \"" + it.key() + "\" = " + it.value().dump().substr(0, 80) + ": " +
+                       why_refused(it.key()));
+  }
+  if (cfg.contains("init_lora_weights") && !cfg["init_lora_weights"].is_boolean() &&
+      !cfg["init_lora_weights"].is_null() && cfg["init_lora_weights"] != "gaussian")
+    throw RuntimeError(cfg_path + ": init_lora_weights = " + cfg["init_lora_weights"].dump().substr(0, 80) +
+                       ": PEFT then rewrites the base weights when it loads the adapter (PiSSA, OLoRA, LoftQ, ...), "
+                       "which ptrain does not");
+}
+
+// r, lora_alpha, lora_dropout, use_rslora, base_model_name_or_path.
+void read_lora_scalars(const json& cfg, const std::string& cfg_path, PeftAdapter& a) {
+  a.rank = json_integer(cfg.at("r"), cfg_path + ": r");
+  if (a.rank < 1 || a.rank > (int64_t{1} << 20))
+    throw RuntimeError(cfg_path + ": r = " + std::to_string(a.rank) + " must be a rank from 1 to 1048576");
+  a.alpha = cfg.at("lora_alpha").get<double>();
+  // lora_dropout: PEFT's default when absent; a probability in [0, 1) (PEFT fails on null).
+  a.dropout = cfg.contains("lora_dropout") ? cfg["lora_dropout"].get<double>() : 0.0;
+  if (!(a.dropout >= 0 && a.dropout < 1))
+    throw RuntimeError(cfg_path + ": lora_dropout = " + cfg["lora_dropout"].dump() + " must be in [0, 1)");
+  // use_rslora: PEFT takes any truthy value (1, "false") as true; only a boolean is read here.
+  if (cfg.contains("use_rslora") && !cfg["use_rslora"].is_null() && !cfg["use_rslora"].is_boolean())
+    throw RuntimeError(cfg_path + ": use_rslora = " + cfg["use_rslora"].dump().substr(0, 80) +
+                       " is not true or false (PEFT reads any non-empty value as true); write a boolean");
+  a.rslora = cfg.contains("use_rslora") && cfg["use_rslora"] == true;
+  a.base_model = cfg.contains("base_model_name_or_path") && cfg["base_model_name_or_path"].is_string()
+                     ? cfg["base_model_name_or_path"].get<std::string>()
+                     : "";
+}
+
+// Whether target_modules selects `module` as PEFT selects it: a list of names (a module matches
+// by itself or a dotted suffix), a regex PEFT full-matches against module names, or "all-linear"
+// (every linear layer but the output; PEFT lowercases this one value).
+class TargetMatcher {
+ public:
+  TargetMatcher(const json& t, const std::string& cfg_path) : t_(t), cfg_path_(cfg_path) {
+    if (t.is_array()) {
+      for (const auto& name : t)
+        if (!name.is_string())
+          throw RuntimeError(cfg_path + ": target_modules holds " + name.dump().substr(0, 40) + ", not a module name");
+      return;
+    }
+    if (!t.is_string()) throw RuntimeError(cfg_path + ": target_modules must be a list of names or a regex string");
+    std::string lowered = t.get<std::string>();
+    std::transform(lowered.begin(), lowered.end(), lowered.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    all_linear_ = lowered == "all-linear";
+  }
+  bool matches(const std::string& module, const std::string& target) {
+    if (t_.is_array()) {
+      bool match = false;
+      for (const auto& entry : t_) {
+        const std::string n = entry.get<std::string>();
+        match |= module == n || (module.size() > n.size() && module.ends_with("." + n));
+      }
+      return match;
+    }
+    if (all_linear_) return !target.empty() && target != "output";
+    if (!pattern_)
+      pattern_ = std::make_unique<Regex>(t_.get<std::string>(), [&](const std::string& why) {
+        throw RuntimeError(cfg_path_ + ": target_modules: " + why);
+      });
+    // Module names are short: a real pattern needs a few hundred steps, one that backtracks
+    // without end is stopped here.
+    try {
+      return pattern_->full_match(module, 100000);
+    } catch (const RuntimeError& e) {
+      throw RuntimeError(cfg_path_ + ": target_modules " + t_.dump() + ": " + e.what() +
+                         " (a pattern that backtracks without end?)");
+    }
+  }
+
+ private:
+  const json& t_;
+  const std::string& cfg_path_;
+  bool all_linear_ = false;
+  std::unique_ptr<Regex> pattern_;
+};
+
+// The projections target_modules adapts: each in every block (or the output), in lora_targets() order.
+std::vector<std::string> read_targets(const json& t, const std::string& cfg_path, const LlamaShape& shape) {
+  TargetMatcher matcher(t, cfg_path);
+  std::map<std::string, std::set<int64_t>> hits;  // target -> layers it matched
+  for (const auto& [module, target] : modules_of(shape)) {
+    if (!matcher.matches(module, target)) continue;
+    if (target.empty())
+      throw RuntimeError(cfg_path + ": target_modules " + t.dump().substr(0, 80) + " matches '" + module +
+                         "', which is not a projection ptrain adapts (" +
+                         "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head)");
+    hits[target].insert(module == "lm_head" ? -1 : std::stoll(module.substr(13)));
+  }
+  std::vector<std::string> targets;
+  for (const auto& [target, layers] : hits) {
+    if (target != "output" && static_cast<int64_t>(layers.size()) != shape.n_layers)
+      throw RuntimeError(cfg_path + ": target_modules " + t.dump() + " adapts " + peft_module(target) + " in " +
+                         std::to_string(layers.size()) + " of " + std::to_string(shape.n_layers) +
+                         " blocks; ptrain adapts the same projections in every block");
+    targets.push_back(target);
+  }
+  if (targets.empty()) throw RuntimeError(cfg_path + ": target_modules " + t.dump() + " matches no projection");
+  const auto& all = lora_targets();
+  auto pos = [&](const std::string& n) {
+    return std::find_if(all.begin(), all.end(), [&](const LoraTarget& l) { return n == l.name; }) - all.begin();
+  };
+  std::sort(targets.begin(), targets.end(),
+            [&](const std::string& x, const std::string& y) { return pos(x) < pos(y); });
+  return targets;
+}
+
+}  // namespace
+
 PeftAdapter read_peft_config(const std::string& dir, const LlamaShape& shape) {
   const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
   if (!fs::is_regular_file(cfg_path)) throw RuntimeError("no PEFT adapter at '" + dir + "' (no adapter_config.json)");
@@ -96,101 +220,9 @@ PeftAdapter read_peft_config(const std::string& dir, const LlamaShape& shape) {
   try {
     json cfg = json::parse(read_text_file(cfg_path));
     if (!cfg.is_object()) throw RuntimeError(cfg_path + ": not a JSON object");
-    if (cfg.value("peft_type", "") != "LORA")
-      throw RuntimeError(cfg_path + ": peft_type is '" + cfg.value("peft_type", "") + "', ptrain reads LORA adapters");
-    if (cfg.contains("task_type") && !cfg["task_type"].is_null() && cfg["task_type"] != "CAUSAL_LM")
-      throw RuntimeError(cfg_path + ": task_type " + cfg["task_type"].dump() + " is not CAUSAL_LM");
-    static const std::set<std::string> read{"peft_type",
-                                            "r",
-                                            "lora_alpha",
-                                            "lora_dropout",
-                                            "use_rslora",
-                                            "target_modules",
-                                            "base_model_name_or_path",
-                                            "init_lora_weights"};
-    for (auto it = cfg.begin(); it != cfg.end(); ++it) {
-      if (read.count(it.key()) || descriptive_keys().count(it.key()) || neutral(it.key(), it.value())) continue;
-      throw RuntimeError(cfg_path + ": \"" + it.key() + "\" = " + it.value().dump().substr(0, 80) + ": " +
-                         why_refused(it.key()));
-    }
-    if (cfg.contains("init_lora_weights") && !cfg["init_lora_weights"].is_boolean() &&
-        !cfg["init_lora_weights"].is_null() && cfg["init_lora_weights"] != "gaussian")
-      throw RuntimeError(cfg_path + ": init_lora_weights = " + cfg["init_lora_weights"].dump().substr(0, 80) +
-                         ": PEFT then rewrites the base weights when it loads the adapter (PiSSA, OLoRA, LoftQ, ...), "
-                         "which ptrain does not");
-    a.rank = json_integer(cfg.at("r"), cfg_path + ": r");
-    if (a.rank < 1 || a.rank > (int64_t{1} << 20))
-      throw RuntimeError(cfg_path + ": r = " + std::to_string(a.rank) + " must be a rank from 1 to 1048576");
-    a.alpha = cfg.at("lora_alpha").get<double>();
-    // lora_dropout: PEFT's default when absent; a probability in [0, 1) (PEFT fails on null).
-    a.dropout = cfg.contains("lora_dropout") ? cfg["lora_dropout"].get<double>() : 0.0;
-    if (!(a.dropout >= 0 && a.dropout < 1))
-      throw RuntimeError(cfg_path + ": lora_dropout = " + cfg["lora_dropout"].dump() + " must be in [0, 1)");
-    // use_rslora: PEFT takes any truthy value (1, "false") as true; only a boolean is read here.
-    if (cfg.contains("use_rslora") && !cfg["use_rslora"].is_null() && !cfg["use_rslora"].is_boolean())
-      throw RuntimeError(cfg_path + ": use_rslora = " + cfg["use_rslora"].dump().substr(0, 80) +
-                         " is not true or false (PEFT reads any non-empty value as true); write a boolean");
-    a.rslora = cfg.contains("use_rslora") && cfg["use_rslora"] == true;
-    a.base_model = cfg.contains("base_model_name_or_path") && cfg["base_model_name_or_path"].is_string()
-                       ? cfg["base_model_name_or_path"].get<std::string>()
-                       : "";
-    // target_modules: a list of names (a module matches by its last part), a regex PEFT
-    // full-matches against module names, or "all-linear" (every linear layer but the output).
-    const json& t = cfg.at("target_modules");
-    std::map<std::string, std::set<int64_t>> hits;  // target -> layers it matched
-    std::unique_ptr<Regex> pattern;                 // a string target_modules other than "all-linear"
-    if (t.is_array())
-      for (const auto& name : t)
-        if (!name.is_string())
-          throw RuntimeError(cfg_path + ": target_modules holds " + name.dump().substr(0, 40) + ", not a module name");
-    std::string lowered = t.is_string() ? t.get<std::string>() : "";
-    std::transform(lowered.begin(), lowered.end(), lowered.begin(), [](unsigned char ch) { return std::tolower(ch); });
-    for (const auto& [module, target] : modules_of(shape)) {
-      bool match = false;
-      if (t.is_array()) {  // PEFT: the name itself, or a dotted suffix of it
-        for (const auto& entry : t) {
-          const std::string n = entry.get<std::string>();
-          match |= module == n || (module.size() > n.size() && module.ends_with("." + n));
-        }
-      } else if (lowered == "all-linear") {  // PEFT lowercases this one value
-        match = !target.empty() && target != "output";
-      } else if (t.is_string()) {
-        if (!pattern)
-          pattern = std::make_unique<Regex>(t.get<std::string>(), [&](const std::string& why) {
-            throw RuntimeError(cfg_path + ": target_modules: " + why);
-          });
-        // Module names are short: a real pattern needs a few hundred steps, one that backtracks
-        // without end is stopped here.
-        try {
-          match = pattern->full_match(module, 100000);
-        } catch (const RuntimeError& e) {
-          throw RuntimeError(cfg_path + ": target_modules " + t.dump() + ": " + e.what() +
-                             " (a pattern that backtracks without end?)");
-        }
-      } else {
-        throw RuntimeError(cfg_path + ": target_modules must be a list of names or a regex string");
-      }
-      if (match && target.empty())
-        throw RuntimeError(cfg_path + ": target_modules " + t.dump().substr(0, 80) + " matches '" + module +
-                           "', which is not a projection ptrain adapts (" +
-                           "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head)");
-      if (match) hits[target].insert(module == "lm_head" ? -1 : std::stoll(module.substr(13)));
-    }
-    for (const auto& [target, layers] : hits) {
-      if (target != "output" && static_cast<int64_t>(layers.size()) != shape.n_layers)
-        throw RuntimeError(cfg_path + ": target_modules " + t.dump() + " adapts " + peft_module(target) + " in " +
-                           std::to_string(layers.size()) + " of " + std::to_string(shape.n_layers) +
-                           " blocks; ptrain adapts the same projections in every block");
-      a.targets.push_back(target);
-    }
-    if (a.targets.empty()) throw RuntimeError(cfg_path + ": target_modules " + t.dump() + " matches no projection");
-    std::sort(a.targets.begin(), a.targets.end(), [](const std::string& x, const std::string& y) {
-      const auto& all = lora_targets();
-      auto pos = [&](const std::string& n) {
-        return std::find_if(all.begin(), all.end(), [&](const LoraTarget& l) { return n == l.name; }) - all.begin();
-      };
-      return pos(x) < pos(y);
-    });
+    check_peft_keys(cfg, cfg_path);
+    read_lora_scalars(cfg, cfg_path, a);
+    a.targets = read_targets(cfg.at("target_modules"), cfg_path, shape);
   } catch (const json::exception& e) {
     throw RuntimeError(cfg_path + " is not a valid PEFT adapter config: " + e.what());
   }
