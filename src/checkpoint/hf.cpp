@@ -338,12 +338,10 @@ std::vector<std::string> hf_config_keys_read(Family family) {
   return out;
 }
 
-LlamaShape read_hf_config(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
-  if (!fs::is_regular_file(path))
-    throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face model directory: " + family_list() +
-                       ")");
-  json c = read_json(path);
+namespace {
+
+// The family config.json's model_type names (and its architectures, where given, agree).
+const FamilyTraits& config_family(const json& c, const std::string& path) {
   if (!c.is_object()) throw UnsupportedInput(path + ": not a JSON object");
   if (!c.contains("model_type") || !c["model_type"].is_string())
     throw UnsupportedInput(path + ": no \"model_type\"; ptrain implements " + family_list());
@@ -357,8 +355,12 @@ LlamaShape read_hf_config(const std::string& dir) {
       c["architectures"] != json::array({f.architecture}))
     throw UnsupportedInput(path + ": architectures " + c["architectures"].dump() + " is not [\"" + f.architecture +
                            "\"]: ptrain trains the causal language model of family " + f.name);
-  // Every key transformers reads is read here, read without effect, or neutral at its value; the
-  // first other one is refused. Keys transformers does not read are ignored (hf_config_ignored_keys).
+  return f;
+}
+
+// Every key transformers reads is read here, read without effect, or neutral at its value; the
+// first other one is refused. Keys transformers does not read are ignored (hf_config_ignored_keys).
+void check_config_json_keys(const json& c, const FamilyTraits& f, const std::string& dir, const std::string& path) {
   for (auto it = c.begin(); it != c.end(); ++it) {
     const std::string& k = it.key();
     const ConfigKey* rule = config_key(k, f.family);
@@ -378,6 +380,10 @@ LlamaShape read_hf_config(const std::string& dir) {
                              " refuses too: give its value or remove the key (where config.json omits it, the "
                              "family's default applies)");
   }
+}
+
+// The shape config.json's (checked) keys give, with the family's defaults where it omits them.
+LlamaShape config_shape(const json& c, const FamilyTraits& f, const std::string& path) {
   auto need = [&](const char* key) -> const json& {
     if (!c.contains(key) || c[key].is_null()) throw UnsupportedInput(path + ": missing \"" + key + "\"");
     return c[key];
@@ -392,38 +398,51 @@ LlamaShape read_hf_config(const std::string& dir) {
     else
       return c[key].template get<decltype(absent)>();
   };
+  LlamaShape s;
+  s.family = f.family;
+  s.dim = json_integer(need("hidden_size"), path + ": hidden_size");
+  s.n_layers = json_integer(need("num_hidden_layers"), path + ": num_hidden_layers");
+  s.n_heads = json_integer(need("num_attention_heads"), path + ": num_attention_heads");
+  s.n_kv_heads = value_or("num_key_value_heads", f.default_kv_heads ? f.default_kv_heads : s.n_heads, s.n_heads);
+  const int64_t width_per_head = s.n_heads ? s.dim / s.n_heads : int64_t{0};
+  s.head_dim = value_or("head_dim", f.default_head_dim ? f.default_head_dim : width_per_head, width_per_head);
+  if (f.heads_divide_width && s.n_heads > 0 && s.dim % s.n_heads != 0)
+    throw UnsupportedInput(path + ": hidden_size " + std::to_string(s.dim) + " is not a multiple of " +
+                           "num_attention_heads " + std::to_string(s.n_heads) + ", which transformers' " +
+                           f.architecture + " refuses (head_dim notwithstanding)");
+  s.ffn_dim = json_integer(need("intermediate_size"), path + ": intermediate_size");
+  s.vocab_size = json_integer(need("vocab_size"), path + ": vocab_size");
+  s.max_seq_len = value_or("max_position_embeddings", f.default_max_positions);
+  s.norm_eps = value_or("rms_norm_eps", 1e-6);
+  s.rope_theta = 10000.0;  // transformers' default_theta
+  s.tie_embeddings = value_or("tie_word_embeddings", false);
+  s.attention_bias = config_key("attention_bias", s.family) && value_or("attention_bias", false);
+  s.mlp_bias = config_key("mlp_bias", s.family) && value_or("mlp_bias", false);
+  s.padding_idx = read_padding_idx(c, s.vocab_size, path);
+  read_rope(c, s, path);
+  if (c.value("hidden_act", std::string("silu")) != "silu")
+    throw UnsupportedInput(path + ": hidden_act \"" + c["hidden_act"].get<std::string>() +
+                           "\": ptrain's MLP is SwiGLU (\"silu\")");
+  if (value_or("attention_dropout", 0.0) != 0.0)
+    throw UnsupportedInput(path + ": attention_dropout " + c["attention_dropout"].dump() +
+                           ": attention dropout is not implemented (it must be 0)");
+  if (f.family == Family::mistral) read_mistral_window(c, s, path);
+  if (f.family == Family::qwen2 || f.family == Family::qwen3) read_qwen_window(c, s, path);
+  return s;
+}
+
+}  // namespace
+
+LlamaShape read_hf_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  if (!fs::is_regular_file(path))
+    throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face model directory: " + family_list() +
+                       ")");
+  const json c = read_json(path);
+  const FamilyTraits& f = config_family(c, path);
+  check_config_json_keys(c, f, dir, path);
   try {
-    LlamaShape s;
-    s.family = *family;
-    s.dim = json_integer(need("hidden_size"), path + ": hidden_size");
-    s.n_layers = json_integer(need("num_hidden_layers"), path + ": num_hidden_layers");
-    s.n_heads = json_integer(need("num_attention_heads"), path + ": num_attention_heads");
-    s.n_kv_heads = value_or("num_key_value_heads", f.default_kv_heads ? f.default_kv_heads : s.n_heads, s.n_heads);
-    const int64_t width_per_head = s.n_heads ? s.dim / s.n_heads : int64_t{0};
-    s.head_dim = value_or("head_dim", f.default_head_dim ? f.default_head_dim : width_per_head, width_per_head);
-    if (f.heads_divide_width && s.n_heads > 0 && s.dim % s.n_heads != 0)
-      throw UnsupportedInput(path + ": hidden_size " + std::to_string(s.dim) + " is not a multiple of " +
-                             "num_attention_heads " + std::to_string(s.n_heads) + ", which transformers' " +
-                             f.architecture + " refuses (head_dim notwithstanding)");
-    s.ffn_dim = json_integer(need("intermediate_size"), path + ": intermediate_size");
-    s.vocab_size = json_integer(need("vocab_size"), path + ": vocab_size");
-    s.max_seq_len = value_or("max_position_embeddings", f.default_max_positions);
-    s.norm_eps = value_or("rms_norm_eps", 1e-6);
-    s.rope_theta = 10000.0;  // transformers' default_theta
-    s.tie_embeddings = value_or("tie_word_embeddings", false);
-    s.attention_bias = config_key("attention_bias", s.family) && value_or("attention_bias", false);
-    s.mlp_bias = config_key("mlp_bias", s.family) && value_or("mlp_bias", false);
-    s.padding_idx = read_padding_idx(c, s.vocab_size, path);
-    read_rope(c, s, path);
-    if (c.value("hidden_act", std::string("silu")) != "silu")
-      throw UnsupportedInput(path + ": hidden_act \"" + c["hidden_act"].get<std::string>() +
-                             "\": ptrain's MLP is SwiGLU (\"silu\")");
-    if (value_or("attention_dropout", 0.0) != 0.0)
-      throw UnsupportedInput(path + ": attention_dropout " + c["attention_dropout"].dump() +
-                             ": attention dropout is not implemented (it must be 0)");
-    if (f.family == Family::mistral) read_mistral_window(c, s, path);
-    if (f.family == Family::qwen2 || f.family == Family::qwen3) read_qwen_window(c, s, path);
-    return s;
+    return config_shape(c, f, path);
   } catch (const json::exception& e) {
     throw UnsupportedInput(path + ": unexpected value: " + e.what());
   }
@@ -539,100 +558,121 @@ std::vector<std::string> HfCheckpoint::names() const {
   return out;
 }
 
-void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, const HfStorage& storage,
-                       bool compare_values) {
-  std::map<std::string, std::vector<int64_t>> expected;
-  for (const auto& unit : llama_units(shape, 0.0))
-    for (const auto& slot : unit.slots) expected[slot.name] = slot.shape;
-  // A bitsandbytes NF4 checkpoint stores each projection as its codes and statistics.
+namespace {
+
+// The tensors a checkpoint of this shape and storage must hold: plain ones by shape, bitsandbytes
+// NF4 data per projection, and redundant copies accepted when equal to what they duplicate.
+struct ExpectedTensors {
+  std::map<std::string, std::vector<int64_t>> plain, redundant;
   std::map<std::string, StoredTensor> quantized;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> projections;
-  if (storage.nf4)
+  std::vector<std::pair<std::string, std::vector<int64_t>>> projections;  // stored as NF4
+
+  ExpectedTensors(const LlamaShape& shape, const HfStorage& storage) {
     for (const auto& unit : llama_units(shape, 0.0))
-      if (unit.kind == UnitKind::block)
-        for (const auto& group : block_matrix_groups(unit))
-          for (const auto& slot : group) {
-            expected.erase(slot.name);
-            projections.emplace_back(slot.name, slot.shape);
-            quantized.merge(bnb_nf4_tensors(slot.name, slot.numel, storage.double_quant));
-          }
-  // Redundant copies: accepted when equal to what they duplicate.
-  std::map<std::string, std::vector<int64_t>> redundant;
-  if (shape.tie_embeddings) redundant["lm_head.weight"] = {shape.vocab_size, shape.dim};
-  for (int64_t l = 0; l < shape.n_layers; ++l)
-    redundant["model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq"] = {shape.head_dim / 2};
-  std::vector<std::string> problems;
-  const std::set<std::string> floats{"F32", "BF16", "F16"};
-  std::set<std::string> present;
-  for (const auto& name : ckpt.names()) {
-    present.insert(name);
-    const SafetensorsEntry& e = ckpt.entry(name);
-    if (auto q = quantized.find(name); q != quantized.end()) {
-      const bool any_length = q->second.shape == std::vector<int64_t>{-1};
-      if (e.dtype != q->second.dtype || (any_length ? e.shape.size() != 1 : e.shape != q->second.shape))
-        problems.push_back("tensor '" + name + "' is " + e.dtype + " " + c10::str(c10::IntArrayRef(e.shape)) +
-                           "; bitsandbytes NF4 (" + (storage.double_quant ? "" : "no ") +
-                           "double quantization, as config.json says) stores it as " + q->second.dtype + " " +
-                           (any_length ? std::string("[bytes]") : c10::str(c10::IntArrayRef(q->second.shape))));
-      continue;
-    }
-    auto want = expected.find(name);
-    const bool extra = want == expected.end();
-    if (extra && !redundant.count(name)) {
-      if (name.find(".quant_state.bitsandbytes__") != std::string::npos || name.ends_with(".absmax") ||
-          name.ends_with(".SCB")) {
-        problems.push_back("tensor '" + name + "' is quantization data " +
-                           (storage.nf4 ? "of a kind other than NF4 (FP4? 8-bit?), or for a module ptrain keeps "
-                                          "unquantized (the embedding, the head, a norm)"
-                                        : "but config.json has no quantization_config describing it"));
-        continue;
-      }
-      problems.push_back("tensor '" + name + "' is not part of a " + traits(shape.family).name +
-                         " model of this config (config.json describes no such tensor; ptrain would leave it unused)");
-      continue;
-    }
-    const auto& shape_wanted = extra ? redundant[name] : want->second;
-    if (e.shape != shape_wanted)
-      problems.push_back("tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) +
-                         ", config.json gives " + c10::str(c10::IntArrayRef(shape_wanted)));
-    else if (!floats.count(e.dtype))
-      problems.push_back("tensor '" + name + "' is stored as " + e.dtype +
-                         (storage.nf4 ? " (ptrain keeps it unquantized: F32, BF16 or F16)"
-                                      : " (ptrain loads F32, BF16 or F16 weights, or a bitsandbytes NF4 checkpoint "
-                                        "whose config.json says so)"));
+      for (const auto& slot : unit.slots) plain[slot.name] = slot.shape;
+    if (storage.nf4)
+      for (const auto& unit : llama_units(shape, 0.0))
+        if (unit.kind == UnitKind::block)
+          for (const auto& group : block_matrix_groups(unit))
+            for (const auto& slot : group) {
+              plain.erase(slot.name);
+              projections.emplace_back(slot.name, slot.shape);
+              quantized.merge(bnb_nf4_tensors(slot.name, slot.numel, storage.double_quant));
+            }
+    if (shape.tie_embeddings) redundant["lm_head.weight"] = {shape.vocab_size, shape.dim};
+    for (int64_t l = 0; l < shape.n_layers; ++l)
+      redundant["model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq"] = {shape.head_dim / 2};
   }
-  for (const auto& [name, stored] : quantized)
+};
+
+// What is wrong with one stored tensor ("" where nothing is).
+std::string stored_tensor_problem(const std::string& name, const SafetensorsEntry& e, const ExpectedTensors& want,
+                                  const LlamaShape& shape, const HfStorage& storage) {
+  if (auto q = want.quantized.find(name); q != want.quantized.end()) {
+    const bool any_length = q->second.shape == std::vector<int64_t>{-1};
+    if (e.dtype == q->second.dtype && (any_length ? e.shape.size() == 1 : e.shape == q->second.shape)) return "";
+    return "tensor '" + name + "' is " + e.dtype + " " + c10::str(c10::IntArrayRef(e.shape)) + "; bitsandbytes NF4 (" +
+           (storage.double_quant ? "" : "no ") + "double quantization, as config.json says) stores it as " +
+           q->second.dtype + " " + (any_length ? std::string("[bytes]") : c10::str(c10::IntArrayRef(q->second.shape)));
+  }
+  auto plain = want.plain.find(name);
+  auto redundant = want.redundant.find(name);
+  if (plain == want.plain.end() && redundant == want.redundant.end()) {
+    if (name.find(".quant_state.bitsandbytes__") != std::string::npos || name.ends_with(".absmax") ||
+        name.ends_with(".SCB"))
+      return "tensor '" + name + "' is quantization data " +
+             (storage.nf4 ? "of a kind other than NF4 (FP4? 8-bit?), or for a module ptrain keeps "
+                            "unquantized (the embedding, the head, a norm)"
+                          : "but config.json has no quantization_config describing it");
+    return "tensor '" + name + "' is not part of a " + traits(shape.family).name +
+           " model of this config (config.json describes no such tensor; ptrain would leave it unused)";
+  }
+  const auto& dims = plain != want.plain.end() ? plain->second : redundant->second;
+  if (e.shape != dims)
+    return "tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) + ", config.json gives " +
+           c10::str(c10::IntArrayRef(dims));
+  if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")
+    return "tensor '" + name + "' is stored as " + e.dtype +
+           (storage.nf4 ? " (ptrain keeps it unquantized: F32, BF16 or F16)"
+                        : " (ptrain loads F32, BF16 or F16 weights, or a bitsandbytes NF4 checkpoint "
+                          "whose config.json says so)");
+  return "";
+}
+
+// The tensors the checkpoint lacks.
+void missing_problems(const ExpectedTensors& want, const std::set<std::string>& present, const LlamaShape& shape,
+                      const HfStorage& storage, std::vector<std::string>& problems) {
+  for (const auto& [name, stored] : want.quantized)
     if (!present.count(name))
       problems.push_back("tensor '" + name + "' is missing (bitsandbytes NF4 stores it beside every projection" +
                          (storage.double_quant ? ", with double quantization" : "") +
                          "; a projection stored unquantized, e.g. by llm_int8_skip_modules, is not supported)");
-  for (const auto& [name, dims] : expected)
+  for (const auto& [name, dims] : want.plain)
     if (!present.count(name))
       problems.push_back("tensor '" + name + "' is missing (a " + traits(shape.family).name +
                          " model of this config needs it)");
-  if (problems.empty() && compare_values)
-    for (const auto& [name, dims] : projections) {
-      try {
-        read_bnb_nf4(ckpt, name, dims, storage.double_quant);
-      } catch (const UnsupportedInput& e) {
-        problems.push_back(e.what());
-      }
-    }
-  if (problems.empty() && compare_values) {
-    if (shape.tie_embeddings && present.count("lm_head.weight") &&
-        !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat),
-                   ckpt.tensor("model.embed_tokens.weight").to(at::kFloat)))
-      problems.push_back(
-          "tensor 'lm_head.weight' differs from model.embed_tokens.weight although tie_word_embeddings is "
-          "true: the checkpoint describes an untied model");
-    const at::Tensor inv_freq = rope_inv_freq(shape);
-    for (int64_t l = 0; l < shape.n_layers; ++l) {
-      const std::string name = "model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq";
-      if (present.count(name) && !at::allclose(ckpt.tensor(name).to(at::kFloat), inv_freq, 1e-5, 0.0))
-        problems.push_back("tensor '" + name + "' holds RoPE frequencies other than config.json's (rope_theta " +
-                           std::to_string(shape.rope_theta) + ")");
+}
+
+// Values: the NF4 data readable, a redundant head equal to the embedding it duplicates, stored
+// RoPE frequencies equal to config.json's.
+void value_problems(const HfCheckpoint& ckpt, const ExpectedTensors& want, const std::set<std::string>& present,
+                    const LlamaShape& shape, const HfStorage& storage, std::vector<std::string>& problems) {
+  for (const auto& [name, dims] : want.projections) {
+    try {
+      read_bnb_nf4(ckpt, name, dims, storage.double_quant);
+    } catch (const UnsupportedInput& e) {
+      problems.push_back(e.what());
     }
   }
+  if (!problems.empty()) return;
+  if (shape.tie_embeddings && present.count("lm_head.weight") &&
+      !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat), ckpt.tensor("model.embed_tokens.weight").to(at::kFloat)))
+    problems.push_back(
+        "tensor 'lm_head.weight' differs from model.embed_tokens.weight although tie_word_embeddings is "
+        "true: the checkpoint describes an untied model");
+  const at::Tensor inv_freq = rope_inv_freq(shape);
+  for (int64_t l = 0; l < shape.n_layers; ++l) {
+    const std::string name = "model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq";
+    if (present.count(name) && !at::allclose(ckpt.tensor(name).to(at::kFloat), inv_freq, 1e-5, 0.0))
+      problems.push_back("tensor '" + name + "' holds RoPE frequencies other than config.json's (rope_theta " +
+                         std::to_string(shape.rope_theta) + ")");
+  }
+}
+
+}  // namespace
+
+void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, const HfStorage& storage,
+                       bool compare_values) {
+  const ExpectedTensors want(shape, storage);
+  std::vector<std::string> problems;
+  std::set<std::string> present;
+  for (const auto& name : ckpt.names()) {
+    present.insert(name);
+    if (std::string p = stored_tensor_problem(name, ckpt.entry(name), want, shape, storage); !p.empty())
+      problems.push_back(std::move(p));
+  }
+  missing_problems(want, present, shape, storage, problems);
+  if (problems.empty() && compare_values) value_problems(ckpt, want, present, shape, storage, problems);
   if (problems.empty()) return;
   std::string msg = "the weights do not match the model config.json describes:";
   constexpr size_t kShown = 12;
