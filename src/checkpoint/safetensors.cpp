@@ -52,99 +52,117 @@ struct SafetensorsFile::Mapping {
   }
 };
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(std::make_shared<Mapping>()) {
-  auto fail = [&](const std::string& why) { return RuntimeError("safetensors file '" + path + "': " + why); };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw fail(std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw fail("cannot stat");
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) {
-    ::close(fd);
-    throw fail("truncated: " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
-  }
-  map_->size = file_size;
-  map_->addr = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_->addr == MAP_FAILED) throw fail(std::string("mmap failed: ") + std::strerror(errno));
-  const auto* bytes = static_cast<const unsigned char*>(map_->addr);
+namespace {
 
-  uint64_t header_len = 0;
-  std::memcpy(&header_len, bytes, 8);
-  if (header_len > kMaxHeaderBytes)
-    throw fail("header length " + std::to_string(header_len) + " exceeds the 100 MiB limit");
-  if (header_len > file_size - 8)
-    throw fail("truncated: header length " + std::to_string(header_len) + " runs past the end of the " +
-               std::to_string(file_size) + "-byte file");
-  const uint64_t data_size = file_size - 8 - header_len;
-  data_ = bytes + 8 + header_len;
+RuntimeError file_error(const std::string& path, const std::string& why) {
+  return RuntimeError("safetensors file '" + path + "': " + why);
+}
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const nlohmann::json::exception& e) {
-    throw fail(std::string("header is not valid JSON: ") + e.what());
+// One header entry: its dtype, shape and byte range, checked against the data buffer's size.
+SafetensorsEntry read_entry(const std::string& path, const std::string& name, const nlohmann::json& v,
+                            uint64_t data_size) {
+  auto fail = [&](const std::string& why) { return file_error(path, "tensor '" + name + "'" + why); };
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+    throw fail(" lacks dtype/shape/data_offsets");
+  if (!v["dtype"].is_string()) throw fail(": dtype is not a string");
+  const DtypeInfo* dt = dtype_by_name(v["dtype"].get<std::string>());
+  if (!dt) throw fail(": unsupported dtype " + v["dtype"].dump());
+  SafetensorsEntry e;
+  e.name = name;
+  e.dtype = dt->name;
+  if (!v["shape"].is_array()) throw fail(": shape is not an array");
+  uint64_t numel = 1;
+  for (const auto& d : v["shape"]) {
+    if (!d.is_number_unsigned()) throw fail(": shape has a non-integer or negative entry");
+    const uint64_t n = d.get<uint64_t>();
+    if (n != 0 && numel > (UINT64_MAX / 16) / n) throw fail(": shape overflows");
+    numel *= n;
+    e.shape.push_back(static_cast<int64_t>(n));
   }
-  if (!header.is_object()) throw fail("header is not a JSON object");
+  const auto& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    throw fail(": data_offsets must be two non-negative integers");
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  if (e.begin > e.end || e.end > data_size)
+    throw fail(": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") out of bounds of the " +
+               std::to_string(data_size) + "-byte data buffer");
+  if (e.end - e.begin != numel * static_cast<uint64_t>(dt->bytes))
+    throw fail(": " + std::to_string(e.end - e.begin) + " bytes do not match shape x dtype (" +
+               std::to_string(numel * dt->bytes) + " bytes)");
+  return e;
+}
 
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) throw fail("__metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) throw fail("__metadata__ value '" + m.key() + "' is not a string");
-        metadata_[m.key()] = m->get<std::string>();
-      }
-      continue;
-    }
-    const auto& v = *it;
-    const std::string& name = it.key();
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
-      throw fail("tensor '" + name + "' lacks dtype/shape/data_offsets");
-    if (!v["dtype"].is_string()) throw fail("tensor '" + name + "': dtype is not a string");
-    const DtypeInfo* dt = dtype_by_name(v["dtype"].get<std::string>());
-    if (!dt) throw fail("tensor '" + name + "': unsupported dtype " + v["dtype"].dump());
-    SafetensorsEntry e;
-    e.name = name;
-    e.dtype = dt->name;
-    if (!v["shape"].is_array()) throw fail("tensor '" + name + "': shape is not an array");
-    uint64_t numel = 1;
-    for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned()) throw fail("tensor '" + name + "': shape has a non-integer or negative entry");
-      const uint64_t n = d.get<uint64_t>();
-      if (n != 0 && numel > (UINT64_MAX / 16) / n) throw fail("tensor '" + name + "': shape overflows");
-      numel *= n;
-      e.shape.push_back(static_cast<int64_t>(n));
-    }
-    const auto& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      throw fail("tensor '" + name + "': data_offsets must be two non-negative integers");
-    e.begin = off[0].get<uint64_t>();
-    e.end = off[1].get<uint64_t>();
-    if (e.begin > e.end || e.end > data_size)
-      throw fail("tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                 ") out of bounds of the " + std::to_string(data_size) + "-byte data buffer");
-    if (e.end - e.begin != numel * static_cast<uint64_t>(dt->bytes))
-      throw fail("tensor '" + name + "': " + std::to_string(e.end - e.begin) + " bytes do not match shape x dtype (" +
-                 std::to_string(numel * dt->bytes) + " bytes)");
-    entries_.push_back(std::move(e));
-  }
-
-  // The buffer must be covered exactly, in offset order: overlaps and holes are corruption.
+// The buffer must be covered exactly, in offset order: overlaps and holes are corruption.
+void check_coverage(const std::string& path, const std::vector<SafetensorsEntry>& entries, uint64_t data_size) {
   std::vector<const SafetensorsEntry*> order;
-  for (const auto& e : entries_) order.push_back(&e);
+  for (const auto& e : entries) order.push_back(&e);
   std::sort(order.begin(), order.end(),
             [](auto a, auto b) { return a->begin < b->begin || (a->begin == b->begin && a->end < b->end); });
   uint64_t cursor = 0;
   for (const auto* e : order) {
-    if (e->begin < cursor) throw fail("tensor '" + e->name + "' overlaps the previous tensor's bytes");
-    if (e->begin > cursor) throw fail("hole in the data buffer before tensor '" + e->name + "'");
+    if (e->begin < cursor) throw file_error(path, "tensor '" + e->name + "' overlaps the previous tensor's bytes");
+    if (e->begin > cursor) throw file_error(path, "hole in the data buffer before tensor '" + e->name + "'");
     cursor = e->end;
   }
   if (cursor != data_size)
-    throw fail("data buffer has " + std::to_string(data_size - cursor) + " trailing bytes no tensor owns");
+    throw file_error(path, "data buffer has " + std::to_string(data_size - cursor) + " trailing bytes no tensor owns");
+}
+
+}  // namespace
+
+void SafetensorsFile::map_file() {
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw file_error(path_, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw file_error(path_, "cannot stat");
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    ::close(fd);
+    throw file_error(path_,
+                     "truncated: " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
+  }
+  map_->size = file_size;
+  map_->addr = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_->addr == MAP_FAILED) throw file_error(path_, std::string("mmap failed: ") + std::strerror(errno));
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(std::make_shared<Mapping>()) {
+  map_file();
+  const uint64_t file_size = map_->size;
+  const auto* bytes = static_cast<const unsigned char*>(map_->addr);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes, 8);
+  if (header_len > kMaxHeaderBytes)
+    throw file_error(path, "header length " + std::to_string(header_len) + " exceeds the 100 MiB limit");
+  if (header_len > file_size - 8)
+    throw file_error(path, "truncated: header length " + std::to_string(header_len) + " runs past the end of the " +
+                               std::to_string(file_size) + "-byte file");
+  const uint64_t data_size = file_size - 8 - header_len;
+  data_ = bytes + 8 + header_len;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
+  } catch (const nlohmann::json::exception& e) {
+    throw file_error(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw file_error(path, "header is not a JSON object");
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() != "__metadata__") {
+      entries_.push_back(read_entry(path, it.key(), *it, data_size));
+      continue;
+    }
+    if (!it->is_object()) throw file_error(path, "__metadata__ is not an object");
+    for (auto m = it->begin(); m != it->end(); ++m) {
+      if (!m->is_string()) throw file_error(path, "__metadata__ value '" + m.key() + "' is not a string");
+      metadata_[m.key()] = m->get<std::string>();
+    }
+  }
+  check_coverage(path, entries_, data_size);
   for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
 }
 

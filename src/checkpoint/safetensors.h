@@ -44,6 +44,7 @@ class SafetensorsFile {
   struct Mapping;
   std::string path_;
   std::shared_ptr<Mapping> map_;
+  void map_file();                       // maps path_ (read-only) into map_
   const unsigned char* data_ = nullptr;  // start of the data buffer
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;
