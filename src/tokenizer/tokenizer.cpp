@@ -357,6 +357,8 @@ struct Tokenizer::Impl {
   void read_post_processor(const json& j);
   PreStep pre_step(const json& step) const;
   DecStep decoder_step(const json& step) const;
+  // One decoder step over the token strings.
+  static std::vector<std::string> decode_step(const DecStep& step, const std::vector<std::string>& tokens);
   std::shared_ptr<Regex> pattern_of(const json& p, std::string& text) const;
   std::string metaspace_scheme(const json& step) const;
 
@@ -952,6 +954,96 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool text_start)
   return out;
 }
 
+namespace {
+// The decoder steps HF's decoders run over the list of token strings, one function each.
+
+// ByteLevel: every token's characters back to bytes (a token with another character stays as
+// written), then one text of them all.
+std::vector<std::string> decode_byte_level(const std::vector<std::string>& tokens) {
+  const ByteLevelMap& bl = byte_level();
+  std::string bytes;
+  for (const auto& t : tokens) {
+    std::string b;
+    bool all = true;
+    for (size_t i = 0; i < t.size() && all;) {
+      const size_t n = utf8_length(static_cast<unsigned char>(t[i]));
+      auto hit = bl.byte_of.find(t.substr(i, n));
+      if (hit == bl.byte_of.end())
+        all = false;
+      else
+        b += static_cast<char>(hit->second);
+      i += n;
+    }
+    bytes += all ? b : t;
+  }
+  return {lossy_utf8(bytes)};
+}
+
+// ByteFallback: runs of <0xNN> tokens to their text, or one U+FFFD per token where the run is
+// not valid UTF-8.
+std::vector<std::string> decode_byte_fallback(const std::vector<std::string>& tokens) {
+  std::vector<std::string> next;
+  std::string run;
+  size_t run_tokens = 0;
+  auto flush = [&] {
+    if (!run_tokens) return;
+    if (valid_utf8(run))
+      next.push_back(run);
+    else
+      for (size_t k = 0; k < run_tokens; ++k) next.push_back("\xEF\xBF\xBD");
+    run.clear();
+    run_tokens = 0;
+  };
+  for (const auto& t : tokens) {
+    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      run += static_cast<char>(std::stoul(t.substr(3, 2), nullptr, 16));
+      ++run_tokens;
+    } else {
+      flush();
+      next.push_back(t);
+    }
+  }
+  flush();
+  return next;
+}
+
+// Strip: up to `start` copies of the content from each token's start, `stop` from its end.
+std::string strip_token(const std::string& t, const std::string& c, int64_t start, int64_t stop) {
+  size_t b = 0, e = t.size();
+  for (int64_t k = 0; k < start && t.compare(b, c.size(), c) == 0 && b + c.size() <= e; ++k) b += c.size();
+  for (int64_t k = 0; k < stop && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0; ++k) e -= c.size();
+  return t.substr(b, e - b);
+}
+}  // namespace
+
+std::vector<std::string> Tokenizer::Impl::decode_step(const DecStep& step, const std::vector<std::string>& tokens) {
+  std::vector<std::string> next;
+  switch (step.kind) {
+    case DecStep::byte_level:
+      return decode_byte_level(tokens);
+    case DecStep::byte_fallback:
+      return decode_byte_fallback(tokens);
+    case DecStep::metaspace:
+      for (size_t i = 0; i < tokens.size(); ++i)
+        next.push_back(replace_all(tokens[i], step.from, i == 0 && step.prepend ? "" : " "));
+      break;
+    case DecStep::replace:
+      for (const auto& t : tokens) next.push_back(replace_all(t, step.from, step.to));
+      break;
+    case DecStep::fuse: {
+      std::string all;
+      for (const auto& t : tokens) all += t;
+      next.push_back(all);
+      break;
+    }
+    case DecStep::strip:
+      for (const auto& t : tokens) next.push_back(strip_token(t, step.strip_content, step.start, step.stop));
+      break;
+  }
+  return next;
+}
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   const Impl& m = *impl_;
   std::vector<std::string> tokens;
@@ -970,82 +1062,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
     for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
     return out;
   }
-  for (const auto& step : m.decoder) {
-    std::vector<std::string> next;
-    switch (step.kind) {
-      case Impl::DecStep::byte_level: {  // every token's characters back to bytes, then text
-        const ByteLevelMap& bl = byte_level();
-        std::string bytes;
-        for (const auto& t : tokens) {
-          std::string b;
-          bool all = true;
-          for (size_t i = 0; i < t.size() && all;) {
-            const size_t n = utf8_length(static_cast<unsigned char>(t[i]));
-            auto hit = bl.byte_of.find(t.substr(i, n));
-            if (hit == bl.byte_of.end())
-              all = false;
-            else
-              b += static_cast<char>(hit->second);
-            i += n;
-          }
-          bytes += all ? b : t;
-        }
-        next.push_back(lossy_utf8(bytes));
-        break;
-      }
-      case Impl::DecStep::metaspace:
-        for (size_t i = 0; i < tokens.size(); ++i)
-          next.push_back(replace_all(tokens[i], step.from, i == 0 && step.prepend ? "" : " "));
-        break;
-      case Impl::DecStep::replace:
-        for (const auto& t : tokens) next.push_back(replace_all(t, step.from, step.to));
-        break;
-      case Impl::DecStep::byte_fallback: {  // runs of <0xNN> tokens to text
-        std::string run;
-        size_t run_tokens = 0;
-        auto flush = [&] {
-          if (!run_tokens) return;
-          if (valid_utf8(run))
-            next.push_back(run);
-          else
-            for (size_t k = 0; k < run_tokens; ++k) next.push_back("\xEF\xBF\xBD");
-          run.clear();
-          run_tokens = 0;
-        };
-        for (const auto& t : tokens) {
-          unsigned value = 0;
-          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
-              std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
-            value = static_cast<unsigned>(std::stoul(t.substr(3, 2), nullptr, 16));
-            run += static_cast<char>(value);
-            ++run_tokens;
-          } else {
-            flush();
-            next.push_back(t);
-          }
-        }
-        flush();
-        break;
-      }
-      case Impl::DecStep::fuse: {
-        std::string all;
-        for (const auto& t : tokens) all += t;
-        next.push_back(all);
-        break;
-      }
-      case Impl::DecStep::strip:
-        for (const auto& t : tokens) {
-          size_t b = 0, e = t.size();
-          const std::string& c = step.strip_content;
-          for (int64_t k = 0; k < step.start && t.compare(b, c.size(), c) == 0 && b + c.size() <= e; ++k) b += c.size();
-          for (int64_t k = 0; k < step.stop && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0; ++k)
-            e -= c.size();
-          next.push_back(t.substr(b, e - b));
-        }
-        break;
-    }
-    tokens.swap(next);
-  }
+  for (const auto& step : m.decoder) tokens = Impl::decode_step(step, tokens);
   std::string out;
   for (const auto& t : tokens) out += t;
   return out;
@@ -1078,48 +1095,55 @@ bool Tokenizer::cuts_at_lines() const {
   return splits;
 }
 
-std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,
-                                    int32_t end_of_document,
-                                    const std::function<void(int64_t, int64_t, int64_t)>& progress, size_t chunk_bytes,
-                                    int threads) {
-  const std::string data = read_text_file(path);
-  const auto total = static_cast<int64_t>(data.size());
-  std::vector<uint32_t> out;
-  auto append = [&](const std::vector<int32_t>& ids) { out.insert(out.end(), ids.begin(), ids.end()); };
-  if (jsonl) {
-    size_t pos = 0;
-    int64_t line = 0;
-    while (pos < data.size()) {
-      size_t end = data.find('\n', pos);
-      end = end == std::string::npos ? data.size() : end + 1;
-      ++line;
-      const std::string record = data.substr(pos, end - pos);
-      if (record.find_first_not_of(" \t\r\n") != std::string::npos) {
-        std::string text;
-        try {
-          const json j = json::parse(record);
-          if (j.is_object() && (j.contains("messages") || j.contains("prompt") || j.contains("conversations") ||
-                                j.contains("instruction")))
-            throw RuntimeError(path + ":" + std::to_string(line) +
-                               ": a chat or prompt/completion record has a loss mask, which a token file cannot hold; "
-                               "train on the JSONL file itself (data.format = \"jsonl\")");
-          if (!j.is_object() || !j.contains("text") || !j.at("text").is_string())
-            throw RuntimeError(path + ":" + std::to_string(line) + ": a JSONL record needs a string field \"text\"");
-          text = j.at("text").get<std::string>();
-        } catch (const json::exception& e) {
-          throw RuntimeError(path + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
-        }
-        append(tokenizer.encode(text));
-        if (end_of_document >= 0) out.push_back(static_cast<uint32_t>(end_of_document));
-      }
-      pos = end;
-      if (progress && (line % 1000 == 0 || pos == data.size()))
-        progress(static_cast<int64_t>(pos), total, static_cast<int64_t>(out.size()));
-    }
-    return out;
+namespace {
+
+using Progress = std::function<void(int64_t, int64_t, int64_t)>;
+
+// A JSONL record's "text" (a chat or prompt/completion record is refused: a token file has no
+// loss mask).
+std::string record_text(const std::string& record, const std::string& path, int64_t line) {
+  try {
+    const json j = json::parse(record);
+    if (j.is_object() &&
+        (j.contains("messages") || j.contains("prompt") || j.contains("conversations") || j.contains("instruction")))
+      throw RuntimeError(path + ":" + std::to_string(line) +
+                         ": a chat or prompt/completion record has a loss mask, which a token file cannot hold; "
+                         "train on the JSONL file itself (data.format = \"jsonl\")");
+    if (!j.is_object() || !j.contains("text") || !j.at("text").is_string())
+      throw RuntimeError(path + ":" + std::to_string(line) + ": a JSONL record needs a string field \"text\"");
+    return j.at("text").get<std::string>();
+  } catch (const json::exception& e) {
+    throw RuntimeError(path + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
   }
-  // Plain text: chunks cut after a newline that a non-space follows (or the whole text), encoded
-  // by `threads` threads, joined in order.
+}
+
+// JSONL: each record's text, then end_of_document (when >= 0), record by record.
+std::vector<uint32_t> tokenize_jsonl(const Tokenizer& tokenizer, const std::string& data, const std::string& path,
+                                     int32_t end_of_document, const Progress& progress) {
+  std::vector<uint32_t> out;
+  size_t pos = 0;
+  int64_t line = 0;
+  while (pos < data.size()) {
+    size_t end = data.find('\n', pos);
+    end = end == std::string::npos ? data.size() : end + 1;
+    ++line;
+    const std::string record = data.substr(pos, end - pos);
+    if (record.find_first_not_of(" \t\r\n") != std::string::npos) {
+      const std::vector<int32_t> ids = tokenizer.encode(record_text(record, path, line));
+      out.insert(out.end(), ids.begin(), ids.end());
+      if (end_of_document >= 0) out.push_back(static_cast<uint32_t>(end_of_document));
+    }
+    pos = end;
+    if (progress && (line % 1000 == 0 || pos == data.size()))
+      progress(static_cast<int64_t>(pos), static_cast<int64_t>(data.size()), static_cast<int64_t>(out.size()));
+  }
+  return out;
+}
+
+// Plain text cut into chunks after a newline that a non-space follows (or the whole text, for a
+// tokenizer whose pieces may cross lines): [begin, end) byte ranges.
+std::vector<std::pair<size_t, size_t>> text_chunks(const Tokenizer& tokenizer, const std::string& data,
+                                                   size_t chunk_bytes) {
   auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
   std::vector<std::pair<size_t, size_t>> chunks;
   for (size_t pos = 0; pos < data.size();) {
@@ -1133,27 +1157,37 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
     chunks.emplace_back(pos, end);
     pos = end;
   }
+  return chunks;
+}
+
+// Plain text: the chunks encoded by `threads` threads, joined in order. A refused character is
+// named by its line and byte in the file.
+std::vector<uint32_t> tokenize_text(const Tokenizer& tokenizer, const std::string& data, const std::string& path,
+                                    const Progress& progress, size_t chunk_bytes, int threads) {
+  const std::vector<std::pair<size_t, size_t>> chunks = text_chunks(tokenizer, data, chunk_bytes);
   std::vector<std::vector<int32_t>> ids(chunks.size());
   std::atomic<size_t> next{0};
   std::atomic<int64_t> bytes_done{0}, tokens_done{0};
   std::mutex report;
   std::exception_ptr error;
+  auto encode = [&](size_t k) {
+    try {
+      ids[k] = tokenizer.encode(data.substr(chunks[k].first, chunks[k].second - chunks[k].first));
+    } catch (const UnclassifiedCharacter& e) {  // where it is in the file, not in the chunk
+      const size_t at = chunks[k].first + e.byte;
+      const auto line = 1 + std::count(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+      throw RuntimeError(path + ":" + std::to_string(line) + ": byte " + std::to_string(at) + " of the file: " + e.why);
+    }
+  };
   auto work = [&] {
     try {
       for (size_t k; (k = next++) < chunks.size();) {
-        try {
-          ids[k] = tokenizer.encode(data.substr(chunks[k].first, chunks[k].second - chunks[k].first));
-        } catch (const UnclassifiedCharacter& e) {  // where it is in the file, not in the chunk
-          const size_t at = chunks[k].first + e.byte;
-          const auto line = 1 + std::count(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(at), '\n');
-          throw RuntimeError(path + ":" + std::to_string(line) + ": byte " + std::to_string(at) +
-                             " of the file: " + e.why);
-        }
+        encode(k);
         const int64_t b = bytes_done += static_cast<int64_t>(chunks[k].second - chunks[k].first);
         const int64_t t = tokens_done += static_cast<int64_t>(ids[k].size());
         if (progress) {
           std::lock_guard<std::mutex> lock(report);
-          progress(b, total, t);
+          progress(b, static_cast<int64_t>(data.size()), t);
         }
       }
     } catch (...) {
@@ -1167,8 +1201,19 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
   work();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
-  for (const auto& c : ids) append(c);
+  std::vector<uint32_t> out;
+  for (const auto& c : ids) out.insert(out.end(), c.begin(), c.end());
   return out;
+}
+
+}  // namespace
+
+std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,
+                                    int32_t end_of_document, const Progress& progress, size_t chunk_bytes,
+                                    int threads) {
+  const std::string data = read_text_file(path);
+  if (jsonl) return tokenize_jsonl(tokenizer, data, path, end_of_document, progress);
+  return tokenize_text(tokenizer, data, path, progress, chunk_bytes, threads);
 }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->max_id) + 1; }
