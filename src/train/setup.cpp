@@ -140,89 +140,131 @@ RunData token_stream(const Config& c, bool eval_only) {
 }
 
 // data.path's samples: mapped from the sample cache (built by rank 0 when missing or stale,
-// then mapped by every rank), or tokenized into memory when data.cache is off. `how` says which.
-std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& tok, const ChatFormat& format,
-                                              const SampleOptions& o, Collectives* comm, const c10::Device& device,
-                                              std::string& how) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  double last = 0;
-  // While rank 0 tokenizes into the cache the other ranks wait for it in a series of short
-  // collectives, one after each block of records at most every 2 s (or timeout_s / 4), each
-  // carrying rank 0's state — so a long build never runs into parallel.timeout_s, which still
-  // catches a rank 0 that died.
-  enum : int64_t { kBuilding = 1, kDone = 2, kFailed = 3 };
-  const int rank = comm ? comm->rank() : 0;
-  const bool waited_for = comm && comm->world_size() > 1;
-  bool beating = false;  // rank 0, building while the others wait
-  double last_beat = 0;
-  const auto state_of_rank0 = [&](int64_t state) { return sum_over_ranks(*comm, rank == 0 ? state : 0, device); };
-  const SampleProgress progress = [&](int64_t done, int64_t total, int64_t ids) {
-    if (beating && seconds() - last_beat >= std::min(2.0, c.parallel.timeout_s / 4)) {
-      last_beat = seconds();
-      state_of_rank0(kBuilding);
+// then mapped by every rank), or tokenized into memory when data.cache is off.
+//
+// While rank 0 tokenizes into the cache the other ranks wait for it in a series of short
+// collectives, one after each block of records at most every 2 s (or timeout_s / 4), each
+// carrying rank 0's state — so a long build never runs into parallel.timeout_s, which still
+// catches a rank 0 that died.
+class SampleLoader {
+ public:
+  SampleLoader(const Config& c, const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o,
+               Collectives* comm, const c10::Device& device)
+      : c_(c), tok_(tok), format_(format), o_(o), comm_(comm), device_(device), rank_(comm ? comm->rank() : 0) {}
+
+  // The samples, and how they were had (`how`).
+  std::shared_ptr<const SampleSet> load(std::string& how) {
+    if (!c_.data.cache) {
+      auto set = std::make_shared<SampleSet>(
+          SampleSet::from_file(c_.data.path, c_.data.format, tok_, format_, o_, progress()));
+      how = tokenized(*set) + ", held in memory (data.cache = false)";
+      return set;
     }
-    if (seconds() - last < 1.0 || done == total) return;
-    last = seconds();
-    log::info("tokenizing ", c.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)), " | ",
-              log::grouped(static_cast<double>(ids)), " tokens | ", log::grouped(static_cast<double>(ids) / last),
-              " tokens/s");
-  };
-  const auto tokenized = [&](const SampleSet& set) {
+    key_ = sample_cache_key(c_.data.cache_dir.empty() ? default_sample_cache_dir() : c_.data.cache_dir, c_.data.path,
+                            c_.data.format, tok_, format_, o_);
+    std::string failure;
+    bool cache_failed = false;  // the cache could not be written, rather than the data read
+    if (rank_ == 0)
+      failure = build_on_rank0(how, cache_failed);
+    else if (waited_for())
+      wait_for_rank0();
+    // Then the other ranks map rank 0's cache (or build their own where it is not visible: a
+    // node-local cache directory).
+    if (cache_failed) throw CacheWriteError(failure);
+    if (!failure.empty()) throw RuntimeError(failure);
+    if (rank_ != 0) open_or_build(how);
+    return std::make_shared<SampleSet>(std::move(*set_));
+  }
+
+ private:
+  enum : int64_t { kBuilding = 1, kDone = 2, kFailed = 3 };
+
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  bool waited_for() const { return comm_ && comm_->world_size() > 1; }
+  int64_t state_of_rank0(int64_t state) const { return sum_over_ranks(*comm_, rank_ == 0 ? state : 0, device_); }
+
+  // Logs the tokenizing's progress at most once a second; on rank 0 while the others wait, beats.
+  SampleProgress progress() {
+    return [this](int64_t done, int64_t total, int64_t ids) {
+      if (beating_ && seconds() - last_beat_ >= std::min(2.0, c_.parallel.timeout_s / 4)) {
+        last_beat_ = seconds();
+        state_of_rank0(kBuilding);
+      }
+      if (seconds() - last_log_ < 1.0 || done == total) return;
+      last_log_ = seconds();
+      log::info("tokenizing ", c_.data.path, ": ", percent(static_cast<double>(done) / static_cast<double>(total)),
+                " | ", log::grouped(static_cast<double>(ids)), " tokens | ",
+                log::grouped(static_cast<double>(ids) / last_log_), " tokens/s");
+    };
+  }
+
+  std::string tokenized(const SampleSet& set) const {
     const double took = seconds();
     return "in " + log::fixed(took, 2) + " s (" +
            log::grouped(static_cast<double>(set.total_ids()) / std::max(took, 1e-9)) + " tokens/s, " +
-           std::to_string(o.threads) + (o.threads == 1 ? " thread)" : " threads)");
-  };
-  if (!c.data.cache) {
-    auto set = std::make_shared<SampleSet>(SampleSet::from_file(c.data.path, c.data.format, tok, format, o, progress));
-    how = tokenized(*set) + ", held in memory (data.cache = false)";
-    return set;
+           std::to_string(o_.threads) + (o_.threads == 1 ? " thread)" : " threads)");
   }
-  const SampleCacheKey key = sample_cache_key(c.data.cache_dir.empty() ? default_sample_cache_dir() : c.data.cache_dir,
-                                              c.data.path, c.data.format, tok, format, o);
-  std::optional<SampleSet> set;
-  std::string failure;
-  const auto open_or_build = [&] {
+
+  void open_or_build(std::string& how) {
     std::string why;
-    set = open_sample_cache(key, c.data.path, &why);
-    if (set) {
-      how = "mapped from the cache " + key.path + " in " + log::fixed(seconds(), 2) + " s";
+    set_ = open_sample_cache(key_, c_.data.path, &why);
+    if (set_) {
+      how = "mapped from the cache " + key_.path + " in " + log::fixed(seconds(), 2) + " s";
       return;
     }
     if (!why.empty()) log::warn("sample cache ", why, "; tokenizing again");
-    if (rank != 0 && why.empty())
-      log::warn("the sample cache rank 0 wrote (", key.path,
+    if (rank_ != 0 && why.empty())
+      log::warn("the sample cache rank 0 wrote (", key_.path,
                 ") is not visible on this rank (data.cache_dir is not "
                 "shared by the nodes); tokenizing here");
-    set = build_sample_cache(key, c.data.path, c.data.format, tok, format, o, progress);
-    how = tokenized(*set) + " into the cache " + key.path + " (" +
-          log::bytes(static_cast<double>(fs::file_size(key.path))) + ")";
-  };
-  bool cache_failed = false;  // the cache could not be written, rather than the data read
-  if (rank == 0) {
-    beating = waited_for;
+    set_ = build_sample_cache(key_, c_.data.path, c_.data.format, tok_, format_, o_, progress());
+    how = tokenized(*set_) + " into the cache " + key_.path + " (" +
+          log::bytes(static_cast<double>(fs::file_size(key_.path))) + ")";
+  }
+
+  // Rank 0 maps or builds the cache, beating while the others wait, and tells them how it went.
+  // Returns the failure ("" when none): any failure must reach the other ranks, not leave them
+  // waiting.
+  std::string build_on_rank0(std::string& how, bool& cache_failed) {
+    std::string failure;
+    beating_ = waited_for();
     try {
-      open_or_build();
+      open_or_build(how);
     } catch (const CacheWriteError& e) {
       failure = e.what();
       cache_failed = true;
-    } catch (const std::exception& e) {  // any failure must reach the other ranks, not leave them waiting
+    } catch (const std::exception& e) {
       failure = e.what();
     }
-    beating = false;
-    if (waited_for) state_of_rank0(failure.empty() ? kDone : kFailed);
-  } else if (waited_for) {
+    beating_ = false;
+    if (waited_for()) state_of_rank0(failure.empty() ? kDone : kFailed);
+    return failure;
+  }
+
+  void wait_for_rank0() const {
     int64_t state = kBuilding;
     while (state == kBuilding) state = state_of_rank0(0);
     if (state != kDone) throw RuntimeError("rank 0 could not read it (its error says why)");
   }
-  // Then the other ranks map rank 0's cache (or build their own where it is not visible: a
-  // node-local cache directory).
-  if (cache_failed) throw CacheWriteError(failure);
-  if (!failure.empty()) throw RuntimeError(failure);
-  if (rank != 0) open_or_build();
-  return std::make_shared<SampleSet>(std::move(*set));
+
+  const Config& c_;
+  const Tokenizer& tok_;
+  const ChatFormat& format_;
+  const SampleOptions& o_;
+  Collectives* comm_;
+  const c10::Device& device_;
+  const int rank_;
+  const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  double last_log_ = 0, last_beat_ = 0;
+  bool beating_ = false;  // rank 0, building while the others wait
+  SampleCacheKey key_;
+  std::optional<SampleSet> set_;
+};
+
+std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& tok, const ChatFormat& format,
+                                              const SampleOptions& o, Collectives* comm, const c10::Device& device,
+                                              std::string& how) {
+  return SampleLoader(c, tok, format, o, comm, device).load(how);
 }
 
 RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& device, bool eval_only) {
