@@ -37,7 +37,7 @@ enum class KeyUse {
 struct ConfigKey {
   const char* key;
   KeyUse use;
-  std::vector<Family> only;  // the families whose code reads it; empty: every family
+  std::vector<Family> only = {};  // the families whose code reads it; empty: every family
   const char* why = "";
 };
 

@@ -16,31 +16,27 @@
 
 namespace ptrain {
 
-namespace {
-
-// One copy between the device and the host: the device tensor is held until the copy is done.
-struct Transfer {
-  at::Tensor device;
-#ifdef PTRAIN_CUDA
-  std::optional<at::cuda::CUDAEvent> done;
-#endif
-  bool finished() {
-#ifdef PTRAIN_CUDA
-    return !done || done->query();
-#else
-    return true;
-#endif
-  }
-  void wait() {
-#ifdef PTRAIN_CUDA
-    if (done) done->synchronize();
-#endif
-  }
-};
-
-}  // namespace
-
 struct ActivationOffloader::Impl {
+  // One copy between the device and the host: the device tensor is held until the copy is done.
+  struct Transfer {
+    at::Tensor device;
+#ifdef PTRAIN_CUDA
+    std::optional<at::cuda::CUDAEvent> done;
+#endif
+    bool finished() {
+#ifdef PTRAIN_CUDA
+      return !done || done->query();
+#else
+      return true;
+#endif
+    }
+    void wait() {
+#ifdef PTRAIN_CUDA
+      if (done) done->synchronize();
+#endif
+    }
+  };
+
   explicit Impl(const c10::Device& d) : device(d) {}
   c10::Device device;
   std::map<int64_t, at::Tensor> host;                 // ticket -> host copy
@@ -103,7 +99,7 @@ int64_t ActivationOffloader::offload(const at::Tensor& x) {
 #ifdef PTRAIN_CUDA
     host = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(true));
     c10::cuda::CUDAStream side = m.ready_side_stream();
-    Transfer t;
+    Impl::Transfer t;
     t.device = x;
     {
       c10::cuda::CUDAStreamGuard guard(side);
@@ -128,7 +124,7 @@ void ActivationOffloader::prefetch(int64_t ticket) {
   Impl& m = *impl_;
   auto h = m.host.find(ticket);
   if (h == m.host.end() || m.incoming.count(ticket)) return;
-  Transfer t;
+  Impl::Transfer t;
   if (m.device.is_cuda()) {
 #ifdef PTRAIN_CUDA
     // Queued on the side stream after this ticket's copy to the host, so it reads finished bytes.
@@ -152,7 +148,7 @@ at::Tensor ActivationOffloader::fetch(int64_t ticket) {
   auto it = m.incoming.find(ticket);
   if (it == m.incoming.end())
     throw std::logic_error("activation offloading: ticket " + std::to_string(ticket) + " was never offloaded");
-  Transfer t = std::move(it->second);
+  Impl::Transfer t = std::move(it->second);
   m.incoming.erase(it);
 #ifdef PTRAIN_CUDA
   // The compute stream waits for the copy on the GPU; the host buffer goes back to the pinned
