@@ -130,8 +130,11 @@ fi
 FUZZ=OFF; [ "${PTRAIN_FUZZ:-0}" = 1 ] && FUZZ=ON
 if [ ! -f "$BUILD_DIR/build.ninja" ] || ! grep -q "^PTRAIN_FUZZ:BOOL=$FUZZ$" "$BUILD_DIR/CMakeCache.txt"; then
   say "configuring $BUILD_DIR ($BUILD_TYPE, fuzz targets $FUZZ)"
+  # LibTorch's CMake files warn about settings of theirs that do not apply here: the output is
+  # kept in a log, and shown when configuring fails.
+  mkdir -p "$BUILD_DIR"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DPTRAIN_VENV="$VENV" \
-    -DPTRAIN_FUZZ="$FUZZ" >/dev/null
+    -DPTRAIN_FUZZ="$FUZZ" >"$BUILD_DIR/configure.log" 2>&1 || { cat "$BUILD_DIR/configure.log" >&2; exit 1; }
 fi
 # Without --tests only the binary: the first run waits for nothing it does not use.
 if [ "$TESTS" = 1 ]; then
