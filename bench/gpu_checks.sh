@@ -14,6 +14,8 @@
 #   memory   the planner's predicted peak (`ptrain check`) against the CUDA allocator's
 #            max_memory_allocated of the same run, for full fine-tunes, QLoRA, checkpointing, offloading
 #   race     the speed race against PyTorch FSDP2, eager and compiled (bench/speed_vs_fsdp2.sh)
+#   fusions  the race's ptrain run with each [kernels] fusion off and on, and all on (docs/kernels.md):
+#            tokens/s, peak allocated, loss at the last step, side by side
 #   profile  a Kineto trace of three steps of the race's ptrain run (training.profile_steps),
 #            summarised by bench/trace_summary.py; the trace is kept, gzipped, for later study
 # Without a GPU the GPU stages say so and record "not run"; a skipped test is never a pass.
@@ -31,7 +33,7 @@ STATE="$PTRAIN_BUILD/gpu-checks"
 RESULTS="$STATE/results.md"
 LOGS="$STATE/logs"
 BIN="$PTRAIN_BUILD/ptrain"
-ALL_STAGES=(env build kernels smoke nccl memory race profile)
+ALL_STAGES=(env build kernels smoke nccl memory race fusions profile)
 mkdir -p "$LOGS"
 
 # The python3 on PATH holds torch (the GPU machine's own; never carried): CMake and the bench
@@ -234,6 +236,38 @@ stage_race() {
   OUT="$STATE/runs/race" bash "$ROOT/bench/speed_vs_fsdp2.sh" "$ROOT/configs/llama3_2_1b_mixed.toml" 30 \
     > "$LOGS/race.log" 2>&1 || { record "FAILED: speed race (logs/race.log)"; tail -20 "$LOGS/race.log"; return 1; }
   record "$(grep -v "^logs and metrics" "$LOGS/race.log")"
+}
+
+# The [kernels] switches the fusions stage races (docs/kernels.md); a new fused kernel adds its key here.
+FUSIONS=(fused_swiglu fused_grad_norm)
+
+stage_fusions() {
+  needs_gpu || return 0
+  local steps=30 fails=0 variant
+  record "Llama 3.2 1B mixed, 4 x 2048 tokens, $steps steps, world size 1; tokens/s: median of steps 6-$steps"
+  record "| kernels | rc | tokens/s | vs none | peak allocated (bytes) | loss at step $steps |"
+  record "|---|---|---|---|---|---|"
+  local base_tps=""
+  local variants=(none "${FUSIONS[@]}")
+  ((${#FUSIONS[@]} > 1)) && variants+=(all)  # (with one fusion, "all" is that one)
+  for variant in "${variants[@]}"; do
+    local run="$STATE/runs/fusions_$variant" sets=()
+    for f in "${FUSIONS[@]}"; do
+      { [ "$variant" = all ] || [ "$variant" = "$f" ]; } && sets+=(--set "kernels.$f=true")
+    done
+    rm -rf "$run"
+    "$BIN" --config "$ROOT/configs/llama3_2_1b_mixed.toml" --set training.device=cuda --set training.steps=$steps \
+      --set training.log_every=1 --set training.eval_every=0 --set checkpoint.save_final=false \
+      --set checkpoint.every_steps=0 --set run.output_dir="$run" "${sets[@]}" > "$LOGS/fusions_$variant.log" 2>&1
+    local rc=$?
+    ((rc)) && fails=1
+    read -r tps peak loss _ <<< "$(summarize "$run/metrics.jsonl" 2>/dev/null)"
+    [ "$variant" = none ] && base_tps=$tps
+    record "| $variant | $rc | ${tps:-} | $(awk -v a="${tps:-0}" -v b="${base_tps:-0}" 'BEGIN {if (b > 0) printf "%.3fx", a / b}') | ${peak:-} | ${loss:-} |"
+  done
+  record "(a fusion changes no arithmetic on the CPU; on the GPU its kernel rounds once where the composite path"
+  record " rounds after each operation, so the losses agree to bf16 rounding, not to the bit)"
+  return $fails
 }
 
 stage_profile() {

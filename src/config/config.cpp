@@ -419,6 +419,12 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "quant", "double_quant", quant.double_quant, kFromStruct,
           R"(quantize the NF4 absmax scales too; with a bitsandbytes NF4 checkpoint it must equal its `bnb_4bit_use_double_quant`)"),
+      PTRAIN_KEY(
+          "kernels", "fused_swiglu", kernels.fused_swiglu, kFromStruct,
+          R"(SwiGLU's `silu(gate) * up` as one autograd function that keeps only gate and up (one `[tokens, ffn_dim]` activation less per block): one CUDA kernel each way on a GPU, LibTorch's own operations elsewhere — values and gradients equal to the composite path's bit for bit on the CPU (`docs/kernels.md`))"),
+      PTRAIN_KEY(
+          "kernels", "fused_grad_norm", kernels.fused_grad_norm, kFromStruct,
+          R"(the gradient norm's sum of squares in one CUDA kernel per unit that reads the gradient in place, squaring and summing in float64 in an order fixed by its size — instead of LibTorch's float64 norm, which first makes a float64 copy of the gradient; the composite path on the CPU (`docs/kernels.md`))"),
   };
   // clang-format on
   return kKeys;
@@ -820,6 +826,12 @@ work with both. `ptrain export` of a LoRA checkpoint writes the adapters in PEFT
 
 )"},
     {"quant", "", ""},
+    {"kernels", "[kernels]",
+     R"(Fused implementations of the decoder's pieces, each a switch so one GPU run can race it against
+the composite LibTorch path; each fused piece has a CPU reference that equals the composite path
+(docs/kernels.md: what each fuses, its tolerance on a GPU, what has been raced).
+
+)"},
 };
 }  // namespace
 

@@ -79,6 +79,7 @@ struct Config {
   } checkpoint;
   LoraOptions lora;
   QuantOptions quant;
+  KernelOptions kernels;
 
   // Where each explicitly set key came from, for error messages.
   struct Origin {

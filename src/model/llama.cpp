@@ -1,4 +1,5 @@
 #include "model/llama.h"
+#include "model/swiglu.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -360,7 +361,7 @@ at::Tensor heads_with_rope(const at::Tensor& x, int64_t heads, const at::Tensor&
 }  // namespace
 
 at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope, const LlamaShape& s,
-                         const BlockLora* lora, KvCache::Layer* kv) {
+                         const BlockLora* lora, KvCache::Layer* kv, const KernelOptions& kernels) {
   const int64_t B = x.size(0), T = x.size(1), hd = s.head_dim;
   const int64_t Q = s.q_dim(), KV = s.kv_dim();
 
@@ -402,7 +403,7 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
   auto gate_up = base_linear(w, MatrixGroup::gate_up, hn2).chunk(2, -1);
   gate_up[0] = with_lora(gate_up[0], lora, Proj::gate, hn2);
   gate_up[1] = with_lora(gate_up[1], lora, Proj::up, hn2);
-  at::Tensor act = at::silu(gate_up[0]) * gate_up[1];
+  at::Tensor act = swiglu(gate_up[0], gate_up[1], kernels.fused_swiglu);
   return h + with_lora(base_linear(w, MatrixGroup::down, act), lora, Proj::down, act);
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "model/options.h"
 #include "model/shape.h"
 
 namespace ptrain {
@@ -127,8 +128,10 @@ struct BlockLora {
 // head of q and k before RoPE. With `lora`, each targeted projection adds its adapter's delta to
 // the frozen base's output (its bias included). With `kv` (this block's layer of rope.cache),
 // the keys and values of x's tokens are appended there and attention covers every held position.
+// `kernels` selects fused implementations of its pieces (model/options.h).
 at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeTables& rope, const LlamaShape& shape,
-                         const BlockLora* lora = nullptr, KvCache::Layer* kv = nullptr);
+                         const BlockLora* lora = nullptr, KvCache::Layer* kv = nullptr,
+                         const KernelOptions& kernels = {});
 // The cache layer of block `layer` in rope's attention context, or null when not decoding.
 inline KvCache::Layer* cache_layer(const RopeTables& rope, int64_t layer) {
   return rope.cache ? &rope.cache->layers[static_cast<size_t>(layer)] : nullptr;

@@ -1,4 +1,4 @@
-// The model part's options, as the config's [lora] and [quant] sections hold them: each field's
+// The model part's options, as the config's [lora], [quant] and [kernels] sections hold them: each field's
 // initialiser is the key's default (docs/config.md shows them), in this one place. Validation:
 // problems() beside each struct (its section's own rules); config/validate.cpp holds the rules
 // that read several sections or files.
@@ -29,6 +29,13 @@ struct QuantOptions {
   QuantBase base = QuantBase::none;  // nf4: every block's seven projections in NF4 (needs LoRA)
   bool double_quant = true;          // NF4 absmax scales quantized too
   bool nf4() const { return base == QuantBase::nf4; }
+};
+
+// [kernels]: fused implementations of the decoder's pieces, each switchable so a GPU run can race
+// it against the composite LibTorch path (docs/kernels.md). Off: the composite path.
+struct KernelOptions {
+  bool fused_swiglu = false;     // model/swiglu.h: silu(gate) * up in one pass each way, silu not kept
+  bool fused_grad_norm = false;  // parallel/grad_norm.h: squares summed in float64 without a float64 copy
 };
 
 }  // namespace ptrain

@@ -185,7 +185,8 @@ at::Tensor FsdpModel::compute_block(size_t piece, const at::Tensor& x, const at:
   const at::Tensor w = !with_lora && trained.defined() ? trained : gathered_view({UnitRole::base, piece});
   BlockLora l;
   if (with_lora) l = block_lora(piece, trained.defined() ? trained : gathered_view(adapter), true);
-  return block_forward(block_weights(piece, w), x, batch_rope_, shape(), with_lora ? &l : nullptr);
+  return block_forward(block_weights(piece, w), x, batch_rope_, shape(), with_lora ? &l : nullptr, nullptr,
+                       options_.kernels);
 }
 
 const RopeTables& FsdpModel::rope(int64_t seq_len) {
@@ -229,7 +230,8 @@ at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTa
   // A frozen block gets no reduce-scatter to release it: release once its backward is done.
   if (lora().enabled && training_ && x.requires_grad())
     x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::release);
-  x = block_forward(block_weights(i, w), x, rope, shape(), a.defined() ? &l : nullptr, cache_layer(rope, layer));
+  x = block_forward(block_weights(i, w), x, rope, shape(), a.defined() ? &l : nullptr, cache_layer(rope, layer),
+                    options_.kernels);
   if (!training_ || options_.parallel.reshard_after_forward) {
     release_block(i);
     if (training_) x = OnBackward::apply(x, this, static_cast<int64_t>(i), UnitAction::regather);

@@ -1,6 +1,6 @@
 // The parallel part's options, as the config's [precision], [parallel] and [memory] sections
 // hold them: each field's initialiser is the key's default (docs/config.md shows them), in this
-// one place; FsdpOptions composes [parallel] and [memory]. Validation:
+// one place; FsdpOptions composes [parallel], [memory] and [kernels]. Validation:
 // problems() beside each struct (its section's own rules); config/validate.cpp holds the rules
 // that read several sections or the machine.
 #pragma once
@@ -60,6 +60,7 @@ struct MemoryOptions {
 struct FsdpOptions {
   ParallelOptions parallel;
   MemoryOptions memory;
+  KernelOptions kernels;  // [kernels]: the blocks' fused pieces
 };
 
 }  // namespace ptrain

@@ -113,10 +113,10 @@ ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInpu
   // float32 logsumexp per head; v is a view of the fused q/k/v output, which it keeps whole,
   // unless an adapter made v a tensor of its own.
   const int64_t attention = c * (q + kv) + (ad[V] ? c * kv : c * (q + 2 * kv)) + c * q + 4 * s.n_heads;
-  // silu keeps gate, the product keeps silu's output and up: views of the gate/up output, or
-  // tensors of their own where an adapter added to them.
-  const int64_t mlp =
-      (ad[GATE] && ad[UP] ? 0 : c * 2 * F) + (ad[GATE] ? c * F : 0) + (ad[UP] ? c * F : 0) + c * F + act;
+  // silu keeps gate, the product keeps silu's output and up (the fused SwiGLU only gate and up):
+  // views of the gate/up output, or tensors of their own where an adapter added to them.
+  const int64_t mlp = (ad[GATE] && ad[UP] ? 0 : c * 2 * F) + (ad[GATE] ? c * F : 0) + (ad[UP] ? c * F : 0) +
+                      (in.fused_swiglu ? 0 : c * F) + act;
   int64_t adapters = 0;  // x A^T [tokens, rank] per adapter
   for (bool a : ad) adapters += a ? c * in.lora_rank : 0;
   // Qwen3's per-head q/k RMSNorm: a float32 rstd per head; the CPU's composite norm also the
@@ -196,6 +196,7 @@ ActivationInputs activation_inputs(const Config& c) {
   in.offloading = c.memory.activation_offloading;
   in.offload_in_flight = c.training.device == DeviceChoice::cpu ? 0 : ActivationOffloader::kInFlight;
   in.fused_norm = c.training.device != DeviceChoice::cpu;  // the plan is for GPUs unless the config says CPU
+  in.fused_swiglu = c.kernels.fused_swiglu;
   const auto& t = c.lora.targets;
   auto targeted = [&](const std::string& name) {
     return c.lora.enabled && std::find(t.begin(), t.end(), name) != t.end();

@@ -74,7 +74,7 @@ std::shared_ptr<Collectives> connect(const Config& c, const DistEnv& env, const 
   return make_collectives(env, c.parallel.backend, device, c.parallel.timeout_s);
 }
 
-FsdpOptions fsdp_options(const Config& c) { return FsdpOptions{c.parallel, c.memory}; }
+FsdpOptions fsdp_options(const Config& c) { return FsdpOptions{c.parallel, c.memory, c.kernels}; }
 
 ModelPlan model_plan(const Config& c) {
   const PrecisionPolicy policy = precision_policy(c);

@@ -62,7 +62,7 @@ StepResult train_step(FsdpModel& model, Optimizer& optim, const MicroBatchFn& mi
   r.trained_tokens = acc.tokens;
   std::vector<at::Tensor> grads;
   for (auto& u : model.trained_units()) grads.push_back(u.shard.grad());
-  r.grad_norm = clip_grad_norm(grads, options.max_grad_norm, &model.comm());
+  r.grad_norm = clip_grad_norm(grads, options.max_grad_norm, &model.comm(), options.fused_grad_norm);
   optim.step(lr);
   return r;
 }
@@ -71,7 +71,7 @@ StepResult train_step_in_backward(FsdpModel& model, Optimizer& optim, const Micr
                                   const StepOptions& options) {
   model.zero_grad();
   optim.begin_step();
-  GradNorm norm;
+  GradNorm norm(options.fused_grad_norm);
   model.on_grad_ready = [&](size_t unit, const at::Tensor& g) {
     norm.add(g);
     optim.update({{unit, g}}, lr);

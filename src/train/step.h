@@ -27,6 +27,7 @@ struct StepOptions {
   int64_t grad_accum_steps = 1;  // micro-batches per step
   double max_grad_norm = 0.0;    // 0: no clipping
   int64_t loss_chunk = 1024;     // tokens per chunk of the output projection + loss
+  bool fused_grad_norm = false;  // kernels.fused_grad_norm (parallel/grad_norm.h)
 };
 
 // `micro_batch(a)` gives micro-batch a (0 <= a < grad_accum_steps) of this rank on the model's

@@ -155,7 +155,8 @@ class Run {
     auto micro_batch = [&](int64_t a) {
       return data_.rows->train_rows(progress.samples + static_cast<uint64_t>((a * ws_ + rank_) * B), B).to(device_);
     };
-    const StepOptions options{c_.training.grad_accum_steps, c_.training.max_grad_norm, c_.memory.loss_chunk_tokens};
+    const StepOptions options{c_.training.grad_accum_steps, c_.training.max_grad_norm, c_.memory.loss_chunk_tokens,
+                              c_.kernels.fused_grad_norm};
     s.result = c_.optimizer.in_backward ? train_step_in_backward(*model_, *optim_, micro_batch, s.lr, options)
                                         : train_step(*model_, *optim_, micro_batch, s.lr, options);
     progress.samples += static_cast<uint64_t>(B * c_.training.grad_accum_steps * ws_);

@@ -51,10 +51,12 @@ TEST(Memory, SavedActivationsMatchPrediction) {
       {"qwen3", family(shape(72, 2, 4, 2, 130, 257), Family::qwen3)},
       {"mistral", family(shape(96, 2, 6, 3, 200, 333), Family::mistral)}};
   for (const auto& [name, s] : shapes) {
-    for (bool checkpointing : {false, true}) {
-      SCOPED_TRACE(name + (checkpointing ? " checkpointing" : ""));
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool checkpointing = variant == 1, fused_swiglu = variant == 2;
+      SCOPED_TRACE(name + (checkpointing ? " checkpointing" : "") + (fused_swiglu ? " fused SwiGLU" : ""));
       FsdpOptions o;
       o.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
+      o.kernels.fused_swiglu = fused_swiglu;
       FsdpModel model(test::plan(s), PrecisionPolicy{}, at::kCPU, test::local_comm(), o);
       init_weights(model, 1);
       const int64_t B = 3, T = 40;
@@ -72,6 +74,7 @@ TEST(Memory, SavedActivationsMatchPrediction) {
       ActivationInputs a;
       a.tokens = B * T;
       a.checkpointing = checkpointing;
+      a.fused_swiglu = fused_swiglu;
       a.fused_norm = false;  // the CPU's composite RMSNorm
       const int64_t predicted = predict_activations(s, a).saved_bytes();
       std::cout << name << (checkpointing ? " full" : " none") << ": measured " << measured << " B, predicted "

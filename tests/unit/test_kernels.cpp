@@ -1,0 +1,158 @@
+// The fused kernels' CPU references against the composite LibTorch path they replace (bit for
+// bit), and the CUDA kernels against their references (on a GPU; skipped elsewhere, saying so).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <cmath>
+
+#include "checkpoint/hf.h"
+#include "model/swiglu.h"
+#include "parallel/fsdp.h"
+#include "parallel/grad_norm.h"
+#include "parallel/weights.h"
+#include "test_util.h"
+
+using namespace ptrain;
+
+namespace {
+
+// gate and up of odd sizes, as the model has them: the two halves of one gate/up output, or
+// tensors of their own (an adapter added to each).
+struct SwigluInputs {
+  at::Tensor gate_up, gate, up, grad;
+};
+SwigluInputs swiglu_inputs(at::ScalarType dtype, bool halves, const at::Device& device = at::kCPU) {
+  SwigluInputs in;
+  const int64_t F = 37;
+  in.gate_up = (at::randn({3, 7, 2 * F}) * 3).to(dtype).to(device).requires_grad_(true);
+  if (halves) {
+    auto parts = in.gate_up.chunk(2, -1);
+    in.gate = parts[0], in.up = parts[1];
+  } else {
+    in.gate = (in.gate_up.narrow(-1, 0, F) * 1).contiguous();
+    in.up = (in.gate_up.narrow(-1, F, F) + 0.5).contiguous();
+  }
+  in.grad = at::randn({3, 7, F}).to(dtype).to(device);
+  return in;
+}
+
+}  // namespace
+
+// On the CPU the fused SwiGLU runs its reference: the composite path's own operations, so its
+// output and every gradient equal autograd of silu(gate) * up bit for bit, in float32 and bf16.
+TEST(Kernels, FusedSwigluReferenceIsTheCompositePath) {
+  for (auto dtype : {at::kFloat, at::kBFloat16})
+    for (bool halves : {true, false}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + (halves ? " halves" : " own tensors"));
+      at::manual_seed(3);
+      SwigluInputs a = swiglu_inputs(dtype, halves);
+      at::manual_seed(3);
+      SwigluInputs b = swiglu_inputs(dtype, halves);
+      const at::Tensor composite = swiglu(a.gate, a.up, /*fused=*/false);
+      const at::Tensor fused = swiglu(b.gate, b.up, /*fused=*/true);
+      EXPECT_TRUE(at::equal(composite, fused));
+      composite.backward(a.grad);
+      fused.backward(b.grad);
+      EXPECT_TRUE(at::equal(a.gate_up.grad(), b.gate_up.grad()));
+      EXPECT_GT(a.gate_up.grad().abs().sum().item<double>(), 0.0);
+    }
+}
+
+// The model with kernels.fused_swiglu trains the same: loss and every shard gradient equal to the
+// composite path's, with and without activation checkpointing.
+TEST(Kernels, FusedSwigluModelGivesTheSameLossAndGradients) {
+  const std::string dir = test::fixture("hf_tiny");
+  const LlamaShape shape = read_hf_config(dir);
+  HfCheckpoint ckpt(dir);
+  at::manual_seed(5);
+  const at::Tensor tokens = at::randint(0, shape.vocab_size, {2, 19}, at::kLong);
+  const at::Tensor in = tokens.narrow(1, 0, 18), tgt = tokens.narrow(1, 1, 18);
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "checkpointing" : "no checkpointing");
+    std::vector<double> losses;
+    std::vector<std::vector<at::Tensor>> grads;
+    for (bool fused : {false, true}) {
+      FsdpOptions o;
+      o.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
+      o.kernels.fused_swiglu = fused;
+      FsdpModel model(test::plan(shape), PrecisionPolicy{}, at::kCPU, test::local_comm(), o);
+      load_weights(model, ckpt.by_name());
+      at::Tensor loss = model.forward_loss(in, tgt, 7);
+      loss.backward();
+      losses.push_back(loss.item<double>());
+      grads.emplace_back();
+      for (const auto& u : model.units(UnitRole::base)) grads.back().push_back(u.shard.grad().clone());
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << "unit " << i;
+  }
+}
+
+// The CUDA kernels against the reference: float32 within 2e-6 relative (expf against the CPU's
+// exp), bfloat16 within one bfloat16 rounding of the float32 result (the kernel rounds once, the
+// composite path after each operation).
+TEST(Kernels, FusedSwigluCudaMatchesReference) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  for (auto dtype : {at::kFloat, at::kBFloat16})
+    for (bool halves : {true, false}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + (halves ? " halves" : " own tensors"));
+      at::manual_seed(7);
+      SwigluInputs x = swiglu_inputs(dtype, halves, at::kCUDA);
+      at::NoGradGuard no_grad;
+      const at::Tensor g32 = x.gate.cpu().to(at::kFloat), u32 = x.up.cpu().to(at::kFloat);
+      const at::Tensor dy32 = x.grad.cpu().to(at::kFloat);
+      const at::Tensor want = swiglu_forward_reference(g32, u32);
+      const auto [want_dg, want_du] = swiglu_backward_reference(dy32, g32, u32);
+      const at::Tensor got = swiglu_forward(x.gate, x.up).cpu().to(at::kFloat);
+      const auto [dg, du] = swiglu_backward(x.grad, x.gate, x.up);
+      const double rtol = dtype == at::kFloat ? 2e-6 : 1.0 / 128;
+      const double atol = dtype == at::kFloat ? 1e-6 : 1e-2;
+      EXPECT_TRUE(at::allclose(got, want, rtol, atol));
+      EXPECT_TRUE(at::allclose(dg.cpu().to(at::kFloat), want_dg, rtol, atol));
+      EXPECT_TRUE(at::allclose(du.cpu().to(at::kFloat), want_du, rtol, atol));
+    }
+}
+
+// The gradient norm's sum of squares, fused or composite, is the float64 sum of the float64
+// squares (closed form, summed here in order) within the bound of float64 summation in any order,
+// n * 2^-53 relative (the squares are positive), for float32 and bf16 gradients of odd sizes; on
+// the CPU the fused switch runs the composite path, bit for bit.
+TEST(Kernels, FusedGradNormIsTheFloat64SumOfSquares) {
+  for (auto dtype : {at::kFloat, at::kBFloat16})
+    for (int64_t n : {1, 255, 257, 100003}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " n " + std::to_string(n));
+      at::manual_seed(n);
+      const at::Tensor g = (at::randn({n}) * 1e3).to(dtype);
+      const at::Tensor d = g.to(at::kDouble);
+      const double* p = d.data_ptr<double>();
+      double want = 0;
+      for (int64_t i = 0; i < n; ++i) want += p[i] * p[i];
+      const at::Tensor fused = sum_of_squares(g, true), composite = sum_of_squares(g, false);
+      EXPECT_TRUE(at::equal(fused, composite));
+      const double bound = static_cast<double>(n) * 0x1p-53;
+      EXPECT_NEAR(fused.item<double>(), want, bound * want);
+      GradNorm norm(true);
+      norm.add(g);
+      norm.add(at::Tensor());  // a unit without a gradient adds nothing
+      EXPECT_NEAR(norm.total(nullptr), std::sqrt(want), bound * std::sqrt(want));
+    }
+}
+
+// The CUDA kernel against the float64 sum of the float64 squares (within n * 2^-53 relative: only
+// the order of the float64 sums differs), the same bits on every run, float32 and bf16 of odd sizes.
+TEST(Kernels, FusedGradNormCudaMatchesReference) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  for (auto dtype : {at::kFloat, at::kBFloat16})
+    for (int64_t n : {1, 255, 257, (1 << 20) + 7, 50000003}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " n " + std::to_string(n));
+      at::manual_seed(n);
+      const at::Tensor g = (at::randn({n}, at::TensorOptions().device(at::kCUDA)) * 1e3).to(dtype);
+      const double want = g.cpu().to(at::kDouble).square().sum().item<double>();
+      const at::Tensor a = sum_of_squares(g, true), b = sum_of_squares(g, true);
+      EXPECT_TRUE(a.is_cuda());
+      EXPECT_NEAR(a.item<double>(), want, static_cast<double>(n) * 0x1p-53 * want);
+      EXPECT_TRUE(at::equal(a, b)) << "not deterministic";
+    }
+}
