@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "cuda_check.h"
+#include "element_access.cuh"
 #include "sum_squares_cuda.h"
 
 namespace ptrain::kernels {
@@ -27,17 +28,6 @@ __device__ double block_sum(double v) {
     __syncthreads();
   }
   return shared[0];
-}
-
-template <class T>
-__device__ float load(const T* p, int64_t i);
-template <>
-__device__ float load<float>(const float* p, int64_t i) {
-  return p[i];
-}
-template <>
-__device__ float load<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
 }
 
 template <class T>

@@ -6,24 +6,12 @@
 #include <algorithm>
 
 #include "cuda_check.h"
+#include "element_access.cuh"
 #include "swiglu_cuda.h"
 
 namespace ptrain::kernels {
 
 namespace {
-
-template <class T>
-__device__ float load(const T* p, int64_t i);
-template <>
-__device__ float load<float>(const float* p, int64_t i) {
-  return p[i];
-}
-template <>
-__device__ float load<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 template <class T>
 __global__ void forward_kernel(SwigluShape s, const T* __restrict__ gate, const T* __restrict__ up,
