@@ -3,8 +3,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "cuda_check.h"
 #include "element_access.cuh"
 #include "swiglu_cuda.h"
@@ -38,10 +36,6 @@ __global__ void backward_kernel(SwigluShape s, const T* __restrict__ grad, const
     store(dgate, i, dy * u * sig * (1.0f + g * (1.0f - sig)));
     store(dup, i, dy * g * sig);
   }
-}
-
-unsigned grid_for(int64_t n, int threads) {
-  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535LL * 8));
 }
 
 }  // namespace

@@ -425,6 +425,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "kernels", "fused_grad_norm", kernels.fused_grad_norm, kFromStruct,
           R"(the gradient norm's sum of squares in one CUDA kernel per unit that reads the gradient in place, squaring and summing in float64 in an order fixed by its size — instead of LibTorch's float64 norm, which first makes a float64 copy of the gradient; the composite path on the CPU (`docs/kernels.md`))"),
+      PTRAIN_KEY(
+          "kernels", "fused_rope", kernels.fused_rope, kFromStruct,
+          R"(RoPE's rotation of q and k as one autograd function: one CUDA kernel each way on a GPU (float32 arithmetic without fused multiply-adds, one rounding) instead of about ten LibTorch operations; LibTorch's own operations elsewhere — values and gradients equal to the composite path's bit for bit on the CPU (`docs/kernels.md`))"),
   };
   // clang-format on
   return kKeys;

@@ -1,4 +1,5 @@
 #include "model/llama.h"
+#include "model/rope.h"
 #include "model/swiglu.h"
 
 #include <ATen/ATen.h>
@@ -224,19 +225,12 @@ RopeTables packed_positions(const RopeTables& tables, const at::Tensor& doc_ids,
   return r;
 }
 
-at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope, bool fused) {
+  if (rope.token_cos.defined())  // packed documents: each token at its position in its document
+    return rope_rotate(x, rope.token_cos, rope.token_sin, fused);
   const int64_t T = x.size(1), half = x.size(3) / 2;
-  auto halves = x.to(at::kFloat).chunk(2, -1);  // split's backward writes once, narrow's zero-fills
-  const at::Tensor &x1 = halves[0], &x2 = halves[1];
-  at::Tensor c, s;
-  if (rope.token_cos.defined()) {  // packed documents: each token at its position in its document
-    c = rope.token_cos;
-    s = rope.token_sin;
-  } else {
-    c = rope.cos.narrow(0, 0, T).view({1, T, 1, half});
-    s = rope.sin.narrow(0, 0, T).view({1, T, 1, half});
-  }
-  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1).to(x.scalar_type());
+  return rope_rotate(x, rope.cos.narrow(0, 0, T).view({1, T, 1, half}), rope.sin.narrow(0, 0, T).view({1, T, 1, half}),
+                     fused);
 }
 
 namespace {
@@ -353,10 +347,10 @@ at::Tensor with_lora(at::Tensor base, const BlockLora* lora, Proj p, const at::T
 // [B, T, heads * head_dim] -> [B, heads, T, head_dim]: per-head RMSNorm (when the family has
 // one), then RoPE.
 at::Tensor heads_with_rope(const at::Tensor& x, int64_t heads, const at::Tensor& norm, const RopeTables& rope,
-                           const LlamaShape& s) {
+                           const LlamaShape& s, bool fused_rope) {
   at::Tensor h = x.reshape({x.size(0), x.size(1), heads, s.head_dim});
   if (norm.defined()) h = rms_norm(h, norm, s.norm_eps);
-  return apply_rope(h, rope).transpose(1, 2);
+  return apply_rope(h, rope, fused_rope).transpose(1, 2);
 }
 }  // namespace
 
@@ -369,8 +363,8 @@ at::Tensor block_forward(const BlockWeights& w, const at::Tensor& x, const RopeT
   auto qkv = base_linear(w, MatrixGroup::qkv, hn).split_with_sizes({Q, KV, KV}, -1);
   for (Proj p : {Proj::q, Proj::k, Proj::v})
     qkv[static_cast<size_t>(p)] = with_lora(qkv[static_cast<size_t>(p)], lora, p, hn);
-  at::Tensor q = heads_with_rope(qkv[0], s.n_heads, w.q_norm, rope, s);
-  at::Tensor k = heads_with_rope(qkv[1], s.n_kv_heads, w.k_norm, rope, s);
+  at::Tensor q = heads_with_rope(qkv[0], s.n_heads, w.q_norm, rope, s, kernels.fused_rope);
+  at::Tensor k = heads_with_rope(qkv[1], s.n_kv_heads, w.k_norm, rope, s, kernels.fused_rope);
   at::Tensor v = qkv[2].reshape({B, T, s.n_kv_heads, hd}).transpose(1, 2);
   // Which held positions each new token sees. Without a cache the new tokens are all there is
   // (start = 0); with one they follow its `start` positions, whose keys and values come first.

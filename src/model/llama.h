@@ -70,8 +70,9 @@ RopeTables rope_tables(const LlamaShape& shape, int64_t seq_len, const at::Devic
 // x: [..., dim]. Normalises in float32, returns weight * x_normed in x's dtype (HF order).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// x: [B, T, heads, head_dim]; rotates (first half, second half) pairs in float32.
-at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
+// x: [B, T, heads, head_dim]; rotates (first half, second half) pairs in float32, by the
+// composite path or the fused function (model/rope.h, kernels.fused_rope).
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope, bool fused = false);
 
 // Views of one block's flat buffer (in the compute dtype), by matrix group (MatrixGroup).
 struct BlockWeights {

@@ -4,8 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #ifdef PTRAIN_CUDA
-#include <c10/cuda/CUDAStream.h>
-
+#include "common/cuda_stream.h"
 #include "swiglu_cuda.h"
 #endif
 
@@ -17,7 +16,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 #ifdef PTRAIN_CUDA
-bool kernel_applies(const at::Tensor& t) {
+bool swiglu_kernel_applies(const at::Tensor& t) {
   return t.is_cuda() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
 }
 
@@ -28,12 +27,11 @@ at::Tensor as_rows(const at::Tensor& t) {
   return unit.reshape({-1, t.size(-1)});
 }
 
-kernels::SwigluShape kernel_shape(const at::Tensor& gate_rows, const at::Tensor& up_rows) {
+kernels::SwigluShape swiglu_kernel_shape(const at::Tensor& gate_rows, const at::Tensor& up_rows) {
   return {gate_rows.size(0), gate_rows.size(1), gate_rows.stride(0), up_rows.stride(0),
           gate_rows.scalar_type() == at::kBFloat16};
 }
 
-void* stream_of(const at::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 #endif
 
 class FusedSwiglu : public torch::autograd::Function<FusedSwiglu> {
@@ -64,10 +62,10 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
               "swiglu: gate and up must have one shape and dtype");
 #ifdef PTRAIN_CUDA
-  if (kernel_applies(gate)) {
+  if (swiglu_kernel_applies(gate)) {
     const at::Tensor g = as_rows(gate), u = as_rows(up);
     at::Tensor out = at::empty(gate.sizes(), gate.options().memory_format(at::MemoryFormat::Contiguous));
-    kernels::swiglu_forward(kernel_shape(g, u), g.data_ptr(), u.data_ptr(), out.data_ptr(), stream_of(gate));
+    kernels::swiglu_forward(swiglu_kernel_shape(g, u), g.data_ptr(), u.data_ptr(), out.data_ptr(), cuda_stream_of(gate));
     return out;
   }
 #endif
@@ -77,12 +75,12 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad, const at::Tensor& gate,
                                                   const at::Tensor& up) {
 #ifdef PTRAIN_CUDA
-  if (kernel_applies(gate) && grad.scalar_type() == gate.scalar_type()) {
+  if (swiglu_kernel_applies(gate) && grad.scalar_type() == gate.scalar_type()) {
     const at::Tensor g = as_rows(gate), u = as_rows(up), dy = grad.contiguous();
     const auto options = gate.options().memory_format(at::MemoryFormat::Contiguous);
     at::Tensor dgate = at::empty(gate.sizes(), options), dup = at::empty(gate.sizes(), options);
-    kernels::swiglu_backward(kernel_shape(g, u), dy.data_ptr(), g.data_ptr(), u.data_ptr(), dgate.data_ptr(),
-                             dup.data_ptr(), stream_of(gate));
+    kernels::swiglu_backward(swiglu_kernel_shape(g, u), dy.data_ptr(), g.data_ptr(), u.data_ptr(), dgate.data_ptr(),
+                             dup.data_ptr(), cuda_stream_of(gate));
     return {dgate, dup};
   }
 #endif

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "checkpoint/hf.h"
+#include "model/rope.h"
 #include "model/swiglu.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_norm.h"
@@ -58,34 +59,43 @@ TEST(Kernels, FusedSwigluReferenceIsTheCompositePath) {
     }
 }
 
-// The model with kernels.fused_swiglu trains the same: loss and every shard gradient equal to the
-// composite path's, with and without activation checkpointing.
-TEST(Kernels, FusedSwigluModelGivesTheSameLossAndGradients) {
+// The model with each model fusion (kernels.fused_swiglu, kernels.fused_rope, both) trains the
+// same: loss and every shard gradient equal to the composite path's, with and without activation
+// checkpointing, on plain rows and on packed documents (RoPE's per-token tables).
+TEST(Kernels, FusedModelGivesTheSameLossAndGradients) {
   const std::string dir = test::fixture("hf_tiny");
   const LlamaShape shape = read_hf_config(dir);
   HfCheckpoint ckpt(dir);
   at::manual_seed(5);
   const at::Tensor tokens = at::randint(0, shape.vocab_size, {2, 19}, at::kLong);
   const at::Tensor in = tokens.narrow(1, 0, 18), tgt = tokens.narrow(1, 1, 18);
-  for (bool checkpointing : {false, true}) {
-    SCOPED_TRACE(checkpointing ? "checkpointing" : "no checkpointing");
-    std::vector<double> losses;
-    std::vector<std::vector<at::Tensor>> grads;
-    for (bool fused : {false, true}) {
-      FsdpOptions o;
-      o.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
-      o.kernels.fused_swiglu = fused;
-      FsdpModel model(test::plan(shape), PrecisionPolicy{}, at::kCPU, test::local_comm(), o);
-      load_weights(model, ckpt.by_name());
-      at::Tensor loss = model.forward_loss(in, tgt, 7);
-      loss.backward();
-      losses.push_back(loss.item<double>());
-      grads.emplace_back();
-      for (const auto& u : model.units(UnitRole::base)) grads.back().push_back(u.shard.grad().clone());
+  const at::Tensor docs = at::cat({at::zeros({2, 7}, at::kLong), at::ones({2, 11}, at::kLong)}, 1);
+  auto run = [&](const KernelOptions& kernels, bool checkpointing, const at::Tensor& doc_ids) {
+    FsdpOptions o;
+    o.memory.activation_checkpointing = checkpointing ? Checkpointing::full : Checkpointing::none;
+    o.kernels = kernels;
+    FsdpModel model(test::plan(shape), PrecisionPolicy{}, at::kCPU, test::local_comm(), o);
+    load_weights(model, ckpt.by_name());
+    at::Tensor loss = model.forward_loss(in, tgt, 7, doc_ids);
+    loss.backward();
+    std::vector<at::Tensor> out{loss.detach()};
+    for (const auto& u : model.units(UnitRole::base)) out.push_back(u.shard.grad().clone());
+    return out;
+  };
+  KernelOptions swiglu_only, rope_only, both;
+  swiglu_only.fused_swiglu = both.fused_swiglu = true;
+  rope_only.fused_rope = both.fused_rope = true;
+  for (bool checkpointing : {false, true})
+    for (bool packed : {false, true}) {
+      const at::Tensor doc_ids = packed ? docs : at::Tensor();
+      const std::vector<at::Tensor> want = run(KernelOptions{}, checkpointing, doc_ids);
+      for (const auto& [name, kernels] : {std::pair{"swiglu", swiglu_only}, {"rope", rope_only}, {"both", both}}) {
+        SCOPED_TRACE(std::string(name) + (checkpointing ? ", checkpointing" : "") + (packed ? ", packed" : ""));
+        const std::vector<at::Tensor> got = run(kernels, checkpointing, doc_ids);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << (i ? "unit " : "loss ") << i;
+      }
     }
-    EXPECT_EQ(losses[0], losses[1]);
-    for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << "unit " << i;
-  }
 }
 
 // The CUDA kernels against the reference: float32 within 2e-6 relative (expf against the CPU's
@@ -155,4 +165,74 @@ TEST(Kernels, FusedGradNormCudaMatchesReference) {
       EXPECT_NEAR(a.item<double>(), want, static_cast<double>(n) * 0x1p-53 * want);
       EXPECT_TRUE(at::equal(a, b)) << "not deterministic";
     }
+}
+
+namespace {
+
+// RoPE's inputs as the model has them: q as a view of the q/k/v output (rows further apart than
+// one row of heads) or a tensor of its own, odd batch, length and head count; the tables of plain
+// rows ([1, T, 1, D/2]) or of packed documents ([B, T, 1, D/2], a position per token).
+struct RopeInputs {
+  at::Tensor qkv, x, cos, sin, grad;
+};
+RopeInputs rope_inputs(at::ScalarType dtype, bool view, bool packed, const at::Device& device = at::kCPU) {
+  const int64_t B = 3, T = 7, H = 5, D = 12;
+  RopeInputs in;
+  in.qkv = (at::randn({B, T, H * D + 2 * D}) * 2).to(dtype).to(device).requires_grad_(true);
+  at::Tensor q = in.qkv.narrow(-1, 0, H * D);
+  in.x = (view ? q : q * 1).reshape({B, T, H, D});
+  const at::Tensor angle = at::rand({packed ? B : 1, T, 1, D / 2}) * 20;
+  in.cos = angle.cos().to(device);
+  in.sin = angle.sin().to(device);
+  in.grad = at::randn({B, T, H, D}).to(dtype).to(device);
+  return in;
+}
+
+}  // namespace
+
+// On the CPU the fused RoPE runs its reference: the composite path's own operations, so its
+// output and the gradient equal autograd of the composite path bit for bit (float32, bf16; plain
+// and packed tables; x a view or a tensor of its own) — and rotating back undoes the rotation
+// (closed form: the rotation is orthogonal) within float32 rounding.
+TEST(Kernels, FusedRopeReferenceIsTheCompositePath) {
+  for (auto dtype : {at::kFloat, at::kBFloat16})
+    for (bool view : {true, false})
+      for (bool packed : {false, true}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + (view ? " view" : " own tensor") + (packed ? " packed" : ""));
+        at::manual_seed(11);
+        RopeInputs a = rope_inputs(dtype, view, packed);
+        at::manual_seed(11);
+        RopeInputs b = rope_inputs(dtype, view, packed);
+        const at::Tensor composite = rope_rotate(a.x, a.cos, a.sin, /*fused=*/false);
+        const at::Tensor fused = rope_rotate(b.x, b.cos, b.sin, /*fused=*/true);
+        EXPECT_TRUE(at::equal(composite, fused));
+        composite.backward(a.grad);
+        fused.backward(b.grad);
+        EXPECT_TRUE(at::equal(a.qkv.grad(), b.qkv.grad()));
+        EXPECT_GT(a.qkv.grad().abs().sum().item<double>(), 0.0);
+        if (dtype == at::kFloat) {
+          at::NoGradGuard no_grad;
+          const at::Tensor back = rope_backward_reference(rope_forward_reference(a.x, a.cos, a.sin), a.cos, a.sin, dtype);
+          EXPECT_TRUE(at::allclose(back, a.x, 1e-5, 1e-5));
+        }
+      }
+}
+
+// The CUDA kernel against the reference, bit for bit: both rotate in float32 with each product
+// and sum rounded on its own and round to the element type once (float32 and bf16; plain and
+// packed tables; x a view or a tensor of its own).
+TEST(Kernels, FusedRopeCudaMatchesReference) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  for (auto dtype : {at::kFloat, at::kBFloat16})
+    for (bool view : {true, false})
+      for (bool packed : {false, true}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + (view ? " view" : " own tensor") + (packed ? " packed" : ""));
+        at::manual_seed(13);
+        RopeInputs x = rope_inputs(dtype, view, packed, at::kCUDA);
+        at::NoGradGuard no_grad;
+        const at::Tensor xc = x.x.cpu(), cc = x.cos.cpu(), sc = x.sin.cpu(), gc = x.grad.cpu();
+        EXPECT_TRUE(at::equal(rope_forward(x.x, x.cos, x.sin).cpu(), rope_forward_reference(xc, cc, sc)));
+        EXPECT_TRUE(at::equal(rope_backward(x.grad, x.cos, x.sin, dtype).cpu(), rope_backward_reference(gc, cc, sc, dtype)));
+      }
 }

@@ -62,7 +62,9 @@ TEST(Rope, LinearAndYarnScalingInClosedForm) {
     const double f = base[i].item<double>(), g = yarn[i].item<double>();
     const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
     EXPECT_NEAR(g, f / 4 * ramp + f * (1 - ramp), 1e-6 * f) << "pair " << i << " turns " << turns(i) << " times";
-    if (turns(i) > 32) EXPECT_NEAR(g, f, 1e-7 * f);
+    if (turns(i) > 32) {
+      EXPECT_NEAR(g, f, 1e-7 * f);
+    }
     if (turns(i) < 1) EXPECT_NEAR(g, f / 4, 1e-7 * f);
   }
   // cos and sin carry the attention factor: at position 0, cos = factor and sin = 0.
