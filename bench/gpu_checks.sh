@@ -16,6 +16,8 @@
 #   race     the speed race against PyTorch FSDP2, eager and compiled (bench/speed_vs_fsdp2.sh)
 #   fusions  the race's ptrain run with each [kernels] fusion off and on, and all on (docs/kernels.md):
 #            tokens/s, peak allocated, loss at the last step, side by side
+#   qlora    QLoRA of an 8B-shaped Llama (configs/llama3_8b_qlora.toml, random base) against PEFT +
+#            bitsandbytes (bench/qlora_vs_peft.sh; bitsandbytes from the bundle's py/site)
 #   profile  a Kineto trace of three steps of the race's ptrain run (training.profile_steps),
 #            summarised by bench/trace_summary.py; the trace is kept, gzipped, for later study
 # Without a GPU the GPU stages say so and record "not run"; a skipped test is never a pass.
@@ -33,7 +35,7 @@ STATE="$PTRAIN_BUILD/gpu-checks"
 RESULTS="$STATE/results.md"
 LOGS="$STATE/logs"
 BIN="$PTRAIN_BUILD/ptrain"
-ALL_STAGES=(env build kernels smoke nccl memory race fusions profile)
+ALL_STAGES=(env build kernels smoke nccl memory race fusions qlora profile)
 mkdir -p "$LOGS"
 
 # The python3 on PATH holds torch (the GPU machine's own; never carried): CMake and the bench
@@ -225,6 +227,7 @@ chat_qlora_padded|configs/tiny_chat_qlora.toml|--set training.device=cuda --set 
 chat_qlora_packed|configs/tiny_chat_qlora.toml|--set training.device=cuda --set data.packing=true --set data.micro_batch_size=32 --set data.seq_len=256
 llama3_2_1b_mixed|configs/llama3_2_1b_mixed.toml|--set training.device=cuda
 llama3_2_1b_bf16_adam8bit_ckpt|configs/llama3_2_1b_mixed.toml|--set training.device=cuda --set precision.mode=bf16 --set optimizer.name=adamw8bit --set memory.activation_checkpointing=full
+llama3_8b_qlora|configs/llama3_8b_qlora.toml|--set training.device=cuda --set data.path=data/fortunes.txt --set data.format=text --set data.packing=false --set training.grad_accum_steps=1
 RUNS
   record "(the planner is an upper bound of the step's schedule: measured / predicted should be at most 1 and close to it)"
   record "- the plan's $(grep -h -m1 '^  library workspace' "$LOGS"/memory_tiny_fp32_check.log | sed 's/^ *//')"
@@ -268,6 +271,17 @@ stage_fusions() {
   record "(a fusion changes no arithmetic on the CPU; on the GPU its kernel rounds once where the composite path"
   record " rounds after each operation, so the losses agree to bf16 rounding, not to the bit)"
   return $fails
+}
+
+stage_qlora() {
+  needs_gpu || return 0
+  local site="$BUNDLE/py/site"
+  [ -d "$site/bitsandbytes" ] ||
+    { record "FAILED: no bitsandbytes in the bundle ($site): run launch/gpu_bundle.sh again and carry it"; return 1; }
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" OUT="$STATE/runs/qlora" \
+    bash "$ROOT/bench/qlora_vs_peft.sh" "$ROOT/configs/llama3_8b_qlora.toml" 10 > "$LOGS/qlora.log" 2>&1 ||
+    { record "FAILED: QLoRA race (logs/qlora.log)"; tail -20 "$LOGS/qlora.log"; return 1; }
+  record "$(grep -v "^logs and metrics" "$LOGS/qlora.log")"
 }
 
 stage_profile() {

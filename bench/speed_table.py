@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The side-by-side table of bench/speed_vs_fsdp2.sh: reads OUT/ptrain/metrics.jsonl and the
-reference's OUT/eager.json and OUT/compiled.json; prints tokens/s, MFU and peak allocated memory
-with ptrain/reference ratios. MFU uses one FLOP count for every row (ptrain's 6N + attention,
+"""The side-by-side table of bench/speed_vs_fsdp2.sh and bench/qlora_vs_peft.sh: reads
+OUT/ptrain/metrics.jsonl and every reference's OUT/NAME.json (FSDP2's eager.json and
+compiled.json; PEFT's peft.json, peft_prepare.json), each labelled by its "label" (else "FSDP2
+NAME"); prints tokens/s, MFU and peak allocated memory with ptrain/reference ratios. MFU uses one FLOP count for every row (ptrain's 6N + attention,
 from its metrics) over the GPU's dense bf16 peak.
 
 Usage: speed_table.py OUT WARMUP_STEPS [PEAK_TFLOPS]
@@ -23,8 +24,10 @@ def main():
     ptrain = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
               "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rows), "peak_mem_source": rows[0]["peak_mem_source"]}
     flops_per_token = statistics.median(r["tflops"] * 1e12 / r["tokens_per_s"] for r in rows)
-    refs = {k: json.load(open(os.path.join(out, k + ".json"))) for k in ("eager", "compiled")
-            if os.path.exists(os.path.join(out, k + ".json"))}
+    order = ["eager", "compiled", "peft", "peft_prepare"]
+    names = sorted((f[:-5] for f in os.listdir(out) if f.endswith(".json")),
+                   key=lambda k: (order.index(k) if k in order else len(order), k))
+    refs = {k: json.load(open(os.path.join(out, k + ".json"))) for k in names}
     name = next(iter(refs.values()))["device_name"] if refs else "?"
     if len(sys.argv) > 3 and sys.argv[3]:
         peak, source = float(sys.argv[3]), "PEAK_TFLOPS"
@@ -41,7 +44,7 @@ def main():
 
     row("ptrain", ptrain, "— | —")
     for k, r in refs.items():
-        row(f"FSDP2 {k}", r, f"{ptrain['tokens_per_s'] / r['tokens_per_s']:.2f} | "
+        row(r.get("label", f"FSDP2 {k}"), r, f"{ptrain['tokens_per_s'] / r['tokens_per_s']:.2f} | "
                             f"{ptrain['peak_mem_bytes'] / r['peak_mem_bytes']:.2f}")
 
 
