@@ -17,13 +17,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ptrain/venv-torch-2.11.0}"
 [ "$(id -u)" = 0 ] || { echo "gpu_rehearsal.sh: needs root (mount and network namespaces)" >&2; exit 1; }
 [ -x "$VENV/bin/python3" ] || { echo "gpu_rehearsal.sh: no torch venv at $VENV (launch/setup.sh)" >&2; exit 1; }
-[ -d "$ROOT/.gpu-bundle/debs" ] || bash "$ROOT/launch/gpu_bundle.sh"
+[ -d "$ROOT/.gpu-bundle/debs" ] && [ -d "$ROOT/.gpu-bundle/py/site" ] || bash "$ROOT/launch/gpu_bundle.sh"
 say() { printf '[gpu_rehearsal] %s\n' "$*"; }
 
 W="$(mktemp -d /tmp/ptrain-gpu-rehearsal.XXXXXX)"
 git clone -q "$ROOT" "$W/tree"
 mkdir -p "$W/tree/.gpu-bundle"  # what launch/gpu_bundle.sh makes, and what is carried: nothing unpacked
-cp -r "$ROOT/.gpu-bundle/debs" "$ROOT/.gpu-bundle/data" "$ROOT/.gpu-bundle/MANIFEST" "$W/tree/.gpu-bundle/"
+cp -r "$ROOT/.gpu-bundle/debs" "$ROOT/.gpu-bundle/data" "$ROOT/.gpu-bundle/py" "$ROOT/.gpu-bundle/MANIFEST" "$W/tree/.gpu-bundle/"
 mkdir -p "$W/upper" "$W/work" "$W/root" "$W/out"
 say "clean tree: $(git -C "$W/tree" log -1 --format='%h %s' | cut -c1-80) + the bundle ($(du -sm "$W/tree/.gpu-bundle" | cut -f1) MiB)"
 
