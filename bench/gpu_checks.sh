@@ -242,7 +242,7 @@ stage_race() {
 }
 
 # The [kernels] switches the fusions stage races (docs/kernels.md); a new fused kernel adds its key here.
-FUSIONS=(fused_swiglu fused_rope fused_grad_norm)
+FUSIONS=(fused_swiglu fused_rope fused_loss fused_grad_norm)
 
 stage_fusions() {
   needs_gpu || return 0

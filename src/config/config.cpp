@@ -428,6 +428,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "kernels", "fused_rope", kernels.fused_rope, kFromStruct,
           R"(RoPE's rotation of q and k as one autograd function: one CUDA kernel each way on a GPU (float32 arithmetic without fused multiply-adds, one rounding) instead of about ten LibTorch operations; LibTorch's own operations elsewhere — values and gradients equal to the composite path's bit for bit on the CPU (`docs/kernels.md`))"),
+      PTRAIN_KEY(
+          "kernels", "fused_loss", kernels.fused_loss, kFromStruct,
+          R"(the loss head's softmax cross-entropy per logits chunk in one CUDA kernel — each row read once for its maximum and sum of exponentials, once more to write the gradient — instead of seven LibTorch passes over the `[chunk, vocab]` float32 logits; the output projection's GEMMs are unchanged. The composite path on the CPU (`docs/kernels.md`))"),
   };
   // clang-format on
   return kKeys;

@@ -40,12 +40,15 @@ using HeadFn = std::function<void(const at::Tensor& hidden, const at::Tensor& ou
 void llama_forward(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
                    const HeadFn& head);
 
-// Mean cross-entropy over unmasked targets [B, T] (the chunked float32 loss; autograd).
+// Mean cross-entropy over unmasked targets [B, T] (the chunked float32 loss; autograd);
+// fused_loss: kernels.fused_loss (model/loss.h).
 at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
-                      const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype);
+                      const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype,
+                      bool fused_loss = false);
 // Summed loss and token count, no autograd.
 LossSum llama_loss_sum(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
-                       const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype);
+                       const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype,
+                       bool fused_loss = false);
 // Logits [B*T, vocab] in float32, no autograd (materialises them all).
 at::Tensor llama_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
                         const at::Tensor& inputs);

@@ -5,6 +5,11 @@
 
 #include "model/gemm.h"
 
+#ifdef PTRAIN_CUDA
+#include "common/cuda_stream.h"
+#include "softmax_xent_cuda.h"
+#endif
+
 namespace ptrain {
 
 using torch::autograd::AutogradContext;
@@ -20,6 +25,43 @@ int64_t default_loss_chunk(int64_t vocab_size) {
   return std::max<int64_t>(64, kChunkBytes / (4 * vocab_size));
 }
 
+XentChunk softmax_xent_reference(at::Tensor logits, const at::Tensor& targets, double scale,
+                                 std::optional<c10::ScalarType> grad_dtype) {
+  const at::Tensor valid = targets.ne(kIgnoreIndex);
+  const at::Tensor safe = at::where(valid, targets, at::zeros_like(targets)).unsqueeze(1);
+  const at::Tensor lse = at::logsumexp(logits, 1);  // reduces in float32 whatever the dtype
+  const at::Tensor picked = logits.gather(1, safe).squeeze(1);
+  XentChunk out{((lse - picked).to(at::kFloat) * valid).sum(), at::Tensor()};
+  if (!grad_dtype) return out;
+  // d loss / d logits = softmax - onehot(target), zero for masked rows, times scale.
+  at::Tensor p = logits.sub_(lse.unsqueeze(1)).exp_();
+  const at::Tensor v = valid.to(logits.scalar_type()).unsqueeze(1);
+  p.scatter_add_(1, safe, -v).mul_(v * scale);
+  out.grad = p.to(*grad_dtype);
+  return out;
+}
+
+XentChunk softmax_xent(at::Tensor logits, const at::Tensor& targets, double scale,
+                       std::optional<c10::ScalarType> grad_dtype, bool fused) {
+#ifdef PTRAIN_CUDA
+  auto kernel_dtype = [](c10::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; };
+  if (fused && logits.is_cuda() && kernel_dtype(logits.scalar_type()) && (!grad_dtype || kernel_dtype(*grad_dtype))) {
+    logits = logits.contiguous();
+    const at::Tensor t = targets.contiguous();
+    at::Tensor row_loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+    at::Tensor grad;  // in the logits' own buffer where the dtypes agree
+    if (grad_dtype) grad = *grad_dtype == logits.scalar_type() ? logits : at::empty_like(logits, *grad_dtype);
+    const kernels::XentShape shape{logits.size(0), logits.size(1), logits.scalar_type() == at::kBFloat16,
+                                   grad_dtype == at::kBFloat16, static_cast<float>(scale)};
+    kernels::softmax_xent(shape, logits.data_ptr(), t.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
+                          grad.defined() ? grad.data_ptr() : nullptr, cuda_stream_of(logits));
+    return {row_loss.sum(), grad};
+  }
+#endif
+  (void)fused;
+  return softmax_xent_reference(std::move(logits), targets, scale, grad_dtype);
+}
+
 namespace {
 
 // The shared chunk loop. `grads` (when non-null) receives d(loss_sum)/d(input) times `scale`
@@ -32,7 +74,7 @@ struct ChunkGrads {
 
 at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, const OutputAdapter* adapter,
                             const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype, double scale,
-                            ChunkGrads* grads) {
+                            ChunkGrads* grads, bool fused) {
   const int64_t N = hidden.size(0);
   if (chunk <= 0) chunk = default_loss_chunk(weight.size(0));
   at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
@@ -50,12 +92,12 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
       grads->gb = at::zeros(b32.sizes(), b32.options());
     }
   }
+  // d loss / d logits: in the hidden dtype for the matmuls, in float32 where the adapter needs it.
+  std::optional<c10::ScalarType> grad_dtype;
+  if (grads) grad_dtype = lr && (grads->hidden || grads->adapter) ? at::kFloat : hidden.scalar_type();
   for (int64_t start = 0; start < N; start += chunk) {
     const int64_t n = std::min(chunk, N - start);
     at::Tensor h = hidden.narrow(0, start, n);
-    at::Tensor t = targets.narrow(0, start, n);
-    at::Tensor valid = t.ne(kIgnoreIndex);
-    at::Tensor safe = at::where(valid, t, at::zeros_like(t)).unsqueeze(1);
     // [n, vocab], the only one alive; float32 accumulation, rounded to logits_dtype
     at::Tensor logits = gemm::mm(h, weight.t(), logits_dtype);
     at::Tensor z;  // [n, rank] = h A^T (float32)
@@ -63,15 +105,11 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
       z = gemm::mm(h, adapter->a.t(), at::kFloat);
       logits.add_(at::mm(z, b32.t()).mul_(adapter->scale).to(logits_dtype));
     }
-    at::Tensor lse = at::logsumexp(logits, 1);  // reduces in float32 whatever the dtype
-    at::Tensor picked = logits.gather(1, safe).squeeze(1);
-    total.add_(((lse - picked).to(at::kFloat) * valid).sum());
+    XentChunk x = softmax_xent(std::move(logits), targets.narrow(0, start, n), scale, grad_dtype, fused);
+    total.add_(x.loss_sum);
     if (!grads) continue;
-    // d loss / d logits = softmax - onehot(target), zero for masked rows, times scale.
-    at::Tensor p = logits.sub_(lse.unsqueeze(1)).exp_();
-    at::Tensor v = valid.to(logits_dtype).unsqueeze(1);
-    p.scatter_add_(1, safe, -v).mul_(v * scale);
-    at::Tensor pc = p.to(hidden.scalar_type());
+    const at::Tensor& p32 = x.grad;  // (float32 where the adapter reads it)
+    at::Tensor pc = x.grad.to(hidden.scalar_type());
     if (grads->hidden) {
       at::Tensor gh = grads->gh.narrow(0, start, n);
       if (hidden.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat)
@@ -81,7 +119,6 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
     }
     if (grads->weight) gemm::add_mm_(grads->gw, pc.t(), h);
     if (lr && (grads->hidden || grads->adapter)) {
-      at::Tensor p32 = p.to(at::kFloat);
       at::Tensor dz = at::mm(p32, b32).mul_(adapter->scale);  // [n, rank]
       if (grads->adapter) {
         grads->gb.addmm_(p32.t(), z, 1.0, adapter->scale);
@@ -107,7 +144,7 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& a, const at::Tensor& b, double adapter_scale, const at::Tensor& targets,
-                            int64_t chunk, c10::ScalarType logits_dtype, std::vector<bool> need) {
+                            int64_t chunk, c10::ScalarType logits_dtype, std::vector<bool> need, bool fused) {
     const int64_t valid = targets.ne(kIgnoreIndex).sum().item<int64_t>();
     const double scale = valid > 0 ? 1.0 / static_cast<double>(valid) : 0.0;
     ChunkGrads g;
@@ -116,7 +153,7 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     g.adapter = need[2];
     const OutputAdapter adapter{a, b, adapter_scale};
     at::Tensor sum = chunked_loss_sum(hidden, weight, a.numel() > 0 ? &adapter : nullptr, targets, chunk, logits_dtype,
-                                      scale, need[0] || need[1] || need[2] ? &g : nullptr);
+                                      scale, need[0] || need[1] || need[2] ? &g : nullptr, fused);
     ctx->save_for_backward({g.gh, g.gw, g.ga, g.gb});
     return sum * scale;
   }
@@ -126,14 +163,15 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     const at::Tensor& g = grad_out[0];
     auto times = [&](const at::Tensor& x) { return x.defined() ? x * g.to(x.scalar_type()) : at::Tensor(); };
     return {times(saved[0]), times(saved[1]), times(saved[2]), times(saved[3]), at::Tensor(),
-            at::Tensor(),    at::Tensor(),    at::Tensor(),    at::Tensor()};
+            at::Tensor(),    at::Tensor(),    at::Tensor(),    at::Tensor(),    at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter) {
+                                int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,
+                                bool fused) {
   // Gradients are produced in forward only for the inputs autograd will ask about.
   const bool grad = at::GradMode::is_enabled();
   const bool lr = adapter && adapter->a.defined();
@@ -142,13 +180,15 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
   // Without an adapter, empty placeholders (autograd wants every tensor argument defined).
   const at::Tensor none = at::empty({0}, weight.options().requires_grad(false));
   return LinearCrossEntropyFn::apply(hidden, weight, lr ? adapter->a : none, lr ? adapter->b : none,
-                                     lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype, need);
+                                     lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype, need, fused);
 }
 
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                 int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter) {
+                                 int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,
+                                 bool fused) {
   at::NoGradGuard no_grad;
-  at::Tensor sum = chunked_loss_sum(hidden, weight, adapter, targets, chunk_tokens, logits_dtype, 0.0, nullptr);
+  at::Tensor sum =
+      chunked_loss_sum(hidden, weight, adapter, targets, chunk_tokens, logits_dtype, 0.0, nullptr, fused);
   return {sum.item<double>(), targets.ne(kIgnoreIndex).sum().item<int64_t>()};
 }
 

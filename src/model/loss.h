@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace ptrain {
 
@@ -25,9 +26,11 @@ struct OutputAdapter {
 // logits (default_loss_chunk).
 // Logits are accumulated in float32 and held in `logits_dtype` (float32 unless the user opted
 // into bfloat16 logits); the loss is summed in float32 either way.
+// `fused` (kernels.fused_loss): each chunk's softmax, loss and gradient by softmax_xent's fused
+// form (below).
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
-                                const OutputAdapter* adapter = nullptr);
+                                const OutputAdapter* adapter = nullptr, bool fused = false);
 
 // Summed loss and number of unmasked tokens, without autograd (evaluation).
 struct LossSum {
@@ -36,7 +39,25 @@ struct LossSum {
 };
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
-                                 const OutputAdapter* adapter = nullptr);
+                                 const OutputAdapter* adapter = nullptr, bool fused = false);
+
+// One chunk's softmax cross-entropy: logits [n, vocab] (float32, or bfloat16 when the user opted
+// into bf16 logits), targets [n] with kIgnoreIndex for masked rows. Returns the summed loss of the
+// unmasked rows (float32 scalar) and, when grad_dtype is given, d(loss sum)/d(logits) * scale in
+// grad_dtype. Consumes `logits`: its values are undefined afterwards (the gradient may be
+// computed in its place).
+//   composite (softmax_xent_reference) — LibTorch's logsumexp, gather, in-place exp, scatter,
+//     scaling and cast, one pass over the chunk each;
+//   fused — on a CUDA chunk one kernel (kernels/softmax_xent.cu) reading it twice; elsewhere the
+//     composite path (the kernel's CPU reference).
+struct XentChunk {
+  at::Tensor loss_sum;  // float32 scalar
+  at::Tensor grad;      // [n, vocab] in grad_dtype, or undefined
+};
+XentChunk softmax_xent(at::Tensor logits, const at::Tensor& targets, double scale,
+                       std::optional<c10::ScalarType> grad_dtype, bool fused);
+XentChunk softmax_xent_reference(at::Tensor logits, const at::Tensor& targets, double scale,
+                                 std::optional<c10::ScalarType> grad_dtype);
 
 int64_t default_loss_chunk(int64_t vocab_size);
 

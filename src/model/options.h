@@ -37,6 +37,7 @@ struct KernelOptions {
   bool fused_swiglu = false;     // model/swiglu.h: silu(gate) * up in one pass each way, silu not kept
   bool fused_grad_norm = false;  // parallel/grad_norm.h: squares summed in float64 without a float64 copy
   bool fused_rope = false;       // model/rope.h: q and k rotated in one pass each way
+  bool fused_loss = false;       // model/loss.h: each logits chunk's softmax, loss and gradient in one kernel
 };
 
 }  // namespace ptrain

@@ -274,12 +274,14 @@ const RopeTables& FsdpModel::batch_rope(const at::Tensor& inputs, const at::Tens
 
 at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                                    const at::Tensor& doc_ids) {
-  return llama_loss(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
+  return llama_loss(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype,
+                    options_.kernels.fused_loss);
 }
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                              const at::Tensor& doc_ids) {
-  return llama_loss_sum(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype);
+  return llama_loss_sum(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk,
+                        policy_.logits_dtype, options_.kernels.fused_loss);
 }
 
 at::Tensor FsdpModel::next_logits(const at::Tensor& inputs, KvCache& cache) {

@@ -235,9 +235,12 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   const int64_t block = plan.full.at(kFirstBlockUnit).numel;
   const int64_t chunk = c.memory.loss_chunk_tokens > 0 ? c.memory.loss_chunk_tokens : default_loss_chunk(s.vocab_size);
   const int64_t N = in.tokens;
-  // End of forward: the gathered head, one chunk's float32 logits and its probabilities (and
-  // their copy in the compute dtype).
-  p.forward_transient_bytes = gathered_head + std::min(chunk, N) * s.vocab_size * (4 + 4 + cb);
+  // End of forward: the gathered head, one chunk's float32 logits and, composite, the log-sum-exp's
+  // float32 temporary and the probabilities' copy in the compute dtype; fused (kernels.fused_loss,
+  // on a GPU), the gradient alone, in the logits' buffer when the compute dtype is float32.
+  const bool fused_loss = c.kernels.fused_loss && in.fused_norm;
+  const int64_t per_logit = fused_loss ? 4 + (cb == 4 ? 0 : cb) : 4 + 4 + cb;
+  p.forward_transient_bytes = gathered_head + std::min(chunk, N) * s.vocab_size * per_logit;
   // A block's backward: this block and the prefetched previous one gathered, its flat gradient
   // in the compute dtype and the padded reduce-scatter buffer (trained units only), and the
   // gradients flowing through it (a few [tokens, ffn] tensors at most), plus the recomputed

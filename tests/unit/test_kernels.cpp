@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "checkpoint/hf.h"
+#include "model/loss.h"
 #include "model/rope.h"
 #include "model/swiglu.h"
 #include "parallel/fsdp.h"
@@ -59,9 +60,10 @@ TEST(Kernels, FusedSwigluReferenceIsTheCompositePath) {
     }
 }
 
-// The model with each model fusion (kernels.fused_swiglu, kernels.fused_rope, both) trains the
-// same: loss and every shard gradient equal to the composite path's, with and without activation
-// checkpointing, on plain rows and on packed documents (RoPE's per-token tables).
+// The model with each model fusion (kernels.fused_swiglu, kernels.fused_rope, kernels.fused_loss,
+// all three) trains the same: loss and every shard gradient equal to the composite path's, with
+// and without activation checkpointing, on plain rows and on packed documents (RoPE's per-token
+// tables).
 TEST(Kernels, FusedModelGivesTheSameLossAndGradients) {
   const std::string dir = test::fixture("hf_tiny");
   const LlamaShape shape = read_hf_config(dir);
@@ -82,14 +84,16 @@ TEST(Kernels, FusedModelGivesTheSameLossAndGradients) {
     for (const auto& u : model.units(UnitRole::base)) out.push_back(u.shard.grad().clone());
     return out;
   };
-  KernelOptions swiglu_only, rope_only, both;
-  swiglu_only.fused_swiglu = both.fused_swiglu = true;
-  rope_only.fused_rope = both.fused_rope = true;
+  KernelOptions swiglu_only, rope_only, loss_only, all;
+  swiglu_only.fused_swiglu = all.fused_swiglu = true;
+  rope_only.fused_rope = all.fused_rope = true;
+  loss_only.fused_loss = all.fused_loss = true;
   for (bool checkpointing : {false, true})
     for (bool packed : {false, true}) {
       const at::Tensor doc_ids = packed ? docs : at::Tensor();
       const std::vector<at::Tensor> want = run(KernelOptions{}, checkpointing, doc_ids);
-      for (const auto& [name, kernels] : {std::pair{"swiglu", swiglu_only}, {"rope", rope_only}, {"both", both}}) {
+      for (const auto& [name, kernels] :
+           {std::pair{"swiglu", swiglu_only}, {"rope", rope_only}, {"loss", loss_only}, {"all", all}}) {
         SCOPED_TRACE(std::string(name) + (checkpointing ? ", checkpointing" : "") + (packed ? ", packed" : ""));
         const std::vector<at::Tensor> got = run(kernels, checkpointing, doc_ids);
         ASSERT_EQ(got.size(), want.size());
@@ -235,4 +239,77 @@ TEST(Kernels, FusedRopeCudaMatchesReference) {
         EXPECT_TRUE(at::equal(rope_forward(x.x, x.cos, x.sin).cpu(), rope_forward_reference(xc, cc, sc)));
         EXPECT_TRUE(at::equal(rope_backward(x.grad, x.cos, x.sin, dtype).cpu(), rope_backward_reference(gc, cc, sc, dtype)));
       }
+}
+
+namespace {
+
+// A chunk of logits as the loss head has them: odd rows and vocabulary, a spread like a trained
+// model's (a few large logits), some rows masked.
+struct XentInputs {
+  at::Tensor logits, targets;
+};
+XentInputs xent_inputs(at::ScalarType dtype, const at::Device& device = at::kCPU) {
+  const int64_t n = 37, V = 1031;
+  XentInputs in;
+  in.logits = (at::randn({n, V}) * 4 + at::randn({1, V}) * 2).to(dtype).to(device);
+  in.targets = at::randint(0, V, {n}, at::kLong);
+  in.targets.index_put_({at::arange(0, n, 5)}, kIgnoreIndex);
+  in.targets = in.targets.to(device);
+  return in;
+}
+
+}  // namespace
+
+// The loss head's chunk against the closed form in float64: loss = -sum of log_softmax at the
+// targets of unmasked rows; gradient = (softmax - onehot) * scale on unmasked rows, 0 on masked
+// ones — float32 logits within float32 rounding; on the CPU the fused switch is the reference,
+// bit for bit.
+TEST(Kernels, FusedLossChunkIsSoftmaxMinusOnehot) {
+  at::manual_seed(17);
+  const XentInputs x = xent_inputs(at::kFloat);
+  const double scale = 1.0 / 29;
+  const at::Tensor valid = x.targets.ne(kIgnoreIndex);
+  const at::Tensor safe = at::where(valid, x.targets, at::zeros_like(x.targets));
+  const at::Tensor logp = at::log_softmax(x.logits.to(at::kDouble), 1);
+  const double want_loss = -(logp.gather(1, safe.unsqueeze(1)).squeeze(1) * valid).sum().item<double>();
+  at::Tensor want_grad = logp.exp() - at::one_hot(safe, x.logits.size(1)).to(at::kDouble);
+  want_grad = want_grad * valid.unsqueeze(1).to(at::kDouble) * scale;
+  const XentChunk ref = softmax_xent_reference(x.logits.clone(), x.targets, scale, at::kFloat);
+  EXPECT_NEAR(ref.loss_sum.item<double>(), want_loss, 1e-6 * want_loss);
+  EXPECT_TRUE(at::allclose(ref.grad.to(at::kDouble), want_grad, 1e-5, 1e-9));
+  const XentChunk fused = softmax_xent(x.logits.clone(), x.targets, scale, at::kFloat, /*fused=*/true);
+  EXPECT_TRUE(at::equal(fused.loss_sum, ref.loss_sum));
+  EXPECT_TRUE(at::equal(fused.grad, ref.grad));
+  const XentChunk loss_only = softmax_xent(x.logits.clone(), x.targets, scale, std::nullopt, true);
+  EXPECT_TRUE(at::equal(loss_only.loss_sum, ref.loss_sum));
+  EXPECT_FALSE(loss_only.grad.defined());
+}
+
+// The CUDA kernel against the reference: the loss sum within 1e-5 relative (its log-sum-exp sums
+// in another order), a float32 gradient within 1e-5 relative (expf against the CPU's exp, the
+// differing log-sum-exp) and a bf16 one within one bf16 rounding; float32 and bf16 logits, the
+// gradient in its own buffer and in the logits' (same dtype), and the loss alone.
+TEST(Kernels, FusedLossCudaMatchesReference) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA GPU on this machine: the kernel comparison runs on the GPU machine";
+  const double scale = 1.0 / 29;
+  for (auto logits_dtype : {at::kFloat, at::kBFloat16})
+    for (std::optional<c10::ScalarType> grad_dtype :
+         {std::optional<c10::ScalarType>(at::kFloat), std::optional<c10::ScalarType>(at::kBFloat16),
+          std::optional<c10::ScalarType>()}) {
+      SCOPED_TRACE(std::string("logits ") + c10::toString(logits_dtype) + ", grad " +
+                   (grad_dtype ? c10::toString(*grad_dtype) : "none"));
+      at::manual_seed(19);
+      const XentInputs x = xent_inputs(logits_dtype, at::kCUDA);
+      const XentChunk want = softmax_xent_reference(x.logits.cpu(), x.targets.cpu(), scale, grad_dtype);
+      const XentChunk got = softmax_xent(x.logits.clone(), x.targets, scale, grad_dtype, /*fused=*/true);
+      EXPECT_TRUE(got.loss_sum.is_cuda());
+      EXPECT_NEAR(got.loss_sum.item<double>(), want.loss_sum.item<double>(), 1e-5 * want.loss_sum.item<double>());
+      ASSERT_EQ(got.grad.defined(), grad_dtype.has_value());
+      if (!grad_dtype) continue;
+      EXPECT_EQ(got.grad.scalar_type(), *grad_dtype);
+      const bool bf16 = *grad_dtype == at::kBFloat16;
+      EXPECT_TRUE(at::allclose(got.grad.cpu().to(at::kFloat), want.grad.to(at::kFloat), bf16 ? 1.0 / 128 : 1e-5,
+                               (bf16 ? 1e-4 : 1e-8) * scale));
+    }
 }

@@ -65,7 +65,9 @@ TEST(Rope, LinearAndYarnScalingInClosedForm) {
     if (turns(i) > 32) {
       EXPECT_NEAR(g, f, 1e-7 * f);
     }
-    if (turns(i) < 1) EXPECT_NEAR(g, f / 4, 1e-7 * f);
+    if (turns(i) < 1) {
+      EXPECT_NEAR(g, f / 4, 1e-7 * f);
+    }
   }
   // cos and sin carry the attention factor: at position 0, cos = factor and sin = 0.
   const RopeTables t = rope_tables(s, 3, at::kCPU);
