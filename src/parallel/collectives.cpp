@@ -71,6 +71,9 @@ class SelfCollectives final : public Collectives {
     out.copy_(in);
     return std::make_unique<Done>();
   }
+  std::unique_ptr<PendingCollective> all_gather_in_place_async(const at::Tensor&) override {
+    return std::make_unique<Done>();  // the only slot is filled
+  }
   std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) override {
     out.copy_(in);
     return std::make_unique<Done>();
@@ -102,6 +105,19 @@ class MpiCollectives final : public Collectives {
     p->keep = {in.contiguous(), out};
     PTRAIN_MPI_CHECK(MPI_Iallgather(p->keep[0].data_ptr(), static_cast<int>(p->keep[0].nbytes()), MPI_BYTE,
                                     out.data_ptr(), static_cast<int>(p->keep[0].nbytes()), MPI_BYTE, MPI_COMM_WORLD,
+                                    &p->req));
+    stats.all_gather_bytes += out.nbytes();
+    ++stats.calls;
+    return p;
+  }
+
+  std::unique_ptr<PendingCollective> all_gather_in_place_async(const at::Tensor& out) override {
+    check_cpu(out, out, "all_gather");
+    TORCH_CHECK(out.is_contiguous() && out.numel() % world_size_ == 0, "all_gather in place: sizes");
+    auto p = std::make_unique<Request>(this, "all_gather");
+    p->keep = {out};
+    const int part = static_cast<int>(out.nbytes() / world_size_);
+    PTRAIN_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.data_ptr(), part, MPI_BYTE, MPI_COMM_WORLD,
                                     &p->req));
     stats.all_gather_bytes += out.nbytes();
     ++stats.calls;

@@ -44,6 +44,10 @@ class Collectives {
   // out has world_size * in.numel() elements of in's dtype; rank r's `in` lands at
   // out[r*n, (r+1)*n).
   virtual std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& out, const at::Tensor& in) = 0;
+  // The same in place: this rank's part already sits at out[rank*n, (rank+1)*n) (n =
+  // out.numel() / world_size, written there by the caller — FSDP casts its shard straight into
+  // that slot, so no cast copy exists to be copied again); the collective fills the other slots.
+  virtual std::unique_ptr<PendingCollective> all_gather_in_place_async(const at::Tensor& out) = 0;
   // in has world_size * out.numel() elements; out = mean over ranks of their in[rank*n, ...).
   virtual std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) = 0;
   void all_gather(const at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in)->wait(); }

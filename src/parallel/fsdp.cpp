@@ -138,9 +138,17 @@ at::Tensor FsdpModel::fill(UnitKey key) {
     return gathered_view(key);
   }
   if (storage_freed(u.gathered)) allocate_gathered(key);
-  at::NoGradGuard no_grad;
-  comm_->all_gather(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
+  start_gather(key)->wait();
   return gathered_view(key);
+}
+
+std::unique_ptr<PendingCollective> FsdpModel::start_gather(UnitKey key) {
+  FlatUnit& u = at(key);
+  at::NoGradGuard no_grad;
+  // The shard cast into its own slot of the gathered buffer in one copy (the master's float32
+  // to the compute dtype), then gathered in place: no cast copy to be copied again.
+  u.gathered.narrow(0, comm_->rank() * u.shard_numel, u.shard_numel).copy_(u.shard.detach());
+  return comm_->all_gather_in_place_async(u.gathered);
 }
 
 void FsdpModel::allocate_gathered(UnitKey key) {
@@ -158,8 +166,7 @@ void FsdpModel::prefetch(UnitKey key) {
   if (!storage_freed(u.gathered)) return;  // still gathered (reshard_after_forward = false)
   allocate_gathered(key);
   at::NoGradGuard no_grad;
-  gathering_[role_index(key.role)][key.piece] =
-      comm_->all_gather_async(u.gathered, u.shard.detach().to(u.gathered.scalar_type()));
+  gathering_[role_index(key.role)][key.piece] = start_gather(key);
 }
 
 at::Tensor FsdpModel::reduce_grad(UnitKey key, const at::Tensor& grad) {

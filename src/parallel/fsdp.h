@@ -195,6 +195,8 @@ class FsdpModel : public WeightSource {
   std::unique_ptr<PendingReduce> reducing_;
   int64_t peak_gathered_ = 0;
   void allocate_gathered(UnitKey key);
+  // Casts the shard into its slot of the gathered buffer and starts the in-place all-gather.
+  std::unique_ptr<PendingCollective> start_gather(UnitKey key);
   at::Tensor gathered_view(UnitKey key);  // the unit's full flat weights: the gathered buffer, or the shard in place
   RopeTables rope_;
   int64_t rope_len_ = 0;

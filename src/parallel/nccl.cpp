@@ -112,6 +112,16 @@ class NcclCollectives final : public Collectives {
     ++stats.calls;
     return std::make_unique<Work>(std::move(work), std::vector<at::Tensor>{o, i});
   }
+  // NCCL gathers in place when the input is the rank's slot of the output (as FSDP2 does).
+  std::unique_ptr<PendingCollective> all_gather_in_place_async(const at::Tensor& out) override {
+    TORCH_CHECK(out.is_contiguous() && out.numel() % world_size_ == 0, "all_gather in place: sizes");
+    const int64_t n = out.numel() / world_size_;
+    at::Tensor o = out, i = out.narrow(0, rank_ * n, n);
+    auto work = pg_->_allgather_base(o, i);
+    stats.all_gather_bytes += out.nbytes();
+    ++stats.calls;
+    return std::make_unique<Work>(std::move(work), std::vector<at::Tensor>{o, i});
+  }
   std::unique_ptr<PendingCollective> reduce_scatter_mean_async(const at::Tensor& out, const at::Tensor& in) override {
     at::Tensor o = out, i = in.contiguous();
     c10d::ReduceScatterOptions opts;

@@ -39,6 +39,9 @@ void expect_every_element_moves(Collectives& comm, const c10::Device& device) {
       comm.all_gather(gathered, in);
       EXPECT_TRUE(at::equal(mean.cpu(), in.cpu())) << "reduce-scatter mean, " << dtype << ", " << n << " elements";
       EXPECT_TRUE(at::equal(gathered.cpu(), in.cpu())) << "all-gather, " << dtype << ", " << n << " elements";
+      at::Tensor in_place = in.clone();  // the rank's slot is the whole buffer: nothing may change
+      comm.all_gather_in_place_async(in_place)->wait();
+      EXPECT_TRUE(at::equal(in_place.cpu(), in.cpu())) << "all-gather in place, " << dtype << ", " << n << " elements";
     }
   // A host value (a step's loss, a token count) goes through the device and back.
   at::Tensor host = at::tensor({2.5, -7.0}, at::kDouble);
