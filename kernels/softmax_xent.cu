@@ -80,8 +80,8 @@ void launch_for_logits(const XentShape& s, const TL* logits, const int64_t* targ
     xent_kernel<TL, __nv_bfloat16><<<static_cast<unsigned>(s.rows), kThreads, 0, st>>>(
         s, logits, targets, row_loss, static_cast<__nv_bfloat16*>(grad));
   else
-    xent_kernel<TL, float><<<static_cast<unsigned>(s.rows), kThreads, 0, st>>>(s, logits, targets, row_loss,
-                                                                                static_cast<float*>(grad));
+    xent_kernel<TL, float>
+        <<<static_cast<unsigned>(s.rows), kThreads, 0, st>>>(s, logits, targets, row_loss, static_cast<float*>(grad));
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 
 namespace ptrain {
 
-inline void* cuda_stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+inline void* cuda_stream_of(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
 
 }  // namespace ptrain
 #endif

@@ -20,11 +20,10 @@ void llama_forward(WeightSource& source, const LlamaShape& shape, const RopeTabl
 at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
                       const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype, bool fused_loss) {
   at::Tensor loss;
-  llama_forward(source, shape, rope, inputs,
-                [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
-                  loss = linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter,
-                                              fused_loss);
-                });
+  llama_forward(
+      source, shape, rope, inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+        loss = linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter, fused_loss);
+      });
   return loss;
 }
 
@@ -32,11 +31,10 @@ LossSum llama_loss_sum(WeightSource& source, const LlamaShape& shape, const Rope
                        const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype, bool fused_loss) {
   at::NoGradGuard no_grad;
   LossSum sum;
-  llama_forward(source, shape, rope, inputs,
-                [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
-                  sum = linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter,
-                                                 fused_loss);
-                });
+  llama_forward(
+      source, shape, rope, inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+        sum = linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter, fused_loss);
+      });
   return sum;
 }
 

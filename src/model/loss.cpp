@@ -187,8 +187,7 @@ LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& wei
                                  int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,
                                  bool fused) {
   at::NoGradGuard no_grad;
-  at::Tensor sum =
-      chunked_loss_sum(hidden, weight, adapter, targets, chunk_tokens, logits_dtype, 0.0, nullptr, fused);
+  at::Tensor sum = chunked_loss_sum(hidden, weight, adapter, targets, chunk_tokens, logits_dtype, 0.0, nullptr, fused);
   return {sum.item<double>(), targets.ne(kIgnoreIndex).sum().item<int64_t>()};
 }
 

@@ -35,13 +35,12 @@ struct KernelTables {
 };
 KernelTables kernel_tables(const at::Tensor& cos, const at::Tensor& sin, int64_t B, int64_t T) {
   const int64_t half = cos.size(-1);
-  if (cos.size(0) == 1)
-    return {cos.reshape({T, half}).contiguous(), sin.reshape({T, half}).contiguous(), T};
+  if (cos.size(0) == 1) return {cos.reshape({T, half}).contiguous(), sin.reshape({T, half}).contiguous(), T};
   return {cos.reshape({B * T, half}).contiguous(), sin.reshape({B * T, half}).contiguous(), 0};
 }
 
 kernels::RopeShape rope_kernel_shape(const at::Tensor& x_rows, int64_t period) {
-  return {x_rows.size(0) * x_rows.size(1), x_rows.size(2), x_rows.size(3), x_rows.stride(1), period,
+  return {x_rows.size(0) * x_rows.size(1),      x_rows.size(2), x_rows.size(3), x_rows.stride(1), period,
           x_rows.scalar_type() == at::kBFloat16};
 }
 
@@ -102,8 +101,8 @@ at::Tensor rope_backward(const at::Tensor& grad, const at::Tensor& cos, const at
     const at::Tensor g = grad.contiguous();
     const KernelTables t = kernel_tables(cos, sin, g.size(0), g.size(1));
     at::Tensor dx = at::empty_like(g);
-    kernels::rope_backward(rope_kernel_shape(g, t.period), g.data_ptr(), t.cos.data_ptr<float>(), t.sin.data_ptr<float>(),
-                           dx.data_ptr(), cuda_stream_of(g));
+    kernels::rope_backward(rope_kernel_shape(g, t.period), g.data_ptr(), t.cos.data_ptr<float>(),
+                           t.sin.data_ptr<float>(), dx.data_ptr(), cuda_stream_of(g));
     return dx;
   }
 #endif

@@ -65,7 +65,8 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
   if (swiglu_kernel_applies(gate)) {
     const at::Tensor g = as_rows(gate), u = as_rows(up);
     at::Tensor out = at::empty(gate.sizes(), gate.options().memory_format(at::MemoryFormat::Contiguous));
-    kernels::swiglu_forward(swiglu_kernel_shape(g, u), g.data_ptr(), u.data_ptr(), out.data_ptr(), cuda_stream_of(gate));
+    kernels::swiglu_forward(swiglu_kernel_shape(g, u), g.data_ptr(), u.data_ptr(), out.data_ptr(),
+                            cuda_stream_of(gate));
     return out;
   }
 #endif

@@ -117,8 +117,8 @@ class MpiCollectives final : public Collectives {
     auto p = std::make_unique<Request>(this, "all_gather");
     p->keep = {out};
     const int part = static_cast<int>(out.nbytes() / world_size_);
-    PTRAIN_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.data_ptr(), part, MPI_BYTE, MPI_COMM_WORLD,
-                                    &p->req));
+    PTRAIN_MPI_CHECK(
+        MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.data_ptr(), part, MPI_BYTE, MPI_COMM_WORLD, &p->req));
     stats.all_gather_bytes += out.nbytes();
     ++stats.calls;
     return p;

@@ -280,8 +280,8 @@ at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& t
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                              const at::Tensor& doc_ids) {
-  return llama_loss_sum(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk,
-                        policy_.logits_dtype, options_.kernels.fused_loss);
+  return llama_loss_sum(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype,
+                        options_.kernels.fused_loss);
 }
 
 at::Tensor FsdpModel::next_logits(const at::Tensor& inputs, KvCache& cache) {

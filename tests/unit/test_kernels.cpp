@@ -216,7 +216,8 @@ TEST(Kernels, FusedRopeReferenceIsTheCompositePath) {
         EXPECT_GT(a.qkv.grad().abs().sum().item<double>(), 0.0);
         if (dtype == at::kFloat) {
           at::NoGradGuard no_grad;
-          const at::Tensor back = rope_backward_reference(rope_forward_reference(a.x, a.cos, a.sin), a.cos, a.sin, dtype);
+          const at::Tensor back =
+              rope_backward_reference(rope_forward_reference(a.x, a.cos, a.sin), a.cos, a.sin, dtype);
           EXPECT_TRUE(at::allclose(back, a.x, 1e-5, 1e-5));
         }
       }
@@ -237,7 +238,8 @@ TEST(Kernels, FusedRopeCudaMatchesReference) {
         at::NoGradGuard no_grad;
         const at::Tensor xc = x.x.cpu(), cc = x.cos.cpu(), sc = x.sin.cpu(), gc = x.grad.cpu();
         EXPECT_TRUE(at::equal(rope_forward(x.x, x.cos, x.sin).cpu(), rope_forward_reference(xc, cc, sc)));
-        EXPECT_TRUE(at::equal(rope_backward(x.grad, x.cos, x.sin, dtype).cpu(), rope_backward_reference(gc, cc, sc, dtype)));
+        EXPECT_TRUE(
+            at::equal(rope_backward(x.grad, x.cos, x.sin, dtype).cpu(), rope_backward_reference(gc, cc, sc, dtype)));
       }
 }
 
