@@ -18,6 +18,7 @@
 #include "app/compare.h"
 #include "app/evaluate.h"
 #include "app/export.h"
+#include "app/export_gguf.h"
 #include "app/generate.h"
 #include "app/tokenize.h"
 #include "common/error.h"
@@ -84,10 +85,15 @@ const std::vector<Command>& commands() {
         {"--out", "DIR", "output directory (default runs/compare-<run.name>)"}}},
       {"export",
        "writes a Hugging Face model directory of the run's family (config.json + model.safetensors), or for a LoRA "
-       "checkpoint the adapters in PEFT's format (adapter_config.json + adapter_model.safetensors).",
-       {{"--checkpoint", "DIR", "the step_N directory to export", true},
-        {"--out", "DIR", "the directory to write", true},
-        {"--merge", nullptr, "LoRA: write the base with the adapters merged in (float32)"}}},
+       "checkpoint the adapters in PEFT's format (adapter_config.json + adapter_model.safetensors); with --gguf, "
+       "one GGUF file llama.cpp runs (weights, tokenizer, chat template; a LoRA checkpoint merged) from a "
+       "checkpoint or a config's model.hf_path (docs/export.md).",
+       {{"--checkpoint", "DIR", "the step_N directory to export"},
+        {"--out", "DIR", "the directory to write (Hugging Face / PEFT)"},
+        {"--merge", nullptr, "LoRA: write the base with the adapters merged in (float32)"},
+        {"--gguf", "FILE", "write one GGUF file instead"},
+        {"--gguf-type", "TYPE", "f32, f16 (default), bf16 or q8_0: the matrices' type (norms stay f32)"},
+        {"--config", "FILE", "--gguf: the config whose model.hf_path (and tokenizer) to write"}}},
       {"generate",
        "answers prompts with the config's model (model.hf_path, lora.adapter_path, quant.base) or a checkpoint, "
        "on one process with a KV cache: --prompt TEXT, --chat (the chat template; interactive on a terminal), or "
@@ -296,7 +302,18 @@ int cmd_eval(const Args& a) {
   return run_eval(r);
 }
 
-int cmd_export(const Args& a) { return run_export(required(a, "--checkpoint"), required(a, "--out"), a.merge); }
+int cmd_export(const Args& a) {
+  const auto option = [&](const char* name) { return a.options.count(name) ? a.options.at(name) : std::string(); };
+  if (a.options.count("--gguf")) {
+    if (a.options.count("--out") || a.merge)
+      throw UsageError("export --gguf writes one file: drop --out and --merge (a LoRA checkpoint is merged anyway)");
+    return run_export_gguf(option("--checkpoint"), a.config, option("--gguf"),
+                           a.options.count("--gguf-type") ? option("--gguf-type") : "f16");
+  }
+  if (a.options.count("--gguf-type") || !a.config.empty())
+    throw UsageError("--gguf-type and --config go with --gguf FILE");
+  return run_export(required(a, "--checkpoint"), required(a, "--out"), a.merge);
+}
 
 int cmd_compare(const Args& a) {
   if (a.config.empty()) throw UsageError("ptrain compare needs --config FILE");

@@ -35,7 +35,7 @@ const std::set<std::string>& descriptive_keys() {
 }
 
 // Keys that change the network unless they hold their neutral value (null, false, {}, [], "none").
-bool neutral(const std::string& key, const json& v) {
+bool peft_key_neutral(const std::string& key, const json& v) {
   static const std::set<std::string> k{"rank_pattern",
                                        "alpha_pattern",
                                        "layers_to_transform",
@@ -102,7 +102,7 @@ void check_peft_keys(const json& cfg, const std::string& cfg_path) {
       "peft_type",        "r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "base_model_name_or_path",
       "init_lora_weights"};
   for (auto it = cfg.begin(); it != cfg.end(); ++it) {
-    if (read.count(it.key()) || descriptive_keys().count(it.key()) || neutral(it.key(), it.value())) continue;
+    if (read.count(it.key()) || descriptive_keys().count(it.key()) || peft_key_neutral(it.key(), it.value())) continue;
     throw RuntimeError(cfg_path + ": \"" + it.key() + "\" = " + it.value().dump().substr(0, 80) + ": " +
                        why_refused(it.key()));
   }

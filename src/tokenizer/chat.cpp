@@ -568,6 +568,8 @@ std::string tag_difference(const Profile& p, const Profile& k, const std::string
 
 }  // namespace
 
+std::string default_chat_template(const std::string& dir, std::string& where) { return template_text(dir, where); }
+
 RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where) {
   const std::string options = template_options();
   TemplateScan scan;

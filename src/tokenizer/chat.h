@@ -105,6 +105,12 @@ struct RecognizedTemplate {
 };
 RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where);
 
+// The directory's default chat template as transformers picks it (additional_chat_templates/
+// default.jinja, chat_template.jinja, tokenizer_config.json's chat_template); "" when it has none.
+// `where` receives the file it came from. Throws RuntimeError where transformers has no default
+// (named templates only) or the file is malformed.
+std::string default_chat_template(const std::string& dir, std::string& where);
+
 // A conversation as the format's template renders it. Throws RuntimeError for a role the
 // template does not take, a conversation it refuses (Mistral: roles must alternate), or a reply
 // whose text merges with the template text around it into one token.

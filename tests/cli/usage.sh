@@ -41,7 +41,10 @@ for cmd in train check eval compare export generate tokenize; do  # every subcom
 done
 expect 2 "did you mean --config\?" -- "$bin" check --confg "$tmp/ok.toml"
 expect 2 "did you mean --checkpoint\?" -- "$bin" export --chekpoint x --out y
-expect 2 "ptrain export does not take --config" -- "$bin" export --config "$tmp/ok.toml" --checkpoint x --out y
+expect 2 "ptrain export does not take --world-size" -- "$bin" export --world-size 2 --checkpoint x --out y
+expect 2 "--gguf-type and --config go with --gguf FILE" -- "$bin" export --config "$tmp/ok.toml" --checkpoint x --out y
+expect 2 "choose f32, f16, bf16 or q8_0" -- "$bin" export --gguf "$tmp/x.gguf" --gguf-type q4 --checkpoint x
+expect 2 "takes --checkpoint DIR .* or --config FILE" -- "$bin" export --gguf "$tmp/x.gguf"
 expect 2 "--merge takes no value" -- "$bin" export --checkpoint x --out y --merge=yes
 expect 2 "needs --config" -- "$bin" check
 expect 2 "unknown argument '--confg'" -- "$bin" --confg x.toml

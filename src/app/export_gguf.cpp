@@ -1,0 +1,352 @@
+#include "app/export_gguf.h"
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "app/export.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
+#include "common/error.h"
+#include "common/fs_util.h"
+#include "common/log.h"
+#include "config/config.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// llama.cpp's architecture for a family, and whether its converter permutes q/k rows: Llama and
+// Mistral run ggml's "normal" RoPE over interleaved pairs, Qwen's the "neox" one over halves as HF.
+struct Arch {
+  const char* name;
+  bool permute_qk;
+};
+Arch arch_of(const LlamaShape& s) {
+  switch (s.family) {
+    case Family::llama:
+    case Family::mistral:
+      return {"llama", true};
+    case Family::qwen2:
+      return {"qwen2", false};
+    case Family::qwen3:
+      return {"qwen3", false};
+  }
+  return {"llama", true};
+}
+
+void refuse_unexpressible(const LlamaShape& s, const HfStorage& storage, const std::string& dir) {
+  std::vector<std::string> why;
+  if (storage.nf4)
+    why.push_back(
+        "config.json quantization_config: bitsandbytes NF4 weights (GGUF holds ggml's own types; "
+        "train on it and export the checkpoint, whose merged weights are float)");
+  if (s.mlp_biased())
+    why.push_back("mlp_bias = true: biases on gate/up/down, which llama.cpp's converter does not write for Llama");
+  if (s.sliding_window > 0)
+    why.push_back("sliding_window = " + std::to_string(s.sliding_window) +
+                  ": llama.cpp runs Mistral as its llama architecture, which attends to every position — the "
+                  "model would answer differently past the window");
+  if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::yarn)
+    why.push_back("rope_scaling type yarn: not written yet (llama3 and linear are)");
+  if (why.empty()) return;
+  std::string msg = dir + ": cannot be written as GGUF:";
+  for (const auto& w : why) msg += "\n  - " + w;
+  throw UnsupportedInput(msg);
+}
+
+// HF's q/k rows (each head's first half, then second half) in ggml's order for its "normal"
+// RoPE (pairs interleaved): llama.cpp's converter's permute(w, n_head).
+at::Tensor permute_rows(const at::Tensor& w, int64_t heads) {
+  std::vector<int64_t> split{heads, 2, w.size(0) / heads / 2};
+  for (int64_t i = 1; i < w.dim(); ++i) split.push_back(w.size(i));
+  return w.reshape(split).transpose(1, 2).reshape(w.sizes());
+}
+
+// Llama 3.1's RoPE scaling as the frequency divisors llama.cpp reads from `rope_freqs.weight`,
+// computed as its converter computes them (in double, stored as float32).
+at::Tensor llama3_rope_factors(const LlamaShape& s) {
+  const RopeScaling& r = s.rope_scaling;
+  const double old_len = static_cast<double>(r.original_max_seq_len);
+  const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+  std::vector<float> f;
+  for (int64_t i = 0; i < s.head_dim; i += 2) {
+    const double freq = 1.0 / std::pow(s.rope_theta, static_cast<double>(i) / static_cast<double>(s.head_dim));
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < high_wavelen) {
+      f.push_back(1.0f);
+    } else if (wavelen > low_wavelen) {
+      f.push_back(static_cast<float>(r.factor));
+    } else {
+      const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      f.push_back(static_cast<float>(1.0 / ((1 - smooth) / r.factor + smooth)));
+    }
+  }
+  return at::tensor(f, at::kFloat);
+}
+
+uint32_t file_type(GgmlType t) {  // llama.cpp's LLAMA_FTYPE_*: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16
+  switch (t) {
+    case GgmlType::f32:
+      return 0;
+    case GgmlType::f16:
+      return 1;
+    case GgmlType::q8_0:
+      return 7;
+    case GgmlType::bf16:
+      return 32;
+  }
+  return 0;
+}
+
+void add_model_metadata(GgufWriter& w, const LlamaShape& s, const Arch& arch, const std::string& name, GgmlType type) {
+  const std::string a = arch.name;
+  auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
+  w.add("general.architecture", a);
+  w.add("general.name", name);
+  w.add("general.file_type", file_type(type));
+  w.add("general.quantization_version", uint32_t{2});
+  w.add(a + ".context_length", u32(s.max_seq_len));
+  w.add(a + ".embedding_length", u32(s.dim));
+  w.add(a + ".block_count", u32(s.n_layers));
+  w.add(a + ".feed_forward_length", u32(s.ffn_dim));
+  w.add(a + ".attention.head_count", u32(s.n_heads));
+  w.add(a + ".attention.head_count_kv", u32(s.n_kv_heads));
+  w.add(a + ".rope.freq_base", static_cast<float>(s.rope_theta));
+  w.add(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(s.norm_eps));
+  w.add(a + ".vocab_size", u32(s.vocab_size));
+  w.add(a + ".rope.dimension_count", u32(s.head_dim));
+  if (s.head_dim * s.n_heads != s.dim) {
+    w.add(a + ".attention.key_length", u32(s.head_dim));
+    w.add(a + ".attention.value_length", u32(s.head_dim));
+  }
+  if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::linear) {
+    w.add(a + ".rope.scaling.type", std::string("linear"));
+    w.add(a + ".rope.scaling.factor", static_cast<float>(s.rope_scaling.factor));
+  }
+}
+
+// The model's tensors under llama.cpp's names, in its converter's order.
+void add_model_tensors(GgufWriter& w, const HfCheckpoint& ckpt, const LlamaShape& s, const Arch& arch, GgmlType type) {
+  auto add = [&](const std::string& gguf, const std::string& hf, int64_t permute_heads = 0) {
+    const at::Tensor stored = ckpt.tensor(hf);
+    std::vector<int64_t> shape = stored.sizes().vec();
+    GgmlType t = shape.size() == 1 ? GgmlType::f32 : type;
+    if (t == GgmlType::q8_0 && shape.back() % 32 != 0) {
+      log::info(gguf, ": rows of ", shape.back(), " elements are no multiple of Q8_0's 32: written as F16");
+      t = GgmlType::f16;
+    }
+    w.add_tensor(gguf, shape, t, [&ckpt, hf, permute_heads] {
+      at::Tensor v = ckpt.tensor(hf).to(at::kFloat);
+      return permute_heads > 0 ? permute_rows(v, permute_heads) : v;
+    });
+  };
+  w.add_tensor("token_embd.weight", ckpt.tensor("model.embed_tokens.weight").sizes().vec(), type,
+               [&ckpt] { return ckpt.tensor("model.embed_tokens.weight").to(at::kFloat); });
+  if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::llama3) {
+    const at::Tensor factors = llama3_rope_factors(s);
+    w.add_tensor("rope_freqs.weight", {factors.numel()}, GgmlType::f32, [factors] { return factors; });
+  }
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    const std::string hf = "model.layers." + std::to_string(l) + ".", g = "blk." + std::to_string(l) + ".";
+    add(g + "attn_norm.weight", hf + "input_layernorm.weight");
+    for (const char* part : {"weight", "bias"}) {
+      const std::string p = part;
+      if (p == "bias" && !s.qkv_bias()) continue;
+      add(g + "attn_q." + p, hf + "self_attn.q_proj." + p, arch.permute_qk ? s.n_heads : 0);
+      add(g + "attn_k." + p, hf + "self_attn.k_proj." + p, arch.permute_qk ? s.n_kv_heads : 0);
+      add(g + "attn_v." + p, hf + "self_attn.v_proj." + p);
+    }
+    add(g + "attn_output.weight", hf + "self_attn.o_proj.weight");
+    if (s.o_bias()) add(g + "attn_output.bias", hf + "self_attn.o_proj.bias");
+    if (s.qk_norm()) {
+      add(g + "attn_q_norm.weight", hf + "self_attn.q_norm.weight");
+      add(g + "attn_k_norm.weight", hf + "self_attn.k_norm.weight");
+    }
+    add(g + "ffn_norm.weight", hf + "post_attention_layernorm.weight");
+    add(g + "ffn_gate.weight", hf + "mlp.gate_proj.weight");
+    add(g + "ffn_up.weight", hf + "mlp.up_proj.weight");
+    add(g + "ffn_down.weight", hf + "mlp.down_proj.weight");
+  }
+  add("output_norm.weight", "model.norm.weight");
+  if (!s.tie_embeddings) add("output.weight", "lm_head.weight");  // tied: llama.cpp reads token_embd
+}
+
+// llama.cpp's name for a byte-level pre-tokenizer (`tokenizer.ggml.pre`), by what it splits with.
+// Its converter recognizes a tokenizer by hashing what it makes of a test text; these are the
+// splits of the families ptrain reads, which its converter names so.
+std::string pre_tokenizer_name(const json& pre, const std::string& where) {
+  static const std::string kLlama3 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const std::string kQwen2 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  auto byte_level = [](const json& p, bool regex) {
+    return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) == regex &&
+           !p.value("add_prefix_space", false);
+  };
+  if (byte_level(pre, true)) return "gpt-2";
+  const json& seq = pre.is_object() && pre.value("type", "") == "Sequence" ? pre["pretokenizers"] : json();
+  if (seq.is_array() && seq.size() == 2) {
+    const json& first = seq[0];
+    if (first.value("type", "") == "Split" && first.value("behavior", "") == "Isolated" &&
+        !first.value("invert", false) && first.contains("pattern") && first["pattern"].contains("Regex") &&
+        byte_level(seq[1], false)) {
+      const std::string r = first["pattern"]["Regex"].get<std::string>();
+      if (r == kLlama3) return "llama-bpe";
+      if (r == kQwen2) return "qwen2";
+    }
+    if (first.value("type", "") == "Digits" && first.value("individual_digits", false) && byte_level(seq[1], true))
+      return "smollm";
+  }
+  throw UnsupportedInput(where + ": pre_tokenizer " + pre.dump().substr(0, 300) +
+                         " is none llama.cpp names (tokenizer.ggml.pre: Llama 3's split, Qwen2's, GPT-2's byte "
+                         "level, SmolLM's digits); not written rather than split differently there");
+}
+
+void add_tokenizer_metadata(GgufWriter& w, const std::string& dir, int64_t vocab_size) {
+  const fs::path file = fs::path(dir) / "tokenizer.json";
+  if (!fs::is_regular_file(file))
+    throw UnsupportedInput("no tokenizer.json in " + dir +
+                           ": llama.cpp needs the vocabulary inside the GGUF (data.tokenizer names another directory)");
+  const json j = json::parse(read_text_file(file.string()));
+  const std::string where = file.string();
+  const json& model = j.at("model");
+  if (model.value("type", "") != "BPE")
+    throw UnsupportedInput(where + ": model type " + model.value("type", "?") + " is not BPE");
+  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null() || model.value("byte_fallback", false))
+    throw UnsupportedInput(where +
+                           ": a SentencePiece-style BPE (byte_fallback / Metaspace): GGUF's \"llama\" "
+                           "tokenizer model is not written yet (byte-level BPE is)");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
+    if (model.contains(k) && !model[k].is_null() && !(model[k].is_string() && model[k].get<std::string>().empty()))
+      throw UnsupportedInput(where + ": model." + k + " is set: llama.cpp's BPE has no such option");
+  const std::string pre = pre_tokenizer_name(j["pre_tokenizer"], where);
+
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
+  std::vector<int32_t> types(static_cast<size_t>(vocab_size), 0);
+  auto place = [&](int64_t id, const std::string& text, int32_t type) {
+    if (id < 0 || id >= vocab_size)
+      throw UnsupportedInput(where + ": token id " + std::to_string(id) + " (" + text + ") is outside the model's " +
+                             std::to_string(vocab_size) + " embedding rows");
+    tokens[static_cast<size_t>(id)] = text;
+    types[static_cast<size_t>(id)] = type;
+  };
+  for (const auto& [text, id] : model.at("vocab").items()) place(id.get<int64_t>(), text, 1);  // NORMAL
+  for (const auto& t : j.value("added_tokens", json::array()))                                 // CONTROL / USER_DEFINED
+    place(t.at("id").get<int64_t>(), t.at("content").get<std::string>(), t.value("special", false) ? 3 : 4);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (types[i] == 0) tokens[i] = "[PAD" + std::to_string(i) + "]", types[i] = 5;  // UNUSED, as llama.cpp pads
+  std::vector<std::string> merges;
+  for (const auto& m : model.value("merges", json::array()))
+    merges.push_back(m.is_string() ? m.get<std::string>()
+                                   : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+
+  w.add("tokenizer.ggml.model", std::string("gpt2"));
+  w.add("tokenizer.ggml.pre", pre);
+  w.add("tokenizer.ggml.tokens", tokens);
+  w.add("tokenizer.ggml.token_type", types);
+  w.add("tokenizer.ggml.merges", merges);
+  // Special tokens and BOS/EOS as transformers resolves them for this directory.
+  const Tokenizer tok(dir);
+  const auto specials = tok.template_tokens();
+  auto id_of = [&](const std::string& t) { return t.empty() ? std::nullopt : tok.id_of(t); };
+  const auto bos = specials ? id_of(specials->first) : std::nullopt;
+  const auto eos = specials ? id_of(specials->second) : std::nullopt;
+  if (bos) w.add("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(*bos));
+  if (eos) w.add("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(*eos));
+  const std::vector<int32_t> probe = tok.encode_with_special_tokens("a");
+  w.add("tokenizer.ggml.add_bos_token", bos && !probe.empty() && probe.front() == *bos);
+  w.add("tokenizer.ggml.add_eos_token", eos && !probe.empty() && probe.back() == *eos);
+  std::string template_source;
+  const std::string chat = default_chat_template(dir, template_source);
+  if (!chat.empty()) w.add("tokenizer.chat_template", chat);
+}
+
+}  // namespace
+
+GgmlType gguf_type_named(const std::string& name) {
+  if (name == "f32") return GgmlType::f32;
+  if (name == "f16") return GgmlType::f16;
+  if (name == "bf16") return GgmlType::bf16;
+  if (name == "q8_0") return GgmlType::q8_0;
+  throw UsageError("--gguf-type '" + name + "': choose f32, f16, bf16 or q8_0");
+}
+
+void write_gguf(const std::string& model_dir, const std::string& tokenizer_dir, const std::string& out, GgmlType type) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const LlamaShape s = read_hf_config(model_dir);
+  const HfStorage storage = read_hf_storage(model_dir);
+  refuse_unexpressible(s, storage, model_dir);
+  const HfCheckpoint ckpt(model_dir);
+  verify_hf_tensors(ckpt, s, storage, /*compare_values=*/false);
+  const Arch arch = arch_of(s);
+  GgufWriter w;
+  add_model_metadata(w, s, arch, fs::path(model_dir).lexically_normal().filename().string(), type);
+  add_tokenizer_metadata(w, tokenizer_dir, s.vocab_size);
+  add_model_tensors(w, ckpt, s, arch, type);
+  auto fixed = [](double v, const char* unit) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, unit);
+    return std::string(buf);
+  };
+  log::info("writing ", out, ": GGUF v3, architecture ", arch.name, ", ", w.tensor_count(), " tensors in ",
+            ggml_type_name(type), " (norms, biases and RoPE factors F32), ",
+            fixed(static_cast<double>(w.tensor_bytes()) / 1048576.0, "MiB"), " of tensor data");
+  const uint64_t bytes = w.write(out, [&](size_t i, size_t n) {
+    if (i == n || i % 64 == 0) log::info("  ", i, "/", n, " tensors written");
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log::info("wrote ", out, ": ", bytes, " bytes in ", fixed(secs, "s"));
+}
+
+int run_export_gguf(const std::string& checkpoint_dir, const std::string& config_path, const std::string& out,
+                    const std::string& type_name) {
+  const GgmlType type = gguf_type_named(type_name);
+  if (checkpoint_dir.empty() == config_path.empty())
+    throw UsageError(
+        "export --gguf takes --checkpoint DIR (a training checkpoint) or --config FILE (its model.hf_path)");
+  Environment env = Environment::detect();
+  env.local = false;  // the run's data files need not be here
+  if (!config_path.empty()) {
+    const Config c = load_config(config_path, {}, env);
+    if (c.model.hf_path.empty())
+      throw UsageError(config_path +
+                       ": model.hf_path is empty — a seeded init has no trained weights to export; "
+                       "export a checkpoint (--checkpoint DIR)");
+    if (!c.lora.adapter_path.empty())
+      throw UsageError(config_path +
+                       ": lora.adapter_path is set — export --gguf writes model.hf_path alone; to "
+                       "merge adapters, export a checkpoint of a run that trained them (--checkpoint DIR)");
+    write_gguf(c.model.hf_path, c.tokenizer_path(), out, type);
+    return 0;
+  }
+  // A checkpoint: its Hugging Face export (adapters merged, as --merge does) beside `out`, then GGUF.
+  const Config c = load_config((fs::path(checkpoint_dir) / "config.toml").string(), {}, env);
+  const fs::path tmp =
+      fs::path(out).parent_path() / (fs::path(out).filename().string() + ".hf.tmp." + std::to_string(::getpid()));
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      try {
+        remove_tree(p.string());
+      } catch (const std::exception& e) {
+        log::warn("could not remove ", p.string(), ": ", e.what());
+      }
+    }
+  } cleanup{tmp};
+  run_export(checkpoint_dir, tmp.string(), /*merge=*/c.lora.enabled);
+  write_gguf(tmp.string(), tmp.string(), out, type);
+  return 0;
+}
+
+}  // namespace ptrain
