@@ -35,9 +35,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "sweep"))
 from gguf_roundtrip import cases, export, make_model  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 NEW_TOKENS = 24
+TEXTS = ["Hello world", " leading space", "Hello  world\n\nNew paragraph", "What is 2+2? Four.",
+         "ünïcödé 日本語 🙂", "def f(x):\n    return x*2", "  two spaces", "tab\there",
+         "The quick brown fox jumps over the lazy dog. " * 3]
 LLAMA_CPP_PYTHON = "0.3.36"
 WHEELS = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "wheels")
 
@@ -109,7 +112,7 @@ def main():
     print("|---|---|---|---|")
     worst = 0.0
     differing = 0
-    for name, tok_dir, cfg, _ in cases(ROOT):
+    for name, tok_dir, cfg, _ in cases(ROOT, a.work):
         model_dir = os.path.join(a.work, name)
         model = make_model(model_dir, tok_dir, cfg)
         prompt = torch.randint(0, model.config.vocab_size, (23,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -152,6 +155,36 @@ def main():
             print(f"| {name} | {gguf_type} | {err:.2e} | {greedy} |")
             del llm
     print(f"worst f32 logits difference: {worst:.2e} of the largest logit; greedy runs that differ: {differing}")
+    tokenization(llama_cpp, a)
+
+
+def tokenization(llama_cpp, a):
+    """llama.cpp's tokenizer on each exported vocabulary against transformers' tokenizer of the
+    model directory (no special tokens added), on TEXTS; with the real Mistral v0.3 tokenizer too
+    when tests/realfiles has fetched it."""
+    print("\n| tokenizer | texts with equal ids | where they differ |")
+    print("|---|---|---|")
+    dirs = [(name, os.path.join(a.work, name)) for name in ("llama", "qwen2", "llama_sentencepiece")]
+    real = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles",
+                        "mistral-v3-hf5")
+    if os.path.exists(os.path.join(real, "tokenizer.json")):
+        d = os.path.join(a.work, "mistral_v3_tokenizer")
+        tok = AutoTokenizer.from_pretrained(real)
+        cfg = AutoConfig.for_model("mistral", vocab_size=len(tok), hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, sliding_window=None)
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+        for f in os.listdir(real):
+            if f.startswith("tokenizer"):
+                shutil.copy(os.path.join(real, f), d)
+        dirs.append(("Mistral v0.3 (released)", d))
+    for name, d in dirs:
+        path = export(a.binary, a.work, d, os.path.basename(d), "f16")
+        llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+        hf = AutoTokenizer.from_pretrained(d)
+        differ = [t for t in TEXTS if llm.tokenize(t.encode(), add_bos=False, special=True) !=
+                  hf(t, add_special_tokens=False).input_ids]
+        print(f"| {name} | {len(TEXTS) - len(differ)} of {len(TEXTS)} | {', '.join(repr(t[:20]) for t in differ) or '—'} |")
+        del llm
 
 
 if __name__ == "__main__":

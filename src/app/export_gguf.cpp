@@ -3,11 +3,14 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "app/export.h"
 #include "checkpoint/checkpoint.h"
@@ -213,50 +216,9 @@ std::string pre_tokenizer_name(const json& pre, const std::string& where) {
                          "level, SmolLM's digits); not written rather than split differently there");
 }
 
-void add_tokenizer_metadata(GgufWriter& w, const std::string& dir, int64_t vocab_size) {
-  const fs::path file = fs::path(dir) / "tokenizer.json";
-  if (!fs::is_regular_file(file))
-    throw UnsupportedInput("no tokenizer.json in " + dir +
-                           ": llama.cpp needs the vocabulary inside the GGUF (data.tokenizer names another directory)");
-  const json j = json::parse(read_text_file(file.string()));
-  const std::string where = file.string();
-  const json& model = j.at("model");
-  if (model.value("type", "") != "BPE")
-    throw UnsupportedInput(where + ": model type " + model.value("type", "?") + " is not BPE");
-  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null() || model.value("byte_fallback", false))
-    throw UnsupportedInput(where +
-                           ": a SentencePiece-style BPE (byte_fallback / Metaspace): GGUF's \"llama\" "
-                           "tokenizer model is not written yet (byte-level BPE is)");
-  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
-    if (model.contains(k) && !model[k].is_null() && !(model[k].is_string() && model[k].get<std::string>().empty()))
-      throw UnsupportedInput(where + ": model." + k + " is set: llama.cpp's BPE has no such option");
-  const std::string pre = pre_tokenizer_name(j["pre_tokenizer"], where);
-
-  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
-  std::vector<int32_t> types(static_cast<size_t>(vocab_size), 0);
-  auto place = [&](int64_t id, const std::string& text, int32_t type) {
-    if (id < 0 || id >= vocab_size)
-      throw UnsupportedInput(where + ": token id " + std::to_string(id) + " (" + text + ") is outside the model's " +
-                             std::to_string(vocab_size) + " embedding rows");
-    tokens[static_cast<size_t>(id)] = text;
-    types[static_cast<size_t>(id)] = type;
-  };
-  for (const auto& [text, id] : model.at("vocab").items()) place(id.get<int64_t>(), text, 1);  // NORMAL
-  for (const auto& t : j.value("added_tokens", json::array()))                                 // CONTROL / USER_DEFINED
-    place(t.at("id").get<int64_t>(), t.at("content").get<std::string>(), t.value("special", false) ? 3 : 4);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (types[i] == 0) tokens[i] = "[PAD" + std::to_string(i) + "]", types[i] = 5;  // UNUSED, as llama.cpp pads
-  std::vector<std::string> merges;
-  for (const auto& m : model.value("merges", json::array()))
-    merges.push_back(m.is_string() ? m.get<std::string>()
-                                   : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
-
-  w.add("tokenizer.ggml.model", std::string("gpt2"));
-  w.add("tokenizer.ggml.pre", pre);
-  w.add("tokenizer.ggml.tokens", tokens);
-  w.add("tokenizer.ggml.token_type", types);
-  w.add("tokenizer.ggml.merges", merges);
-  // Special tokens and BOS/EOS as transformers resolves them for this directory.
+// BOS / EOS as transformers resolves them for the directory, whether its tokenizer adds them, and
+// its default chat template.
+void add_special_tokens(GgufWriter& w, const std::string& dir) {
   const Tokenizer tok(dir);
   const auto specials = tok.template_tokens();
   auto id_of = [&](const std::string& t) { return t.empty() ? std::nullopt : tok.id_of(t); };
@@ -270,6 +232,106 @@ void add_tokenizer_metadata(GgufWriter& w, const std::string& dir, int64_t vocab
   std::string template_source;
   const std::string chat = default_chat_template(dir, template_source);
   if (!chat.empty()) w.add("tokenizer.chat_template", chat);
+}
+
+// A SentencePiece-style BPE (Llama 2, Mistral, TinyLlama as tokenizer.json holds them: byte
+// fallback, `▁` for spaces through Metaspace or the legacy Prepend + Replace normalizer):
+// whether `j` is one, and whether it prefixes a space to the text (llama.cpp's add_space_prefix).
+std::optional<bool> sentencepiece_space_prefix(const json& j) {
+  const json& model = j.at("model");
+  if (!model.value("byte_fallback", false)) return std::nullopt;
+  const json pre = j.value("pre_tokenizer", json());
+  if (pre.is_object() && pre.value("type", "") == "Metaspace" && pre.value("replacement", "") == "\u2581" &&
+      !pre.value("split", true))
+    return pre.value("prepend_scheme", "always") != "never";
+  const json norm = j.value("normalizer", json());
+  if (pre.is_null() && norm.is_object() && norm.value("type", "") == "Sequence" && norm["normalizers"].size() == 2 &&
+      norm["normalizers"][0].value("type", "") == "Prepend" && norm["normalizers"][1].value("type", "") == "Replace")
+    return true;
+  return std::nullopt;
+}
+
+// Scores for llama.cpp's SentencePiece tokenizer, which merges the adjacent pair whose merged
+// token scores highest: minus the rank of the first merge that makes the token (transformers
+// wrote the merges from SentencePiece's scores in that order), so it merges as the BPE does;
+// tokens no merge makes (characters, bytes, specials) score below every merge.
+std::vector<float> merge_scores(const std::vector<std::string>& tokens, const std::vector<std::string>& merges) {
+  std::map<std::string, size_t> rank;
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const std::string& m = merges[r];
+    const size_t sp = m.find(' ');
+    rank.emplace(m.substr(0, sp) + m.substr(sp + 1), r);  // keeps the first (lowest) rank
+  }
+  std::vector<float> scores(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto it = rank.find(tokens[i]);
+    scores[i] = -static_cast<float>(it != rank.end() ? it->second : merges.size() + i);
+  }
+  return scores;
+}
+
+void add_tokenizer_metadata(GgufWriter& w, const std::string& dir, int64_t vocab_size) {
+  const fs::path file = fs::path(dir) / "tokenizer.json";
+  if (!fs::is_regular_file(file))
+    throw UnsupportedInput("no tokenizer.json in " + dir +
+                           ": llama.cpp needs the vocabulary inside the GGUF (data.tokenizer names another directory)");
+  const json j = json::parse(read_text_file(file.string()));
+  const std::string where = file.string();
+  const json& model = j.at("model");
+  if (model.value("type", "") != "BPE")
+    throw UnsupportedInput(where + ": model type " + model.value("type", "?") + " is not BPE");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
+    if (model.contains(k) && !model[k].is_null() && !(model[k].is_string() && model[k].get<std::string>().empty()))
+      throw UnsupportedInput(where + ": model." + k + " is set: llama.cpp's BPE has no such option");
+  const std::optional<bool> space_prefix = sentencepiece_space_prefix(j);
+  if (!space_prefix && model.value("byte_fallback", false))
+    throw UnsupportedInput(where +
+                           ": byte_fallback with a pre-tokenizer / normalizer other than SentencePiece's "
+                           "(Metaspace, or Prepend + Replace): llama.cpp has no such tokenizer");
+  // byte-level BPE: llama.cpp's name for its split; SentencePiece: none
+  const std::string pre = space_prefix ? "" : pre_tokenizer_name(j.value("pre_tokenizer", json()), where);
+
+  // Token types: 1 NORMAL, 2 UNKNOWN, 3 CONTROL, 4 USER_DEFINED, 5 UNUSED, 6 BYTE.
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
+  std::vector<int32_t> types(static_cast<size_t>(vocab_size), 0);
+  auto place = [&](int64_t id, const std::string& text, int32_t type) {
+    if (id < 0 || id >= vocab_size)
+      throw UnsupportedInput(where + ": token id " + std::to_string(id) + " (" + text + ") is outside the model's " +
+                             std::to_string(vocab_size) + " embedding rows");
+    tokens[static_cast<size_t>(id)] = text;
+    types[static_cast<size_t>(id)] = type;
+  };
+  auto is_byte = [](const std::string& t) {
+    return t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+           std::isxdigit(static_cast<unsigned char>(t[4]));
+  };
+  for (const auto& [text, id] : model.at("vocab").items())
+    place(id.get<int64_t>(), text, space_prefix && is_byte(text) ? 6 : 1);
+  const std::string unk = model.value("unk_token", json()).is_string() ? model["unk_token"].get<std::string>() : "";
+  for (const auto& t : j.value("added_tokens", json::array())) {
+    const std::string text = t.at("content").get<std::string>();
+    const int32_t type = space_prefix && is_byte(text) ? 6 : text == unk ? 2 : t.value("special", false) ? 3 : 4;
+    place(t.at("id").get<int64_t>(), text, type);
+  }
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (types[i] == 0) tokens[i] = "[PAD" + std::to_string(i) + "]", types[i] = 5;  // UNUSED, as llama.cpp pads
+  std::vector<std::string> merges;
+  for (const auto& m : model.value("merges", json::array()))
+    merges.push_back(m.is_string() ? m.get<std::string>()
+                                   : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+
+  w.add("tokenizer.ggml.model", std::string(space_prefix ? "llama" : "gpt2"));
+  if (!pre.empty()) w.add("tokenizer.ggml.pre", pre);
+  w.add("tokenizer.ggml.tokens", tokens);
+  if (space_prefix) w.add("tokenizer.ggml.scores", merge_scores(tokens, merges));
+  w.add("tokenizer.ggml.token_type", types);
+  w.add("tokenizer.ggml.merges", merges);
+  if (space_prefix) {
+    w.add("tokenizer.ggml.add_space_prefix", *space_prefix);
+    if (const auto u = std::find(tokens.begin(), tokens.end(), unk); !unk.empty() && u != tokens.end())
+      w.add("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(u - tokens.begin()));
+  }
+  add_special_tokens(w, dir);
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // written as llama.cpp's own converter (convert_hf_to_gguf.py) writes that model: its
 // architecture's hyperparameter keys, its tensor names and layouts (Llama's q/k rows permuted
 // to ggml's rotation layout), RoPE scaling, the tokenizer (byte-level BPE as `gpt2`: tokens,
-// token types, merges, the pre-tokenizer's name, special ids, add_bos / add_eos) and the chat
-// template. What GGUF or this writer cannot express is refused by name before a byte is written.
+// token types, merges, the pre-tokenizer's name; SentencePiece-style BPE as `llama`, with scores
+// from the merge ranks; special ids, add_bos / add_eos) and the chat template. What GGUF or this writer cannot express
+// is refused by name before a byte is written.
 #pragma once
 #include <string>
 

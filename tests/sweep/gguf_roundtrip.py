@@ -3,11 +3,14 @@
 transformers' GGUF loader.
 
 Models: small random models of every family ptrain writes, made here with transformers (seeded)
-beside a real tokenizer of their kind — the fixtures' Llama 3-style byte-level BPE (hf_chat) and
-Qwen2-style one (hf_qwen_chat): Llama untied; Llama tied with attention biases, a head_dim other
-than hidden / heads and linear RoPE scaling; Llama with Llama 3.1 RoPE scaling; Mistral; Qwen2
-(tied, q/k/v biases); Qwen3 (q/k norms, head_dim 128 as released; and head_dim 32, tied). Each is exported in f32, f16, bf16 and q8_0 from a
-config naming it (model.hf_path); one LoRA checkpoint is exported from --checkpoint (merged).
+beside a tokenizer of their kind — the fixtures' Llama 3-style byte-level BPE (hf_chat), their
+Qwen2-style one (hf_qwen_chat), and a SentencePiece-style BPE (byte fallback, Metaspace: trained
+here by HF tokenizers on the fortunes corpus, saved by transformers as its LlamaTokenizer): Llama
+untied; Llama tied with a head_dim other than hidden / heads; Llama with attention biases and
+linear RoPE scaling; Llama with Llama 3.1 RoPE scaling; Mistral; Llama with the SentencePiece
+tokenizer; Qwen2 (tied, q/k/v biases); Qwen3 (q/k norms, head_dim 128 as released; and head_dim
+32, tied). Each is exported in f32, f16, bf16 and q8_0 from a config naming it (model.hf_path);
+one LoRA checkpoint is exported from --checkpoint (merged).
 
 For every file:
   1. gguf-py (0.19.0) reads it: the architecture's hyperparameter keys equal config.json's; the
@@ -29,6 +32,7 @@ Usage: gguf_roundtrip.py PTRAIN_BINARY SOURCE_DIR WORK_DIR
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,8 +53,31 @@ TYPES = ["f32", "f16", "bf16", "q8_0"]
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"]
 
 
-def cases(src):
+def make_sentencepiece_tokenizer(src, out):
+    """A SentencePiece-style BPE as tokenizer.json holds Llama 2's and Mistral's (byte fallback, the
+    256 byte tokens, Metaspace with prepend_scheme "first"), trained here by HF tokenizers on the
+    fortunes corpus and saved by transformers as its LlamaTokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaTokenizerFast
+
+    if os.path.exists(os.path.join(out, "tokenizer.json")):
+        return out
+    with open(os.path.join(src, "data/fortunes.txt")) as f:
+        lines = f.read()[:200000].split("\n")
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=700, special_tokens=specials, show_progress=False))
+    LlamaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", add_bos_token=True,
+                       legacy=False).save_pretrained(out)
+    return out
+
+
+def cases(src, work):
     llama_tok, qwen_tok = os.path.join(src, "tests/fixtures/hf_chat"), os.path.join(src, "tests/fixtures/hf_qwen_chat")
+    spm_tok = make_sentencepiece_tokenizer(src, os.path.join(work, "sentencepiece_tokenizer"))
     base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
     # The last field: why transformers' GGUF loader cannot stand in for llama.cpp on that model
@@ -70,6 +97,7 @@ def cases(src):
          no_rope_scaling),
         ("mistral_family", llama_tok, dict(model_type="mistral", tie_word_embeddings=False, sliding_window=None, **base),
          None),
+        ("llama_sentencepiece", spm_tok, dict(model_type="llama", tie_word_embeddings=False, **base), None),
         ("qwen2", qwen_tok, dict(model_type="qwen2", tie_word_embeddings=True, **base), None),
         # head_dim 128, as every released Qwen3 has it (above hidden / heads)
         ("qwen3", qwen_tok, dict(model_type="qwen3", tie_word_embeddings=False, head_dim=128, **base), None),
@@ -166,9 +194,22 @@ def check_file(path, model, tok_dir, gguf_type, failures):
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
     if f["tokenizer.ggml.merges"] != merges:
         failures.append(f"{path}: tokenizer.ggml.merges differ")
-    special = {a["id"]: 3 if a["special"] else 4 for a in tj["added_tokens"]}
-    if f["tokenizer.ggml.token_type"] != [special.get(i, 1) for i in range(cfg.vocab_size)]:
+    sentencepiece = tj["model"].get("byte_fallback", False)
+    is_byte = lambda t: sentencepiece and re.fullmatch(r"<0x[0-9A-F]{2}>", t) is not None  # noqa: E731
+    special = {a["id"]: 6 if is_byte(a["content"]) else 2 if a["content"] == tj["model"].get("unk_token") and
+               sentencepiece else 3 if a["special"] else 4 for a in tj["added_tokens"]}
+    types = [special.get(i, 6 if is_byte(vocab[i]) else 1) for i in range(cfg.vocab_size)]
+    if f["tokenizer.ggml.token_type"] != types:
         failures.append(f"{path}: token types differ")
+    if f["tokenizer.ggml.model"] != ("llama" if sentencepiece else "gpt2"):
+        failures.append(f"{path}: tokenizer.ggml.model {f['tokenizer.ggml.model']}")
+    if sentencepiece:  # scores: minus the rank of the first merge making the token, below every merge else
+        rank = {}
+        for r_, m in enumerate(merges):
+            rank.setdefault(m.replace(" ", ""), r_)
+        want_scores = [-float(rank.get(vocab[i], len(merges) + i)) for i in range(cfg.vocab_size)]
+        if f["tokenizer.ggml.scores"] != want_scores or f.get("tokenizer.ggml.add_space_prefix") is not True:
+            failures.append(f"{path}: SentencePiece scores or add_space_prefix differ")
     hf_tok = AutoTokenizer.from_pretrained(tok_dir)
     for key, tok in (("bos", hf_tok.bos_token), ("eos", hf_tok.eos_token)):
         got = f.get(f"tokenizer.ggml.{key}_token_id")
@@ -176,8 +217,8 @@ def check_file(path, model, tok_dir, gguf_type, failures):
             failures.append(f"{path}: {key} id {got}, the tokenizer's {tok}")
     if f.get("tokenizer.chat_template") != hf_tok.chat_template:
         failures.append(f"{path}: chat template differs")
-    pre = {"llama": "llama-bpe", "qwen2": "qwen2"}["qwen2" if "qwen" in tok_dir else "llama"]
-    if f["tokenizer.ggml.pre"] != pre:
+    pre = None if sentencepiece else "qwen2" if "qwen" in tok_dir else "llama-bpe"
+    if f.get("tokenizer.ggml.pre") != pre:
         failures.append(f"{path}: tokenizer.ggml.pre {f['tokenizer.ggml.pre']}, want {pre}")
 
     tensors = {t.name: t for t in r.tensors}
@@ -301,7 +342,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     failures = []
-    for name, tok_dir, cfg, not_transformers in cases(src):
+    for name, tok_dir, cfg, not_transformers in cases(src, work):
         model_dir = os.path.join(work, name)
         model = make_model(model_dir, tok_dir, cfg)
         for gguf_type in TYPES:
