@@ -17,13 +17,12 @@ Needs transformers (launch/setup.sh installs it into the torch venv).
 import argparse
 import json
 import os
-import statistics
-import time
-
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from step_timing import timed_steps
 
 
 def flops_per_token(cfg, seq):
@@ -85,42 +84,26 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": plain, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused or None)
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    times, losses = [], []
     g = torch.Generator().manual_seed(1)
-    for step in range(a.warmup + a.steps):
-        tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g).to(device)
-        if step == a.warmup and device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        sync()
-        t0 = time.perf_counter()
+
+    def train_step(tokens):
         opt.zero_grad(set_to_none=True)
         logits = model(input_ids=tokens[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
         opt.step()
-        sync()
-        if step >= a.warmup:
-            times.append(time.perf_counter() - t0)
-            losses.append(loss.item())
-    step_s = statistics.median(times)
+        return loss
+
+    step_s, peak, source, last_loss = timed_steps(
+        device, a.warmup, a.steps, lambda: torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g).to(device),
+        train_step)
     tps = a.batch * a.seq / step_s
-    if device.type == "cuda":
-        peak, source = torch.cuda.max_memory_allocated(device), "cuda_allocator_peak_allocated"
-    else:
-        # The process's own high-water mark, as ptrain reads it (ru_maxrss would carry a launcher's).
-        with open("/proc/self/status") as f:
-            peak = int(next(line for line in f if line.startswith("VmHWM")).split()[1]) * 1024
-        source = "process_peak_rss"
     print(json.dumps({"variant": ("compiled" if a.compile else "eager"), "mode": a.mode,
                       "activation_checkpointing": a.activation_checkpointing, "device": str(device),
                       "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                       "step_time_s": step_s, "tokens_per_s": tps, "tflops": tps * flops_per_token(cfg, a.seq) / 1e12,
-                      "peak_mem_bytes": peak, "peak_mem_source": source, "final_loss": losses[-1]}))
+                      "peak_mem_bytes": peak, "peak_mem_source": source, "final_loss": last_loss}))
     dist.destroy_process_group()
 
 

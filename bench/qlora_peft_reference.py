@@ -19,10 +19,11 @@ Prints one JSON line: {"label", "tokens_per_s", "step_time_s", "peak_mem_bytes",
 """
 import argparse
 import json
-import statistics
 import time
 
 import torch
+
+from step_timing import timed_steps
 
 PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
                "down": "down_proj"}
@@ -101,39 +102,24 @@ def main():
     opt = torch.optim.AdamW(trainable, lr=a.lr, betas=(0.9, 0.999), weight_decay=0.0,
                             fused=device.type == "cuda" or None)
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    times, losses = [], []
     g = torch.Generator().manual_seed(1)
-    for step in range(a.warmup + a.steps):
-        tokens = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g).to(device)
-        if step == a.warmup and device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        sync()
-        t = time.perf_counter()
+
+    def train_step(tokens):
         opt.zero_grad(set_to_none=True)
         loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
-        sync()
-        if step >= a.warmup:
-            times.append(time.perf_counter() - t)
-            losses.append(loss.item())
-    step_s = statistics.median(times)
-    if device.type == "cuda":
-        peak, source = torch.cuda.max_memory_allocated(device), "cuda_allocator_peak_allocated"
-    else:
-        with open("/proc/self/status") as f:
-            peak = int(next(line for line in f if line.startswith("VmHWM")).split()[1]) * 1024
-        source = "process_peak_rss"
+        return loss
+
+    step_s, peak, source, last_loss = timed_steps(
+        device, a.warmup, a.steps, lambda: torch.randint(0, a.vocab, (a.batch, a.seq), generator=g).to(device),
+        train_step)
     print(json.dumps({"label": "PEFT + bitsandbytes" + (" (prepare_model_for_kbit_training)" if a.prepare else ""),
                       "device": str(device),
                       "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                       "step_time_s": step_s, "tokens_per_s": a.batch * a.seq / step_s, "peak_mem_bytes": peak,
-                      "peak_mem_source": source, "final_loss": losses[-1], "build_s": build_s,
+                      "peak_mem_source": source, "final_loss": last_loss, "build_s": build_s,
                       "trainable_params": sum(p.numel() for p in trainable),
                       "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                                    "peft": peft.__version__, "bitsandbytes": bitsandbytes.__version__}}))
