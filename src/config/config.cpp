@@ -835,7 +835,8 @@ work with both. `ptrain export` of a LoRA checkpoint writes the adapters in PEFT
     {"kernels", "[kernels]",
      R"(Fused implementations of the decoder's pieces, each a switch so one GPU run can race it against
 the composite LibTorch path; each fused piece has a CPU reference that equals the composite path
-(docs/kernels.md: what each fuses, its tolerance on a GPU, what has been raced).
+(docs/kernels.md: what each fuses, its tolerance on a GPU, what has been raced). All on by default:
+on an H200 they made Llama 3.2 1B mixed 1.20x faster together; on the CPU a switch changes no value.
 
 )"},
 };

@@ -70,7 +70,7 @@ struct ActivationInputs {
   bool offloading = false;                  // memory.activation_offloading (with checkpointing)
   int64_t offload_in_flight = 0;  //   block inputs on the device awaiting their copy (0: synchronous CPU copies)
   bool fused_norm = true;         // CUDA's fused RMSNorm (false: the CPU's composite one)
-  bool fused_swiglu = false;      // kernels.fused_swiglu: silu's output is not kept
+  bool fused_swiglu = true;       // kernels.fused_swiglu (on by default): silu's output is not kept
   bool lora = false;              // a frozen base: only adapters are trained
   int64_t lora_rank = 0;
   std::array<bool, 7> adapted{};  // LoRA: q, k, v, o, gate, up, down carry an adapter
