@@ -34,6 +34,15 @@ PTRAIN_HD int nearest_code(const float* midpoints, float x, int codes = kCodes) 
   return lo;
 }
 
+// nearest_code for a short code book (NF4's 16), without branches: the number of midpoints
+// below x is the first index whose midpoint is not below it — the binary search's answer, NaN
+// included (0) — and the loop vectorises where the search's branches mispredict.
+PTRAIN_HD int nearest_code_counted(const float* midpoints, float x, int codes) {
+  int k = 0;
+  for (int m = 0; m < codes - 1; ++m) k += midpoints[m] < x ? 1 : 0;
+  return k;
+}
+
 PTRAIN_HD float clamp_unit(float x) { return x < -1.0f ? -1.0f : (x > 1.0f ? 1.0f : x); }
 
 PTRAIN_HD float inverse_scale(float absmax) { return 1.0f / (absmax > kMinAbsmax ? absmax : kMinAbsmax); }

@@ -46,7 +46,7 @@ Quantized quantize(const at::Tensor& w, bool double_quant) {
       const q8::BlockScale scale = q8::block_scale(src + begin, end - begin, kBlock);
       am[b] = scale.absmax;
       for (int64_t i = begin; i < end; ++i) {
-        const int k = q8::nearest_code(mids, scale(src[i]), 16);
+        const int k = q8::nearest_code_counted(mids, scale(src[i]), 16);
         dst[i >> 1] |= static_cast<uint8_t>((i & 1) ? k : k << 4);
       }
       if ((end & 1) && end == n)
