@@ -13,7 +13,8 @@
 #            the same run in one process without collectives
 #   memory   the planner's predicted peak (`ptrain check`) against the CUDA allocator's
 #            max_memory_allocated of the same run, for full fine-tunes, QLoRA, checkpointing, offloading
-#   race     the speed race against PyTorch FSDP2, eager and compiled (bench/speed_vs_fsdp2.sh)
+#   race     the speed race against PyTorch FSDP2, eager and compiled (bench/speed_vs_fsdp2.sh), mixed
+#   race_bf16  the same race in pure bf16
 #   fusions  the race's ptrain run with each [kernels] fusion off and on, and all on (docs/kernels.md):
 #            tokens/s, peak allocated, loss at the last step, side by side
 #   qlora    QLoRA of an 8B-shaped Llama (configs/llama3_8b_qlora.toml, random base) against PEFT +
@@ -30,12 +31,14 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUNDLE="${PTRAIN_BUNDLE:-$ROOT/.gpu-bundle}"
 export PTRAIN_BUILD="${PTRAIN_BUILD:-$ROOT/build-gpu}"
-SYSROOT="$BUNDLE/root"
 STATE="$PTRAIN_BUILD/gpu-checks"
+# The bundle's packages unpacked beside the build, not inside the bundle: each device call carries
+# .gpu-bundle afresh and replaces that folder, while the build folder stays between calls.
+SYSROOT="$STATE/root"
 RESULTS="$STATE/results.md"
 LOGS="$STATE/logs"
 BIN="$PTRAIN_BUILD/ptrain"
-ALL_STAGES=(env build kernels smoke nccl memory race fusions qlora profile)
+ALL_STAGES=(env build kernels smoke nccl memory race race_bf16 fusions qlora profile)
 mkdir -p "$LOGS"
 
 # The python3 on PATH holds torch (the GPU machine's own; never carried): CMake and the bench
@@ -202,8 +205,8 @@ stage_nccl() {
 
 stage_memory() {
   needs_gpu || return 0
-  record "| run | predicted peak (bytes) | max_memory_allocated (bytes) | measured / predicted |"
-  record "|---|---|---|---|"
+  record "| run | predicted peak (bytes) | max_memory_allocated (bytes) | measured / predicted | forward: measured / predicted | backward: measured / predicted | optimizer peak (bytes) |"
+  record "|---|---|---|---|---|---|---|"
   local fails=0 name config sets
   while IFS='|' read -r name config sets; do
     local run="$STATE/runs/memory_$name"
@@ -216,7 +219,21 @@ stage_memory() {
       --set checkpoint.save_final=false --set checkpoint.every_steps=0 --set run.output_dir="$run" \
       > "$LOGS/memory_$name.log" 2>&1 || { fails=1; record "| $name | ${predicted:-?} | FAILED (logs/memory_$name.log) | |"; continue; }
     read -r _ peak _ source <<< "$(summarize "$run/metrics.jsonl")"
-    record "| $name | $predicted | $peak ($source) | $(awk -v a="$peak" -v b="$predicted" 'BEGIN {printf "%.3f", a / b}') |"
+    # Each phase's highest peak over the steps against the plan's "by phase" line.
+    local phases; phases=$("$PY" - "$run/metrics.jsonl" "$LOGS/memory_${name}_check.log" <<'PY'
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+line = next((l for l in open(sys.argv[2]) if l.strip().startswith("by phase")), "")
+plan = [int(x.replace(",", "")) for x in re.findall(r"([0-9,]+) bytes", line)] or [0, 0]
+out = []
+for key, want in (("peak_forward_bytes", plan[0]), ("peak_backward_bytes", plan[1])):
+    got = max((r.get(key, -1) for r in rows), default=-1)
+    out.append(f"{got / want:.3f}" if got >= 0 and want > 0 else "?")
+out.append(str(max((r.get("peak_optimizer_bytes", -1) for r in rows), default=-1)))
+print(" | ".join(out))
+PY
+)
+    record "| $name | $predicted | $peak ($source) | $(awk -v a="$peak" -v b="$predicted" 'BEGIN {printf "%.3f", a / b}') | $phases |"
   done <<'RUNS'
 tiny_fp32|configs/tiny.toml|--set training.device=cuda --set precision.mode=fp32
 tiny_mixed_b16x512|configs/tiny.toml|--set training.device=cuda --set precision.mode=mixed --set data.micro_batch_size=16 --set data.seq_len=512
@@ -234,12 +251,15 @@ RUNS
   return $fails
 }
 
-stage_race() {
+# race_in MODE: bench/speed_vs_fsdp2.sh on Llama 3.2 1B in that precision mode.
+race_in() {
   needs_gpu || return 0
-  OUT="$STATE/runs/race" bash "$ROOT/bench/speed_vs_fsdp2.sh" "$ROOT/configs/llama3_2_1b_mixed.toml" 30 \
-    > "$LOGS/race.log" 2>&1 || { record "FAILED: speed race (logs/race.log)"; tail -20 "$LOGS/race.log"; return 1; }
-  record "$(grep -v "^logs and metrics" "$LOGS/race.log")"
+  OUT="$STATE/runs/race_$1" bash "$ROOT/bench/speed_vs_fsdp2.sh" "$ROOT/configs/llama3_2_1b_mixed.toml" 30 \
+    --set precision.mode="$1" > "$LOGS/race_$1.log" 2>&1 || { record "FAILED: speed race (logs/race_$1.log)"; tail -20 "$LOGS/race_$1.log"; return 1; }
+  record "$(grep -v "^logs and metrics" "$LOGS/race_$1.log")"
 }
+stage_race() { race_in mixed; }
+stage_race_bf16() { race_in bf16; }
 
 # The [kernels] switches the fusions stage races (docs/kernels.md); a new fused kernel adds its key here.
 FUSIONS=(fused_swiglu fused_rope fused_loss fused_grad_norm)
@@ -255,8 +275,8 @@ stage_fusions() {
   ((${#FUSIONS[@]} > 1)) && variants+=(all)  # (with one fusion, "all" is that one)
   for variant in "${variants[@]}"; do
     local run="$STATE/runs/fusions_$variant" sets=()
-    for f in "${FUSIONS[@]}"; do
-      { [ "$variant" = all ] || [ "$variant" = "$f" ]; } && sets+=(--set "kernels.$f=true")
+    for f in "${FUSIONS[@]}"; do  # every switch set: the defaults are all on
+      if [ "$variant" = all ] || [ "$variant" = "$f" ]; then sets+=(--set "kernels.$f=true"); else sets+=(--set "kernels.$f=false"); fi
     done
     rm -rf "$run"
     "$BIN" --config "$ROOT/configs/llama3_2_1b_mixed.toml" --set training.device=cuda --set training.steps=$steps \

@@ -68,6 +68,12 @@ void print_peak(const Config& c, const MemoryReport& m, const PeakPlan& plan, in
             << "  library workspace " << gib(plan.workspace.bytes) << " (" << plan.workspace.source << ")\n"
             << "  peak              " << gib(plan.peak_bytes()) << " ("
             << log::grouped(static_cast<double>(plan.peak_bytes())) << " bytes)\n";
+  // Each phase's own peak (the other transient left out), for the per-phase peaks a CUDA run
+  // writes to metrics.jsonl (peak_forward_bytes, peak_backward_bytes).
+  const int64_t without = plan.peak_bytes() - std::max(plan.forward_transient_bytes, plan.backward_transient_bytes);
+  std::cout << "  by phase          forward "
+            << log::grouped(static_cast<double>(without + plan.forward_transient_bytes)) << " bytes, backward "
+            << log::grouped(static_cast<double>(without + plan.backward_transient_bytes)) << " bytes\n";
 }
 
 // A change that lowers the peak: how to ask for it, its --set values, the world size it runs at.

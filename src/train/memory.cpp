@@ -260,11 +260,17 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   return p;
 }
 
+namespace {
+// The run's peak before PhasePeak's latest reset of the allocator's (per device index).
+std::array<int64_t, 64> g_peak_before_reset{};
+}  // namespace
+
 PeakMemory peak_memory(const c10::Device& device) {
 #ifdef PTRAIN_CUDA
   if (device.is_cuda()) {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return {stats.allocated_bytes[0].peak, "cuda_allocator_peak_allocated"};
+    const c10::DeviceIndex index = device.index() < 0 ? 0 : device.index();
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    return {std::max(stats.allocated_bytes[0].peak, g_peak_before_reset.at(index)), "cuda_allocator_peak_allocated"};
   }
 #endif
   // The process's own high-water mark: VmHWM, which exec resets. (getrusage's ru_maxrss carries
@@ -274,6 +280,26 @@ PeakMemory peak_memory(const c10::Device& device) {
   for (std::string line; std::getline(status, line);)
     if (line.rfind("VmHWM:", 0) == 0) return {std::stoll(line.substr(6)) * 1024, "process_peak_rss"};
   throw RuntimeError("/proc/self/status has no VmHWM line: the process's peak memory cannot be measured");
+}
+
+PhasePeak::PhasePeak(const c10::Device& device) : device_(device) {
+#ifdef PTRAIN_CUDA
+  if (!device_.is_cuda()) return;
+  const c10::DeviceIndex index = device_.index() < 0 ? 0 : device_.index();
+  int64_t& before = g_peak_before_reset.at(index);
+  before = std::max(before, c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].peak);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+#endif
+}
+
+int64_t PhasePeak::peak() const {
+#ifdef PTRAIN_CUDA
+  if (device_.is_cuda())
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index() < 0 ? 0 : device_.index())
+        .allocated_bytes[0]
+        .peak;
+#endif
+  return -1;
 }
 
 }  // namespace ptrain

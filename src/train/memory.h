@@ -113,4 +113,17 @@ struct PeakMemory {
 };
 PeakMemory peak_memory(const c10::Device& device);
 
+// The CUDA allocator's peak allocated bytes within one phase of a step (forward, backward, the
+// optimizer), to set against the planner's terms: made at the phase's start, it resets the
+// allocator's peak — folding the peak so far into peak_memory()'s, which stays the run's — and
+// peak() is the highest allocation since. -1 off CUDA (the process's RSS has no phases).
+class PhasePeak {
+ public:
+  explicit PhasePeak(const c10::Device& device);
+  int64_t peak() const;
+
+ private:
+  c10::Device device_;
+};
+
 }  // namespace ptrain

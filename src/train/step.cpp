@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "parallel/collectives.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_norm.h"
+#include "train/memory.h"
 
 namespace ptrain {
 
@@ -18,6 +20,7 @@ namespace {
 struct Accumulated {
   double loss = 0.0;  // mean over the step's trained tokens, all ranks
   int64_t tokens = 0;
+  PhasePeaks peaks;  // forward and backward
 };
 
 // Forward and backward of every micro-batch. Micro-batch a's mean loss is weighted by its share
@@ -40,16 +43,21 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
   // Summed on the model's device and read once, after the step's all-reduce: reading each
   // micro-batch's loss would wait for the device after every forward/backward.
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(model.device()));
+  PhasePeaks peaks;
   for (size_t a = 0; a < batches.size(); ++a) {
     const Batch& b = batches[a];
+    const PhasePeak forward(model.device());
     at::Tensor loss = model.forward_loss(b.inputs, b.targets, o.loss_chunk, b.doc_ids);
+    peaks.forward = std::max(peaks.forward, forward.peak());
     const double weight = static_cast<double>(counts[a]) * comm.world_size() / n;
+    const PhasePeak backward(model.device());
     (loss * weight).backward();  // also at weight 0: every rank takes part in the reduce-scatters
     model.finish_backward();     // normally a no-op: the embedding's reduce-scatter completes the last one
+    peaks.backward = std::max(peaks.backward, backward.peak());
     loss_sum += loss.detach().to(at::kDouble) * static_cast<double>(counts[a]);
   }
   comm.all_reduce_sum(loss_sum);
-  return {loss_sum.item<double>() / n, static_cast<int64_t>(n)};
+  return {loss_sum.item<double>() / n, static_cast<int64_t>(n), peaks};
 }
 }  // namespace
 
@@ -60,10 +68,13 @@ StepResult train_step(FsdpModel& model, Optimizer& optim, const MicroBatchFn& mi
   const Accumulated acc = accumulate(model, micro_batch, options);
   r.loss = acc.loss;
   r.trained_tokens = acc.tokens;
+  r.peaks = acc.peaks;
+  const PhasePeak optimizer(model.device());
   std::vector<at::Tensor> grads;
   for (auto& u : model.trained_units()) grads.push_back(u.shard.grad());
   r.grad_norm = clip_grad_norm(grads, options.max_grad_norm, &model.comm(), options.fused_grad_norm);
   optim.step(lr);
+  r.peaks.optimizer = optimizer.peak();
   return r;
 }
 
@@ -81,6 +92,7 @@ StepResult train_step_in_backward(FsdpModel& model, Optimizer& optim, const Micr
     const Accumulated acc = accumulate(model, micro_batch, options);
     r.loss = acc.loss;
     r.trained_tokens = acc.tokens;
+    r.peaks = acc.peaks;
   } catch (...) {
     model.on_grad_ready = nullptr;
     throw;

@@ -17,10 +17,18 @@ namespace ptrain {
 class FsdpModel;
 class Optimizer;
 
+// The CUDA allocator's peak allocated bytes in each phase of a step (train/memory.h PhasePeak):
+// the highest over the micro-batches; -1 where not measured (off CUDA; the optimizer's phase
+// when it runs inside backward).
+struct PhasePeaks {
+  int64_t forward = -1, backward = -1, optimizer = -1;
+};
+
 struct StepResult {
   double loss = 0.0;           // mean loss over the step's trained tokens, all ranks (nats/token)
   double grad_norm = 0.0;      // global L2 norm of the gradients before clipping, over all ranks
   int64_t trained_tokens = 0;  // the step's trained tokens, all ranks
+  PhasePeaks peaks;            // this rank's
 };
 
 struct StepOptions {

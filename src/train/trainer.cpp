@@ -201,6 +201,11 @@ class Run {
                                           {"comm_reduce_scatter_bytes", s.comm.reduce_scatter_bytes},
                                           {"comm_all_reduce_bytes", s.comm.all_reduce_bytes},
                                           {"offload_host_peak_bytes", offloaded}};
+    // On CUDA, the allocator's peak in each phase of this step, beside `ptrain check`'s "by phase".
+    const PhasePeaks& phases = s.result.peaks;
+    if (phases.forward >= 0) row.push_back({"peak_forward_bytes", phases.forward});
+    if (phases.backward >= 0) row.push_back({"peak_backward_bytes", phases.backward});
+    if (phases.optimizer >= 0) row.push_back({"peak_optimizer_bytes", phases.optimizer});
     std::string lost_note;
     if (c_.training.count_lost_updates) {  // since the last logged step, every rank's elements
       const UpdateCounts own = optim_->take_update_counts();
