@@ -272,6 +272,21 @@ def parquet_seeds():
         "when": pa.array([0, 1, 2], pa.timestamp("s"))})))
 
 
+def gguf_seeds():
+    """The reader's fixture (every value type, every block type), a header alone, and a file cut
+    inside its tensor data."""
+    with open(os.path.join(FIXTURES, "gguf_blocks.gguf"), "rb") as f:
+        blocks = f.read()
+    put("gguf", "every_type", blocks)
+    put("gguf", "cut_in_data", blocks[:len(blocks) - 700])
+    put("gguf", "header_only", struct.pack("<IIQQ", 0x46554747, 3, 0, 0))
+    kv = struct.pack("<Q", 17) + b"general.alignment" + struct.pack("<II", 4, 64)
+    tensor = struct.pack("<Q", 1) + b"t" + struct.pack("<IQQIQ", 2, 32, 2, 8, 0)
+    head = struct.pack("<IIQQ", 0x46554747, 3, 1, 1) + kv + tensor
+    head += bytes(-len(head) % 64)
+    put("gguf", "q8_0_aligned_64", head + bytes(68))
+
+
 def main():
     shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
     safetensors_seeds()
@@ -287,6 +302,7 @@ def main():
     tokenizer_dir_seeds()
     parquet_seeds()
     json_array_seeds()
+    gguf_seeds()
     for target in fuzz_targets():
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)

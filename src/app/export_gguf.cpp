@@ -108,8 +108,10 @@ uint32_t file_type(GgmlType t) {  // llama.cpp's LLAMA_FTYPE_*: ALL_F32, MOSTLY_
       return 7;
     case GgmlType::bf16:
       return 32;
+    default:  // export writes only the four above (--gguf-type)
+      break;
   }
-  return 0;
+  throw RuntimeError(std::string("no llama.cpp file type for ") + ggml_type_name(t));
 }
 
 void add_model_metadata(GgufWriter& w, const LlamaShape& s, const Arch& arch, const std::string& name, GgmlType type) {

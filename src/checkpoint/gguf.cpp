@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
-#include <set>
 
 #include "common/error.h"
 #include "common/fs_util.h"
@@ -83,39 +82,14 @@ std::vector<uint8_t> encode(const at::Tensor& values, GgmlType type) {
       break;
     case GgmlType::q8_0:
       return quantize_q8_0(x);
+    default:
+      TORCH_CHECK(false, "GgufWriter writes F32, F16, BF16 and Q8_0, not ", ggml_type_name(type));
   }
   const auto* p = static_cast<const uint8_t*>(stored.data_ptr());
   return std::vector<uint8_t>(p, p + stored.nbytes());
 }
 
 }  // namespace
-
-const char* ggml_type_name(GgmlType t) {
-  switch (t) {
-    case GgmlType::f32:
-      return "F32";
-    case GgmlType::f16:
-      return "F16";
-    case GgmlType::q8_0:
-      return "Q8_0";
-    case GgmlType::bf16:
-      return "BF16";
-  }
-  return "?";
-}
-
-int64_t ggml_type_bytes(GgmlType t, int64_t n) {
-  switch (t) {
-    case GgmlType::f32:
-      return 4 * n;
-    case GgmlType::f16:
-    case GgmlType::bf16:
-      return 2 * n;
-    case GgmlType::q8_0:
-      return n / kQ8Block * (2 + kQ8Block);
-  }
-  return 0;
-}
 
 // gguf-py's quantize_q8_0, operation for operation in float32: d = max|x| / 127, id = 1 / d (0
 // where d is 0), q = trunc(x * id + copysign(0.5, x * id)); d stored as float16.
@@ -148,8 +122,8 @@ void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> shape,
                             std::function<at::Tensor()> values) {
   for (const auto& t : tensors_)
     if (t.name == name) throw RuntimeError("GGUF tensor written twice: " + name);
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  if (type != GgmlType::f32 && type != GgmlType::f16 && type != GgmlType::bf16 && type != GgmlType::q8_0)
+    throw RuntimeError(std::string("GgufWriter writes F32, F16, BF16 and Q8_0, not ") + ggml_type_name(type));
   if (type == GgmlType::q8_0 && (shape.empty() || shape.back() % kQ8Block != 0))
     throw RuntimeError("GGUF tensor " + name + ": Q8_0 needs rows of a multiple of 32 elements");
   if (name.size() >= 64) throw RuntimeError("GGUF tensor name longer than ggml's 63 characters: " + name);

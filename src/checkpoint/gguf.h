@@ -15,13 +15,9 @@
 #include <variant>
 #include <vector>
 
-namespace ptrain {
+#include "quant/ggml_quants.h"
 
-// ggml_type values, as the file stores them.
-enum class GgmlType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8, bf16 = 30 };
-const char* ggml_type_name(GgmlType t);
-// Bytes of n elements of type t (n a multiple of the block size for block types).
-int64_t ggml_type_bytes(GgmlType t, int64_t n);
+namespace ptrain {
 
 // Q8_0 blocks of a float32 tensor whose element count is a multiple of 32 (rows of 32-multiples):
 // 34 bytes per 32 elements.
