@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& [key, value] : f.metadata()) (void)value.type_name();
     for (const auto& t : f.tensors()) {
       if (t.numel > (int64_t{1} << 22)) continue;  // a valid header may claim more than memory holds
-      (void)f.dequantize(t).sum().item<float>();  // every element read
+      (void)f.dequantize(t).sum().item<float>();   // every element read
     }
   } catch (const std::exception&) {
   }
