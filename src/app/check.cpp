@@ -2,6 +2,7 @@
 
 #include <iostream>
 
+#include "checkpoint/gguf_model.h"
 #include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -27,7 +28,7 @@ void print_model(const Config& c) {
             << ", embedding " << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
             << log::grouped(static_cast<double>(s.head_params())) << ")\n";
   if (!c.model.hf_path.empty())
-    if (const std::string note = hf_config_ignored_note(c.model.hf_path); !note.empty()) std::cout << note << "\n";
+    if (const std::string note = model_ignored_note(c.model.hf_path); !note.empty()) std::cout << note << "\n";
   std::cout << precision_policy(c).table();
 }
 

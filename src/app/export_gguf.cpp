@@ -14,6 +14,7 @@
 
 #include "app/export.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/gguf_model.h"
 #include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/fs_util.h"
@@ -29,23 +30,22 @@ using nlohmann::json;
 
 namespace {
 
-// llama.cpp's architecture for a family, and whether its converter permutes q/k rows: Llama and
-// Mistral run ggml's "normal" RoPE over interleaved pairs, Qwen's the "neox" one over halves as HF.
+// llama.cpp's architecture for a family: Mistral is its llama (q/k rows permuted for ggml's
+// "normal" RoPE over interleaved pairs: gguf_tensor_names), Qwen's run the "neox" RoPE as HF.
 struct Arch {
   const char* name;
-  bool permute_qk;
 };
 Arch arch_of(const LlamaShape& s) {
   switch (s.family) {
     case Family::llama:
     case Family::mistral:
-      return {"llama", true};
+      return {"llama"};
     case Family::qwen2:
-      return {"qwen2", false};
+      return {"qwen2"};
     case Family::qwen3:
-      return {"qwen3", false};
+      return {"qwen3"};
   }
-  return {"llama", true};
+  return {"llama"};
 }
 
 void refuse_unexpressible(const LlamaShape& s, const HfStorage& storage, const std::string& dir) {
@@ -66,14 +66,6 @@ void refuse_unexpressible(const LlamaShape& s, const HfStorage& storage, const s
   std::string msg = dir + ": cannot be written as GGUF:";
   for (const auto& w : why) msg += "\n  - " + w;
   throw UnsupportedInput(msg);
-}
-
-// HF's q/k rows (each head's first half, then second half) in ggml's order for its "normal"
-// RoPE (pairs interleaved): llama.cpp's converter's permute(w, n_head).
-at::Tensor permute_rows(const at::Tensor& w, int64_t heads) {
-  std::vector<int64_t> split{heads, 2, w.size(0) / heads / 2};
-  for (int64_t i = 1; i < w.dim(); ++i) split.push_back(w.size(i));
-  return w.reshape(split).transpose(1, 2).reshape(w.sizes());
 }
 
 // Llama 3.1's RoPE scaling as the frequency divisors llama.cpp reads from `rope_freqs.weight`,
@@ -141,50 +133,25 @@ void add_model_metadata(GgufWriter& w, const LlamaShape& s, const Arch& arch, co
   }
 }
 
-// The model's tensors under llama.cpp's names, in its converter's order.
-void add_model_tensors(GgufWriter& w, const HfCheckpoint& ckpt, const LlamaShape& s, const Arch& arch, GgmlType type) {
-  auto add = [&](const std::string& gguf, const std::string& hf, int64_t permute_heads = 0) {
-    const at::Tensor stored = ckpt.tensor(hf);
-    std::vector<int64_t> shape = stored.sizes().vec();
+// The model's tensors under llama.cpp's names, in its converter's order (Llama 3.1's RoPE factors
+// after the embedding).
+void add_model_tensors(GgufWriter& w, const HfCheckpoint& ckpt, const LlamaShape& s, GgmlType type) {
+  for (const GgufTensorName& n : gguf_tensor_names(s)) {
+    const std::vector<int64_t> shape = ckpt.tensor(n.hf).sizes().vec();
     GgmlType t = shape.size() == 1 ? GgmlType::f32 : type;
     if (t == GgmlType::q8_0 && shape.back() % 32 != 0) {
-      log::info(gguf, ": rows of ", shape.back(), " elements are no multiple of Q8_0's 32: written as F16");
+      log::info(n.gguf, ": rows of ", shape.back(), " elements are no multiple of Q8_0's 32: written as F16");
       t = GgmlType::f16;
     }
-    w.add_tensor(gguf, shape, t, [&ckpt, hf, permute_heads] {
-      at::Tensor v = ckpt.tensor(hf).to(at::kFloat);
-      return permute_heads > 0 ? permute_rows(v, permute_heads) : v;
+    w.add_tensor(n.gguf, shape, t, [&ckpt, n] {
+      at::Tensor v = ckpt.tensor(n.hf).to(at::kFloat);
+      return n.permute_heads > 0 ? permute_qk_rows(v, n.permute_heads) : v;
     });
-  };
-  w.add_tensor("token_embd.weight", ckpt.tensor("model.embed_tokens.weight").sizes().vec(), type,
-               [&ckpt] { return ckpt.tensor("model.embed_tokens.weight").to(at::kFloat); });
-  if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::llama3) {
-    const at::Tensor factors = llama3_rope_factors(s);
-    w.add_tensor("rope_freqs.weight", {factors.numel()}, GgmlType::f32, [factors] { return factors; });
-  }
-  for (int64_t l = 0; l < s.n_layers; ++l) {
-    const std::string hf = "model.layers." + std::to_string(l) + ".", g = "blk." + std::to_string(l) + ".";
-    add(g + "attn_norm.weight", hf + "input_layernorm.weight");
-    for (const char* part : {"weight", "bias"}) {
-      const std::string p = part;
-      if (p == "bias" && !s.qkv_bias()) continue;
-      add(g + "attn_q." + p, hf + "self_attn.q_proj." + p, arch.permute_qk ? s.n_heads : 0);
-      add(g + "attn_k." + p, hf + "self_attn.k_proj." + p, arch.permute_qk ? s.n_kv_heads : 0);
-      add(g + "attn_v." + p, hf + "self_attn.v_proj." + p);
+    if (n.gguf == "token_embd.weight" && s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::llama3) {
+      const at::Tensor factors = llama3_rope_factors(s);
+      w.add_tensor("rope_freqs.weight", {factors.numel()}, GgmlType::f32, [factors] { return factors; });
     }
-    add(g + "attn_output.weight", hf + "self_attn.o_proj.weight");
-    if (s.o_bias()) add(g + "attn_output.bias", hf + "self_attn.o_proj.bias");
-    if (s.qk_norm()) {
-      add(g + "attn_q_norm.weight", hf + "self_attn.q_norm.weight");
-      add(g + "attn_k_norm.weight", hf + "self_attn.k_norm.weight");
-    }
-    add(g + "ffn_norm.weight", hf + "post_attention_layernorm.weight");
-    add(g + "ffn_gate.weight", hf + "mlp.gate_proj.weight");
-    add(g + "ffn_up.weight", hf + "mlp.up_proj.weight");
-    add(g + "ffn_down.weight", hf + "mlp.down_proj.weight");
   }
-  add("output_norm.weight", "model.norm.weight");
-  if (!s.tie_embeddings) add("output.weight", "lm_head.weight");  // tied: llama.cpp reads token_embd
 }
 
 // llama.cpp's name for a byte-level pre-tokenizer (`tokenizer.ggml.pre`), by what it splits with.
@@ -357,7 +324,7 @@ void write_gguf(const std::string& model_dir, const std::string& tokenizer_dir, 
   GgufWriter w;
   add_model_metadata(w, s, arch, fs::path(model_dir).lexically_normal().filename().string(), type);
   add_tokenizer_metadata(w, tokenizer_dir, s.vocab_size);
-  add_model_tensors(w, ckpt, s, arch, type);
+  add_model_tensors(w, ckpt, s, type);
   auto fixed = [](double v, const char* unit) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.2f %s", v, unit);
@@ -383,6 +350,10 @@ int run_export_gguf(const std::string& checkpoint_dir, const std::string& config
   env.local = false;  // the run's data files need not be here
   if (!config_path.empty()) {
     const Config c = load_config(config_path, {}, env);
+    if (!gguf_model_file(c.model.hf_path).empty())
+      throw UsageError(config_path +
+                       ": model.hf_path is a GGUF file already; train on it and export the checkpoint "
+                       "(--checkpoint DIR)");
     if (c.model.hf_path.empty())
       throw UsageError(config_path +
                        ": model.hf_path is empty — a seeded init has no trained weights to export; "

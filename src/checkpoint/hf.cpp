@@ -438,7 +438,10 @@ LlamaShape read_hf_config(const std::string& dir) {
   if (!fs::is_regular_file(path))
     throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face model directory: " + family_list() +
                        ")");
-  const json c = read_json(path);
+  return hf_config_shape(read_json(path), path, dir);
+}
+
+LlamaShape hf_config_shape(const json& c, const std::string& path, const std::string& dir) {
   const FamilyTraits& f = config_family(c, path);
   check_config_json_keys(c, f, dir, path);
   try {

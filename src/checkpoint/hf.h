@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ namespace ptrain {
 // the computation in a way ptrain does not implement, a null or a combination transformers
 // refuses or reads ambiguously) or RuntimeError (no file, bad JSON).
 LlamaShape read_hf_config(const std::string& dir);
+// The same reading of a config.json already parsed (`config`; `path` names it in messages, `dir`
+// is where a quantization_config's files would be): what a GGUF file's metadata becomes
+// (checkpoint/gguf_model.h) goes through it too.
+LlamaShape hf_config_shape(const nlohmann::json& config, const std::string& path, const std::string& dir = "");
 
 // The keys of DIR/config.json that transformers' code for its family does not read: ignored, as
 // transformers ignores them (names, versions, token ids it keeps for generation, ...).

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "checkpoint/gguf_model.h"
 #include "checkpoint/hf.h"
 #include "common/suggest.h"
 #include "parallel/precision.h"
@@ -233,7 +234,7 @@ const std::vector<Key>& keys() {
           R"(`tiny` (~12M, CPU demo), `llama3_2_1b` (1.24B, tied), `llama3_8b`, `llama3_70b`, `qwen2_5_0_5b`, `qwen2_5_1_5b`, `qwen2_5_7b`, `qwen3_0_6b`, `qwen3_8b`, `mistral_7b` (v0.3) — the published shapes, initialised from `run.seed` (set `hf_path` to fine-tune released weights))"),
       PTRAIN_KEY(
           "model", "hf_path", model.hf_path, kFromStruct,
-          R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name; a bitsandbytes NF4 checkpoint (`*-bnb-4bit`) loads as the QLoRA base as stored (`docs/qlora.md`))"),
+          R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name; a bitsandbytes NF4 checkpoint (`*-bnb-4bit`) loads as the QLoRA base as stored (`docs/qlora.md`); or a GGUF file (or a directory holding one and no `config.json`), read as transformers' GGUF loader reads it: its weights dequantized (F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K), its config from the metadata (`docs/export.md`, "GGUF as the base"; its tokenizer not yet: set `data.tokenizer` for text data))"),
       PTRAIN_KEY(
           "model", "init_std", model.init_std, kFromStruct,
           R"(std of the normal init of matrices; `o_proj`/`down_proj` use `init_std / sqrt(2 * n_layers)`; norms start at 1)"),
@@ -703,8 +704,9 @@ void resolve_shape(const Assigner& a) {
   Config& config = a.config;
   if (!config.model.hf_path.empty()) {
     try {
-      config.model.shape = read_hf_config(config.model.hf_path);
-      const HfStorage stored = read_hf_storage(config.model.hf_path);
+      config.model.shape = read_model_config(config.model.hf_path);
+      const HfStorage stored =
+          gguf_model_file(config.model.hf_path).empty() ? read_hf_storage(config.model.hf_path) : HfStorage{};
       config.model.hf_nf4 = stored.nf4;
       config.model.hf_nf4_double_quant = stored.double_quant;
     } catch (const std::exception& e) {

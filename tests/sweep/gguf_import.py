@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""`model.hf_path = "X.gguf"`: ptrain reads a GGUF model as transformers' GGUF loader reads it.
+
+Models (gguf_roundtrip.py's cases, 64 wide: Llama untied; tied with head_dim 24; Mistral, which
+llama.cpp's converter writes as Llama; Qwen2 tied with q/k/v biases; Qwen3 with head_dim 128),
+exported by `ptrain export --gguf` in f32, f16, bf16 and q8_0; and one 256-wide model of each
+llama.cpp architecture (llama, qwen2, qwen3) whose
+exported tensors gguf-py re-encodes in every type ptrain reads, one type after another across the
+tensors (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and BF16 / F16 quantized from the weights by gguf-py; the
+K-quants Q2_K ... Q6_K, which gguf-py cannot quantize, as random blocks with small scales).
+
+For every file:
+  1. `ptrain eval` with model.hf_path = the file equals, on the mean next-token loss of random
+     windows, transformers' AutoModelForCausalLM.from_pretrained(dir, gguf_file=...) (float32):
+     the config built from the metadata, the dequantized tensors and Llama's q/k rows as
+     transformers reads them;
+  2. the 256-wide Llama (every type; a padding token id, which transformers makes the embedding's
+     padding_idx) trains: 3 steps in fp32 and of QLoRA from the GGUF file give the losses of the
+     same runs from the directory transformers' `save_pretrained` writes of its GGUF model's
+     weights — the dequantized weights are the base, as they are in transformers;
+  3. refusals, exit 2 naming the problem: what transformers' loader drops but llama.cpp computes
+     with (Llama 3.1's rope_freqs, rope.scaling.type linear, Llama attention biases, Qwen3 heads
+     other than 128 wide, experts), a Llama named "mistral" (transformers builds Mistral, then fails;
+     llama.cpp runs Llama), an architecture ptrain does not read, a tensor type it does not
+     dequantize, a tensor left over or missing, per-layer head counts, a directory of two GGUF
+     files, and a GGUF base without data.tokenizer for chat data (its tokenizer is not read yet).
+
+Usage: gguf_import.py PTRAIN_BINARY SOURCE_DIR WORK_DIR
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+import gguf
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType as V
+from transformers import AutoModelForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gguf_roundtrip import TYPES, cases, export, make_model  # noqa: E402
+from shape_sweep import SEQ, windows_loss, write_tokens  # noqa: E402
+
+rng = np.random.default_rng(7)
+CYCLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.BF16, Q.F16, Q.F32]
+# Byte offsets of each K-quant block's float16 scales (d, dmin), set small so the model stays sane.
+K_SCALES = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+PAD = 5  # the wide models' padding token id
+passed = failed = 0
+
+
+def check(ok, what):
+    global passed, failed
+    passed, failed = passed + bool(ok), failed + (not ok)
+    print(("PASS " if ok else "FAIL ") + what, flush=True)
+    return ok
+
+
+def ptrain(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
+
+
+def config(work, name, model, extra=""):
+    path = os.path.join(work, name + ".toml")
+    with open(path, "w") as f:
+        f.write(f'[run]\noutput_dir = "{work}/{name}_run"\nseed = 3\n[model]\nhf_path = "{model}"\n'
+                f'[data]\npath = "{work}/train.bin"\nformat = "tokens"\nseq_len = {SEQ}\nmicro_batch_size = 2\n'
+                'val_fraction = 0.0\n[training]\nsteps = 3\nlog_every = 1\neval_every = 0\ndevice = "cpu"\n'
+                '[optimizer]\nlr = 1e-2\n[lr_schedule]\ndecay = "constant"\n' + extra)
+    return path
+
+
+def ptrain_eval(binary, cfg, data):
+    p = ptrain([binary, "eval", "--config", cfg, "--data", data, "--json"])
+    if p.returncode:
+        print(p.stdout[-1500:] + p.stderr[-1500:])
+        return math.nan
+    return json.loads(p.stdout.strip().splitlines()[-1])["mean_loss"]
+
+
+def transformers_loss(path, ids):
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                 dtype=torch.float32).eval()
+    return windows_loss(model, ids), model
+
+
+def close(a, b, tol=2e-5):
+    return abs(a - b) <= tol * max(1.0, abs(b))
+
+
+def requantize(src, dst, type_of=lambda name, i: None, meta=None, drop=(), extra=None, arch=None):
+    """`src` (a GGUF file) rewritten by gguf-py: the i-th 2-D tensor re-encoded as type_of(name, i)
+    says (None: as stored), metadata `meta` {key: (value, type, subtype)} set, tensors `drop` left out,
+    `extra` {name: (raw, type)} added."""
+    r = gguf.GGUFReader(src)
+    arch = arch or r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch=arch)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in (meta or {}):
+            continue
+        sub = field.types[-1] if len(field.types) > 1 else None
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for key, (value, vtype, sub) in (meta or {}).items():
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    matrices = 0
+    for t in r.tensors:
+        if t.name in drop:
+            continue
+        shape = [int(d) for d in reversed(t.shape.tolist())]
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+        q = None
+        if values.ndim == 2:
+            q, matrices = type_of(t.name, matrices), matrices + 1
+        if q is None or q == Q.F32:
+            w.add_tensor(t.name, values)
+        elif q == Q.F16:
+            w.add_tensor(t.name, values.astype(np.float16))
+        elif q in K_SCALES:
+            block, size = gguf.GGML_QUANT_SIZES[q]
+            n = values.size // block
+            raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+            for off in K_SCALES[q]:
+                raw[:, off:off + 2] = (rng.standard_normal(n) * 3e-5).astype(np.float16).view(np.uint8).reshape(n, 2)
+            w.add_tensor(t.name, raw.reshape(shape[0], -1), raw_dtype=q)
+        else:
+            w.add_tensor(t.name, gguf.quants.quantize(values, q), raw_dtype=q)
+    for name, (raw, q) in (extra or {}).items():
+        w.add_tensor(name, raw, raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def types_in(path):
+    return sorted({t.tensor_type.name for t in gguf.GGUFReader(path).tensors})
+
+
+def expect_refusal(binary, cfg, message, what):
+    p = ptrain([binary, "check", "--config", cfg])
+    out = p.stdout + p.stderr
+    check(p.returncode == 2 and message in out,
+          f"refused {what}: exit {p.returncode}, names '{message}'" + ("" if message in out else f"\n{out[-1200:]}"))
+
+
+def main():
+    binary, src, work = sys.argv[1:4]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    g = torch.Generator().manual_seed(5)
+    vocab = 558  # within both fixture tokenizers' vocabularies (hf_chat 1006, hf_qwen_chat 563)
+    train = torch.randint(0, vocab, (4000,), generator=g)
+    train[::4] = PAD  # in every batch: its embedding row must stay as it is
+    write_tokens(f"{work}/train.bin", train.tolist(), vocab)
+    eval_ids = torch.randint(0, vocab, (6 * (SEQ + 1),), generator=g).tolist()
+    write_tokens(f"{work}/eval.bin", eval_ids, vocab)
+
+    # 1. ptrain's own exports of every family, in the types it writes.
+    refused = {"llama_bias_linear": "rope.scaling.type = \"linear\"", "llama3_scaling": "tensor rope_freqs.weight",
+               "qwen3_hd": "Qwen3Config's default, 128"}
+    for name, tok_dir, cfg, _ in cases(src, work):
+        if name == "llama_sentencepiece":
+            continue  # a Llama of the same shape as "llama": its tokenizer is not read from the file yet
+        model_dir = os.path.join(work, name)
+        make_model(model_dir, tok_dir, cfg)
+        for gguf_type in TYPES:
+            path = export(binary, work, model_dir, name, gguf_type)
+            d = os.path.join(work, f"{name}_{gguf_type}")
+            os.makedirs(d)
+            shutil.move(path, d)  # a directory holding one GGUF file (and no config.json) names it too
+            path = os.path.join(d, os.path.basename(path))
+            cfg_path = config(work, f"{name}_{gguf_type}", d if gguf_type == "f16" else path)
+            if name in refused:
+                expect_refusal(binary, cfg_path, refused[name], f"{name} {gguf_type}")
+                continue
+            got = ptrain_eval(binary, cfg_path, f"{work}/eval.bin")
+            want, _ = transformers_loss(path, eval_ids)
+            check(close(got, want), f"{name} {gguf_type}: ptrain eval {got:.6f} = transformers' GGUF model {want:.6f}")
+
+    # 2. A 256-wide model of each family in every type ptrain reads.
+    wide = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, max_position_embeddings=256,
+                rms_norm_eps=1e-5)
+    families = [("llama", dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2,
+                               tie_word_embeddings=False, **wide)),
+                ("qwen2", dict(model_type="qwen2", num_attention_heads=4, num_key_value_heads=2,
+                               tie_word_embeddings=True, **wide)),
+                ("qwen3", dict(model_type="qwen3", num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                               tie_word_embeddings=False, **wide))]
+    llama_every_type = None
+    for k, (name, cfg) in enumerate(families):
+        tok = os.path.join(src, "tests/fixtures/hf_qwen_chat" if "qwen" in name else "tests/fixtures/hf_chat")
+        model_dir = os.path.join(work, "wide_" + name)
+        make_model(model_dir, tok, cfg)
+        f32 = export(binary, work, model_dir, "wide_" + name, "f32")
+        # A padding id, as releases have it: transformers makes it the embedding's padding_idx (no gradient).
+        meta = {"tokenizer.ggml.padding_token_id": (PAD, V.UINT32, None)}
+        path = requantize(f32, os.path.join(work, f"wide_{name}.gguf"), lambda _, i: CYCLE[(i + 3 * k) % len(CYCLE)],
+                          meta=meta)
+        got = ptrain_eval(binary, config(work, "wide_" + name, path), f"{work}/eval.bin")
+        want, model = transformers_loss(path, eval_ids)
+        check(close(got, want) and type(model).__name__.lower().startswith(name),
+              f"wide {name} ({type(model).__name__}; {', '.join(types_in(path))}): ptrain eval {got:.6f} = "
+              f"transformers' GGUF model {want:.6f}")
+        if name == "llama":
+            llama_every_type = (path, model)
+
+    # 3. Training from the GGUF file = from transformers' save_pretrained of its GGUF model.
+    path, model = llama_every_type
+    saved = os.path.join(work, "wide_llama_saved")
+    plain = model.config.to_dict()
+    plain.pop("quantization_config", None)  # transformers saves no GGUF-loaded model: the same weights, plain
+    plain_model = AutoModelForCausalLM.from_config(type(model.config).from_dict(plain), dtype=torch.float32)
+    plain_model.load_state_dict(model.state_dict())
+    plain_model.save_pretrained(saved)
+    check(json.load(open(os.path.join(saved, "config.json"))).get("pad_token_id") == PAD,
+          "transformers' GGUF config takes tokenizer.ggml.padding_token_id as pad_token_id")
+    qlora = ('[lora]\nenabled = true\nrank = 4\nalpha = 8.0\n'
+             'targets = ["q", "k", "v", "o", "gate", "up", "down"]\n'
+             '[quant]\nbase = "nf4"\ndouble_quant = true\n[precision]\nmode = "bf16"\n')
+    for mode, extra in (("fp32", '[precision]\nmode = "fp32"\n'), ("qlora", qlora)):
+        losses = {}
+        for source, model_path in (("gguf", path), ("saved", saved)):
+            run = f"train_{mode}_{source}"
+            p = ptrain([binary, "--config", config(work, run, model_path, extra)])
+            losses[source] = [json.loads(l)["loss"] for l in open(f"{work}/{run}_run/metrics.jsonl") if '"loss"' in l] \
+                if p.returncode == 0 else (p.stdout + p.stderr)[-1500:]
+        check(losses["gguf"] == losses["saved"] and len(losses["gguf"]) == 3,
+              f"wide llama {mode}: 3 steps from the GGUF file = from transformers' save_pretrained of it: "
+              f"{losses['gguf']} / {losses['saved']}")
+
+    # 4. Refusals.
+    base = os.path.join(work, "llama_f32", "llama.f32.gguf")
+    bad = os.path.join(work, "bad")
+    os.makedirs(bad)
+
+    def refusal(name, message, what, **kw):
+        expect_refusal(binary, config(work, "bad_" + name, requantize(base, os.path.join(bad, name + ".gguf"), **kw)),
+                       message, what)
+
+    refusal("gemma", 'general.architecture "gemma"', "an architecture ptrain does not read", arch="gemma")
+    iq = rng.integers(0, 256, size=(1006, 2 * 18), dtype=np.uint8)  # IQ4_NL: blocks of 32 in 18 bytes
+    refusal("iq4_nl", "IQ4_NL, which ptrain does not dequantize", "a tensor type it does not read",
+            drop={"output.weight"}, extra={"output.weight": (iq, Q.IQ4_NL)})
+    refusal("extra", "tensor 'blk.0.extra.weight' is not part of", "a tensor left over",
+            extra={"blk.0.extra.weight": (np.zeros((4, 64), np.float32), Q.F32)})
+    refusal("attn_bias", "(attention biases: transformers' GGUF loader builds Llama without them",
+            "Llama attention biases", extra={"blk.0.attn_q.bias": (np.zeros(64, np.float32), Q.F32)})
+    refusal("missing", "tensor 'blk.1.ffn_up.weight' (model.layers.1.mlp.up_proj.weight, [96, 64]) is missing",
+            "a missing tensor", drop={"blk.1.ffn_up.weight"})
+    refusal("kv_per_layer", "llama.attention.head_count_kv is array of u32", "per-layer head counts",
+            meta={"llama.attention.head_count_kv": ([2, 2], V.ARRAY, V.UINT32)})
+    # llama.cpp's converter names a Mistral by its model card ("Mistral 7B ..."): transformers builds
+    # it as Llama. Named exactly "mistral", transformers builds MistralConfig and then fails (gguf-py
+    # has no "mistral" tensor map); llama.cpp runs it as Llama.
+    refusal("named_mistral", 'general.name "mistral"', "a Llama GGUF named \"mistral\"",
+            meta={"general.name": ("mistral", V.STRING, None)})
+    refusal("experts", "mixture-of-experts", "experts", meta={"llama.expert_count": (8, V.UINT32, None)})
+    two = os.path.join(work, "two")
+    os.makedirs(two)
+    for n in ("a.gguf", "b.gguf"):
+        shutil.copy(base, os.path.join(two, n))
+    expect_refusal(binary, config(work, "two", two), "holds 2 GGUF files", "a directory of two GGUF files")
+    chats = os.path.join(work, "chats.jsonl")
+    with open(chats, "w") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+                + "\n")
+    cfg = config(work, "chat", base).replace(".toml", "")
+    with open(cfg + ".toml") as f:
+        text = f.read().replace(f'path = "{work}/train.bin"\nformat = "tokens"', f'path = "{chats}"\nformat = "jsonl"')
+    with open(cfg + ".toml", "w") as f:
+        f.write(text)
+    expect_refusal(binary, cfg + ".toml", "tokenizer.ggml.* metadata) is not read yet", "chat data without a tokenizer")
+
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
