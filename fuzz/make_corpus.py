@@ -273,8 +273,8 @@ def parquet_seeds():
 
 
 def gguf_seeds():
-    """The reader's fixture (every value type, every block type), a header alone, and a file cut
-    inside its tensor data."""
+    """The reader's fixture (every value type, every block type), a header alone, a file cut
+    inside its tensor data, and a whole tiny model with each kind of tokenizer."""
     with open(os.path.join(FIXTURES, "gguf_blocks.gguf"), "rb") as f:
         blocks = f.read()
     put("gguf", "every_type", blocks)
@@ -285,6 +285,56 @@ def gguf_seeds():
     head = struct.pack("<IIQQ", 0x46554747, 3, 1, 1) + kv + tensor
     head += bytes(-len(head) % 64)
     put("gguf", "q8_0_aligned_64", head + bytes(68))
+    for tokenizer in ("gpt2", "llama"):
+        put("gguf", f"tiny_model_{tokenizer}", tiny_gguf_model(tokenizer))
+
+
+def tiny_gguf_model(tokenizer):
+    """A whole (tiny, tied) Llama as llama.cpp's converter lays it out, written by gguf-py, with a
+    byte-level tokenizer and merges, or a SentencePiece one whose merges come from its scores."""
+    import tempfile
+
+    import gguf
+    import numpy as np
+    rng = np.random.default_rng(5)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.gguf")
+        w = gguf.GGUFWriter(path, arch="llama")
+        w.add_block_count(1)
+        w.add_context_length(64)
+        w.add_embedding_length(8)
+        w.add_feed_forward_length(16)
+        w.add_head_count(2)
+        w.add_head_count_kv(1)
+        w.add_rope_dimension_count(4)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_tokenizer_model(tokenizer)
+        if tokenizer == "gpt2":
+            tokens = ["a", "b", "ab", "\u0120", "\u0120a", "<s>", "</s>", "<think>"]
+            w.add_tokenizer_pre("llama-bpe")
+            w.add_token_merges(["a b", "\u0120 a"])
+        else:
+            tokens = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "ab", "\u2581a"]
+            w.add_token_scores([0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0])
+        w.add_token_list(tokens)
+        w.add_token_types([3 if t in ("<s>", "</s>") else 2 if t == "<unk>" else 4 if t == "<think>" else 1
+                           for t in tokens])
+        w.add_bos_token_id(tokens.index("<s>"))
+        w.add_eos_token_id(tokens.index("</s>"))
+        w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+        shapes = {"token_embd.weight": (len(tokens), 8), "blk.0.attn_norm.weight": (8,), "blk.0.attn_q.weight": (8, 8),
+                  "blk.0.attn_k.weight": (4, 8), "blk.0.attn_v.weight": (4, 8), "blk.0.attn_output.weight": (8, 8),
+                  "blk.0.ffn_norm.weight": (8,), "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8),
+                  "blk.0.ffn_down.weight": (8, 16), "output_norm.weight": (8,)}
+        for name, shape in shapes.items():
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with open(path, "rb") as f:
+            return f.read()
 
 
 def main():

@@ -17,6 +17,7 @@
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "quant/nf4.h"
+#include "tokenizer/gguf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "train/setup.h"
 
@@ -90,7 +91,14 @@ void copy_tokenizer(const std::string& checkpoint_dir, const std::string& out_di
     log::warn("not copying a tokenizer beside the export: the run's config does not load here (", e.what(), ")");
     return;
   }
-  if (source.empty() || !fs::is_directory(source)) return;
+  if (source.empty()) return;
+  if (const std::string gguf = gguf_tokenizer_file(source); !gguf.empty()) {  // a GGUF base: as save_pretrained
+    write_gguf_tokenizer_dir(read_gguf_tokenizer(gguf), out_dir);
+    log::info("wrote the tokenizer of ", gguf, " beside it (tokenizer.json, tokenizer_config.json",
+              fs::exists(fs::path(out_dir) / "chat_template.jinja") ? ", chat_template.jinja)" : ")");
+    return;
+  }
+  if (!fs::is_directory(source)) return;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                         "added_tokens.json"})
     if (fs::is_regular_file(fs::path(source) / f))

@@ -255,6 +255,18 @@ GgufModel::GgufModel(const std::string& path)
   std::set<std::string> read{"general.alignment"};  // the file's layout, which the reader applies
   *config_ = transformers_config(*file_, read);
   shape_ = hf_config_shape(*config_, path + " (its metadata as transformers' GGUF loader reads it)");
+  // Bounds before anything is sized by the shape (the config's validation names them again).
+  const std::string a = *file_->string("general.architecture") + ".";
+  for (const auto& [value, key, bound] : {std::make_tuple(shape_.n_layers, a + "block_count", kMaxLayers),
+                                          std::make_tuple(shape_.dim, a + "embedding_length", kMaxWidth),
+                                          std::make_tuple(shape_.ffn_dim, a + "feed_forward_length", kMaxWidth),
+                                          std::make_tuple(shape_.n_heads, a + "attention.head_count", kMaxWidth),
+                                          std::make_tuple(shape_.n_kv_heads, a + "attention.head_count_kv", kMaxWidth),
+                                          std::make_tuple(shape_.head_dim, std::string("the head width"), kMaxWidth),
+                                          std::make_tuple(shape_.vocab_size, a + "vocab_size", kMaxVocab)})
+    if (value < 1 || value > bound)
+      throw UnsupportedInput(path + ": " + key + " = " + std::to_string(value) + " is outside [1, " +
+                             std::to_string(bound) + "]");
   refuse_dropped(*file_, shape_, read);
   for (const auto& [key, meta] : file_->metadata())
     if (!read.count(key) && !key.starts_with("tokenizer.")) ignored_.push_back(key);

@@ -234,7 +234,7 @@ const std::vector<Key>& keys() {
           R"(`tiny` (~12M, CPU demo), `llama3_2_1b` (1.24B, tied), `llama3_8b`, `llama3_70b`, `qwen2_5_0_5b`, `qwen2_5_1_5b`, `qwen2_5_7b`, `qwen3_0_6b`, `qwen3_8b`, `mistral_7b` (v0.3) — the published shapes, initialised from `run.seed` (set `hf_path` to fine-tune released weights))"),
       PTRAIN_KEY(
           "model", "hf_path", model.hf_path, kFromStruct,
-          R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name; a bitsandbytes NF4 checkpoint (`*-bnb-4bit`) loads as the QLoRA base as stored (`docs/qlora.md`); or a GGUF file (or a directory holding one and no `config.json`), read as transformers' GGUF loader reads it: its weights dequantized (F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K), its config from the metadata (`docs/export.md`, "GGUF as the base"; its tokenizer not yet: set `data.tokenizer` for text data))"),
+          R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name; a bitsandbytes NF4 checkpoint (`*-bnb-4bit`) loads as the QLoRA base as stored (`docs/qlora.md`); or a GGUF file (or a directory holding one and no `config.json`), read as transformers' GGUF loader reads it: its weights dequantized (F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K), its config from the metadata with its tokenizer and chat template (`docs/export.md`, "GGUF as the base"))"),
       PTRAIN_KEY(
           "model", "init_std", model.init_std, kFromStruct,
           R"(std of the normal init of matrices; `o_proj`/`down_proj` use `init_std / sqrt(2 * n_layers)`; norms start at 1)"),
@@ -274,7 +274,7 @@ const std::vector<Key>& keys() {
           "data", "format", data.format, kFromStruct,
           R"(`text` (byte-level tokens, vocab 256), `tokens` (`.bin` made by `ptrain tokenize`) `jsonl` (text, chat — messages, ShareGPT, Alpaca — or prompt/completion records, one per line, tokenized as they load), `json` (the same records as the elements of one JSON array, as `alpaca_data.json` and ShareGPT dumps hold them) or `parquet` (the same records, one per row, a column per field))"),
       PTRAIN_KEY("data", "tokenizer", data.tokenizer, R"(`model.hf_path`)",
-                 R"(jsonl: `tokenizer.json`, or the HF model directory holding it)"),
+                 R"(jsonl: `tokenizer.json`, the HF model directory holding it, or a GGUF file (its `tokenizer.ggml.*` as transformers builds the tokenizer: `docs/export.md`))"),
       PTRAIN_KEY(
           "data", "fields", data.fields, kFromStruct,
           R"(jsonl/json/parquet: the dataset's own names for record fields, as `"canonical=theirs"` (e.g. `["instruction=question", "output=answer", "messages=dialog"]`); canonical fields: text, messages, role, content, conversations, from, value, instruction, input, output, system, history, prompt, completion)"),
@@ -286,7 +286,7 @@ const std::vector<Key>& keys() {
           R"(jsonl/json/parquet: a malformed record stops with its `FILE:LINE` and field (`error`), or is left out, counted and reported with the first one's location (`skip`))"),
       PTRAIN_KEY(
           "data", "chat_template", data.chat_template, kFromStruct,
-          R"(jsonl chats (messages, ShareGPT, Alpaca): `auto` recognizes the template in the tokenizer's directory (`tokenizer_config.json` / `chat_template.jinja`) and refuses one it does not know; or `llama3`, `llama3.1`, `llama3.2`, `qwen2.5`, `qwen3`, `chatml`, `mistral`, `mistral-system-first`, `mistral-v0.2`, `mistral-v0.1` (docs/data.md))"),
+          R"(jsonl chats (messages, ShareGPT, Alpaca): `auto` recognizes the template in the tokenizer's directory (`tokenizer_config.json` / `chat_template.jinja`; a GGUF file's `tokenizer.chat_template`) and refuses one it does not know; or `llama3`, `llama3.1`, `llama3.2`, `qwen2.5`, `qwen3`, `chatml`, `mistral`, `mistral-system-first`, `mistral-v0.2`, `mistral-v0.1` (docs/data.md))"),
       PTRAIN_KEY(
           "data", "packing", data.packing, kFromStruct,
           R"(jsonl: pack several samples into each row (attention and positions stay inside each sample); `false` pads one sample per row)"),

@@ -657,8 +657,11 @@ std::pair<std::string, std::string> document_markers(const Tokenizer& tok) {
       if (!name.empty() && tok.splitting_token(name)) return name;
     return std::string();
   };
-  return {first_present({"<|begin_of_text|>", config_token(dir, "bos_token"), "<s>"}),
-          first_present({"<|end_of_text|>", "<|endoftext|>", config_token(dir, "eos_token"), "</s>"})};
+  // A GGUF file's bos / eos stand for tokenizer_config.json's.
+  const auto gguf = tok.embedded_chat_template() ? tok.template_tokens() : std::nullopt;
+  return {first_present({"<|begin_of_text|>", gguf ? gguf->first : config_token(dir, "bos_token"), "<s>"}),
+          first_present(
+              {"<|end_of_text|>", "<|endoftext|>", gguf ? gguf->second : config_token(dir, "eos_token"), "</s>"})};
 }
 
 ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
@@ -669,16 +672,18 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
   f.source = "data.chat_template";
   if (requested == ChatTemplate::automatic) {
     std::string where;
-    const std::string t = template_text(dir, where);
+    const auto& embedded = tok.embedded_chat_template();  // a GGUF file's tokenizer.chat_template
+    const std::string t = embedded ? *embedded : template_text(dir, where);
+    if (embedded) where = tok.path() + " (tokenizer.chat_template)";
     f.source = where;
     const std::string options = template_options();
     if (t.empty()) {
+      const std::string holder = embedded ? tok.path() + " (tokenizer.chat_template)"
+                                          : dir.string() + " (tokenizer_config.json / chat_template.jinja)";
       if (!tok.splitting_token("<|start_header_id|>"))
-        throw RuntimeError("no chat template in " + dir.string() +
-                           " (tokenizer_config.json / chat_template.jinja) and the tokenizer is not Llama 3's" +
-                           options);
+        throw RuntimeError("no chat template in " + holder + " and the tokenizer is not Llama 3's" + options);
       f.kind = ChatTemplate::llama3;
-      f.source = "Llama 3's header tokens (no template in " + dir.string() + ")";
+      f.source = "Llama 3's header tokens (no template in " + holder + ")";
     } else {
       const RecognizedTemplate known = recognize_chat_template(t, where);
       f.kind = known.kind;

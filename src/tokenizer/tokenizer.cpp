@@ -19,6 +19,8 @@
 #include "common/fs_util.h"
 #include "common/regex.h"
 #include "common/utf8.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/gguf_tokenizer.h"
 #include "tokenizer/tokenizer_dir.h"
 #include "tokenizer/tokenizer_shape.h"
 
@@ -107,25 +109,6 @@ bool is_whitespace(uint32_t cp) {
 }
 
 // ---- the byte-level alphabet -------------------------------------------------------------------
-
-// GPT-2's bytes_to_unicode: printable bytes stand for themselves, the other 68 are shifted to
-// code points 256 and up, so every byte is one visible character.
-struct ByteLevelMap {
-  std::string of_byte[256];
-  std::unordered_map<std::string, uint8_t> byte_of;
-  ByteLevelMap() {
-    uint32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      of_byte[b] = utf8(printable ? static_cast<uint32_t>(b) : next++);
-      byte_of[of_byte[b]] = static_cast<uint8_t>(b);
-    }
-  }
-};
-const ByteLevelMap& byte_level() {
-  static const ByteLevelMap b;
-  return b;
-}
 
 // GPT-2's pre-tokenizer regex, which ByteLevel(use_regex = true) splits with.
 constexpr const char* kGpt2Split = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -236,6 +219,7 @@ struct Tokenizer::Impl {
   std::string path;
   std::string reading;  // how the files were read: the class transformers uses, or the file as written
   std::optional<std::pair<std::string, std::string>> template_tokens;  // a directory's bos_token / eos_token
+  std::optional<std::string> embedded_chat_template;                   // a GGUF file's tokenizer.chat_template
   [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
   std::function<void(const std::string&)> failer() const;  // fail(), for readers that take a callback
   // A token id as tokenizer.json writes it: an integer in [0, 2^24) — a float, a negative or a
@@ -613,15 +597,18 @@ std::function<void(const std::string&)> Tokenizer::Impl::failer() const {
 json Tokenizer::Impl::open(const std::string& path_in) {
   const bool dir = fs::is_directory(path_in);
   path = dir ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
-  auto is_gguf = [](const fs::path& p) { return p.extension() == ".gguf"; };
-  bool gguf = !dir && is_gguf(path_in);
-  if (dir && !fs::exists(path))
-    for (const auto& e : fs::directory_iterator(path_in)) gguf = gguf || is_gguf(e.path());
-  if (gguf)
-    throw UnsupportedInput(path_in +
-                           ": a GGUF model's tokenizer (its tokenizer.ggml.* metadata) is not read yet: set "
-                           "data.tokenizer (generate: --tokenizer) to the model's tokenizer.json or Hugging Face "
-                           "directory");
+  // A GGUF file (or a directory holding one and no tokenizer.json): its tokenizer.ggml.* as
+  // transformers' GGUF loader builds the tokenizer.json, read as written.
+  if (const std::string gguf = gguf_tokenizer_file(path_in); !gguf.empty()) {
+    GgufTokenizer g = read_gguf_tokenizer(gguf);
+    path = gguf;
+    json j = json::parse(g.tokenizer_json);
+    check_tokenizer_json_shape(j, failer());
+    reading = std::move(g.description);
+    template_tokens = std::make_pair(std::move(g.bos), std::move(g.eos));
+    embedded_chat_template = std::move(g.chat_template);
+    return j;
+  }
   if (!fs::is_regular_file(path))
     throw RuntimeError("no tokenizer file '" + path + "' (pass a tokenizer.json or an HF model directory)");
   const std::string text = read_text_file(path);
@@ -1229,5 +1216,6 @@ int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->max_i
 const std::string& Tokenizer::path() const { return impl_->path; }
 const std::string& Tokenizer::reading() const { return impl_->reading; }
 std::optional<std::pair<std::string, std::string>> Tokenizer::template_tokens() const { return impl_->template_tokens; }
+const std::optional<std::string>& Tokenizer::embedded_chat_template() const { return impl_->embedded_chat_template; }
 
 }  // namespace ptrain

@@ -42,8 +42,10 @@ class Tokenizer {
  public:
   // `path`: a tokenizer.json, read as HF tokenizers' Tokenizer.from_file reads it, or an HF model
   // directory holding one, read as transformers' AutoTokenizer reads it (tokenizer_config.json and
-  // config.json decide the class, which may rebuild the pipeline: tokenizer/tokenizer_dir.h). Throws
-  // RuntimeError naming the file and what is unsupported or malformed.
+  // config.json decide the class, which may rebuild the pipeline: tokenizer/tokenizer_dir.h), or a
+  // GGUF file (a directory holding one and no tokenizer.json) read as transformers' GGUF loader
+  // reads it (tokenizer/gguf_tokenizer.h). Throws RuntimeError naming the file and what is
+  // unsupported or malformed.
   explicit Tokenizer(const std::string& path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
@@ -78,6 +80,9 @@ class Tokenizer {
   // For a model directory: {bos_token, eos_token} as transformers resolves them — what a chat
   // template's `bos_token` / `eos_token` render ("" for None); nullopt for a tokenizer.json file.
   std::optional<std::pair<std::string, std::string>> template_tokens() const;
+  // For a GGUF file: its chat template (tokenizer.chat_template; "" where it has none), which
+  // stands for a directory's chat_template.jinja / tokenizer_config.json; nullopt otherwise.
+  const std::optional<std::string>& embedded_chat_template() const;
   // Whether encoding the pieces of a text cut after a newline that a non-space follows gives
   // the ids of the whole text: true unless the normalizer or pre-tokenizer treats the start of
   // a text specially (Prepend, Metaspace's prepend scheme) or nothing splits the text.

