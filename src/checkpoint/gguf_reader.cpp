@@ -239,6 +239,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path), file_(std::make_uniqu
     tensors_.push_back(std::move(t));
   }
   const uint64_t data_start = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
+  header_bytes_ = c.pos();
   for (auto& t : tensors_) {
     t.offset += data_start;
     if (t.offset > file_->size() || static_cast<uint64_t>(t.bytes) > file_->size() - t.offset)

@@ -69,6 +69,8 @@ class GgufFile {
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
+  // Bytes of the header, metadata and tensor descriptors: everything but the tensor data.
+  uint64_t header_bytes() const { return header_bytes_; }
 
   // Metadata, in file order.
   const std::vector<std::pair<std::string, GgufMeta>>& metadata() const { return kv_; }
@@ -95,6 +97,7 @@ class GgufFile {
   std::unique_ptr<MappedFile> file_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
+  uint64_t header_bytes_ = 0;
   std::vector<std::pair<std::string, GgufMeta>> kv_;
   std::map<std::string, size_t> kv_index_;
   std::vector<GgufTensorInfo> tensors_;

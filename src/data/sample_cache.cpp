@@ -87,7 +87,7 @@ json key_parts(const std::string& data_path, DataFormat file_format, const Token
     throw;
   }
   ::close(fd);
-  const FileSum tokenizer = file_sum(tok.path());
+  const FileSum tokenizer = file_sum(tok.path(), tok.source_bytes());
   json fields = json::array();
   for (const auto& [canonical, theirs] : o.fields) fields.push_back(canonical + "=" + theirs);
   return json{

@@ -326,6 +326,7 @@ GgufTokenizer read_gguf_tokenizer(const std::string& path) {
   out.add_bos = add_bos;
   out.add_eos = add_eos;
   out.chat_template = f.string("tokenizer.chat_template").value_or("");
+  out.header_bytes = f.header_bytes();
   out.description = "GGUF tokenizer.ggml.* as transformers' GGUF loader builds it (" +
                     std::string(byte_level_bpe ? "byte-level BPE, " + split_note : "SentencePiece-style BPE") + ", " +
                     merges_from + (add_bos ? ", BOS added" : "") + (add_eos ? ", EOS added" : "") + ")";

@@ -14,7 +14,7 @@
 // of architectures transformers rebuilds its own way (gemma*, phi3) and anything malformed are
 // refused naming the key (UnsupportedInput).
 #pragma once
-#include <nlohmann/json_fwd.hpp>
+#include <cstdint>
 #include <string>
 
 namespace ptrain {
@@ -25,6 +25,7 @@ struct GgufTokenizer {
   bool add_bos = false, add_eos = false;
   std::string chat_template;  // tokenizer.chat_template ("" where the file has none)
   std::string description;    // how it was built, for the log
+  uint64_t header_bytes = 0;  // the file's bytes it was built from (the header: no tensor data)
 };
 
 // The GGUF file whose tokenizer `path` names: `path` itself when it ends in ".gguf", the one

@@ -220,6 +220,7 @@ struct Tokenizer::Impl {
   std::string reading;  // how the files were read: the class transformers uses, or the file as written
   std::optional<std::pair<std::string, std::string>> template_tokens;  // a directory's bos_token / eos_token
   std::optional<std::string> embedded_chat_template;                   // a GGUF file's tokenizer.chat_template
+  uint64_t source_bytes = UINT64_MAX;  // the part of `path` the tokenizer is read from (a GGUF file's header)
   [[noreturn]] void fail(const std::string& what) const { throw RuntimeError(path + ": " + what); }
   std::function<void(const std::string&)> failer() const;  // fail(), for readers that take a callback
   // A token id as tokenizer.json writes it: an integer in [0, 2^24) — a float, a negative or a
@@ -607,6 +608,7 @@ json Tokenizer::Impl::open(const std::string& path_in) {
     reading = std::move(g.description);
     template_tokens = std::make_pair(std::move(g.bos), std::move(g.eos));
     embedded_chat_template = std::move(g.chat_template);
+    source_bytes = g.header_bytes;
     return j;
   }
   if (!fs::is_regular_file(path))
@@ -1217,5 +1219,6 @@ const std::string& Tokenizer::path() const { return impl_->path; }
 const std::string& Tokenizer::reading() const { return impl_->reading; }
 std::optional<std::pair<std::string, std::string>> Tokenizer::template_tokens() const { return impl_->template_tokens; }
 const std::optional<std::string>& Tokenizer::embedded_chat_template() const { return impl_->embedded_chat_template; }
+uint64_t Tokenizer::source_bytes() const { return impl_->source_bytes; }
 
 }  // namespace ptrain

@@ -83,6 +83,9 @@ class Tokenizer {
   // For a GGUF file: its chat template (tokenizer.chat_template; "" where it has none), which
   // stands for a directory's chat_template.jinja / tokenizer_config.json; nullopt otherwise.
   const std::optional<std::string>& embedded_chat_template() const;
+  // The leading bytes of path() the tokenizer is read from: the whole file, or a GGUF file's
+  // header (its tensor data, gigabytes, is no part of the tokenizer) — what a cache keys on.
+  uint64_t source_bytes() const;
   // Whether encoding the pieces of a text cut after a newline that a non-space follows gives
   // the ids of the whole text: true unless the normalizer or pre-tokenizer treats the start of
   // a text specially (Prepend, Metaspace's prepend scheme) or nothing splits the text.

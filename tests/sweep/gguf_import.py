@@ -14,10 +14,10 @@ For every file:
      windows, transformers' AutoModelForCausalLM.from_pretrained(dir, gguf_file=...) (float32):
      the config built from the metadata, the dequantized tensors and Llama's q/k rows as
      transformers reads them;
-  2. the 256-wide Llama (every type; a padding token id, which transformers makes the embedding's
-     padding_idx) trains: 3 steps in fp32 and of QLoRA from the GGUF file give the losses of the
-     same runs from the directory transformers' `save_pretrained` writes of its GGUF model's
-     weights — the dequantized weights are the base, as they are in transformers;
+  2. the 256-wide models (every type; a padding token id, which transformers makes the embedding's
+     padding_idx) train: 3 steps in fp32 (each family) and of QLoRA (Llama) from the GGUF file give
+     the losses of the same runs from the directory transformers' `save_pretrained` writes of its
+     GGUF model's weights — the dequantized weights are the base, as they are in transformers;
      its exports (--merge, --gguf) carry the file's tokenizer and chat template (transformers' ids);
   3. refusals, exit 2 naming the problem: what transformers' loader drops but llama.cpp computes
      with (Llama 3.1's rope_freqs, rope.scaling.type linear, Llama attention biases, Qwen3 heads
@@ -195,7 +195,7 @@ def main():
                                tie_word_embeddings=True, **wide)),
                 ("qwen3", dict(model_type="qwen3", num_attention_heads=2, num_key_value_heads=1, head_dim=128,
                                tie_word_embeddings=False, **wide))]
-    llama_every_type = None
+    every_type = {}  # family -> (its GGUF file, transformers' model of it)
     for k, (name, cfg) in enumerate(families):
         tok = os.path.join(src, "tests/fixtures/hf_qwen_chat" if "qwen" in name else "tests/fixtures/hf_chat")
         model_dir = os.path.join(work, "wide_" + name)
@@ -210,35 +210,37 @@ def main():
         check(close(got, want) and type(model).__name__.lower().startswith(name),
               f"wide {name} ({type(model).__name__}; {', '.join(types_in(path))}): ptrain eval {got:.6f} = "
               f"transformers' GGUF model {want:.6f}")
-        if name == "llama":
-            llama_every_type = (path, model)
+        every_type[name] = (path, model)
 
-    # 3. Training from the GGUF file = from transformers' save_pretrained of its GGUF model.
-    path, model = llama_every_type
-    saved = os.path.join(work, "wide_llama_saved")
-    plain = model.config.to_dict()
-    plain.pop("quantization_config", None)  # transformers saves no GGUF-loaded model: the same weights, plain
-    plain_model = AutoModelForCausalLM.from_config(type(model.config).from_dict(plain), dtype=torch.float32)
-    plain_model.load_state_dict(model.state_dict())
-    plain_model.save_pretrained(saved)
-    check(json.load(open(os.path.join(saved, "config.json"))).get("pad_token_id") == PAD,
-          "transformers' GGUF config takes tokenizer.ggml.padding_token_id as pad_token_id")
+    # 3. Training from the GGUF file = from transformers' save_pretrained of its GGUF model: every
+    # family in fp32, Llama's QLoRA too.
     qlora = ('[lora]\nenabled = true\nrank = 4\nalpha = 8.0\n'
              'targets = ["q", "k", "v", "o", "gate", "up", "down"]\n'
              '[quant]\nbase = "nf4"\ndouble_quant = true\n[precision]\nmode = "bf16"\n')
-    for mode, extra in (("fp32", '[precision]\nmode = "fp32"\n'), ("qlora", qlora)):
-        losses = {}
-        for source, model_path in (("gguf", path), ("saved", saved)):
-            run = f"train_{mode}_{source}"
-            p = ptrain([binary, "--config", config(work, run, model_path, extra)])
-            losses[source] = [json.loads(l)["loss"] for l in open(f"{work}/{run}_run/metrics.jsonl") if '"loss"' in l] \
-                if p.returncode == 0 else (p.stdout + p.stderr)[-1500:]
-        check(losses["gguf"] == losses["saved"] and len(losses["gguf"]) == 3,
-              f"wide llama {mode}: 3 steps from the GGUF file = from transformers' save_pretrained of it: "
-              f"{losses['gguf']} / {losses['saved']}")
+    for name, (path, model) in every_type.items():
+        saved = os.path.join(work, f"wide_{name}_saved")
+        plain = model.config.to_dict()
+        plain.pop("quantization_config", None)  # transformers saves no GGUF-loaded model: the same weights, plain
+        plain_model = AutoModelForCausalLM.from_config(type(model.config).from_dict(plain), dtype=torch.float32)
+        plain_model.load_state_dict(model.state_dict())
+        plain_model.save_pretrained(saved)
+        check(json.load(open(os.path.join(saved, "config.json"))).get("pad_token_id") == PAD,
+              f"wide {name}: transformers' GGUF config takes tokenizer.ggml.padding_token_id as pad_token_id")
+        modes = [("fp32", '[precision]\nmode = "fp32"\n')] + ([("qlora", qlora)] if name == "llama" else [])
+        for mode, extra in modes:
+            losses = {}
+            for source, model_path in (("gguf", path), ("saved", saved)):
+                run = f"train_{name}_{mode}_{source}"
+                p = ptrain([binary, "--config", config(work, run, model_path, extra)])
+                losses[source] = [json.loads(l)["loss"] for l in open(f"{work}/{run}_run/metrics.jsonl")
+                                  if '"loss"' in l] if p.returncode == 0 else (p.stdout + p.stderr)[-1500:]
+            check(losses["gguf"] == losses["saved"] and len(losses["gguf"]) == 3,
+                  f"wide {name} {mode}: 3 steps from the GGUF file = from transformers' save_pretrained of it: "
+                  f"{losses['gguf']} / {losses['saved']}")
+    path = every_type["llama"][0]
 
     # The QLoRA run's exports carry the GGUF file's tokenizer as transformers saves it.
-    ckpt = f"{work}/train_qlora_gguf_run/checkpoints/step_3"
+    ckpt = f"{work}/train_llama_qlora_gguf_run/checkpoints/step_3"
     merged, exported = os.path.join(work, "merged"), os.path.join(work, "merged.gguf")
     p = ptrain([binary, "export", "--checkpoint", ckpt, "--out", merged, "--merge"])
     q = ptrain([binary, "export", "--checkpoint", ckpt, "--gguf", exported, "--gguf-type", "f32"])

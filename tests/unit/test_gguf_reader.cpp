@@ -147,6 +147,11 @@ TEST(GgufReader, DequantizesEveryBlockTypeAsGgufPy) {
     types.insert(t.type_name());
   }
   EXPECT_EQ(types.size(), 13u);  // every type ptrain reads
+  // The header ends where the data begins, up to the alignment (what a tokenizer cache keys on).
+  uint64_t first = UINT64_MAX;
+  for (const auto& t : f.tensors()) first = std::min(first, t.offset);
+  EXPECT_GT(f.header_bytes(), 0u);
+  EXPECT_EQ((f.header_bytes() + f.alignment() - 1) / f.alignment() * f.alignment(), first);
 }
 
 TEST(GgufReader, ReadsWhatTheWriterWrites) {
