@@ -166,13 +166,20 @@ def main():
         raise SystemExit(f"no corpus sets in {corpus}: run tests/realfiles/make_corpus.py first")
     failures = 0
     print(f"{'set':22} {'tokens':>7} {'ids':>6} {'eval: ptrain':>14} {'transformers':>13} {'rel. diff':>10}  ignored keys")
-    for name in sets:
-        d = os.path.join(corpus, name)
-        tok = AutoTokenizer.from_pretrained(d)
+    # (name, the model directory or the GGUF file's, the GGUF file or None, whether it holds a model)
+    entries = [(name, os.path.join(corpus, name), None, os.path.exists(os.path.join(corpus, name, "config.json")))
+               for name in sets]
+    for name, path in gguf.items():  # GGUF files: their tokenizer, and a model as model.hf_path
+        full = os.path.join(corpus, path)
+        entries.append((name, os.path.dirname(full), os.path.basename(full), name in GGUF_FILES))
+        sets.append(name)
+    for name, d, gguf_file, has_model in entries:
+        source = os.path.join(d, gguf_file) if gguf_file else d  # what ptrain is given
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=gguf_file)
         text = texts_with_specials(tok)
         want = tok.encode(text, add_special_tokens=False)
         with tempfile.TemporaryDirectory() as tmp:
-            got, tokens_path = ptrain_tokenize(binary, d, text, tmp)
+            got, tokens_path = ptrain_tokenize(binary, source, text, tmp)
             if got is None:
                 print(f"{name:22} REFUSED by ptrain tokenize: {tokens_path}")
                 failures += 1
@@ -183,56 +190,23 @@ def main():
                 print(f"{name:22} ids differ at {first}: ptrain {got[first:first + 6]} transformers {want[first:first + 6]}")
                 failures += 1
             row = f"{name:22} {len(want):7} {'equal' if same else 'DIFFER':>6}"
-            if not os.path.exists(os.path.join(d, "config.json")):
+            if not has_model:
                 print(row + f" {'-':>14} {'-':>13} {'-':>10}  (tokenizer only)")
                 continue
             # a longer stream for the eval: the text repeated, so there are several windows
-            long_text = (text + "\n") * 3
-            long_ids, long_path = ptrain_tokenize(binary, d, long_text, tmp)
-            result, error, ignored = ptrain_eval(binary, d, long_path, tmp)
+            long_ids, long_path = ptrain_tokenize(binary, source, (text + "\n") * 3, tmp)
+            result, error, ignored = ptrain_eval(binary, source, long_path, tmp)
             if result is None:
                 print(row + f"  REFUSED: {error}")
                 failures += 1
                 continue
-            ref, windows = hf_eval(d, long_ids)
-            rel = abs(result["mean_loss"] - ref) / abs(ref)
-            ok = rel <= 1e-5 and result["windows"] == windows
-            failures += not ok
-            keys = "; ".join(line.split("ignored")[-1].strip(" :") for line in ignored) or "none"
-            print(row + f" {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}" + ("" if ok else "  DIFFER"))
-            failures += chat_row(chat_check(binary, d, tok, tmp))
-    for name, path in gguf.items():  # GGUF files: their tokenizer, and a model as model.hf_path
-        gguf_path = os.path.join(corpus, path)
-        sets.append(name)
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
-        text = texts_with_specials(tok)
-        want = tok.encode(text, add_special_tokens=False)
-        with tempfile.TemporaryDirectory() as tmp:
-            got, tokens_path = ptrain_tokenize(binary, gguf_path, text, tmp)
-            if got is None:
-                print(f"{name:22} REFUSED by ptrain tokenize: {tokens_path}")
-                failures += 1
-                continue
-            same = got == want
-            failures += not same
-            row = f"{name:22} {len(want):7} {'equal' if same else 'DIFFER':>6}"
-            if name not in GGUF_FILES:
-                print(row + f" {'-':>14} {'-':>13} {'-':>10}  (tokenizer only)")
-                continue
-            ids, tokens_path = ptrain_tokenize(binary, gguf_path, (text + "\n") * 3, tmp)
-            result, error, ignored = ptrain_eval(binary, gguf_path, tokens_path, tmp)
-            if result is None:
-                print(row + f"  REFUSED: {error}")
-                failures += 1
-                continue
-            ref, windows = hf_eval(os.path.dirname(gguf_path), ids, gguf_file=os.path.basename(gguf_path))
+            ref, windows = hf_eval(d, long_ids, gguf_file=gguf_file)
             rel = abs(result["mean_loss"] - ref) / abs(ref)
             ok = rel <= 1e-5 and result["windows"] == windows
             failures += not ok
             keys = "; ".join(line.split("ignored")[-1].split(":", 1)[-1].strip() for line in ignored) or "none"
             print(row + f" {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}" + ("" if ok else "  DIFFER"))
-            failures += chat_row(chat_check(binary, os.path.dirname(gguf_path), tok, tmp,
-                                            gguf_file=os.path.basename(gguf_path)))
+            failures += chat_row(chat_check(binary, d, tok, tmp, gguf_file=gguf_file))
     print(f"{len(sets)} sets, {failures} with a refusal or a difference")
     sys.exit(1 if failures else 0)
 
