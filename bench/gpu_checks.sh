@@ -205,8 +205,8 @@ stage_nccl() {
 
 stage_memory() {
   needs_gpu || return 0
-  record "| run | predicted peak (bytes) | max_memory_allocated (bytes) | measured / predicted | forward: measured / predicted | backward: measured / predicted | optimizer peak (bytes) |"
-  record "|---|---|---|---|---|---|---|"
+  record "| run | predicted peak (bytes) | max_memory_allocated (bytes) | measured / predicted | forward | backward | optimizer | at forward's start | at backward's start |"
+  record "|---|---|---|---|---|---|---|---|---|"
   local fails=0 name config sets
   while IFS='|' read -r name config sets; do
     local run="$STATE/runs/memory_$name"
@@ -219,17 +219,21 @@ stage_memory() {
       --set checkpoint.save_final=false --set checkpoint.every_steps=0 --set run.output_dir="$run" \
       > "$LOGS/memory_$name.log" 2>&1 || { fails=1; record "| $name | ${predicted:-?} | FAILED (logs/memory_$name.log) | |"; continue; }
     read -r _ peak _ source <<< "$(summarize "$run/metrics.jsonl")"
-    # Each phase's highest peak over the steps against the plan's "by phase" line.
+    # Each phase's highest peak over the steps against the plan's "by phase" line, and the
+    # allocated bytes as forward and backward began against its "phase starts" (measured / predicted).
     local phases; phases=$("$PY" - "$run/metrics.jsonl" "$LOGS/memory_${name}_check.log" <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-line = next((l for l in open(sys.argv[2]) if l.strip().startswith("by phase")), "")
-plan = [int(x.replace(",", "")) for x in re.findall(r"([0-9,]+) bytes", line)] or [0, 0]
+lines = open(sys.argv[2]).read().splitlines()
+def plan(label, n):
+    line = next((l for l in lines if l.strip().startswith(label)), "")
+    return ([int(x.replace(",", "")) for x in re.findall(r"([0-9,]+) bytes", line)] + [0] * n)[:n]
 out = []
-for key, want in (("peak_forward_bytes", plan[0]), ("peak_backward_bytes", plan[1])):
+keys = ("peak_forward_bytes", "peak_backward_bytes", "peak_optimizer_bytes",
+        "allocated_forward_start_bytes", "allocated_backward_start_bytes")
+for key, want in zip(keys, plan("by phase", 3) + plan("phase starts", 2)):
     got = max((r.get(key, -1) for r in rows), default=-1)
     out.append(f"{got / want:.3f}" if got >= 0 and want > 0 else "?")
-out.append(str(max((r.get("peak_optimizer_bytes", -1) for r in rows), default=-1)))
 print(" | ".join(out))
 PY
 )
@@ -246,7 +250,8 @@ llama3_2_1b_mixed|configs/llama3_2_1b_mixed.toml|--set training.device=cuda
 llama3_2_1b_bf16_adam8bit_ckpt|configs/llama3_2_1b_mixed.toml|--set training.device=cuda --set precision.mode=bf16 --set optimizer.name=adamw8bit --set memory.activation_checkpointing=full
 llama3_8b_qlora|configs/llama3_8b_qlora.toml|--set training.device=cuda --set data.path=data/fortunes.txt --set data.format=text --set data.packing=false --set training.grad_accum_steps=1
 RUNS
-  record "(the planner is an upper bound of the step's schedule: measured / predicted should be at most 1 and close to it)"
+  record "(the planner is an upper bound of the step's schedule: measured / predicted should be at most 1 and close to it;"
+  record " the phase columns are each phase's peak and the allocated bytes as forward and backward began, measured / predicted)"
   record "- the plan's $(grep -h -m1 '^  library workspace' "$LOGS"/memory_tiny_fp32_check.log | sed 's/^ *//')"
   return $fails
 }

@@ -63,18 +63,20 @@ void print_peak(const Config& c, const MemoryReport& m, const PeakPlan& plan, in
             << "  optimizer state   " << gib(m.optimizer_state_bytes) << "\n"
             << "  master weights    " << gib(m.master_weight_bytes) << "\n"
             << frozen_base_line(c, m, ws) << activations_line(c, plan.activations) << "  transient         "
-            << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes))
-            << " (largest of: end of forward " << gib(plan.forward_transient_bytes) << ", a block's backward "
-            << gib(plan.backward_transient_bytes) << ")\n"
+            << gib(std::max(plan.forward_transient_bytes, plan.backward_transient_bytes)) << " (largest of: forward "
+            << gib(plan.forward_transient_bytes) << ", a block's backward " << gib(plan.backward_transient_bytes)
+            << ")\n"
             << "  library workspace " << gib(plan.workspace.bytes) << " (" << plan.workspace.source << ")\n"
             << "  peak              " << gib(plan.peak_bytes()) << " ("
-            << log::grouped(static_cast<double>(plan.peak_bytes())) << " bytes)\n";
-  // Each phase's own peak (the other transient left out), for the per-phase peaks a CUDA run
-  // writes to metrics.jsonl (peak_forward_bytes, peak_backward_bytes).
-  const int64_t without = plan.peak_bytes() - std::max(plan.forward_transient_bytes, plan.backward_transient_bytes);
-  std::cout << "  by phase          forward "
-            << log::grouped(static_cast<double>(without + plan.forward_transient_bytes)) << " bytes, backward "
-            << log::grouped(static_cast<double>(without + plan.backward_transient_bytes)) << " bytes\n";
+            << log::grouped(static_cast<double>(plan.peak_bytes()))
+            << " bytes: the fullest phase below, not the sum of the parts above)\n";
+  // Each phase's own peak, for the per-phase peaks a CUDA run writes to metrics.jsonl
+  // (peak_forward_bytes, peak_backward_bytes, peak_optimizer_bytes).
+  std::cout << "  by phase          forward " << log::grouped(static_cast<double>(plan.forward_bytes()))
+            << " bytes, backward " << log::grouped(static_cast<double>(plan.backward_bytes())) << " bytes, optimizer "
+            << log::grouped(static_cast<double>(plan.optimizer_bytes())) << " bytes\n"
+            << "  phase starts      forward " << log::grouped(static_cast<double>(plan.forward_start_bytes()))
+            << " bytes, backward " << log::grouped(static_cast<double>(plan.backward_start_bytes())) << " bytes\n";
 }
 
 // A change that lowers the peak: how to ask for it, its --set values, the world size it runs at.

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+
 #include "model/gemm.h"
 
 #ifdef PTRAIN_CUDA
@@ -23,6 +25,14 @@ int64_t default_loss_chunk(int64_t vocab_size) {
   // for 0.5 and 3.4 GiB more peak memory.
   constexpr int64_t kChunkBytes = 512ll << 20;
   return std::max<int64_t>(64, kChunkBytes / (4 * vocab_size));
+}
+
+int64_t loss_chunk_bytes_per_logit(int64_t logits, int64_t grad, int64_t compute, bool adapter, bool fused) {
+  const int64_t formed = adapter ? 4 + (logits != 4 ? logits : 0) : logits;
+  const int64_t grad_beside = logits + (grad != logits ? grad : 0);
+  const int64_t scored = fused ? grad_beside : std::max(2 * logits, grad_beside);
+  const int64_t after = grad + (grad != compute ? compute : 0);
+  return std::max({formed, scored, after});
 }
 
 XentChunk softmax_xent_reference(at::Tensor logits, const at::Tensor& targets, double scale,
@@ -99,11 +109,13 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
     const int64_t n = std::min(chunk, N - start);
     at::Tensor h = hidden.narrow(0, start, n);
     // [n, vocab], the only one alive; float32 accumulation, rounded to logits_dtype
-    at::Tensor logits = gemm::mm(h, weight.t(), logits_dtype);
+    at::Tensor logits;
     at::Tensor z;  // [n, rank] = h A^T (float32)
-    if (lr) {
+    if (lr) {      // the adapter's product summed into float32 logits in place, then rounded once
       z = gemm::mm(h, adapter->a.t(), at::kFloat);
-      logits.add_(at::mm(z, b32.t()).mul_(adapter->scale).to(logits_dtype));
+      logits = gemm::mm(h, weight.t(), at::kFloat).addmm_(z, b32.t(), 1.0, adapter->scale).to(logits_dtype);
+    } else {
+      logits = gemm::mm(h, weight.t(), logits_dtype);
     }
     XentChunk x = softmax_xent(std::move(logits), targets.narrow(0, start, n), scale, grad_dtype, fused);
     total.add_(x.loss_sum);

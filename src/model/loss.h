@@ -61,4 +61,12 @@ XentChunk softmax_xent_reference(at::Tensor logits, const at::Tensor& targets, d
 
 int64_t default_loss_chunk(int64_t vocab_size);
 
+// Bytes per logit one loss chunk holds at its fullest, for the memory plan, from element sizes:
+// the logits (`logits`), the gradient w.r.t. them (`grad`: float32 with an output adapter, else
+// the compute dtype), its copy in the compute dtype (`compute`). An output adapter's product is
+// summed into float32 logits in place (then rounded to `logits`); the composite path's
+// log-sum-exp holds one temporary of the logits' size (measured: ChunkedLoss tests); the fused kernel writes the
+// gradient into the logits' buffer when the dtypes agree.
+int64_t loss_chunk_bytes_per_logit(int64_t logits, int64_t grad, int64_t compute, bool adapter, bool fused);
+
 }  // namespace ptrain

@@ -151,10 +151,24 @@ ActivationEstimate predict_activations(const LlamaShape& s, const ActivationInpu
   return e;
 }
 
-int64_t PeakPlan::peak_bytes() const {
-  return state.total_state_bytes() + state.frozen_base_bytes + activations.saved_bytes() +
-         std::max(forward_transient_bytes, backward_transient_bytes) + workspace.bytes;
+int64_t PeakPlan::forward_start_bytes() const {
+  return state.total_state_bytes() - state.grad_bytes + state.frozen_base_bytes + forward_grad_bytes + workspace.bytes;
 }
+
+int64_t PeakPlan::forward_bytes() const {
+  return forward_start_bytes() + activations.saved_bytes() + forward_transient_bytes;
+}
+
+int64_t PeakPlan::backward_bytes() const {
+  return state.total_state_bytes() - state.grad_bytes + state.frozen_base_bytes + backward_held_bytes +
+         backward_transient_bytes + workspace.bytes;
+}
+
+int64_t PeakPlan::optimizer_bytes() const {
+  return state.total_state_bytes() + state.frozen_base_bytes + optimizer_transient_bytes + workspace.bytes;
+}
+
+int64_t PeakPlan::peak_bytes() const { return std::max({forward_bytes(), backward_bytes(), optimizer_bytes()}); }
 
 LibraryWorkspace library_workspace(const Config& c) {
   if (c.training.device == DeviceChoice::cpu) return {0, "none on the CPU"};
@@ -231,31 +245,64 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   int64_t gathered_block = gathered_unit(plan.base.at(kFirstBlockUnit));
   if (!plan.nf4.empty()) gathered_block += gathered_unit(plan.nf4.at(kFirstBlockUnit));
   if (!plan.adapters.empty()) gathered_block += gathered_unit(plan.adapters.at(kFirstBlockUnit));
-  const int64_t gathered_head = gathered_unit(plan.base.back());
+  // The output projection: the head unit, and the embedding's when it is tied (and adapters).
+  int64_t gathered_head = gathered_unit(plan.base.back()) + (s.tie_embeddings ? gathered_unit(plan.base.front()) : 0);
+  if (!plan.adapters.empty()) gathered_head += gathered_unit(plan.adapters.back());
   const int64_t block = plan.full.at(kFirstBlockUnit).numel;
   const int64_t chunk = c.memory.loss_chunk_tokens > 0 ? c.memory.loss_chunk_tokens : default_loss_chunk(s.vocab_size);
   const int64_t N = in.tokens;
-  // End of forward: the gathered head, one chunk's float32 logits and, composite, the log-sum-exp's
-  // float32 temporary and the probabilities' copy in the compute dtype; fused (kernels.fused_loss,
-  // on a GPU), the gradient alone, in the logits' buffer when the compute dtype is float32.
+  // End of forward: the gathered head, the loss's input (the final norm's output) and one
+  // chunk's logits at their fullest (model/loss.h loss_chunk_bytes_per_logit).
   const bool fused_loss = c.kernels.fused_loss && in.fused_norm;
-  const int64_t per_logit = fused_loss ? 4 + (cb == 4 ? 0 : cb) : 4 + 4 + cb;
-  p.forward_transient_bytes = gathered_head + std::min(chunk, N) * s.vocab_size * per_logit;
-  // A block's backward: this block and the prefetched previous one gathered, its flat gradient
-  // in the compute dtype and the padded reduce-scatter buffer (trained units only), and the
-  // gradients flowing through it (a few [tokens, ffn] tensors at most), plus the recomputed
-  // activations with checkpointing.
-  // (reduce_grad copies the gradient only to pad it or to change its dtype)
+  const int64_t logits_bytes = c10::elementSize(policy.logits_dtype);
+  const int64_t per_logit =
+      loss_chunk_bytes_per_logit(logits_bytes, in.lora_output ? 4 : cb, cb, in.lora_output, fused_loss);
+  const int64_t head_end = gathered_head + N * s.dim * cb + std::min(chunk, N) * s.vocab_size * per_logit;
+  // A block's flat gradient in the compute dtype and the padded reduce-scatter buffer (trained
+  // units only; reduce_grad copies the gradient only to pad it or to change its dtype).
   const bool copies = shard_numel(block, world_size) * world_size != block || cb != rb;
   const int64_t unit_grad = lora ? 0 : block * cb + (copies ? shard_numel(block, world_size) * world_size * rb : 0);
   const int64_t widest = std::max(2 * s.ffn_dim, s.q_dim() + 2 * s.kv_dim());
   // NF4: a 4-bit linear dequantizes one matrix group at a time (each module straight into its
   // rows of the group's buffer), for its forward and its backward.
   const int64_t dequantized = nf4 ? widest * s.dim * cb : 0;
+  // Temporaries of a block's forward or backward beyond what it saves: a few [tokens, widest]
+  // tensors at most (the gradients flowing through it; in forward, outputs not yet added).
+  const int64_t working = 3 * N * cb * widest;
+  const int64_t gathered = (c.parallel.prefetch ? 2 : 1) * gathered_block;
+  // A block's forward: this and the prefetched block gathered, its working tensors and, with
+  // checkpointing, its full activations (kept until the block ends, then dropped).
+  const int64_t block_forward = gathered + dequantized + working + p.activations.recompute_bytes;
+  p.forward_transient_bytes = std::max(head_end, block_forward);
   // Offloading: the block's input fetched back and the previous block's, prefetched.
   const int64_t fetched = in.checkpointing && in.offloading ? 2 * N * cb * s.dim : 0;
-  p.backward_transient_bytes = (c.parallel.prefetch ? 2 : 1) * gathered_block + unit_grad + dequantized +
-                               3 * N * cb * widest + p.activations.recompute_bytes + fetched;
+  p.backward_transient_bytes = gathered + unit_grad + dequantized + working + p.activations.recompute_bytes + fetched;
+  // Gradient shards: zero_grad frees them at a step's start, backward makes them unit by unit
+  // (the head's and the embedding's first: a tied embedding's gradient arrives with the head's).
+  // Without accumulation forward holds none, and backward at most every block's activations with
+  // the non-block gradients, or every gradient with block 0's activations.
+  int64_t grads_outside_blocks = 0;
+  for (size_t piece : {size_t{0}, plan.trained().size() - 1}) {
+    const PlannedUnit& u = plan.trained().at(piece);
+    if (u.trained && !c.optimizer.in_backward)
+      grads_outside_blocks += shard_numel(u.layout.numel, world_size) * c10::elementSize(u.stored);
+  }
+  int64_t largest_unit = 0;
+  for (const PlannedUnit& u : plan.trained())
+    if (u.trained) largest_unit = std::max(largest_unit, shard_numel(u.layout.numel, world_size));
+  p.optimizer_transient_bytes = largest_unit * 4 * (policy.kahan ? 7 : 1) + p.activations.mask_bytes;
+  const ActivationEstimate& a = p.activations;
+  if (c.training.grad_accum_steps > 1) {
+    p.forward_grad_bytes = p.state.grad_bytes;
+    p.backward_held_bytes = p.state.grad_bytes + a.saved_bytes();
+  } else {
+    // (at the end, a trained embedding's backward: its dense gradient and the flat one it is
+    // reduced from)
+    const int64_t embedding_backward = lora ? 0 : 2 * s.vocab_size * s.dim * cb;
+    p.backward_held_bytes =
+        std::max(a.saved_bytes() + grads_outside_blocks,
+                 p.state.grad_bytes + a.first_block_bytes + a.mask_bytes + a.in_flight_bytes + embedding_backward);
+  }
   p.workspace = library_workspace(c);
   return p;
 }
@@ -287,7 +334,9 @@ PhasePeak::PhasePeak(const c10::Device& device) : device_(device) {
   if (!device_.is_cuda()) return;
   const c10::DeviceIndex index = device_.index() < 0 ? 0 : device_.index();
   int64_t& before = g_peak_before_reset.at(index);
-  before = std::max(before, c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].peak);
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  before = std::max(before, stats.allocated_bytes[0].peak);
+  start_ = stats.allocated_bytes[0].current;
   c10::cuda::CUDACachingAllocator::resetPeakStats(index);
 #endif
 }

@@ -82,10 +82,15 @@ ActivationEstimate predict_activations(const LlamaShape& shape, const Activation
 ActivationInputs activation_inputs(const Config& config);
 
 // The allocator peak of one rank during a training step, predicted from the config (`ptrain
-// check`): persistent state + saved activations + the largest transient — at the end of forward
-// (gathered output projection, one loss chunk of float32 logits) or during a block's backward
-// (two gathered blocks with prefetch, the block's flat gradient and its reduce buffer, activation
-// gradients, and its recomputed activations under checkpointing).
+// check`): the larger of its phases'. Forward: persistent state without the gradient shards
+// (zero_grad frees them at the step's start; with accumulation micro-batch 2 on has them all),
+// the saved activations and the larger of the end of forward (the gathered output projection,
+// the loss's input, one loss chunk) and a block's forward (two gathered blocks with prefetch,
+// gradient-sized temporaries, the block's full activations under checkpointing). Backward: the
+// saved activations and gradient shards never all alive together (backward frees a block's
+// activations as its gradient arrives), plus a block's backward transient (two gathered blocks,
+// its flat gradient and reduce buffer, activation gradients, the recomputed block). The
+// optimizer: the whole state.
 // cuBLAS's workspaces: allocated through the caching allocator at a thread's first matmul and
 // kept for the process's life, one per cuBLAS handle and stream — the forward thread's and
 // autograd's device thread's (each a cuBLAS and, for a matmul with bias, a cuBLASLt workspace).
@@ -102,7 +107,24 @@ struct PeakPlan {
   ActivationEstimate activations;
   int64_t forward_transient_bytes = 0;
   int64_t backward_transient_bytes = 0;
+  // Gradient shards alive in forward: all of them with accumulation, else none.
+  int64_t forward_grad_bytes = 0;
+  // Saved activations and gradient shards at backward's fullest point: its start (every block's
+  // activations, the embedding's and head's gradients) or its end (every gradient, block 0's
+  // activations); both whole with accumulation.
+  int64_t backward_held_bytes = 0;
+  // The optimizer's step: float32 temporaries of its largest unit (seven with Kahan summation's
+  // unfused update), and a packed micro-batch's attention mask, which lives until the next.
+  int64_t optimizer_transient_bytes = 0;
   LibraryWorkspace workspace;
+  // What a step holds as its forward starts (the state, less the gradients it has freed, and the
+  // library workspace) and as backward starts (that + the saved activations), to set against a
+  // CUDA run's allocated bytes at those points (metrics.jsonl).
+  int64_t forward_start_bytes() const;
+  int64_t backward_start_bytes() const { return forward_start_bytes() + activations.saved_bytes(); }
+  int64_t forward_bytes() const;
+  int64_t backward_bytes() const;
+  int64_t optimizer_bytes() const;
   int64_t peak_bytes() const;
 };
 PeakPlan predict_peak(const Config& config, int world_size);
@@ -121,9 +143,11 @@ class PhasePeak {
  public:
   explicit PhasePeak(const c10::Device& device);
   int64_t peak() const;
+  int64_t start() const { return start_; }  // the allocated bytes as the phase began (-1 off CUDA)
 
  private:
   c10::Device device_;
+  int64_t start_ = -1;
 };
 
 }  // namespace ptrain

@@ -49,8 +49,10 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
     const PhasePeak forward(model.device());
     at::Tensor loss = model.forward_loss(b.inputs, b.targets, o.loss_chunk, b.doc_ids);
     peaks.forward = std::max(peaks.forward, forward.peak());
+    peaks.forward_start = std::max(peaks.forward_start, forward.start());
     const double weight = static_cast<double>(counts[a]) * comm.world_size() / n;
     const PhasePeak backward(model.device());
+    peaks.backward_start = std::max(peaks.backward_start, backward.start());
     (loss * weight).backward();  // also at weight 0: every rank takes part in the reduce-scatters
     model.finish_backward();     // normally a no-op: the embedding's reduce-scatter completes the last one
     peaks.backward = std::max(peaks.backward, backward.peak());

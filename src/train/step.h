@@ -22,6 +22,8 @@ class Optimizer;
 // when it runs inside backward).
 struct PhasePeaks {
   int64_t forward = -1, backward = -1, optimizer = -1;
+  // The allocated bytes as forward and as backward began (the highest over the micro-batches).
+  int64_t forward_start = -1, backward_start = -1;
 };
 
 struct StepResult {

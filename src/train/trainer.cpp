@@ -206,6 +206,8 @@ class Run {
     if (phases.forward >= 0) row.push_back({"peak_forward_bytes", phases.forward});
     if (phases.backward >= 0) row.push_back({"peak_backward_bytes", phases.backward});
     if (phases.optimizer >= 0) row.push_back({"peak_optimizer_bytes", phases.optimizer});
+    if (phases.forward_start >= 0) row.push_back({"allocated_forward_start_bytes", phases.forward_start});
+    if (phases.backward_start >= 0) row.push_back({"allocated_backward_start_bytes", phases.backward_start});
     std::string lost_note;
     if (c_.training.count_lost_updates) {  // since the last logged step, every rank's elements
       const UpdateCounts own = optim_->take_update_counts();
