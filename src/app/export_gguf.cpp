@@ -60,8 +60,21 @@ void refuse_unexpressible(const LlamaShape& s, const HfStorage& storage, const s
     why.push_back("sliding_window = " + std::to_string(s.sliding_window) +
                   ": llama.cpp runs Mistral as its llama architecture, which attends to every position — the "
                   "model would answer differently past the window");
-  if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::yarn)
-    why.push_back("rope_scaling type yarn: not written yet (llama3 and linear are)");
+  const RopeScaling& r = s.rope_scaling;
+  if (r.factor > 0 && r.type == RopeType::yarn) {
+    // llama.cpp reads a YaRN file's type, factor and original context only: it ramps between
+    // beta_fast 32 and beta_slow 1 rounded outward, and scales cos/sin by 0.1 ln(factor) + 1.
+    auto number = [](double v) { return nlohmann::json(v).dump(); };
+    if (r.beta_fast != 32.0 || r.beta_slow != 1.0)
+      why.push_back("rope_scaling yarn beta_fast = " + number(r.beta_fast) + ", beta_slow = " + number(r.beta_slow) +
+                    ": llama.cpp runs YaRN with 32 and 1 whatever the file says");
+    if (!r.truncate)
+      why.push_back("rope_scaling yarn truncate = false: llama.cpp rounds the ramp's ends to whole dimensions");
+    const double mscale = RopeScaling::yarn_mscale(r.factor);
+    if (std::abs(r.attention_factor - mscale) > 1e-6 * mscale)
+      why.push_back("rope_scaling yarn attention factor " + number(r.attention_factor) +
+                    ": llama.cpp scales cos/sin by 0.1 ln(factor) + 1 = " + number(mscale));
+  }
   if (why.empty()) return;
   std::string msg = dir + ": cannot be written as GGUF:";
   for (const auto& w : why) msg += "\n  - " + w;
@@ -130,6 +143,11 @@ void add_model_metadata(GgufWriter& w, const LlamaShape& s, const Arch& arch, co
   if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::linear) {
     w.add(a + ".rope.scaling.type", std::string("linear"));
     w.add(a + ".rope.scaling.factor", static_cast<float>(s.rope_scaling.factor));
+  }
+  if (s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::yarn) {  // as llama.cpp's converter writes it
+    w.add(a + ".rope.scaling.type", std::string("yarn"));
+    w.add(a + ".rope.scaling.factor", static_cast<float>(s.rope_scaling.factor));
+    w.add(a + ".rope.scaling.original_context_length", u32(s.rope_scaling.original_max_seq_len));
   }
 }
 

@@ -7,7 +7,7 @@ beside a tokenizer of their kind — the fixtures' Llama 3-style byte-level BPE 
 Qwen2-style one (hf_qwen_chat), and a SentencePiece-style BPE (byte fallback, Metaspace: trained
 here by HF tokenizers on the fortunes corpus, saved by transformers as its LlamaTokenizer): Llama
 untied; Llama tied with a head_dim other than hidden / heads; Llama with attention biases and
-linear RoPE scaling; Llama with Llama 3.1 RoPE scaling; Mistral; Llama with the SentencePiece
+linear RoPE scaling; Llama with Llama 3.1 RoPE scaling; Qwen2 with YaRN; Mistral; Llama with the SentencePiece
 tokenizer; Qwen2 (tied, q/k/v biases); Qwen3 (q/k norms, head_dim 128 as released; and head_dim
 32, tied). Each is exported in f32, f16, bf16 and q8_0 from a config naming it (model.hf_path);
 one LoRA checkpoint is exported from --checkpoint (merged).
@@ -18,14 +18,16 @@ For every file:
      tensor is there under llama.cpp's name, F32 where it is 1-D, its values equal the HF tensor
      — Llama's q/k rows permuted as llama.cpp's converter permutes them — exactly as f32, as
      torch rounds them to f16 / bf16, and as gguf-py's own Q8_0 quantizer writes them (bytes);
-     Llama 3.1 scaling's rope_freqs equal the converter's formula;
+     Llama 3.1 scaling's rope_freqs equal the converter's formula; YaRN's type, factor and original
+     context are the keys the converter writes;
   2. transformers' GGUF loader (AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)) builds
      the model whose logits equal the HF model's with its weights as the file stores them (within
      1e-5 of the logits' scale; for f32 that is the original model, which ptrain equals on logits
      by the parity tests) — except where transformers' loader reads no RoPE scaling (it ignores
      rope_freqs and rope.scaling.*: those files are checked by gguf-py alone, said in the output);
      its tokenizer gives the HF tokenizer's ids on a test text;
-  3. refusals by name, exit 2, no file left: a sliding window, MLP biases, YaRN scaling, a model
+  3. refusals by name, exit 2, no file left: a sliding window, MLP biases, YaRN that llama.cpp
+     would run otherwise (beta_fast not 32; an attention factor not 0.1 ln(factor) + 1), a model
      directory without tokenizer.json.
 
 Usage: gguf_roundtrip.py PTRAIN_BINARY SOURCE_DIR WORK_DIR
@@ -94,6 +96,11 @@ def cases(src, work):
          dict(model_type="llama", tie_word_embeddings=False,
               rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 32, "rope_theta": 500000.0}, **base),
+         no_rope_scaling),
+        ("qwen2_yarn", qwen_tok,
+         dict(model_type="qwen2", tie_word_embeddings=True,
+              rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                               "rope_theta": 1000000.0}, **base),
          no_rope_scaling),
         ("mistral_family", llama_tok, dict(model_type="mistral", tie_word_embeddings=False, sliding_window=None, **base),
          None),
@@ -267,6 +274,10 @@ def check_file(path, model, tok_dir, gguf_type, failures):
         failures.append(f"{path}: tensors {sorted(set(tensors) ^ expected)} unexpected or missing")
     if rope.get("rope_type") == "linear" and (f.get(f"{arch}.rope.scaling.type"), f.get(f"{arch}.rope.scaling.factor")) != ("linear", 2.0):
         failures.append(f"{path}: linear scaling keys missing")
+    if rope.get("rope_type") == "yarn":  # the keys llama.cpp's converter writes, which llama.cpp reads
+        got = tuple(f.get(f"{arch}.rope.scaling.{k}") for k in ("type", "factor", "original_context_length"))
+        if got != ("yarn", rope["factor"], rope["original_max_position_embeddings"]):
+            failures.append(f"{path}: YaRN scaling keys {got}")
     return file_values
 
 
@@ -311,9 +322,14 @@ def refusals(binary, work, src, failures):
                 num_key_value_heads=2, max_position_embeddings=256)
     bad = [("sliding", dict(model_type="mistral", sliding_window=16, **base), "sliding_window = 16"),
            ("mlp_bias", dict(model_type="llama", mlp_bias=True, **base), "mlp_bias = true"),
-           ("yarn", dict(model_type="qwen2", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                                                              "original_max_position_embeddings": 64}, **base),
-            "rope_scaling type yarn")]
+           ("yarn_beta", dict(model_type="qwen2", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                                                   "original_max_position_embeddings": 64,
+                                                                   "beta_fast": 16.0}, **base),
+            "rope_scaling yarn beta_fast = 16.0"),
+           ("yarn_attention", dict(model_type="qwen2", rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                                        "rope_theta": 1e6, "attention_factor": 1.0,
+                                                                        "original_max_position_embeddings": 64}, **base),
+            "rope_scaling yarn attention factor 1.0")]
     for name, cfg, message in bad:
         d = os.path.join(work, "bad_" + name)
         make_model(d, llama_tok, cfg)
