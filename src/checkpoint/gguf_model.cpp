@@ -199,17 +199,7 @@ std::string gguf_model_file(const std::string& hf_path) {
   const fs::path p(hf_path);
   if (fs::is_regular_file(p)) return p.extension() == ".gguf" || starts_with_gguf_magic(p) ? hf_path : "";
   if (!fs::is_directory(p) || fs::exists(p / "config.json")) return "";
-  std::vector<std::string> found;
-  for (const auto& e : fs::directory_iterator(p))
-    if (e.is_regular_file() && e.path().extension() == ".gguf") found.push_back(e.path().string());
-  std::sort(found.begin(), found.end());
-  if (found.size() > 1) {
-    std::string names;
-    for (const auto& n : found) names += "\n  " + n;
-    throw UnsupportedInput(hf_path + " holds " + std::to_string(found.size()) +
-                           " GGUF files and no config.json: set model.hf_path to the one to train:" + names);
-  }
-  return found.empty() ? "" : found.front();
+  return only_gguf_file_in(hf_path, "config.json", "model.hf_path");
 }
 
 std::vector<GgufTensorName> gguf_tensor_names(const LlamaShape& s) {

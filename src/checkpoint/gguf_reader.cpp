@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "common/error.h"
@@ -333,6 +335,20 @@ at::Tensor GgufFile::dequantize(const GgufTensorInfo& t) const {
     ggml_dequantize(info->type, src + b0 * info->block_bytes, (b1 - b0) * info->block, dst + b0 * info->block);
   });
   return out;
+}
+
+std::string only_gguf_file_in(const std::string& dir, const std::string& absent, const std::string& key) {
+  std::vector<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".gguf") found.push_back(e.path().string());
+  std::sort(found.begin(), found.end());
+  if (found.size() > 1) {
+    std::string names;
+    for (const auto& n : found) names += "\n  " + n;
+    throw UnsupportedInput(dir + " holds " + std::to_string(found.size()) + " GGUF files and no " + absent + ": set " +
+                           key + " to the one to use:" + names);
+  }
+  return found.empty() ? "" : found.front();
 }
 
 }  // namespace ptrain

@@ -104,4 +104,9 @@ class GgufFile {
   std::map<std::string, size_t> tensor_index_;
 };
 
+// The one *.gguf file of directory `dir`, "" when it holds none. Several are refused
+// (UnsupportedInput) listing them: which one is the user's choice, made by setting `key` to it
+// (`absent`: the file whose absence made the directory a GGUF one, for the message).
+std::string only_gguf_file_in(const std::string& dir, const std::string& absent, const std::string& key);
+
 }  // namespace ptrain

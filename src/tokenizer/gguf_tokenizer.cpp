@@ -129,14 +129,7 @@ std::string gguf_tokenizer_file(const std::string& path) {
   const fs::path p(path);
   if (!fs::is_directory(p)) return p.extension() == ".gguf" ? path : "";
   if (fs::exists(p / "tokenizer.json")) return "";
-  std::string found;
-  for (const auto& e : fs::directory_iterator(p))
-    if (e.is_regular_file() && e.path().extension() == ".gguf") {
-      if (!found.empty())
-        throw UnsupportedInput(path + " holds several GGUF files and no tokenizer.json: name the file");
-      found = e.path().string();
-    }
-  return found;
+  return only_gguf_file_in(path, "tokenizer.json", "data.tokenizer (or model.hf_path)");
 }
 
 void write_gguf_tokenizer_dir(const GgufTokenizer& t, const std::string& dir) {
