@@ -28,7 +28,10 @@ For every file:
      its tokenizer gives the HF tokenizer's ids on a test text;
   3. refusals by name, exit 2, no file left: a sliding window, MLP biases, YaRN that llama.cpp
      would run otherwise (beta_fast not 32; an attention factor not 0.1 ln(factor) + 1), a model
-     directory without tokenizer.json.
+     directory without tokenizer.json; tokenizers llama.cpp would split or spell otherwise (not
+     BPE, a pre-tokenizer it has no name for, a subword prefix, byte fallback without SentencePiece's
+     pre-tokenizer, a token past the embedding's rows); a bitsandbytes NF4 directory, a GGUF
+     base, no model.hf_path, lora.adapter_path set.
 
 Usage: gguf_roundtrip.py PTRAIN_BINARY SOURCE_DIR WORK_DIR
 """
@@ -339,11 +342,44 @@ def refusals(binary, work, src, failures):
     os.remove(os.path.join(d, "tokenizer.json"))
     expect_refusal(binary, work, d, "no_tokenizer", "no tokenizer.json in", failures)
 
+    # Tokenizers llama.cpp would split or spell differently: one edit of a good tokenizer.json each.
+    good = os.path.join(work, "bad_tokenizer_base")
+    make_model(good, llama_tok, dict(model_type="llama", **base))
 
-def expect_refusal(binary, work, model_dir, name, message, failures):
+    def tokenizer_refusal(name, edit, message):
+        d = os.path.join(work, "bad_" + name)
+        shutil.copytree(good, d)
+        with open(os.path.join(d, "tokenizer.json")) as f:
+            tok = json.load(f)
+        edit(tok)
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump(tok, f)
+        expect_refusal(binary, work, d, name, message, failures)
+
+    tokenizer_refusal("wordpiece", lambda t: t["model"].update(type="WordPiece"), "model type WordPiece is not BPE")
+    tokenizer_refusal("pre_unnamed", lambda t: t.update(pre_tokenizer={"type": "WhitespaceSplit"}),
+                      "is none llama.cpp names")
+    tokenizer_refusal("subword_prefix", lambda t: t["model"].update(continuing_subword_prefix="##"),
+                      "model.continuing_subword_prefix is set: llama.cpp's BPE has no such option")
+    tokenizer_refusal("byte_fallback", lambda t: t["model"].update(byte_fallback=True),
+                      "byte_fallback with a pre-tokenizer / normalizer other than SentencePiece's")
+    tokenizer_refusal("token_past_rows", lambda t: t["added_tokens"].append(
+        dict(t["added_tokens"][-1], id=5000, content="<|past|>")), "token id 5000 (<|past|>) is outside the model's")
+    # What export --gguf --config does not take: a bitsandbytes NF4 directory, a GGUF base, a
+    # seeded init, adapters beside the base.
+    expect_refusal(binary, work, os.path.join(src, "tests/fixtures/hf_chat_bnb4"), "nf4_dir",
+                   "quantization_config: bitsandbytes NF4 weights", failures,
+                   extra='[lora]\nenabled = true\n[quant]\nbase = "nf4"\n')
+    expect_refusal(binary, work, os.path.join(work, "llama.f32.gguf"), "gguf_base", "is a GGUF file already", failures)
+    expect_refusal(binary, work, "", "no_hf_path", "model.hf_path is empty", failures)
+    expect_refusal(binary, work, good, "adapter_path", "lora.adapter_path is set", failures,
+                   extra=f'[lora]\nenabled = true\nadapter_path = "{good}"\n')
+
+
+def expect_refusal(binary, work, model_dir, name, message, failures, extra=""):
     cfg = os.path.join(work, name + ".toml")
     with open(cfg, "w") as f:
-        f.write(f'[model]\nhf_path = "{model_dir}"\n')
+        f.write(f'[model]\nhf_path = "{model_dir}"\n' + extra)
     out = os.path.join(work, name + ".gguf")
     r = subprocess.run([binary, "export", "--gguf", out, "--config", cfg], capture_output=True, text=True)
     if r.returncode != 2 or message not in r.stdout + r.stderr or os.path.exists(out):
