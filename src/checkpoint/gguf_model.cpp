@@ -160,7 +160,7 @@ void refuse_dropped(const GgufFile& f, const LlamaShape& s, std::set<std::string
     if (*type != "none") why.push_back(a + "rope.scaling.type = \"" + *type + "\": RoPE scaling; " + kBothReaders);
   } else if (const auto factor = f.number(a + "rope.scaling.factor"); factor && *factor != 0 && *factor != 1) {
     read.insert(a + "rope.scaling.factor");
-    why.push_back(a + "rope.scaling.factor = " + std::to_string(*factor) + ": RoPE scaling; " + kBothReaders);
+    why.push_back(a + "rope.scaling.factor = " + json(*factor).dump() + ": RoPE scaling; " + kBothReaders);
   }
   if (f.tensor("rope_freqs.weight"))
     why.push_back(std::string("tensor rope_freqs.weight: Llama 3.1's RoPE scaling as frequency divisors; ") +
@@ -183,7 +183,7 @@ void refuse_dropped(const GgufFile& f, const LlamaShape& s, std::set<std::string
     if (!v) continue;
     read.insert(a + d.suffix);
     if (std::find(d.neutral.begin(), d.neutral.end(), *v) == d.neutral.end())
-      why.push_back(a + d.suffix + " = " + std::to_string(*v) + ": " + d.what + "; " + kBothReaders);
+      why.push_back(a + d.suffix + " = " + json(*v).dump() + ": " + d.what + "; " + kBothReaders);
   }
   if (why.empty()) return;
   std::string msg = path + ": cannot be trained as its readers read it:";

@@ -20,12 +20,13 @@ For every file:
      GGUF model's weights — the dequantized weights are the base, as they are in transformers;
      its exports (--merge, --gguf) carry the file's tokenizer and chat template (transformers' ids);
   3. refusals, exit 2 naming the problem: what transformers' loader drops but llama.cpp computes
-     with (Llama 3.1's rope_freqs, rope.scaling.type linear, Llama attention biases, Qwen3 heads
-     other than 128 wide, experts), a Llama named "mistral" (transformers builds Mistral, then fails;
-     llama.cpp runs Llama), an architecture ptrain does not read, a tensor type it does not
-     dequantize, a tensor left over or missing, per-layer head counts, a directory of two GGUF
-     files; and chat data over a GGUF base without data.tokenizer checks with the file's tokenizer
-     and chat template.
+     with (Llama 3.1's rope_freqs, rope.scaling.type linear or yarn, a scaling factor without a
+     type, Llama attention biases, Qwen3 heads other than 128 wide, keys wider than the heads,
+     experts, each of the scales, soft-caps and clamps), a layer count past every model, a Llama
+     named "mistral" (transformers builds Mistral, then fails; llama.cpp runs Llama), an
+     architecture ptrain does not read, a tensor type it does not dequantize, a tensor left over or
+     missing, per-layer head counts, a directory of two GGUF files; and chat data over a GGUF base
+     without data.tokenizer checks with the file's tokenizer and chat template.
 
 Usage: gguf_import.py PTRAIN_BINARY SOURCE_DIR WORK_DIR
 """
@@ -166,6 +167,7 @@ def main():
 
     # 1. ptrain's own exports of every family, in the types it writes.
     refused = {"llama_bias_linear": "rope.scaling.type = \"linear\"", "llama3_scaling": "tensor rope_freqs.weight",
+               "qwen2_yarn": "rope.scaling.type = \"yarn\"",
                "qwen3_hd": "Qwen3Config's default, 128"}
     for name, tok_dir, cfg, _ in cases(src, work):
         if name == "llama_sentencepiece":
@@ -282,6 +284,21 @@ def main():
     refusal("named_mistral", 'general.name "mistral"', "a Llama GGUF named \"mistral\"",
             meta={"general.name": ("mistral", V.STRING, None)})
     refusal("experts", "mixture-of-experts", "experts", meta={"llama.expert_count": (8, V.UINT32, None)})
+    # The other keys llama.cpp computes with and transformers' loader drops, each at a value that
+    # changes the network (the neutral ones, 0 or 1, are read as nothing).
+    for key, message in (("logit_scale", "the logits scaled"), ("embedding_scale", "the embeddings scaled"),
+                         ("residual_scale", "the residual branches scaled"),
+                         ("attention.scale", "an attention scale other than 1/sqrt(head_dim)"),
+                         ("attn_logit_softcapping", "attention logits soft-capped"),
+                         ("final_logit_softcapping", "the output logits soft-capped"),
+                         ("attention.clamp_kqv", "q/k/v clamped")):
+        refusal(key.replace(".", "_"), f"llama.{key} = 0.5", message, meta={f"llama.{key}": (0.5, V.FLOAT32, None)})
+    refusal("scaling_factor", "llama.rope.scaling.factor = 4.0: RoPE scaling", "a RoPE scaling factor without a type",
+            meta={"llama.rope.scaling.factor": (4.0, V.FLOAT32, None)})
+    refusal("key_length", "llama.attention.key_length = 32 but the config transformers builds has heads 16 wide",
+            "keys wider than the heads transformers builds", meta={"llama.attention.key_length": (32, V.UINT32, None)})
+    refusal("block_count", "llama.block_count = 100000 is outside [1, ", "a layer count past every model",
+            meta={"llama.block_count": (100000, V.UINT32, None)})
     two = os.path.join(work, "two")
     os.makedirs(two)
     for n in ("a.gguf", "b.gguf"):
