@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "quant/blockwise8.h"
@@ -115,6 +117,22 @@ at::Tensor block_absmax(const Quantized& q) {
          q.offset;
 }
 
+#ifdef PTRAIN_CUDA
+namespace {
+// The 8-bit signed dynamic map on a GPU, copied there once per device: a copy for each call
+// would make every dequantization wait for the device (a pageable host-to-device copy
+// synchronizes), hundreds of times a QLoRA step.
+const at::Tensor& code8_on(const c10::Device& device) {
+  static std::mutex mutex;
+  static auto* maps = new std::map<c10::DeviceIndex, at::Tensor>;  // never freed: no release at exit, after CUDA's
+  const std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& map = (*maps)[device.index()];
+  if (!map.defined()) map = q8::dynamic_map(true).to(device);
+  return map;
+}
+}  // namespace
+#endif
+
 void dequantize_into(const Quantized& q, const at::Tensor& out) {
   TORCH_CHECK(out.is_contiguous() && out.numel() == q.numel && out.device() == q.packed.device(),
               "NF4 dequantize_into: a contiguous tensor of ", q.numel, " elements on ", q.packed.device(), " expected");
@@ -122,7 +140,7 @@ void dequantize_into(const Quantized& q, const at::Tensor& out) {
   if (q.packed.is_cuda()) {
 #ifdef PTRAIN_CUDA
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "NF4 dequantizes to float32 or bfloat16 on CUDA");
-    at::Tensor code8 = q.double_quant ? q8::dynamic_map(true).to(q.packed.device()) : at::Tensor();
+    const at::Tensor code8 = q.double_quant ? code8_on(q.packed.device()) : at::Tensor();
     kernels::Nf4Dequant k{q.packed.data_ptr<uint8_t>(),
                           q.double_quant ? nullptr : q.absmax.data_ptr<float>(),
                           q.double_quant ? q.absmax.data_ptr<uint8_t>() : nullptr,

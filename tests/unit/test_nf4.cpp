@@ -71,4 +71,25 @@ TEST(Nf4, CudaDequantizeMatchesCpuReference) {
     EXPECT_TRUE(at::equal(nf4::dequantize(g, at::kFloat).cpu(), nf4::dequantize(c, at::kFloat))) << dq;
     EXPECT_TRUE(at::equal(nf4::dequantize(g, at::kBFloat16).cpu(), nf4::dequantize(c, at::kBFloat16))) << dq;
   }
+  // Both of the kernel's paths: eight elements per thread (a multiple of 8, fresh aligned
+  // buffers) and one byte per thread (an odd length; an output 2 or 4 bytes past alignment) —
+  // every 64-block and 256-block boundary, the last partial block included.
+  at::manual_seed(9);
+  for (const int64_t n : {int64_t{64 * 256 * 3}, int64_t{64 * 300 + 8}, int64_t{64 * 300 + 5}, int64_t{1003}})
+    for (bool dq : {false, true}) {
+      SCOPED_TRACE(std::to_string(n) + (dq ? " elements, double quantization" : " elements"));
+      const nf4::Quantized c = nf4::quantize(at::randn({n}), dq);
+      nf4::Quantized g = c;  // the same bytes on the GPU
+      g.packed = c.packed.cuda();
+      g.absmax = c.absmax.cuda();
+      if (c.absmax2.defined()) g.absmax2 = c.absmax2.cuda();
+      for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+        const at::Tensor want = nf4::dequantize(c, dtype);
+        EXPECT_TRUE(at::equal(nf4::dequantize(g, dtype).cpu(), want)) << c10::toString(dtype);
+        const at::Tensor buffer = at::zeros({n + 1}, at::TensorOptions().device(at::kCUDA).dtype(dtype));
+        nf4::dequantize_into(g, buffer.narrow(0, 1, n));  // not 16-byte aligned
+        EXPECT_TRUE(at::equal(buffer.narrow(0, 1, n).cpu(), want)) << c10::toString(dtype) << ", misaligned";
+        EXPECT_EQ(buffer[0].item<float>(), 0.0f) << "the element before the output was written";
+      }
+    }
 }
