@@ -21,6 +21,7 @@
 #            bitsandbytes (bench/qlora_vs_peft.sh; bitsandbytes from the bundle's py/site)
 #   profile  a Kineto trace of three steps of the race's ptrain run (training.profile_steps),
 #            summarised by bench/trace_summary.py; the trace is kept, gzipped, for later study
+#   profile_qlora  the same for the qlora stage's ptrain run (8B-shaped QLoRA)
 # Without a GPU the GPU stages say so and record "not run"; a skipped test is never a pass.
 #
 #   bench/gpu_checks.sh [STAGE ...]     (default: every stage not yet done, in the order above)
@@ -38,7 +39,7 @@ SYSROOT="$STATE/root"
 RESULTS="$STATE/results.md"
 LOGS="$STATE/logs"
 BIN="$PTRAIN_BUILD/ptrain"
-ALL_STAGES=(env build kernels smoke nccl memory race race_bf16 fusions qlora profile)
+ALL_STAGES=(env build kernels smoke nccl memory race race_bf16 fusions qlora profile profile_qlora)
 mkdir -p "$LOGS"
 
 # The python3 on PATH holds torch (the GPU machine's own; never carried): CMake and the bench
@@ -309,21 +310,36 @@ stage_qlora() {
   record "$(grep -v "^logs and metrics" "$LOGS/qlora.log")"
 }
 
-stage_profile() {
-  needs_gpu || return 0
-  local run="$STATE/runs/profile"
+# profile_run NAME CONFIG STEPS [--set k=v ...]: a Kineto trace of steps STEPS-4..STEPS-2 of a run,
+# summarised by bench/trace_summary.py; the trace kept, gzipped, as logs/trace_NAME.json.gz.
+profile_run() {
+  local name=$1 config=$2 steps=$3; shift 3
+  local run="$STATE/runs/profile_$name" first=$((steps - 4))
   rm -rf "$run"
   MASTER_ADDR=127.0.0.1 MASTER_PORT=29521 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
-    "$BIN" --config "$ROOT/configs/llama3_2_1b_mixed.toml" --set training.device=cuda --set training.steps=10 \
-    --set training.profile_start=6 --set training.profile_steps=3 --set training.log_every=1 \
-    --set training.eval_every=0 --set checkpoint.save_final=false --set run.output_dir="$run" \
-    > "$LOGS/profile.log" 2>&1 || { record "FAILED: profiled run (logs/profile.log)"; tail -20 "$LOGS/profile.log"; return 1; }
-  record "- Llama 3.2 1B mixed, 4 x 2048 tokens, steps 6-8 traced (tracing slows them; untraced steps: $(grep -o '[0-9.]* s/step' "$LOGS/profile.log" | sed -n 5p))"
-  "$PY" "$ROOT/bench/trace_summary.py" "$run/trace.rank0.json" --steps 3 > "$LOGS/profile_summary.md" 2>&1 ||
-    { record "FAILED: bench/trace_summary.py"; tail -5 "$LOGS/profile_summary.md"; return 1; }
-  record "$(cat "$LOGS/profile_summary.md")"
-  gzip -c "$run/trace.rank0.json" > "$LOGS/trace_llama3_2_1b_mixed.json.gz"
-  record "(trace: logs/trace_llama3_2_1b_mixed.json.gz, $(du -m "$LOGS/trace_llama3_2_1b_mixed.json.gz" | cut -f1) MiB)"
+    "$BIN" --config "$ROOT/$config" --set training.device=cuda --set training.steps="$steps" \
+    --set training.profile_start=$first --set training.profile_steps=3 --set training.log_every=1 \
+    --set training.eval_every=0 --set checkpoint.save_final=false --set checkpoint.every_steps=0 \
+    --set run.output_dir="$run" "$@" > "$LOGS/profile_$name.log" 2>&1 ||
+    { record "FAILED: profiled run (logs/profile_$name.log)"; tail -20 "$LOGS/profile_$name.log"; return 1; }
+  record "- $name, steps $first-$((first + 2)) traced (tracing slows them; untraced step $((first - 1)): $(grep -o '[0-9.]* s/step' "$LOGS/profile_$name.log" | sed -n "$((first - 1))p"))"
+  "$PY" "$ROOT/bench/trace_summary.py" "$run/trace.rank0.json" --steps 3 > "$LOGS/profile_${name}_summary.md" 2>&1 ||
+    { record "FAILED: bench/trace_summary.py"; tail -5 "$LOGS/profile_${name}_summary.md"; return 1; }
+  record "$(cat "$LOGS/profile_${name}_summary.md")"
+  gzip -c "$run/trace.rank0.json" > "$LOGS/trace_$name.json.gz"
+  record "(trace: logs/trace_$name.json.gz, $(du -m "$LOGS/trace_$name.json.gz" | cut -f1) MiB)"
+}
+
+stage_profile() {
+  needs_gpu || return 0
+  profile_run llama3_2_1b_mixed configs/llama3_2_1b_mixed.toml 10
+}
+
+# The 8B-shaped QLoRA of the qlora stage (random base, 4 x 2048 tokens of the fortunes corpus).
+stage_profile_qlora() {
+  needs_gpu || return 0
+  profile_run llama3_8b_qlora configs/llama3_8b_qlora.toml 8 --set data.path="$ROOT/data/fortunes.txt" \
+    --set data.format=text --set data.packing=false --set training.grad_accum_steps=1
 }
 
 stages=("$@")
