@@ -160,8 +160,8 @@ int64_t PeakPlan::forward_bytes() const {
 }
 
 int64_t PeakPlan::backward_bytes() const {
-  return state.total_state_bytes() - state.grad_bytes + state.frozen_base_bytes + backward_held_bytes +
-         backward_transient_bytes + workspace.bytes;
+  return state.total_state_bytes() - state.grad_bytes + state.frozen_base_bytes +
+         std::max(backward_held_bytes + backward_transient_bytes, backward_end_bytes) + workspace.bytes;
 }
 
 int64_t PeakPlan::optimizer_bytes() const {
@@ -292,17 +292,16 @@ PeakPlan predict_peak(const Config& c, int world_size) {
     if (u.trained) largest_unit = std::max(largest_unit, shard_numel(u.layout.numel, world_size));
   p.optimizer_transient_bytes = largest_unit * 4 * (policy.kahan ? 7 : 1) + p.activations.mask_bytes;
   const ActivationEstimate& a = p.activations;
+  const int64_t block_zero = a.first_block_bytes + a.mask_bytes + a.in_flight_bytes;
   if (c.training.grad_accum_steps > 1) {
     p.forward_grad_bytes = p.state.grad_bytes;
     p.backward_held_bytes = p.state.grad_bytes + a.saved_bytes();
   } else {
-    // (at the end, a trained embedding's backward: its dense gradient and the flat one it is
-    // reduced from)
-    const int64_t embedding_backward = lora ? 0 : 2 * s.vocab_size * s.dim * cb;
-    p.backward_held_bytes =
-        std::max(a.saved_bytes() + grads_outside_blocks,
-                 p.state.grad_bytes + a.first_block_bytes + a.mask_bytes + a.in_flight_bytes + embedding_backward);
+    p.backward_held_bytes = std::max(a.saved_bytes() + grads_outside_blocks, p.state.grad_bytes + block_zero);
   }
+  // After block 0: a trained embedding's backward, its dense gradient and the flat one it is
+  // reduced from, beside every other gradient (no block's transient any more).
+  p.backward_end_bytes = p.state.grad_bytes + block_zero + (lora ? 0 : 2 * s.vocab_size * s.dim * cb);
   p.workspace = library_workspace(c);
   return p;
 }

@@ -109,10 +109,12 @@ struct PeakPlan {
   int64_t backward_transient_bytes = 0;
   // Gradient shards alive in forward: all of them with accumulation, else none.
   int64_t forward_grad_bytes = 0;
-  // Saved activations and gradient shards at backward's fullest point: its start (every block's
-  // activations, the embedding's and head's gradients) or its end (every gradient, block 0's
-  // activations); both whole with accumulation.
+  // Saved activations and gradient shards beside a block's backward transient, at the fullest
+  // block: the last (every block's activations, the embedding's and head's gradients) or the
+  // first (every gradient, block 0's activations); both whole with accumulation.
   int64_t backward_held_bytes = 0;
+  // Backward's last step, a trained embedding's (then no block transient is alive).
+  int64_t backward_end_bytes = 0;
   // The optimizer's step: float32 temporaries of its largest unit (seven with Kahan summation's
   // unfused update), and a packed micro-batch's attention mask, which lives until the next.
   int64_t optimizer_transient_bytes = 0;
