@@ -41,7 +41,8 @@ XentChunk softmax_xent_reference(at::Tensor logits, const at::Tensor& targets, d
   const at::Tensor safe = at::where(valid, targets, at::zeros_like(targets)).unsqueeze(1);
   const at::Tensor lse = at::logsumexp(logits, 1);  // reduces in float32 whatever the dtype
   const at::Tensor picked = logits.gather(1, safe).squeeze(1);
-  XentChunk out{((lse - picked).to(at::kFloat) * valid).sum(), at::Tensor()};
+  const at::Tensor rows = (lse - picked).to(at::kFloat) * valid;
+  XentChunk out{rows.sum(), at::Tensor(), rows};
   if (!grad_dtype) return out;
   // d loss / d logits = softmax - onehot(target), zero for masked rows, times scale.
   at::Tensor p = logits.sub_(lse.unsqueeze(1)).exp_();
@@ -65,7 +66,7 @@ XentChunk softmax_xent(at::Tensor logits, const at::Tensor& targets, double scal
                                    grad_dtype == at::kBFloat16, static_cast<float>(scale)};
     kernels::softmax_xent(shape, logits.data_ptr(), t.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
                           grad.defined() ? grad.data_ptr() : nullptr, cuda_stream_of(logits));
-    return {row_loss.sum(), grad};
+    return {row_loss.sum(), grad, row_loss};
   }
 #endif
   (void)fused;
@@ -82,9 +83,12 @@ struct ChunkGrads {
   at::Tensor gh, gw, ga, gb;
 };
 
+// `row_scale` [N] float32 (when defined) multiplies each token's gradient, after `scale`;
+// `row_loss` (when non-null) receives each token's loss [N] float32.
 at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, const OutputAdapter* adapter,
                             const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype, double scale,
-                            ChunkGrads* grads, bool fused) {
+                            ChunkGrads* grads, bool fused, const at::Tensor& row_scale = at::Tensor(),
+                            at::Tensor* row_loss = nullptr) {
   const int64_t N = hidden.size(0);
   if (chunk <= 0) chunk = default_loss_chunk(weight.size(0));
   at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
@@ -103,8 +107,10 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
     }
   }
   // d loss / d logits: in the hidden dtype for the matmuls, in float32 where the adapter needs it.
-  std::optional<c10::ScalarType> grad_dtype;
-  if (grads) grad_dtype = lr && (grads->hidden || grads->adapter) ? at::kFloat : hidden.scalar_type();
+  std::optional<c10::ScalarType> grad_dtype;  // (float32 where rows are scaled after, rounded once)
+  if (grads)
+    grad_dtype = (lr && (grads->hidden || grads->adapter)) || row_scale.defined() ? at::kFloat : hidden.scalar_type();
+  if (row_loss) *row_loss = at::empty({N}, hidden.options().dtype(at::kFloat));
   for (int64_t start = 0; start < N; start += chunk) {
     const int64_t n = std::min(chunk, N - start);
     at::Tensor h = hidden.narrow(0, start, n);
@@ -119,7 +125,9 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
     }
     XentChunk x = softmax_xent(std::move(logits), targets.narrow(0, start, n), scale, grad_dtype, fused);
     total.add_(x.loss_sum);
+    if (row_loss) row_loss->narrow(0, start, n).copy_(x.row_loss);
     if (!grads) continue;
+    if (row_scale.defined()) x.grad.mul_(row_scale.narrow(0, start, n).unsqueeze(1));
     const at::Tensor& p32 = x.grad;  // (float32 where the adapter reads it)
     at::Tensor pc = x.grad.to(hidden.scalar_type());
     if (grads->hidden) {
@@ -179,7 +187,52 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
   }
 };
 
+// logp = -(row loss); backward recomputes the chunks with each row's gradient weight: d logp /
+// d logits = onehot - softmax, so the rows are scaled by minus the incoming gradient.
+class LinearTokenLogprobsFn : public torch::autograd::Function<LinearTokenLogprobsFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& a, const at::Tensor& b, double adapter_scale, const at::Tensor& targets,
+                            int64_t chunk, c10::ScalarType logits_dtype, bool fused) {
+    const OutputAdapter adapter{a, b, adapter_scale};
+    at::Tensor rows;
+    chunked_loss_sum(hidden, weight, a.numel() > 0 ? &adapter : nullptr, targets, chunk, logits_dtype, 1.0, nullptr,
+                     fused, at::Tensor(), &rows);
+    ctx->save_for_backward({hidden, weight, a, b, targets});
+    ctx->saved_data["adapter_scale"] = adapter_scale;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["logits_dtype"] = static_cast<int64_t>(logits_dtype);
+    ctx->saved_data["fused"] = fused;
+    return rows.neg_();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &hidden = saved[0], &weight = saved[1], &a = saved[2], &b = saved[3], &targets = saved[4];
+    const OutputAdapter adapter{a, b, ctx->saved_data["adapter_scale"].toDouble()};
+    const bool lr = a.numel() > 0;
+    ChunkGrads g;
+    g.hidden = ctx->needs_input_grad(0);
+    g.weight = ctx->needs_input_grad(1);
+    g.adapter = lr && (ctx->needs_input_grad(2) || ctx->needs_input_grad(3));
+    if (g.hidden || g.weight || g.adapter)
+      chunked_loss_sum(hidden, weight, lr ? &adapter : nullptr, targets, ctx->saved_data["chunk"].toInt(),
+                       static_cast<c10::ScalarType>(ctx->saved_data["logits_dtype"].toInt()), 1.0, &g,
+                       ctx->saved_data["fused"].toBool(), grad_out[0].to(at::kFloat).neg());
+    return {g.gh, g.gw, g.ga, g.gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor linear_token_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                 int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,
+                                 bool fused) {
+  const bool lr = adapter && adapter->a.defined();
+  const at::Tensor none = at::empty({0}, weight.options().requires_grad(false));
+  return LinearTokenLogprobsFn::apply(hidden, weight, lr ? adapter->a : none, lr ? adapter->b : none,
+                                      lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype, fused);
+}
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,

@@ -32,6 +32,15 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
                                 const OutputAdapter* adapter = nullptr, bool fused = false);
 
+// Per-token log-probabilities of `targets` [N] under the same head: float32 [N], 0 at masked
+// positions, differentiable w.r.t. hidden, weight and an adapter's A and B — what preference
+// objectives (DPO, SimPO) sum per sequence. Where linear_cross_entropy's incoming gradient is one
+// number, known in forward, each token's here arrives in backward: backward recomputes each
+// chunk's logits (one more pass of the output projection) rather than keeping them.
+at::Tensor linear_token_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                 int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
+                                 const OutputAdapter* adapter = nullptr, bool fused = false);
+
 // Summed loss and number of unmasked tokens, without autograd (evaluation).
 struct LossSum {
   double sum = 0.0;
@@ -53,6 +62,7 @@ LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& wei
 struct XentChunk {
   at::Tensor loss_sum;  // float32 scalar
   at::Tensor grad;      // [n, vocab] in grad_dtype, or undefined
+  at::Tensor row_loss;  // [n] float32: each row's loss, 0 where masked
 };
 XentChunk softmax_xent(at::Tensor logits, const at::Tensor& targets, double scale,
                        std::optional<c10::ScalarType> grad_dtype, bool fused);

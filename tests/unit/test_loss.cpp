@@ -231,3 +231,42 @@ TEST(ChunkedLoss, CudaFusedForwardAllocatesThePlannedBytesPerLogit) {
     EXPECT_GE(used, predicted * 0.95) << "the plan over-counts: " << used << " of " << predicted << " bytes";
   }
 }
+
+// Per-token log-probabilities (what DPO and SimPO sum per sequence) against ATen's log_softmax
+// and autograd: the values at every chunk size, masked positions 0, and the gradients w.r.t.
+// the hidden states, the weight and an output adapter's A and B under a random incoming
+// gradient per token (backward recomputes the chunks).
+TEST(ChunkedLoss, TokenLogprobsMatchLogSoftmaxInValueAndGradient) {
+  at::manual_seed(21);
+  const int64_t N = 29, D = 12, V = 53, R = 3;
+  const at::Tensor h0 = at::randn({N, D}), w0 = at::randn({V, D}) * 0.4, a0 = at::randn({R, D}) * 0.3,
+                   b0 = at::randn({V, R}) * 0.3, up = at::randn({N});
+  at::Tensor t = at::randint(V, {N}, at::kLong);
+  t.index_put_({at::arange(0, N, 4)}, kIgnoreIndex);
+  const at::Tensor valid = t.ne(kIgnoreIndex);
+  for (const bool with_adapter : {false, true}) {
+    at::Tensor h = h0.clone().requires_grad_(), w = w0.clone().requires_grad_(), a = a0.clone().requires_grad_(),
+               b = b0.clone().requires_grad_();
+    at::Tensor logits = at::linear(h, w);
+    if (with_adapter) logits = logits + 1.5 * at::linear(at::linear(h, a), b);
+    const at::Tensor want = at::log_softmax(logits, 1).gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1) * valid;
+    (want * up).sum().backward();
+    for (const int64_t chunk : {int64_t{1}, int64_t{5}, N}) {
+      SCOPED_TRACE(std::string(with_adapter ? "adapter" : "no adapter") + ", chunk " + std::to_string(chunk));
+      at::Tensor h2 = h0.clone().requires_grad_(), w2 = w0.clone().requires_grad_(), a2 = a0.clone().requires_grad_(),
+                 b2 = b0.clone().requires_grad_();
+      const OutputAdapter adapter{a2, b2, 1.5};
+      const at::Tensor got =
+          linear_token_logprobs(h2, w2, t, chunk, at::kFloat, with_adapter ? &adapter : nullptr, /*fused=*/true);
+      EXPECT_TRUE(at::allclose(got, want.detach(), 1e-5, 1e-6));
+      EXPECT_TRUE(at::equal(got.masked_select(valid.logical_not()), at::zeros({N / 4 + 1}))) << "masked rows";
+      (got * up).sum().backward();
+      EXPECT_TRUE(at::allclose(h2.grad(), h.grad(), 1e-5, 1e-6));
+      EXPECT_TRUE(at::allclose(w2.grad(), w.grad(), 1e-5, 1e-6));
+      if (with_adapter) {
+        EXPECT_TRUE(at::allclose(a2.grad(), a.grad(), 1e-5, 1e-6));
+        EXPECT_TRUE(at::allclose(b2.grad(), b.grad(), 1e-5, 1e-6));
+      }
+    }
+  }
+}
