@@ -5,9 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -18,16 +15,9 @@
 
 namespace ptrain {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-bool starts_with_gguf_magic(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
-}
 
 // The config.json key transformers' GGUF_CONFIG_MAPPING renames each `{arch}.` key to; "" for
 // keys it reads and drops (qwen2 / qwen3's rope.dimension_count).
@@ -196,10 +186,7 @@ std::string shape_str(const std::vector<int64_t>& v) { return c10::str(c10::IntA
 }  // namespace
 
 std::string gguf_model_file(const std::string& hf_path) {
-  const fs::path p(hf_path);
-  if (fs::is_regular_file(p)) return p.extension() == ".gguf" || starts_with_gguf_magic(p) ? hf_path : "";
-  if (!fs::is_directory(p) || fs::exists(p / "config.json")) return "";
-  return only_gguf_file_in(hf_path, "config.json", "model.hf_path");
+  return gguf_file_at(hf_path, "config.json", "model.hf_path");
 }
 
 std::vector<GgufTensorName> gguf_tensor_names(const LlamaShape& s) {

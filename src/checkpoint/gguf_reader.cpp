@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "common/error.h"
@@ -337,15 +338,24 @@ at::Tensor GgufFile::dequantize(const GgufTensorInfo& t) const {
   return out;
 }
 
-std::string only_gguf_file_in(const std::string& dir, const std::string& absent, const std::string& key) {
+std::string gguf_file_at(const std::string& path, const std::string& absent, const std::string& key) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  if (fs::is_regular_file(p)) {
+    if (p.extension() == ".gguf") return path;
+    std::ifstream in(p, std::ios::binary);
+    char magic[4] = {};
+    return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0 ? path : "";
+  }
+  if (!fs::is_directory(p) || fs::exists(p / absent)) return "";
   std::vector<std::string> found;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
+  for (const auto& e : fs::directory_iterator(p))
     if (e.is_regular_file() && e.path().extension() == ".gguf") found.push_back(e.path().string());
   std::sort(found.begin(), found.end());
   if (found.size() > 1) {
     std::string names;
     for (const auto& n : found) names += "\n  " + n;
-    throw UnsupportedInput(dir + " holds " + std::to_string(found.size()) + " GGUF files and no " + absent + ": set " +
+    throw UnsupportedInput(path + " holds " + std::to_string(found.size()) + " GGUF files and no " + absent + ": set " +
                            key + " to the one to use:" + names);
   }
   return found.empty() ? "" : found.front();

@@ -104,9 +104,10 @@ class GgufFile {
   std::map<std::string, size_t> tensor_index_;
 };
 
-// The one *.gguf file of directory `dir`, "" when it holds none. Several are refused
-// (UnsupportedInput) listing them: which one is the user's choice, made by setting `key` to it
-// (`absent`: the file whose absence made the directory a GGUF one, for the message).
-std::string only_gguf_file_in(const std::string& dir, const std::string& absent, const std::string& key);
+// The GGUF file `path` names: `path` itself when it is a file ending in ".gguf" or starting with
+// GGUF's magic; the one *.gguf file of a directory without `absent` (config.json for a model,
+// tokenizer.json for a tokenizer); "" otherwise. Several GGUF files in such a directory are
+// refused (UnsupportedInput) listing them: which one is the user's choice, made by setting `key`.
+std::string gguf_file_at(const std::string& path, const std::string& absent, const std::string& key);
 
 }  // namespace ptrain

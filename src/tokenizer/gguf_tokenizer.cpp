@@ -126,10 +126,7 @@ json added_token(const std::string& content, int64_t id, bool special) {
 }  // namespace
 
 std::string gguf_tokenizer_file(const std::string& path) {
-  const fs::path p(path);
-  if (!fs::is_directory(p)) return p.extension() == ".gguf" ? path : "";
-  if (fs::exists(p / "tokenizer.json")) return "";
-  return only_gguf_file_in(path, "tokenizer.json", "data.tokenizer (or model.hf_path)");
+  return gguf_file_at(path, "tokenizer.json", "data.tokenizer (or model.hf_path)");
 }
 
 void write_gguf_tokenizer_dir(const GgufTokenizer& t, const std::string& dir) {

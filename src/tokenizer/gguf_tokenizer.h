@@ -28,9 +28,10 @@ struct GgufTokenizer {
   uint64_t header_bytes = 0;  // the file's bytes it was built from (the header: no tensor data)
 };
 
-// The GGUF file whose tokenizer `path` names: `path` itself when it ends in ".gguf", the one
-// *.gguf file of a directory without tokenizer.json; "" otherwise. Several GGUF files in such a
-// directory are refused (UnsupportedInput): which one is the user's choice.
+// The GGUF file whose tokenizer `path` names: `path` itself when it is a GGUF file (by its
+// extension or its magic), the one *.gguf file of a directory without tokenizer.json; ""
+// otherwise. Several GGUF files in such a directory are refused (UnsupportedInput): which one is
+// the user's choice (gguf_reader.h gguf_file_at, as for model.hf_path).
 std::string gguf_tokenizer_file(const std::string& path);
 
 // `path`: a GGUF file. Throws UnsupportedInput / RuntimeError naming the file and the key.

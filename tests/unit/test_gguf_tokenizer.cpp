@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -116,6 +117,17 @@ TEST(GgufTokenizer, EveryRefusalNamesItsKey) {
     SCOPED_TRACE(name);
     expect_refused(write_tokenizer(dir, name, change), says);
   }
+}
+
+TEST(GgufTokenizer, AGgufFileIsKnownByItsMagicWhateverItsName) {
+  test::TempDir dir;
+  const std::string gguf = write_tokenizer(dir, "model");
+  const std::string renamed = (dir.path / "model.bin").string();
+  std::filesystem::rename(gguf, renamed);
+  EXPECT_EQ(gguf_tokenizer_file(renamed), renamed);
+  const std::string json_file = (dir.path / "tokenizer.json").string();
+  std::ofstream(json_file) << "{}";
+  EXPECT_EQ(gguf_tokenizer_file(json_file), "") << "a tokenizer.json is no GGUF file";
 }
 
 TEST(GgufTokenizer, ADirectoryOfSeveralGgufFilesIsRefused) {
