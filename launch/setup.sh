@@ -20,8 +20,9 @@ TORCH_VERSION=2.11.0
 PY_BUILD_PACKAGES=(pyarrow==26.0.1)
 # Reference clients for the tests (HF export round trips, PEFT adapters, bitsandbytes' 4-bit
 # models and NF4 kernels, llama.cpp's gguf-py for GGUF exports — transformers' GGUF loader needs it
-# too —, fixture scripts): installed by --tests and --deps-only.
-PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0 bitsandbytes==0.50.2 gguf==0.19.0)
+# too —, TRL's DPO and CPO trainers for the preference objectives, fixture scripts): installed by
+# --tests and --deps-only.
+PY_TEST_PACKAGES=(transformers==5.23.0 peft==0.21.2 safetensors==0.8.0 bitsandbytes==0.50.2 gguf==0.19.0 trl==1.16.0)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"
 VENV="${PTRAIN_VENV:-$CACHE_HOME/ptrain/venv-torch-$TORCH_VERSION}"

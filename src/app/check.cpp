@@ -55,7 +55,8 @@ std::string activations_line(const Config& c, const ActivationEstimate& act) {
 
 void print_peak(const Config& c, const MemoryReport& m, const PeakPlan& plan, int ws) {
   std::cout << "predicted peak allocated memory per rank at world size " << ws << " (micro-batch "
-            << c.data.micro_batch_size << " x " << c.data.seq_len << " tokens, activation checkpointing "
+            << c.data.micro_batch_size << (is_preference(c.training.objective) ? " pairs (chosen + rejected)" : "")
+            << " x " << c.data.seq_len << " tokens, activation checkpointing "
             << name_of(c.memory.activation_checkpointing) << (c.memory.activation_offloading ? " + offloading" : "")
             << ", prefetch " << (c.parallel.prefetch ? "on" : "off") << "):\n"
             << "  params            " << gib(m.param_bytes) << "\n"

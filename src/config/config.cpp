@@ -74,6 +74,16 @@ const std::vector<std::string>& enum_names<QuantBase>() {
   return n;
 }
 template <>
+const std::vector<std::string>& enum_names<Objective>() {
+  static const std::vector<std::string> n{"sft", "dpo", "simpo"};
+  return n;
+}
+template <>
+const std::vector<std::string>& enum_names<PreferenceLoss>() {
+  static const std::vector<std::string> n{"sigmoid", "hinge", "ipo", "robust"};
+  return n;
+}
+template <>
 const std::vector<std::string>& enum_names<BadRecord>() {
   static const std::vector<std::string> n{"error", "skip"};
   return n;
@@ -307,6 +317,9 @@ const std::vector<Key>& keys() {
           "data", "val_fraction", data.val_fraction, kFromStruct,
           R"(held out for validation (0 to 0.5): the tail of a token stream; jsonl: that share of the samples, drawn with a fixed seed)"),
       PTRAIN_KEY("training", "steps", training.steps, kFromStruct, R"(optimizer steps (>= 1))"),
+      PTRAIN_KEY(
+          "training", "objective", training.objective, kFromStruct,
+          R"(`sft`: next-token cross-entropy on the trained tokens; `dpo`: DPO on preference pairs against the base with the LoRA adapters off (TRL's `DPOTrainer`); `simpo`: SimPO, reference-free (TRL's `CPOTrainer` with `loss_type = "simpo"`, `cpo_alpha = 0`). Preference objectives read `{prompt, chosen, rejected}` records (docs/preference.md))"),
       PTRAIN_KEY("training", "grad_accum_steps", training.grad_accum_steps, kFromStruct,
                  R"(micro-batches accumulated per optimizer step)"),
       PTRAIN_KEY("training", "max_grad_norm", training.max_grad_norm, kFromStruct,
@@ -401,6 +414,19 @@ const std::vector<Key>& keys() {
           "checkpoint", "resume", checkpoint.resume, kFromStruct,
           R"(`""` fresh start, `"auto"` newest complete checkpoint in `checkpoint.dir` (fresh if none), or a `step_N` directory)"),
       PTRAIN_KEY("checkpoint", "save_final", checkpoint.save_final, kFromStruct, R"(save after the last step)"),
+      PTRAIN_KEY("preference", "beta", preference.beta, kFromStruct,
+                 R"(`dpo`: how far the policy may move from the reference (higher: less; IPO's tau); `simpo`: the reward scale (> 0))"),
+      PTRAIN_KEY(
+          "preference", "loss_type", preference.loss_type, kFromStruct,
+          R"(`dpo`'s loss, as TRL's `DPOConfig.loss_type` names it: `sigmoid` (DPO), `hinge` (SLiC), `ipo` (IPO, log-ratios averaged over each completion's tokens), `robust` (rDPO: `label_smoothing` is the chance a label is flipped))"),
+      PTRAIN_KEY(
+          "preference", "label_smoothing", preference.label_smoothing, kFromStruct,
+          R"(`dpo` with `loss_type = "robust"`: the chance a preference label is flipped, in [0, 0.5); `simpo`: conservative SimPO's smoothing, in [0, 0.5). Others read none (TRL's sigmoid, hinge and ipo ignore it), so setting it there is refused)"),
+      PTRAIN_KEY("preference", "gamma", preference.gamma, kFromStruct,
+                 R"(`simpo`: the target reward margin (TRL's `simpo_gamma`))"),
+      PTRAIN_KEY(
+          "preference", "max_length", preference.max_length, kFromStruct,
+          R"(ids per sequence, prompt + completion (TRL's `max_length`); a longer sequence keeps its first `max_length` ids (`data.truncation = "truncate"`) or its pair is left out (`"drop"`); a pair whose prompt alone fills it is left out, as TRL does. 0: `data.seq_len + 1`; at most that)"),
       PTRAIN_KEY("lora", "enabled", lora.enabled, kFromStruct, R"(LoRA adapters over a frozen base)"),
       PTRAIN_KEY("lora", "rank", lora.rank, kFromStruct, R"(adapter rank (>= 1))"),
       PTRAIN_KEY("lora", "alpha", lora.alpha, kFromStruct, R"(scaling numerator (> 0))"),

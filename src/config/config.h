@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "data/options.h"
+#include "model/objective.h"
 #include "model/options.h"
 #include "model/shape.h"
 #include "optim/options.h"
@@ -64,7 +65,9 @@ struct Config {
     int64_t profile_start = 3;                // the first traced step
     DeviceChoice device = DeviceChoice::automatic;
     int64_t threads = 0;  // CPU intra-op threads; 0 = LibTorch default
+    Objective objective = Objective::sft;
   } training;
+  PreferenceOptions preference;
   OptimizerOptions optimizer;
   LrScheduleOptions lr_schedule;
   PrecisionOptions precision;

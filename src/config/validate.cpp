@@ -478,11 +478,82 @@ const std::vector<Rule>& rules() {
                 "double-quantized (bnb_4bit_use_double_quant); set quant.double_quant = " +
                 (c.model.hf_nf4_double_quant ? "true" : "false") + " to load them as stored";
        }},
-
+      // training.objective and [preference] (model/objective.h)
+      {"training.objective",
+       [](const Config& c, const Environment&) -> std::string {
+         if (!is_preference(c.training.objective)) return "";
+         const std::string name = name_of(c.training.objective);
+         if (!holds_records(c.data.format))
+           return name +
+                  " trains on {prompt, chosen, rejected} records: set data.format to \"jsonl\", \"json\" or "
+                  "\"parquet\" (docs/preference.md)";
+         if (c.data.packing) return name + " scores each sequence whole, one a row: set data.packing = false";
+         if (c.data.train_on_prompt)
+           return name + " scores the completions only (TRL's completion mask): set data.train_on_prompt = false";
+         if (c.training.objective == Objective::dpo && !c.lora.enabled)
+           return "DPO compares the policy with a frozen reference; with LoRA that is the base with the adapters "
+                  "off (no extra memory), but a full fine-tune's frozen copy is not implemented yet: set "
+                  "lora.enabled = true, or use the reference-free training.objective = \"simpo\"";
+         return "";
+       }},
+      {"preference.beta",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.preference.beta > 0 ? "" : "must be > 0 (TRL's default is 0.1)";
+       }},
+      {"preference.loss_type",
+       [](const Config& c, const Environment&) -> std::string {
+         return c.training.objective == Objective::simpo && c.preference.loss_type != PreferenceLoss::sigmoid
+                    ? "is DPO's loss; SimPO has its own (training.objective = \"simpo\"): remove it"
+                    : "";
+       }},
+      {"preference.label_smoothing",
+       [](const Config& c, const Environment&) -> std::string {
+         const double e = c.preference.label_smoothing;
+         if (e == 0.0) return "";
+         if (e < 0.0 || e >= 0.5) return "must be in [0, 0.5)";
+         if (c.training.objective == Objective::dpo && c.preference.loss_type != PreferenceLoss::robust)
+           return "DPO's " + name_of(c.preference.loss_type) +
+                  " loss reads no label smoothing (TRL's ignores it); use preference.loss_type = \"robust\" for "
+                  "noisy labels, or remove it";
+         return "";
+       }},
+      {"preference.max_length",
+       [](const Config& c, const Environment&) -> std::string {
+         const int64_t L = c.preference.max_length;
+         if (L == 0) return "";
+         if (L < 2 || L > c.data.seq_len + 1)
+           return "must be 0 or in [2, data.seq_len + 1 = " + std::to_string(c.data.seq_len + 1) +
+                  "]: a row holds seq_len + 1 ids; raise data.seq_len to hold longer sequences";
+         return "";
+       }},
   };
   static const std::vector<Rule> kAll = [] {
     std::vector<Rule> all = kRules;
     all.insert(all.end(), kTrainingRules.begin(), kTrainingRules.end());
+    // a [preference] key given a value for a run that trains "sft" would be silently unused (the
+    // default is what every resolved config writes)
+    const PreferenceOptions d;
+    const auto differs = [d](const std::string& key, const Config& c) {
+      const PreferenceOptions& p = c.preference;
+      if (key == "preference.beta") return p.beta != d.beta;
+      if (key == "preference.loss_type") return p.loss_type != d.loss_type;
+      if (key == "preference.label_smoothing") return p.label_smoothing != d.label_smoothing;
+      if (key == "preference.gamma") return p.gamma != d.gamma;
+      return p.max_length != d.max_length;
+    };
+    for (const char* key : {"preference.beta", "preference.loss_type", "preference.label_smoothing", "preference.gamma",
+                            "preference.max_length"})
+      all.push_back({key, [key, differs](const Config& c, const Environment&) -> std::string {
+                       return !is_preference(c.training.objective) && differs(key, c)
+                                  ? "applies to training.objective = \"dpo\" or \"simpo\"; this run trains "
+                                    "\"sft\": set the objective or remove the key"
+                                  : "";
+                     }});
+    all.push_back({"preference.gamma", [differs](const Config& c, const Environment&) -> std::string {
+                     return c.training.objective == Objective::dpo && differs("preference.gamma", c)
+                                ? "is SimPO's target margin; DPO reads none: remove it"
+                                : "";
+                   }});
     return all;
   }();
   return kAll;

@@ -200,4 +200,70 @@ Batch SampleRows::rows(const std::vector<int64_t>& samples, const std::vector<in
   return {inputs, targets, docs};
 }
 
+PairRows::PairRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed)
+    : set_(std::move(set)), split_(std::move(split)), seq_len_(seq_len), seed_(seed) {
+  for (int64_t i = 0; i < set_->size(); ++i)
+    if (set_->length(i) - 1 > seq_len_)
+      throw RuntimeError(set_->where(i) + ": a sequence of " + std::to_string(set_->length(i)) +
+                         " ids does not fit a row of seq_len " + std::to_string(seq_len_));
+  train_fill_ = fill(split_.train);
+  val_fill_ = fill(split_.val);
+}
+
+RowFill PairRows::fill(const std::vector<int64_t>& pairs) const {
+  RowFill f;
+  for (int64_t p : pairs)
+    for (int64_t s : {2 * p, 2 * p + 1}) {
+      ++f.rows;
+      f.positions += set_->length(s) - 1;
+      f.trained += set_->trained_count(s);
+    }
+  return f;
+}
+
+Batch PairRows::train_rows(uint64_t first, int64_t count) {
+  const auto n = static_cast<int64_t>(split_.train.size());
+  if (n == 0) throw RuntimeError(set_->source() + ": no training pairs");
+  std::vector<int64_t> pairs;
+  for (int64_t r = 0; r < count; ++r) {
+    const auto k = static_cast<int64_t>(first) + r;
+    if (k / n != epoch_) {
+      epoch_ = k / n;
+      order_ = epoch_order(n, seed_, epoch_);
+    }
+    pairs.push_back(split_.train[order_[k % n]]);
+  }
+  return rows(pairs);
+}
+
+Batch PairRows::val_batch(int64_t first, int64_t count) const {
+  std::vector<int64_t> pairs;
+  for (int64_t r = first; r < std::min(first + count, val_rows()); ++r) pairs.push_back(split_.val[r]);
+  return rows(pairs);
+}
+
+Batch PairRows::rows(const std::vector<int64_t>& pairs) const {
+  const auto P = static_cast<int64_t>(pairs.size());
+  const int64_t T = seq_len_;
+  at::Tensor inputs = at::zeros({2 * P, T}, at::kLong), targets = at::full({2 * P, T}, kIgnoreIndex, at::kLong);
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* tg = targets.data_ptr<int64_t>();
+  for (int64_t b = 0; b < 2 * P; ++b) {
+    const int64_t s = 2 * pairs[b % P] + (b < P ? 0 : 1), n = set_->length(s);
+    const int32_t* ids = set_->ids(s);
+    const uint8_t* trained = set_->trained(s);
+    for (int64_t t = 0; t + 1 < n; ++t) {
+      in[b * T + t] = ids[t];
+      if (trained[t + 1]) tg[b * T + t] = ids[t + 1];
+    }
+  }
+  return {inputs, targets, at::Tensor()};
+}
+
+std::string PairRows::fingerprint() const {
+  const int64_t shape[] = {seq_len_, 2, static_cast<int64_t>(split_.train.size()), set_->size()};
+  const uint64_t content = set_->content_hash();
+  return hex_fingerprint("pairs", hash_values(hash_values(0, shape, 4), &content, 1));
+}
+
 }  // namespace ptrain

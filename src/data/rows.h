@@ -101,4 +101,33 @@ class SampleRows final : public RowSource {
   RowFill train_fill_, val_fill_;
 };
 
+// Preference pairs as rows: the set holds each pair as two samples, chosen (2k) then rejected
+// (2k + 1) (SampleOptions::preference). Row k of the training order is pair k of the order (an
+// epoch over the training pairs in the order epoch_order draws); a batch of `count` pairs is
+// 2 * count rows, the chosen sequences first and then the rejected ones, each padded at its end
+// (right padding: causal attention leaves the real positions as they are alone). The split is
+// split_samples over the pairs.
+class PairRows final : public RowSource {
+ public:
+  PairRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed);
+  int64_t seq_len() const override { return seq_len_; }
+  Batch train_rows(uint64_t first, int64_t count) override;
+  RowFill train_fill() const override { return train_fill_; }  // counted in sequences (two a pair)
+  int64_t val_rows() const override { return static_cast<int64_t>(split_.val.size()); }
+  Batch val_batch(int64_t first, int64_t count) const override;
+  RowFill val_fill() const { return val_fill_; }
+  std::string fingerprint() const override;
+
+ private:
+  Batch rows(const std::vector<int64_t>& pairs) const;
+  RowFill fill(const std::vector<int64_t>& pairs) const;
+  std::shared_ptr<const SampleSet> set_;
+  SampleSplit split_;
+  int64_t seq_len_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> order_;  // the held epoch's training pairs, in order
+  RowFill train_fill_, val_fill_;
+};
+
 }  // namespace ptrain

@@ -111,6 +111,8 @@ json key_parts(const std::string& data_path, DataFormat file_format, const Token
       {"max_ids", o.max_ids},
       {"drop_too_long", o.drop_too_long},
       {"train_on_prompt", o.train_on_prompt},
+      {"preference", o.preference},
+      {"eos", o.eos},
       {"skip_bad_records", o.skip_bad_records},
       {"fields", fields},
       {"ignore_fields", o.ignore_fields}};
@@ -125,7 +127,10 @@ json stats_json(const SampleStats& s) {
               {"dropped_too_long", s.dropped_too_long},
               {"skipped_bad", s.skipped_bad},
               {"first_bad", s.first_bad},
-              {"dropped_untrained", s.dropped_untrained}};
+              {"dropped_untrained", s.dropped_untrained},
+              {"pairs", s.pairs},
+              {"dropped_prompt_fills", s.dropped_prompt_fills},
+              {"prompt_diverged", s.prompt_diverged}};
 }
 
 SampleStats stats_of(const json& j) {
@@ -139,6 +144,9 @@ SampleStats stats_of(const json& j) {
   s.skipped_bad = j.at("skipped_bad").get<int64_t>();
   s.first_bad = j.at("first_bad").get<std::string>();
   s.dropped_untrained = j.at("dropped_untrained").get<int64_t>();
+  s.pairs = j.value("pairs", int64_t{0});
+  s.dropped_prompt_fills = j.value("dropped_prompt_fills", int64_t{0});
+  s.prompt_diverged = j.value("prompt_diverged", int64_t{0});
   return s;
 }
 

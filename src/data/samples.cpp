@@ -151,10 +151,15 @@ void canonical_names(json& j, const FieldNames& fields) {
     if (j.contains(list) && j[list].is_array())
       for (auto& turn : j[list]) rename(turn);
 }
-}  // namespace
+// The record's fields, "a, b" ("nothing" when it has none).
+std::string field_list(const json& j) {
+  std::string keys;
+  for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+  return keys.empty() ? "nothing" : keys;
+}
 
-Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
-                     SampleStats& stats, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
+// One line as a record object: its fields renamed to the canonical ones, the ignored ones gone.
+json parsed_record(const std::string& line, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
   json j;
   try {
     j = json::parse(line);
@@ -164,6 +169,13 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
   if (!j.is_object()) throw RuntimeError("a record must be a JSON object");
   drop_ignored(j, ignore_fields);
   canonical_names(j, fields);
+  return j;
+}
+}  // namespace
+
+Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
+                     SampleStats& stats, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
+  json j = parsed_record(line, fields, ignore_fields);
   const auto chat = [&](const std::vector<ChatMessage>& messages) {
     Sample s = render_chat(tok, format, messages, train_on_prompt);
     ++stats.chat;  // counted once rendered: a record skipped as bad is counted there
@@ -187,15 +199,183 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
     ++stats.text;
     return s;
   }
-  std::string keys;
-  for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+  const std::string keys = field_list(j);
   throw RuntimeError(
       "a record needs \"text\", \"messages\", \"conversations\" (ShareGPT), \"instruction\" and \"output\" "
       "(Alpaca), or \"prompt\" and \"completion\" (it has: " +
-      (keys.empty() ? std::string("nothing") : keys) + ")");
+      keys + ")");
 }
 
 namespace {
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// TRL's extract_prompt on two strings: the index (in bytes, on a character boundary) where
+// they first differ, moved back over one space before it; where one is a prefix of the other,
+// the shorter one's last character (as its loop leaves its index).
+size_t shared_text_prompt(const std::string& a, const std::string& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  const auto continuation = [](char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; };
+  if (n == a.size() || n == b.size()) {  // no character differs: the loop ran to its last index
+    const std::string& shorter = a.size() <= b.size() ? a : b;
+    if (shorter.empty()) throw RuntimeError("\"chosen\" or \"rejected\" is empty and there is no \"prompt\"");
+    size_t last = shorter.size() - 1;
+    while (last > 0 && continuation(shorter[last])) --last;
+    return last;
+  }
+  while (n > 0 && continuation(a[n])) --n;  // back to the start of the differing character
+  if (n == 0) {
+    // TRL would look at the last character (Python's s[-1]) and cut the text oddly there
+    if (a.back() == ' ')
+      throw RuntimeError(
+          "\"chosen\" and \"rejected\" share no prompt and \"chosen\" ends with a space; give "
+          "the record a \"prompt\"");
+    return 0;
+  }
+  return a[n - 1] == ' ' ? n - 1 : n;
+}
+
+}  // namespace
+
+PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format, const std::string& eos,
+                                 const std::string& line, const FieldNames& fields,
+                                 const std::vector<std::string>& ignore_fields) {
+  json j = parsed_record(line, fields, ignore_fields);
+  if (!j.contains("chosen") || !j.contains("rejected")) {
+    const std::string keys = field_list(j);
+    throw RuntimeError(
+        "a preference record needs \"chosen\" and \"rejected\" (and \"prompt\", or a prompt they "
+        "share) (it has: " +
+        keys + ")");
+  }
+  only_fields(j, {"prompt", "chosen", "rejected"}, "a preference record");
+  json prompt = j.contains("prompt") ? j.at("prompt") : json();
+  json chosen = j.at("chosen"), rejected = j.at("rejected");
+  const bool conversational = chosen.is_array();
+  for (const auto* part : {&prompt, &chosen, &rejected}) {
+    if (part->is_null() && part == &prompt) continue;
+    if (conversational ? !part->is_array() : !part->is_string())
+      throw RuntimeError("\"prompt\", \"chosen\" and \"rejected\" must all be strings or all message lists");
+  }
+  PreferencePair out;
+  out.conversational = conversational;
+  std::vector<int32_t> prompt_ids, with_chosen, with_rejected;
+  if (conversational) {
+    if (prompt.is_null()) {  // the turns chosen and rejected share
+      size_t idx = 0;
+      const size_t n = std::min(chosen.size(), rejected.size());
+      if (n == 0) throw RuntimeError("\"chosen\" or \"rejected\" is empty and there is no \"prompt\"");
+      while (idx < n && chosen[idx] == rejected[idx]) ++idx;
+      if (idx == n) idx = n - 1;  // as TRL's loop leaves its index
+      prompt = json(std::vector<json>(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(idx)));
+      chosen = json(std::vector<json>(chosen.begin() + static_cast<std::ptrdiff_t>(idx), chosen.end()));
+      rejected = json(std::vector<json>(rejected.begin() + static_cast<std::ptrdiff_t>(idx), rejected.end()));
+    }
+    std::vector<ChatMessage> turns = prompt.empty() ? std::vector<ChatMessage>{} : chat_turns(prompt);
+    prompt_ids = render_prompt(tok, format, turns);
+    auto whole = [&](const json& completion) {
+      std::vector<ChatMessage> all = turns;
+      for (auto& m : chat_turns(completion)) all.push_back(std::move(m));
+      return render_chat(tok, format, all, /*train_on_prompt=*/true).ids;
+    };
+    with_chosen = whole(chosen);
+    with_rejected = whole(rejected);
+  } else {
+    if (eos.empty())
+      throw RuntimeError(
+          "text preference records end each completion with the tokenizer's eos_token (as TRL does), and this "
+          "tokenizer names none: point data.tokenizer at the model directory (its tokenizer_config.json)");
+    std::string p = prompt.is_null() ? std::string() : prompt.get<std::string>();
+    std::string c = chosen.get<std::string>(), r = rejected.get<std::string>();
+    if (prompt.is_null()) {
+      const size_t cut = shared_text_prompt(c, r);
+      p = c.substr(0, cut);
+      c = c.substr(cut);
+      r = r.substr(cut);
+    }
+    const auto ends_with = [&](const std::string& s) {
+      return s.size() >= eos.size() && s.compare(s.size() - eos.size(), eos.size(), eos) == 0;
+    };
+    if (!ends_with(c)) c += eos;
+    if (!ends_with(r)) r += eos;
+    prompt_ids = tok.encode_with_special_tokens(p);
+    with_chosen = tok.encode_with_special_tokens(p + c);
+    with_rejected = tok.encode_with_special_tokens(p + r);
+  }
+  const size_t n = std::min(common_prefix(prompt_ids, with_chosen), common_prefix(prompt_ids, with_rejected));
+  out.prompt_ids = static_cast<int64_t>(n);
+  out.prompt_diverged = n < prompt_ids.size();
+  auto sample = [n](std::vector<int32_t>&& ids) {
+    Sample s;
+    s.trained.assign(ids.size(), 0);
+    std::fill(s.trained.begin() + static_cast<std::ptrdiff_t>(n), s.trained.end(), 1);
+    s.ids = std::move(ids);
+    return s;
+  };
+  out.chosen = sample(std::move(with_chosen));
+  out.rejected = sample(std::move(with_rejected));
+  return out;
+}
+
+namespace {
+
+void append_sample(const Sample& s, int64_t line, SampleBlock& out) {
+  int64_t trained = 0;
+  for (size_t t = 1; t < s.ids.size(); ++t) trained += s.trained[t] ? 1 : 0;
+  out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
+  out.trained.insert(out.trained.end(), s.trained.begin(), s.trained.end());
+  out.lengths.push_back(static_cast<int64_t>(s.ids.size()));
+  out.lines.push_back(line);
+  out.counts.push_back(trained);
+}
+
+// One preference record into `out` as two samples, chosen then rejected, cut as TRL's
+// DataCollatorForPreference cuts them (keep_start: each sequence's first max_ids ids) after
+// dropping a pair whose prompt alone fills max_ids; data.truncation = "drop" drops a pair
+// either of whose sequences is longer.
+void render_pair(const std::string& path, const std::string& separator, const std::string& record, int64_t where,
+                 const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o, SampleBlock& out) {
+  PreferencePair p;
+  try {
+    p = render_preference(tok, format, o.eos, record, o.fields, o.ignore_fields);
+  } catch (const std::exception& e) {
+    const std::string why = path + separator + std::to_string(where) + ": " + e.what();
+    if (!o.skip_bad_records) {
+      out.error = why;
+      return;
+    }
+    if (out.stats.skipped_bad++ == 0) out.stats.first_bad = why;
+    return;
+  }
+  ++(p.conversational ? out.stats.chat : out.stats.text);
+  out.stats.prompt_diverged += p.prompt_diverged ? 1 : 0;
+  const auto L = static_cast<size_t>(o.max_ids);
+  const bool too_long = o.max_ids > 0 && std::max(p.chosen.ids.size(), p.rejected.ids.size()) > L;
+  if (too_long && o.drop_too_long) {
+    ++out.stats.dropped_too_long;
+    return;
+  }
+  if (o.max_ids > 0 && p.prompt_ids >= o.max_ids) {
+    ++out.stats.dropped_prompt_fills;
+    return;
+  }
+  if (too_long) {
+    ++out.stats.truncated;
+    for (Sample* s : {&p.chosen, &p.rejected})
+      if (s->ids.size() > L) {
+        s->ids.resize(L);
+        s->trained.resize(L);
+      }
+  }
+  ++out.stats.pairs;
+  append_sample(p.chosen, where, out);
+  append_sample(p.rejected, where, out);
+}
 
 // Records [begin, end) of a block rendered into `out` (its samples, counts and first error).
 void render_range(const std::string& path, const std::string& separator, const std::vector<std::string>& records,
@@ -203,6 +383,11 @@ void render_range(const std::string& path, const std::string& separator, const s
                   const ChatFormat& format, const SampleOptions& o, SampleBlock& out) {
   for (size_t r = begin; r < end; ++r) {
     ++out.stats.records;
+    if (o.preference) {
+      render_pair(path, separator, records[r], where[r], tok, format, o, out);
+      if (!out.error.empty()) return;
+      continue;
+    }
     Sample s;
     try {
       s = render_record(tok, format, records[r], o.train_on_prompt, out.stats, o.fields, o.ignore_fields);
@@ -224,17 +409,12 @@ void render_range(const std::string& path, const std::string& separator, const s
       s.ids.resize(o.max_ids);
       s.trained.resize(o.max_ids);
     }
-    int64_t trained = 0;
-    for (size_t t = 1; t < s.ids.size(); ++t) trained += s.trained[t] ? 1 : 0;
-    if (trained == 0) {
+    if (std::none_of(s.trained.begin() + (s.trained.empty() ? 0 : 1), s.trained.end(),
+                     [](uint8_t t) { return t != 0; })) {
       ++out.stats.dropped_untrained;
       continue;
     }
-    out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
-    out.trained.insert(out.trained.end(), s.trained.begin(), s.trained.end());
-    out.lengths.push_back(static_cast<int64_t>(s.ids.size()));
-    out.lines.push_back(where[r]);
-    out.counts.push_back(trained);
+    append_sample(s, where[r], out);
   }
 }
 
@@ -248,6 +428,9 @@ void add_stats(SampleStats& to, const SampleStats& from) {
   if (to.skipped_bad == 0 && from.skipped_bad > 0) to.first_bad = from.first_bad;
   to.skipped_bad += from.skipped_bad;
   to.dropped_untrained += from.dropped_untrained;
+  to.pairs += from.pairs;
+  to.dropped_prompt_fills += from.dropped_prompt_fills;
+  to.prompt_diverged += from.prompt_diverged;
 }
 
 // Renders one block of records with up to `threads` threads, each a contiguous share of the

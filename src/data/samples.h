@@ -46,6 +46,10 @@ struct SampleOptions {
   bool skip_bad_records = false;  // data.on_bad_record = "skip": count and report them instead of stopping
   FieldNames fields;
   std::vector<std::string> ignore_fields;  // data.ignore_fields: left out of records and turns, as the data names them
+  // Preference records ({prompt, chosen, rejected}: render_preference): each record becomes two
+  // samples, chosen then rejected, cut as TRL's DPO collator cuts them (below).
+  bool preference = false;
+  std::string eos;  // preference text records: the tokenizer's eos_token, ending each completion
   int threads = 1;  // records rendered by this many threads at once (the result does not depend on it)
   int64_t block_bytes = int64_t{16} << 20;  // a JSONL file is read this many bytes of whole lines at a time
 };
@@ -58,6 +62,10 @@ struct SampleStats {
   int64_t skipped_bad = 0;                            // malformed records skipped (data.on_bad_record = "skip")
   std::string first_bad;                              // the first one's location and problem
   int64_t dropped_untrained = 0;                      // nothing trained (e.g. a chat without a reply, or cut before it)
+  // Preference records (pairs): truncated / dropped_too_long count pairs; these count the pairs
+  // whose prompt alone fills max_ids (dropped, as TRL drops them) and whose tokenized prompt is
+  // not a prefix of prompt + completion (the completion starts where they part, as in TRL).
+  int64_t pairs = 0, dropped_prompt_fills = 0, prompt_diverged = 0;
 };
 
 // `progress(done, total, ids)` after each block of records and at the end: bytes of a JSONL
@@ -128,5 +136,25 @@ class SampleSet {
 Sample render_record(const Tokenizer& tokenizer, const ChatFormat& format, const std::string& json_line,
                      bool train_on_prompt, SampleStats& stats, const FieldNames& fields = {},
                      const std::vector<std::string>& ignore_fields = {});
+
+// One preference record as TRL's DPOTrainer tokenizes it (trl 1.16, DPOTrainer._prepare_dataset):
+//   {"prompt", "chosen", "rejected"}  text: the prompt encoded as HF's tokenizer(text) encodes it
+//       (the post-processor's special tokens, e.g. BOS), and prompt + completion + eos_token (added
+//       when the completion does not end with it) likewise; messages (lists of {"role",
+//       "content"}): the prompt with the template's generation prompt, and prompt + completion as
+//       the template renders the whole chat.
+//   {"chosen", "rejected"} without "prompt": the prompt is their longest common prefix (of
+//       characters, or of turns), as TRL's extract_prompt cuts it.
+// The completion — every token after the longest prefix the prompt shares with both — is
+// trained, the rest is not. `eos` is the tokenizer's eos_token (text records; "" refuses them).
+struct PreferencePair {
+  Sample chosen, rejected;
+  int64_t prompt_ids = 0;        // the tokens before the completions
+  bool prompt_diverged = false;  // the prompt alone tokenizes to more than that prefix
+  bool conversational = false;
+};
+PreferencePair render_preference(const Tokenizer& tokenizer, const ChatFormat& format, const std::string& eos,
+                                 const std::string& json_line, const FieldNames& fields = {},
+                                 const std::vector<std::string>& ignore_fields = {});
 
 }  // namespace ptrain

@@ -103,7 +103,7 @@ bool FsdpModel::has(UnitKey key) const {
 std::vector<UnitKey> FsdpModel::companions(size_t piece) const {
   std::vector<UnitKey> out;
   for (UnitKey key : {UnitKey{UnitRole::nf4, piece}, UnitKey{UnitRole::adapter, piece}})
-    if (has(key)) out.push_back(key);
+    if (has(key) && (key.role != UnitRole::adapter || adapters_enabled_)) out.push_back(key);
   return out;
 }
 

@@ -64,6 +64,13 @@ class FsdpModel : public WeightSource {
   // attention stays within each document (packed_positions in model/llama.h).
   at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                           const at::Tensor& doc_ids = at::Tensor());
+  // Per-token log-probabilities of targets [B, T] as float32 [B*T], 0 where masked (preference
+  // objectives; autograd when grad mode is on).
+  at::Tensor token_logprobs(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk);
+  // With LoRA: forwards run on the frozen base alone while false (the reference of DPO); only
+  // without autograd. The adapters' units are not gathered meanwhile.
+  void set_adapters_enabled(bool enabled);
+  bool adapters_enabled() const { return adapters_enabled_; }
   // Summed loss over this rank's batch, no autograd.
   LossSum eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                     const at::Tensor& doc_ids = at::Tensor());
@@ -170,9 +177,11 @@ class FsdpModel : public WeightSource {
   HeadWeights head() override;
   const OutputAdapter* output_adapter() override;
   void head_done() override;
-  bool training_ = false;      // this forward builds a graph for backward
-  at::Tensor wte_;             // the embedding table, while a forward runs (tied head)
-  OutputAdapter out_adapter_;  // the output adapter's gathered views, while a forward runs
+  bool training_ = false;  // this forward builds a graph for backward
+  bool adapters_enabled_ = true;
+  bool head_backward_ = false;  // this forward's head backward needs its weights (token_logprobs)
+  at::Tensor wte_;              // the embedding table, while a forward runs (tied head)
+  OutputAdapter out_adapter_;   // the output adapter's gathered views, while a forward runs
 
   ModelPlan plan_;
   PrecisionPolicy policy_;

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 
+#include "common/error.h"
 #include "common/saved_ref.h"
 
 // The autograd glue and the forward schedule of FsdpModel: GatherUnit (gather in forward,
@@ -218,11 +219,13 @@ void FsdpModel::embedding_done() {
 at::Tensor FsdpModel::block(int64_t layer, const at::Tensor& input, const RopeTables& rope) {
   const size_t i = block_unit(layer);
   const UnitKey base{UnitRole::base, i}, adapter{UnitRole::adapter, i};
+  if (!adapters_enabled_ && at::GradMode::is_enabled())
+    throw RuntimeError("a forward with the adapters off builds no graph (the reference of DPO): run it without grad");
   if (training_ && options_.memory.checkpointing())
     return CheckpointedBlock::apply(input, unit(has(adapter) ? adapter : base).shard, this, static_cast<int64_t>(i));
   at::Tensor x = input;
   at::Tensor w = gather(base);
-  at::Tensor a = has(adapter) ? gather(adapter) : at::Tensor();
+  at::Tensor a = has(adapter) && adapters_enabled_ ? gather(adapter) : at::Tensor();
   fill_nf4(i);
   prefetch_block(i + 1);  // gathers while this block computes
   BlockLora l;
@@ -243,7 +246,7 @@ HeadWeights FsdpModel::head() {
   const UnitKey base = head_unit(UnitRole::base), adapter = head_unit(UnitRole::adapter);
   HeadWeights head = HeadWeights::from_flat(gather(base), unit(base).layout, wte_, shape());
   out_adapter_ = OutputAdapter{};
-  if (has(adapter)) {  // lm_head.lora_A, lm_head.lora_B
+  if (has(adapter) && adapters_enabled_) {  // lm_head.lora_A, lm_head.lora_B
     at::Tensor flat = gather(adapter);
     const auto& slots = unit(adapter).layout.slots;
     out_adapter_.a = slot_view(flat, slots[0]);
@@ -257,7 +260,9 @@ const OutputAdapter* FsdpModel::output_adapter() { return out_adapter_.a.defined
 
 void FsdpModel::head_done() {
   if (!training_ && out_adapter_.a.defined()) release(head_unit(UnitRole::adapter));
-  if (shape().tie_embeddings) release({UnitRole::base, kEmbeddingUnit});
+  // A tied head whose backward recomputes logits (token_logprobs) keeps the embedding gathered:
+  // its reduce-scatter (trained) or finish_backward (frozen) frees it.
+  if (shape().tie_embeddings && !(training_ && head_backward_)) release({UnitRole::base, kEmbeddingUnit});
   // The head stays gathered for its backward (the final norm needs its weight), unless no
   // backward will come.
   if (!training_) release(head_unit(UnitRole::base));
@@ -277,6 +282,22 @@ at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& t
   return llama_loss(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype,
                     options_.kernels.fused_loss);
 }
+
+at::Tensor FsdpModel::token_logprobs(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk) {
+  head_backward_ = true;  // linear_token_logprobs' backward reads the head's weights
+  at::Tensor logps;
+  try {
+    logps = llama_token_logprobs(*this, shape(), batch_rope(inputs, at::Tensor()), inputs, targets, loss_chunk,
+                                 policy_.logits_dtype, options_.kernels.fused_loss);
+  } catch (...) {
+    head_backward_ = false;
+    throw;
+  }
+  head_backward_ = false;
+  return logps;
+}
+
+void FsdpModel::set_adapters_enabled(bool enabled) { adapters_enabled_ = enabled; }
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                              const at::Tensor& doc_ids) {

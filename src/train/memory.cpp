@@ -201,7 +201,8 @@ LibraryWorkspace library_workspace(const Config& c) {
 
 ActivationInputs activation_inputs(const Config& c) {
   ActivationInputs in;
-  in.tokens = c.data.micro_batch_size * c.data.seq_len;
+  // a preference micro-batch is micro_batch_size pairs: twice the rows (data/rows.h PairRows)
+  in.tokens = c.data.micro_batch_size * c.data.seq_len * (is_preference(c.training.objective) ? 2 : 1);
   if (c.data.packing) in.packed_rows = c.data.micro_batch_size, in.packed_len = c.data.seq_len;
   const int64_t window = c.model.shape.sliding_window;
   if (!c.data.packing && window > 0 && c.data.seq_len > window) in.windowed_len = c.data.seq_len;

@@ -276,12 +276,54 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
   return SampleLoader(c, tok, format, o, comm, device).load(how);
 }
 
+// Preference pairs (training.objective dpo / simpo) as rows, and what the log says of them.
+RunData preference_pairs(const Config& c, const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o,
+                         const std::shared_ptr<const SampleSet>& set, SampleSplit split, const std::string& how) {
+  const SampleStats& st = set->stats;
+  const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
+  auto rows = std::make_unique<PairRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed));
+  RunData d;
+  d.report.push_back("data: " + c.data.path + ": " + n(st.records) + " preference records (" + n(st.text) + " text, " +
+                     n(st.chat) + " chat) tokenized as TRL's DPOTrainer does with " + tok.path() +
+                     (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] +
+                                    " renders them (" + format.source + ")"
+                              : std::string()) +
+                     (st.text ? ", completions ending with eos_token " + o.eos : std::string()) + ", " + how);
+  d.report.push_back("pairs: " + n(st.pairs) + " (train " + n(static_cast<int64_t>(split.train.size())) +
+                     ", validation " + n(static_cast<int64_t>(split.val.size())) + ") | " + n(set->total_ids()) +
+                     " tokens | scored (completions) " + n(set->total_trained()) + " = " +
+                     percent(static_cast<double>(set->total_trained()) /
+                             static_cast<double>(std::max<int64_t>(1, set->total_ids() - set->size()))) +
+                     " of the predicted tokens");
+  d.report.push_back(
+      "longer than max_length = " + std::to_string(o.max_ids) + " ids: " + n(st.truncated) + " pairs truncated, " +
+      n(st.dropped_too_long) +
+      " dropped (data.truncation) | prompt alone fills max_length: " + n(st.dropped_prompt_fills) + " pairs dropped" +
+      (st.prompt_diverged ? " | prompt not a prefix of prompt + completion (the completion starts where they part, "
+                            "as in TRL): " +
+                                n(st.prompt_diverged)
+                          : std::string()) +
+      (st.skipped_bad
+           ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
+           : std::string()));
+  const RowFill tf = rows->train_fill(), vf = rows->val_fill();
+  const int64_t T = c.data.seq_len;
+  d.report.push_back("padding (one sequence per row, chosen and rejected): " + n(tf.rows) + " training rows of " +
+                     std::to_string(T) + " per epoch, " + percent(tf.fraction(T)) + " filled | " + n(vf.rows) +
+                     " validation rows, " + percent(vf.fraction(T)) + " filled");
+  d.rows = std::move(rows);
+  return d;
+}
+
 RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& device, bool eval_only) {
   const Tokenizer tok(c.tokenizer_path());
   if (comm == nullptr || comm->rank() == 0) log::info("tokenizer ", tok.path(), ": ", tok.reading());
   const ChatFormat format = chat_format(tok, c.data.chat_template);
   SampleOptions o;
-  o.max_ids = c.data.seq_len + 1;
+  const bool pairs = is_preference(c.training.objective);
+  o.max_ids = pairs && c.preference.max_length > 0 ? c.preference.max_length : c.data.seq_len + 1;
+  o.preference = pairs;
+  if (pairs && tok.template_tokens()) o.eos = tok.template_tokens()->second;
   o.drop_too_long = c.data.truncation == Truncation::drop;
   o.train_on_prompt = c.data.train_on_prompt;
   o.skip_bad_records = c.data.on_bad_record == BadRecord::skip;
@@ -305,14 +347,16 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
                        " but model.vocab_size is " + std::to_string(c.model.shape.vocab_size) +
                        "; use the model's own tokenizer");
   SampleSplit split;
-  if (eval_only) {  // every sample is scored
-    split.val.resize(static_cast<size_t>(set->size()));
+  const int64_t units = pairs ? set->size() / 2 : set->size();  // samples, or pairs of them
+  if (eval_only) {                                              // every sample is scored
+    split.val.resize(static_cast<size_t>(units));
     std::iota(split.val.begin(), split.val.end(), int64_t{0});
   } else {
-    split = split_samples(set->size(), c.data.val_fraction);
+    split = split_samples(units, c.data.val_fraction);
   }
   if (!eval_only && split.train.empty())
     throw RuntimeError("'" + c.data.path + "' leaves no training sample after the validation split");
+  if (pairs) return preference_pairs(c, tok, format, o, set, std::move(split), how);
   auto rows =
       std::make_unique<SampleRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed), c.data.packing);
   RunData d;

@@ -13,6 +13,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/grad_norm.h"
 #include "train/memory.h"
+#include "train/preference.h"
 
 namespace ptrain {
 
@@ -21,12 +22,18 @@ struct Accumulated {
   double loss = 0.0;  // mean over the step's trained tokens, all ranks
   int64_t tokens = 0;
   PhasePeaks peaks;  // forward and backward
+  PreferenceMetrics preference;
 };
 
 // Forward and backward of every micro-batch. Micro-batch a's mean loss is weighted by its share
 // of the step's trained tokens, times the world size that the gradients' reduce-scatter
 // averages over; so the gradient is that of the mean over all the step's trained tokens.
 Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o) {
+  if (o.preference) {
+    StepResult r;
+    accumulate_preference(model, micro_batch, o, *o.preference, r);
+    return {r.loss, r.trained_tokens, r.peaks, r.preference};
+  }
   std::vector<Batch> batches;
   std::vector<int64_t> counts;
   for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
@@ -59,7 +66,7 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
     loss_sum += loss.detach().to(at::kDouble) * static_cast<double>(counts[a]);
   }
   comm.all_reduce_sum(loss_sum);
-  return {loss_sum.item<double>() / n, static_cast<int64_t>(n), peaks};
+  return {loss_sum.item<double>() / n, static_cast<int64_t>(n), peaks, {}};
 }
 }  // namespace
 
@@ -71,6 +78,7 @@ StepResult train_step(FsdpModel& model, Optimizer& optim, const MicroBatchFn& mi
   r.loss = acc.loss;
   r.trained_tokens = acc.tokens;
   r.peaks = acc.peaks;
+  r.preference = acc.preference;
   const PhasePeak optimizer(model.device());
   std::vector<at::Tensor> grads;
   for (auto& u : model.trained_units()) grads.push_back(u.shard.grad());
@@ -95,6 +103,7 @@ StepResult train_step_in_backward(FsdpModel& model, Optimizer& optim, const Micr
     r.loss = acc.loss;
     r.trained_tokens = acc.tokens;
     r.peaks = acc.peaks;
+    r.preference = acc.preference;
   } catch (...) {
     model.on_grad_ready = nullptr;
     throw;

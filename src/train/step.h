@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "data/batch.h"
+#include "model/objective.h"
 
 namespace ptrain {
 
@@ -27,10 +28,11 @@ struct PhasePeaks {
 };
 
 struct StepResult {
-  double loss = 0.0;           // mean loss over the step's trained tokens, all ranks (nats/token)
-  double grad_norm = 0.0;      // global L2 norm of the gradients before clipping, over all ranks
-  int64_t trained_tokens = 0;  // the step's trained tokens, all ranks
-  PhasePeaks peaks;            // this rank's
+  double loss = 0.0;             // mean loss over the step's trained tokens, all ranks (nats/token)
+  double grad_norm = 0.0;        // global L2 norm of the gradients before clipping, over all ranks
+  int64_t trained_tokens = 0;    // the step's trained tokens, all ranks
+  PhasePeaks peaks;              // this rank's
+  PreferenceMetrics preference;  // preference objectives (pairs > 0): TRL's metrics over the step's pairs
 };
 
 struct StepOptions {
@@ -38,6 +40,8 @@ struct StepOptions {
   double max_grad_norm = 0.0;    // 0: no clipping
   int64_t loss_chunk = 1024;     // tokens per chunk of the output projection + loss
   bool fused_grad_norm = false;  // kernels.fused_grad_norm (parallel/grad_norm.h)
+  // A preference objective (train/preference.h): micro-batches are batches of pairs. Null: SFT.
+  const PreferenceObjective* preference = nullptr;
 };
 
 // `micro_batch(a)` gives micro-batch a (0 <= a < grad_accum_steps) of this rank on the model's

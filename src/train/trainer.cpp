@@ -28,6 +28,7 @@
 #include "train/decode.h"
 #include "train/memory.h"
 #include "train/metrics.h"
+#include "train/preference.h"
 #include "train/profile.h"
 #include "train/setup.h"
 #include "train/step.h"
@@ -104,6 +105,10 @@ class Run {
       write_file_atomic(out_dir_ + "/config.resolved.toml", to_toml(c));
     }
     model_ = build_model(c, device_, comm_);
+    if (c.training.objective == Objective::dpo && !c.lora.adapter_path.empty()) {
+      // DPO from a pretrained adapter: the reference keeps it as loaded (TRL's "ref" copy)
+      for (const auto& u : model_->trained_units()) reference_adapter_.push_back(u.shard.detach().clone());
+    }
     optim_ = make_optimizer(c, *model_, optim_targets(*model_));
     optim_->count_lost_updates(c.training.count_lost_updates);
     if (rank_ == 0) recover_checkpoint_dir(c.checkpoint_dir());  // a crashed run's leftovers
@@ -126,7 +131,10 @@ class Run {
     progress.data = data_.rows->fingerprint();
     if (rank_ == 0) metrics_ = std::make_unique<MetricsWriter>(out_dir_ + "/metrics.jsonl", progress.step > 0);
     const int64_t T = c.data.seq_len, B = c.data.micro_batch_size;
-    tokens_per_step_ = B * T * c.training.grad_accum_steps * ws_;  // global
+    pairs_ = is_preference(c.training.objective);
+    preference_ = {c.training.objective, c.preference, reference_adapter_.empty() ? nullptr : &reference_adapter_};
+    // global; a preference micro-batch holds B pairs, 2B rows
+    tokens_per_step_ = B * T * c.training.grad_accum_steps * ws_ * (pairs_ ? 2 : 1);
     flops_per_token_ =
         6.0 * model_->shape().flops_params() + 12.0 * model_->shape().n_layers * model_->shape().q_dim() * T;
     log::info("ptrain ", PTRAIN_VERSION, " | model ", model_->shape().describe(), ", ",
@@ -156,7 +164,7 @@ class Run {
       return data_.rows->train_rows(progress.samples + static_cast<uint64_t>((a * ws_ + rank_) * B), B).to(device_);
     };
     const StepOptions options{c_.training.grad_accum_steps, c_.training.max_grad_norm, c_.memory.loss_chunk_tokens,
-                              c_.kernels.fused_grad_norm};
+                              c_.kernels.fused_grad_norm, pairs_ ? &preference_ : nullptr};
     s.result = c_.optimizer.in_backward ? train_step_in_backward(*model_, *optim_, micro_batch, s.lr, options)
                                         : train_step(*model_, *optim_, micro_batch, s.lr, options);
     progress.samples += static_cast<uint64_t>(B * c_.training.grad_accum_steps * ws_);
@@ -208,6 +216,18 @@ class Run {
     if (phases.optimizer >= 0) row.push_back({"peak_optimizer_bytes", phases.optimizer});
     if (phases.forward_start >= 0) row.push_back({"allocated_forward_start_bytes", phases.forward_start});
     if (phases.backward_start >= 0) row.push_back({"allocated_backward_start_bytes", phases.backward_start});
+    std::string pair_note;
+    if (pairs_) {  // TRL's names
+      const PreferenceMetrics& m = s.result.preference;
+      row.insert(row.end(), {{"rewards/chosen", m.rewards_chosen},
+                             {"rewards/rejected", m.rewards_rejected},
+                             {"rewards/accuracies", m.accuracies},
+                             {"rewards/margins", m.margins},
+                             {"logps/chosen", m.logps_chosen},
+                             {"logps/rejected", m.logps_rejected},
+                             {"pairs", m.pairs}});
+      pair_note = " | margin " + log::fixed(m.margins, 4) + " | accuracy " + log::fixed(m.accuracies, 3);
+    }
     std::string lost_note;
     if (c_.training.count_lost_updates) {  // since the last logged step, every rank's elements
       const UpdateCounts own = optim_->take_update_counts();
@@ -221,7 +241,7 @@ class Run {
           " | lost updates " + log::fixed(computed ? 100.0 * static_cast<double>(lost) / computed : 0.0, 2) + " %";
     }
     if (metrics_) metrics_->write(row);
-    log::info("step ", progress.step, "/", c_.training.steps, " | loss ", log::fixed(s.loss, 4), " | lr ",
+    log::info("step ", progress.step, "/", c_.training.steps, " | loss ", log::fixed(s.loss, 4), pair_note, " | lr ",
               log::sci(s.lr, 2), " | grad_norm ", log::fixed(s.result.grad_norm, 3), " | ", log::grouped(tps),
               " tok/s | ", log::fixed(s.seconds, 3), " s/step | peak ",
               peak.source == "process_peak_rss" ? "RSS " : "allocated ", log::bytes(peak.bytes),
@@ -267,6 +287,23 @@ class Run {
     sample();
     const int64_t B = c_.data.micro_batch_size;
     if (data_.rows->val_rows() == 0) return;
+    if (pairs_) {
+      const PreferenceMetrics m = evaluate_preference(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, preference_,
+                                                      c_.training.eval_batches * B);
+      if (metrics_)
+        metrics_->write({{"step", progress.step},
+                         {"eval_loss", m.loss},
+                         {"eval_rewards/chosen", m.rewards_chosen},
+                         {"eval_rewards/rejected", m.rewards_rejected},
+                         {"eval_rewards/accuracies", m.accuracies},
+                         {"eval_rewards/margins", m.margins},
+                         {"eval_logps/chosen", m.logps_chosen},
+                         {"eval_logps/rejected", m.logps_rejected},
+                         {"eval_pairs", m.pairs}});
+      log::info("eval  step ", progress.step, " | eval_loss ", log::fixed(m.loss, 4), " | margin ",
+                log::fixed(m.margins, 4), " | accuracy ", log::fixed(m.accuracies, 3), " | ", m.pairs, " pairs");
+      return;
+    }
     EvalResult e = evaluate(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, c_.training.eval_batches * B);
     if (metrics_)
       metrics_->write(
@@ -314,6 +351,9 @@ class Run {
   std::unique_ptr<Tokenizer> sample_tok_;      // training.sample_prompts: their tokenizer,
   std::vector<std::vector<int32_t>> samples_;  // their ids,
   std::vector<int32_t> sample_eos_;            // and where they stop
+  bool pairs_ = false;                         // a preference objective: rows are pairs
+  PreferenceObjective preference_;             // its objective and [preference] options
+  std::vector<at::Tensor> reference_adapter_;  // DPO from lora.adapter_path: this rank's shards of it
   int64_t tokens_per_step_ = 0;
   double flops_per_token_ = 0.0;
   std::string last_checkpoint_;

@@ -698,3 +698,105 @@ TEST(Samples, AFileThatIsNotOneJsonArrayIsRefusedNamingWhere) {
     }
   }
 }
+
+// Preference records (training.objective dpo / simpo): what TRL's tokenization gives is proven
+// against TRL itself by sweep.preference_trl; here, the pieces it is built of, the cuts and the
+// refusals.
+TEST(Preference, APairIsTwoSamplesTrainedAfterThePromptTheyShare) {
+  const std::string record =
+      R"({"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "yes"}],)"
+      R"( "rejected": [{"role": "assistant", "content": "no no"}]})";
+  const PreferencePair p = render_preference(tok(), format(), "", record);
+  const std::vector<int32_t> prompt = render_prompt(tok(), format(), {{"user", "hi"}});
+  EXPECT_EQ(p.prompt_ids, static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(p.chosen.ids, render_chat(tok(), format(), {{"user", "hi"}, {"assistant", "yes"}}, true).ids);
+  EXPECT_EQ(p.rejected.ids, render_chat(tok(), format(), {{"user", "hi"}, {"assistant", "no no"}}, true).ids);
+  for (const Sample* s : {&p.chosen, &p.rejected})
+    for (size_t t = 0; t < s->ids.size(); ++t) EXPECT_EQ(s->trained[t], t >= prompt.size() ? 1 : 0) << t;
+  // The same chats with the prompt left implicit: the turns they share.
+  const std::string implicit =
+      R"({"chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}],)"
+      R"( "rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no no"}]})";
+  const PreferencePair q = render_preference(tok(), format(), "", implicit);
+  EXPECT_EQ(q.chosen.ids, p.chosen.ids);
+  EXPECT_EQ(q.rejected.trained, p.rejected.trained);
+  // Text: the prompt's ids, then the completion and the eos_token (added once).
+  const PreferencePair t = render_preference(tok(), format(), "<|eot_id|>",
+                                             R"({"prompt": "Q:", "chosen": " a<|eot_id|>", "rejected": " b"})");
+  EXPECT_EQ(t.chosen.ids, tok().encode_with_special_tokens("Q: a<|eot_id|>"));
+  EXPECT_EQ(t.rejected.ids, tok().encode_with_special_tokens("Q: b<|eot_id|>"));
+  EXPECT_EQ(t.prompt_ids, static_cast<int64_t>(tok().encode_with_special_tokens("Q:").size()));
+}
+
+TEST(Preference, RecordsPtrainCannotReadAreRefusedByName) {
+  const auto why = [](const std::string& record, const std::string& eos = "<|eot_id|>") {
+    try {
+      render_preference(tok(), format(), eos, record);
+    } catch (const RuntimeError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(why(R"({"prompt": "a", "chosen": "b"})").find("needs \"chosen\" and \"rejected\""), std::string::npos);
+  EXPECT_NE(why(R"({"prompt": "a", "chosen": "b", "rejected": [{"role": "assistant", "content": "c"}]})")
+                .find("all be strings or all message lists"),
+            std::string::npos);
+  EXPECT_NE(why(R"({"prompt": "a", "chosen": "b", "rejected": "c", "score": 3})").find("\"score\""), std::string::npos);
+  EXPECT_NE(why(R"({"prompt": "a", "chosen": "b", "rejected": "c"})", "").find("eos_token"), std::string::npos);
+  EXPECT_NE(why(R"({"chosen": "", "rejected": "c"})").find("empty"), std::string::npos);
+  EXPECT_NE(why(R"({"chosen": "x ", "rejected": "y"})").find("share no prompt"), std::string::npos);
+  EXPECT_NE(why(R"({"prompt": [{"role": "assistant", "content": "a"}], "chosen": [], "rejected": []})")
+                .find("must end with a user message"),
+            std::string::npos);
+}
+
+TEST(Preference, PairsAreCutAsTrlCutsThemAndRowsHoldChosenThenRejected) {
+  test::TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 5; ++i)
+    lines += R"({"prompt": "question )" + std::to_string(i) + R"(:", "chosen": " )" +
+             std::string(static_cast<size_t>(1 + 3 * i), 'a') +
+             R"(", "rejected": " b"})"
+             "\n";
+  lines += R"({"prompt": ")" + std::string(200, 'q') +
+           R"(", "chosen": " a", "rejected": " b"})"
+           "\n";  // the prompt alone fills max_ids
+  test::write_text(dir / "pairs.jsonl", lines);
+  SampleOptions o;
+  o.preference = true;
+  o.eos = "<|eot_id|>";
+  o.max_ids = 12;
+  const auto set = std::make_shared<SampleSet>(load(dir / "pairs.jsonl", o));
+  EXPECT_EQ(set->stats.pairs, 5);
+  EXPECT_EQ(set->stats.dropped_prompt_fills, 1);
+  ASSERT_EQ(set->size(), 10);
+  int64_t cut = 0;
+  for (int64_t i = 0; i < set->size(); ++i) {
+    EXPECT_LE(set->length(i), 12);
+    cut += set->length(i) == 12 ? 1 : 0;
+  }
+  EXPECT_GT(cut, 0);
+  EXPECT_GT(set->stats.truncated, 0);
+  PairRows rows(set, SampleSplit{{0, 1, 2, 3}, {4}}, 11, 7);
+  EXPECT_EQ(rows.val_rows(), 1);
+  // An epoch is every training pair once; pair k's chosen is row k, its rejected row P + k.
+  const Batch b = rows.train_rows(0, 4);
+  ASSERT_EQ(b.inputs.size(0), 8);
+  std::set<int64_t> seen;
+  for (int64_t r = 0; r < 4; ++r) {
+    int64_t pair = -1;
+    for (int64_t p = 0; p < 4; ++p)
+      if (b.inputs[r][0].item<int64_t>() == set->ids(2 * p)[0] &&
+          at::equal(b.inputs[r].slice(0, 0, set->length(2 * p) - 1),
+                    at::tensor(std::vector<int64_t>(set->ids(2 * p), set->ids(2 * p) + set->length(2 * p) - 1))))
+        pair = p;
+    ASSERT_GE(pair, 0) << r;
+    seen.insert(pair);
+    const int64_t n = set->length(2 * pair + 1);
+    const at::Tensor rejected =
+        at::tensor(std::vector<int64_t>(set->ids(2 * pair + 1), set->ids(2 * pair + 1) + n - 1));
+    EXPECT_TRUE(at::equal(b.inputs[4 + r].slice(0, 0, n - 1), rejected)) << r;
+    EXPECT_EQ(b.targets[4 + r].ne(kIgnoreIndex).sum().item<int64_t>(), set->trained_count(2 * pair + 1));
+  }
+  EXPECT_EQ(seen.size(), 4u);
+}

@@ -1,0 +1,178 @@
+#include "train/preference.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/error.h"
+#include "data/rows.h"
+#include "parallel/collectives.h"
+#include "parallel/fsdp.h"
+#include "train/memory.h"
+
+namespace ptrain {
+
+namespace {
+
+// Rows [2P, T] -> each row's summed per-token log-probabilities [2P] and its scored tokens.
+struct RowSums {
+  at::Tensor logps, tokens;
+};
+RowSums row_sums(const at::Tensor& token_logps, const at::Tensor& targets) {
+  const at::Tensor t = targets.reshape({targets.size(0), -1});
+  return {token_logps.reshape(t.sizes()).sum(1), t.ne(kIgnoreIndex).sum(1).to(at::kFloat)};
+}
+
+// Sums of the metrics over this batch's pairs (loss, rewards, accuracy, margins, logps), float64.
+constexpr int kMetrics = 7;
+at::Tensor metric_sums(const PairLosses& l, const PairScores& s) {
+  at::NoGradGuard no_grad;
+  const at::Tensor rc = l.rewards_chosen.to(at::kDouble), rr = l.rewards_rejected.to(at::kDouble);
+  return at::stack({l.loss.detach().to(at::kDouble).sum(), rc.sum(), rr.sum(), rc.gt(rr).to(at::kDouble).sum(),
+                    (rc - rr).sum(), s.chosen.detach().to(at::kDouble).sum(),
+                    s.rejected.detach().to(at::kDouble).sum()});
+}
+
+PreferenceMetrics metrics_of(const at::Tensor& sums, int64_t pairs) {
+  const at::Tensor m = sums.to(at::kCPU) / static_cast<double>(std::max<int64_t>(pairs, 1));
+  const double* v = m.data_ptr<double>();
+  return {pairs, v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+}
+
+// The reference model for its lifetime: the base with the adapters off, or (a loaded adapter)
+// the adapter as loaded in place of the trained one, whose values come back afterwards.
+class ReferenceScope {
+ public:
+  ReferenceScope(FsdpModel& model, const std::vector<at::Tensor>* adapter) : model_(model) {
+    if (adapter == nullptr) {
+      model_.set_adapters_enabled(false);
+      return;
+    }
+    const auto& units = model_.trained_units();
+    for (size_t i = 0; i < units.size(); ++i) {
+      trained_.push_back(units[i].shard.detach().clone());
+      units[i].shard.detach().copy_((*adapter)[i]);
+    }
+  }
+  ~ReferenceScope() {
+    model_.set_adapters_enabled(true);
+    const auto& units = model_.trained_units();
+    for (size_t i = 0; i < trained_.size(); ++i) units[i].shard.detach().copy_(trained_[i]);
+  }
+  ReferenceScope(const ReferenceScope&) = delete;
+  ReferenceScope& operator=(const ReferenceScope&) = delete;
+
+ private:
+  FsdpModel& model_;
+  std::vector<at::Tensor> trained_;
+};
+
+}  // namespace
+
+PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective) {
+  const PreferenceOptions& o = objective.options;
+  const double beta = o.beta, e = o.label_smoothing;
+  PairLosses out;
+  if (objective.objective == Objective::simpo) {  // CPOTrainer.cpo_loss, loss_type "simpo"
+    const at::Tensor logits = s.chosen - s.rejected - o.gamma / beta;
+    out.loss = -at::log_sigmoid(logits * beta) * (1 - e) - at::log_sigmoid(logits * -beta) * e;
+    out.rewards_chosen = s.chosen.detach() * beta;
+    out.rewards_rejected = s.rejected.detach() * beta;
+    return out;
+  }
+  const at::Tensor chosen_ratio = s.chosen - s.ref_chosen, rejected_ratio = s.rejected - s.ref_rejected;
+  const at::Tensor delta = chosen_ratio - rejected_ratio;
+  switch (o.loss_type) {  // DPOTrainer._compute_loss
+    case PreferenceLoss::sigmoid:
+      out.loss = -at::log_sigmoid(delta * beta);
+      break;
+    case PreferenceLoss::hinge:
+      out.loss = at::relu(1 - delta * beta);
+      break;
+    case PreferenceLoss::ipo: {
+      const at::Tensor d =
+          chosen_ratio / s.tokens_chosen.clamp_min(1.0) - rejected_ratio / s.tokens_rejected.clamp_min(1.0);
+      out.loss = (d - 1 / (2 * beta)).pow(2);
+      break;
+    }
+    case PreferenceLoss::robust:
+      out.loss = (-at::log_sigmoid(delta * beta) * (1 - e) + at::log_sigmoid(delta * -beta) * e) / (1 - 2 * e);
+      break;
+  }
+  out.rewards_chosen = chosen_ratio.detach() * beta;
+  out.rewards_rejected = rejected_ratio.detach() * beta;
+  return out;
+}
+
+PairScores pair_scores(FsdpModel& model, const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
+                       const PreferenceObjective& objective) {
+  const int64_t P = inputs.size(0) / 2;
+  PairScores s;
+  if (objective.objective == Objective::dpo) {
+    at::NoGradGuard no_grad;
+    ReferenceScope reference(model, objective.reference_adapter);
+    const RowSums ref = row_sums(model.token_logprobs(inputs, targets, loss_chunk), targets);
+    s.ref_chosen = ref.logps.slice(0, 0, P);
+    s.ref_rejected = ref.logps.slice(0, P);
+  }
+  RowSums policy = row_sums(model.token_logprobs(inputs, targets, loss_chunk), targets);
+  if (objective.objective == Objective::simpo)  // length-normalized: the mean over the completion
+    policy.logps = policy.logps / policy.tokens;
+  s.chosen = policy.logps.slice(0, 0, P);
+  s.rejected = policy.logps.slice(0, P);
+  s.tokens_chosen = policy.tokens.slice(0, 0, P);
+  s.tokens_rejected = policy.tokens.slice(0, P);
+  return s;
+}
+
+void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o,
+                           const PreferenceObjective& objective, StepResult& r) {
+  std::vector<Batch> batches;
+  int64_t pairs = 0, tokens = 0;
+  for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
+    batches.push_back(micro_batch(a));
+    pairs += batches.back().inputs.size(0) / 2;
+    tokens += batches.back().trained_tokens();
+  }
+  Collectives& comm = model.comm();
+  at::Tensor total = at::tensor({static_cast<double>(pairs), static_cast<double>(tokens)}, at::kDouble);
+  comm.all_reduce_sum(total);
+  const double n = total[0].item<double>();
+  if (n <= 0) throw RuntimeError("a training step has no preference pairs");
+  at::Tensor sums = at::zeros({kMetrics}, at::TensorOptions(at::kDouble).device(model.device()));
+  for (const Batch& b : batches) {
+    const PhasePeak forward(model.device());
+    const PairScores scores = pair_scores(model, b.inputs, b.targets, o.loss_chunk, objective);
+    const PairLosses losses = pair_losses(scores, objective);
+    r.peaks.forward = std::max(r.peaks.forward, forward.peak());
+    r.peaks.forward_start = std::max(r.peaks.forward_start, forward.start());
+    const PhasePeak backward(model.device());
+    r.peaks.backward_start = std::max(r.peaks.backward_start, backward.start());
+    // The reduce-scatter averages over ranks: times the world size, the mean over all pairs.
+    (losses.loss.sum() * (comm.world_size() / n)).backward();
+    model.finish_backward();
+    r.peaks.backward = std::max(r.peaks.backward, backward.peak());
+    sums += metric_sums(losses, scores);
+  }
+  comm.all_reduce_sum(sums);
+  r.preference = metrics_of(sums, static_cast<int64_t>(n));
+  r.loss = r.preference.loss;
+  r.trained_tokens = static_cast<int64_t>(total[1].item<double>());
+}
+
+PreferenceMetrics evaluate_preference(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk,
+                                      const PreferenceObjective& objective, int64_t max_pairs) {
+  at::NoGradGuard no_grad;
+  int64_t n = data.val_rows();
+  if (max_pairs >= 0) n = std::min(n, max_pairs);
+  at::Tensor sums = at::zeros({kMetrics}, at::TensorOptions(at::kDouble).device(model.device()));
+  for (int64_t first = 0; first < n; first += batch) {
+    const Batch b = data.val_batch(first, std::min(batch, n - first)).to(model.device());
+    const PairScores scores = pair_scores(model, b.inputs, b.targets, loss_chunk, objective);
+    sums += metric_sums(pair_losses(scores, objective), scores);
+  }
+  return metrics_of(sums, n);
+}
+
+}  // namespace ptrain

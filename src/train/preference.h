@@ -1,0 +1,50 @@
+// Preference objectives (training.objective = "dpo" | "simpo"), as TRL computes them (trl 1.16:
+// DPOTrainer._compute_loss, CPOTrainer.cpo_loss): each micro-batch holds pairs, the chosen
+// sequences first and then the rejected ones (data/rows.h PairRows); a sequence's log-probability
+// is the sum of its completion tokens' (SimPO: their mean). DPO's reference is the same model
+// with the LoRA adapters off, run without autograd before the policy's forward.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+
+#include "model/objective.h"
+#include "train/step.h"
+
+namespace ptrain {
+
+class FsdpModel;
+class RowSource;
+
+// Sequence scores of P pairs, each [P] float32: the policy's (autograd) and, for DPO, the
+// reference's; `tokens_*`: each completion's scored tokens.
+struct PairScores {
+  at::Tensor chosen, rejected;
+  at::Tensor ref_chosen, ref_rejected;  // DPO; undefined for SimPO
+  at::Tensor tokens_chosen, tokens_rejected;
+};
+// Each pair's loss [P] (autograd through the policy's scores) and the pairs' rewards [P] each
+// (no autograd), for the objective's loss (TRL's formulas; model/objective.h lists them).
+struct PairLosses {
+  at::Tensor loss, rewards_chosen, rewards_rejected;
+};
+PairLosses pair_losses(const PairScores& scores, const PreferenceObjective& objective);
+
+// The sequence scores of a batch of 2P rows (inputs/targets [2P, T]): sums of the per-token
+// log-probabilities of each row's trained targets (SimPO: their means), chosen = rows [0, P).
+PairScores pair_scores(FsdpModel& model, const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
+                       const PreferenceObjective& objective);
+
+// The forward and backward of a step's micro-batches, each a batch of pairs. The loss is the
+// mean over every pair of the step — all micro-batches of all ranks — so the gradient is that of
+// TRL's mean over its global batch. Fills the result's loss, trained_tokens, peaks and
+// preference metrics (means over the step's pairs, all ranks).
+void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& options,
+                           const PreferenceObjective& objective, StepResult& result);
+
+// The metrics over the first `max_pairs` validation pairs of `data` (all when < 0), `batch`
+// pairs at a time, no autograd; every rank scores the same pairs.
+PreferenceMetrics evaluate_preference(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk,
+                                      const PreferenceObjective& objective, int64_t max_pairs = -1);
+
+}  // namespace ptrain

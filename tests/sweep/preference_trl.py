@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""ptrain's preference objectives against TRL, the reference (trl 1.16, run here):
+
+  dpo    DPOTrainer (loss_type sigmoid, hinge, ipo, robust) over a PEFT LoRA adapter, whose
+         reference is the base with the adapter off — what ptrain does;
+  simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model.
+
+Each case trains 10 steps in float32 on six preference pairs (messages or text, with an explicit
+or an implicit prompt) over a committed tiny model of a family — Llama 3's template
+(tests/fixtures/hf_chat) or Qwen2's ChatML (hf_qwen_chat) — starting from the same weights (a
+LoRA adapter whose B is drawn non-zero, so the policy and the reference differ from step 1).
+Every step's global batch is all six pairs (ptrain: 6 / np a rank), so the data order cannot
+differ. Plain AdamW, constant lr, no clipping, no dropout, no weight decay on both sides.
+
+Per step, TRL's logged loss, rewards/chosen, rewards/rejected, rewards/margins,
+rewards/accuracies, logps/chosen and logps/rejected must equal ptrain's metrics.jsonl within
+1e-5 relative — the rewards and margins relative to the log-probabilities they are beta times
+the difference of (their float32 rounding is that of the sums, not of the difference).
+
+    python tests/sweep/preference_trl.py build/ptrain
+"""
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import torch
+
+SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+FIXTURES = os.path.join(SRC, "tests", "fixtures")
+STEPS, PAIRS, LR, RTOL = 10, 6, 1e-3, 1e-5
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+LORA_TARGETS = {"q": "q_proj", "v": "v_proj", "down": "down_proj"}
+METRICS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+           "logps/chosen", "logps/rejected"]
+
+# name, model, data, objective, [preference] keys, lora, world sizes
+CASES = [
+    ("llama3 chat dpo sigmoid lora", "hf_chat", "chat", "dpo", {}, True, [1, 2, 3]),
+    ("llama3 chat simpo full", "hf_chat", "chat", "simpo", {}, False, [1, 2, 3]),
+    ("llama3 chat simpo lora", "hf_chat", "chat", "simpo", {"gamma": 0.3, "label_smoothing": 0.1}, True, [1]),
+    ("llama3 text dpo sigmoid lora", "hf_chat", "text", "dpo", {}, True, [1, 2]),
+    ("llama3 implicit-prompt chat dpo lora", "hf_chat", "chat_implicit", "dpo", {}, True, [1]),
+    ("llama3 implicit-prompt text dpo lora", "hf_chat", "text_implicit", "dpo", {}, True, [1]),
+    ("qwen2 chat dpo sigmoid lora", "hf_qwen_chat", "chat", "dpo", {"beta": 0.5}, True, [1, 3]),
+    ("qwen2 text dpo sigmoid lora", "hf_qwen_chat", "text", "dpo", {}, True, [1]),
+    ("llama3 chat dpo hinge lora", "hf_chat", "chat", "dpo", {"loss_type": "hinge"}, True, [1]),
+    ("llama3 chat dpo ipo lora", "hf_chat", "chat", "dpo", {"loss_type": "ipo"}, True, [1]),
+    ("llama3 chat dpo robust lora", "hf_chat", "chat", "dpo", {"loss_type": "robust", "label_smoothing": 0.2},
+     True, [1]),
+]
+
+
+def pairs(kind):
+    """Six preference records of a kind: chats or text, the prompt given or left implicit."""
+    out = []
+    for i in range(PAIRS):
+        question = f"What is {i + 2} plus {3 * i}?"
+        good, bad = f"It is {4 * i + 2}.", f"Maybe {4 * i + 3}, or so I think."
+        system = [{"role": "system", "content": "Answer briefly."}] if i % 2 else []
+        if kind == "chat":
+            out.append({"prompt": system + [{"role": "user", "content": question}],
+                        "chosen": [{"role": "assistant", "content": good}],
+                        "rejected": [{"role": "assistant", "content": bad}]})
+        elif kind == "chat_implicit":
+            prompt = system + [{"role": "user", "content": question}]
+            out.append({"chosen": prompt + [{"role": "assistant", "content": good}],
+                        "rejected": prompt + [{"role": "assistant", "content": bad}]})
+        elif kind == "text":
+            out.append({"prompt": f"Q: {question}\nA:", "chosen": " " + good, "rejected": " " + bad})
+        else:  # text_implicit: extract_prompt cuts at the first difference, before the space
+            out.append({"chosen": f"Q: {question}\nA: {good}", "rejected": f"Q: {question}\nA: {bad}"})
+    return out
+
+
+def make_adapter(model_dir, out, zero_b=False):
+    """A PEFT LoRA adapter (r 4, alpha 8, q/v/down) with B drawn non-zero (or left at PEFT's zeros)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                             target_modules=list(LORA_TARGETS.values())))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name and not zero_b:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    model.save_pretrained(out)
+
+
+def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
+    """TRL's logged metrics of each step: [{metric: value}]."""
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if lora:
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    common = dict(output_dir=os.path.join(work, "trl"), per_device_train_batch_size=PAIRS, max_steps=STEPS,
+                  learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                  max_grad_norm=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1,
+                  report_to=[], use_cpu=True, save_strategy="no", gradient_checkpointing=False, bf16=False,
+                  train_sampling_strategy="sequential", max_length=64, seed=0, optim="adamw_torch")
+    if objective == "dpo":
+        from trl import DPOConfig, DPOTrainer
+        args = DPOConfig(beta=pref.get("beta", 0.1), loss_type=[pref.get("loss_type", "sigmoid")],
+                         label_smoothing=pref.get("label_smoothing", 0.0), **common)
+        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    else:
+        from trl.experimental.cpo import CPOConfig, CPOTrainer
+        args = CPOConfig(beta=pref.get("beta", 0.1), loss_type="simpo", cpo_alpha=0.0,
+                         simpo_gamma=pref.get("gamma", 0.5), label_smoothing=pref.get("label_smoothing", 0.0),
+                         **common)
+        trainer = CPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    trainer.train()
+    return [h for h in trainer.state.log_history if "loss" in h and "step" in h]
+
+
+def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work):
+    """ptrain's metrics.jsonl step records."""
+    out = os.path.join(work, f"ptrain_np{np}")
+    shutil.rmtree(out, ignore_errors=True)
+    sets = {"model.hf_path": model_dir, "data.path": data, "data.format": "jsonl", "data.seq_len": 63,
+            "data.micro_batch_size": PAIRS // np, "data.val_fraction": 0, "data.cache": "false",
+            "training.objective": objective, "training.steps": STEPS, "training.log_every": 1,
+            "training.eval_every": 0, "training.max_grad_norm": 0, "training.device": "cpu",
+            "optimizer.lr": LR, "optimizer.betas": "[0.9, 0.999]", "optimizer.eps": 1e-8,
+            "optimizer.weight_decay": 0, "lr_schedule.warmup_steps": 0, "lr_schedule.decay": "constant",
+            "precision.mode": "fp32", "run.output_dir": out, "checkpoint.save_final": "false"}
+    if lora:
+        sets.update({"lora.enabled": "true", "lora.rank": 4, "lora.alpha": 8.0, "lora.dropout": 0.0,
+                     "lora.targets": json.dumps(list(LORA_TARGETS))})
+        if adapter:
+            sets["lora.adapter_path"] = adapter
+    for k, v in pref.items():
+        sets[f"preference.{k}"] = v
+    sections = {}
+    for k, v in sets.items():
+        section, key = k.split(".")
+        value = v if isinstance(v, (int, float)) or v in ("true", "false") or str(v).startswith("[") \
+            else json.dumps(v)
+        sections.setdefault(section, []).append(f"{key} = {value}")
+    config = os.path.join(work, f"ptrain_np{np}.toml")
+    with open(config, "w") as f:
+        f.write("".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items()))
+    cmd = [binary, "--config", config]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if np > 1:
+        env.update(MPI_ENV)
+        cmd = ["timeout", "300", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=SRC)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: ptrain np {np} -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if '"loss"' in line]
+
+
+def compare(name, np, ref, got, beta):
+    """Largest relative difference over steps and metrics; exits on one over RTOL."""
+    if len(ref) != STEPS or len(got) != STEPS:
+        sys.exit(f"FAIL {name} np {np}: {len(ref)} TRL steps, {len(got)} ptrain steps, expected {STEPS}")
+    worst = (0.0, "")
+    for step, (a, b) in enumerate(zip(ref, got), 1):
+        scale = max(abs(a["logps/chosen"]), abs(a["logps/rejected"]))
+        for m in METRICS:
+            x, y = float(a[m]), float(b[m])
+            if m.startswith("rewards/") and m != "rewards/accuracies":
+                denom = max(abs(x), abs(y), beta * scale)
+            else:
+                denom = max(abs(x), abs(y), 1e-12)
+            rel = abs(x - y) / denom
+            if rel > worst[0]:
+                worst = (rel, f"step {step} {m}: TRL {x!r}, ptrain {y!r}")
+            if rel > RTOL:
+                sys.exit(f"FAIL {name} np {np}: step {step} {m}: TRL {x!r}, ptrain {y!r} (relative {rel:.2e})")
+    return worst
+
+
+def check_fresh_adapter(binary, work):
+    """DPO with a new adapter (no lora.adapter_path: ptrain's own init, B zero): the reference is
+    the base with the adapters off. Every step's reference log-probability, as ptrain's metrics
+    give it (logps - rewards / beta), must be the base model's: TRL's policy log-probability at
+    step 1 over a zero-B adapter (the base's, before any update)."""
+    model_dir = os.path.join(FIXTURES, "hf_chat")
+    zero = os.path.join(work, "adapter_zero")
+    make_adapter(model_dir, zero, zero_b=True)
+    rows = pairs("chat")
+    data = os.path.join(work, "chat.jsonl")
+    with open(data, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    quiet = io.StringIO()
+    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        base = trl_run(model_dir, rows, "dpo", {}, True, zero, work)[0]
+    for np in (1, 2):
+        got = ptrain_run(binary, model_dir, data, "dpo", {}, True, None, np, work)
+        worst = 0.0
+        for step, m in enumerate(got, 1):
+            for side in ("chosen", "rejected"):
+                ref = m[f"logps/{side}"] - m[f"rewards/{side}"] / 0.1
+                rel = abs(ref - base[f"logps/{side}"]) / abs(base[f"logps/{side}"])
+                worst = max(worst, rel)
+                if rel > RTOL:
+                    sys.exit(f"FAIL fresh adapter np {np}: step {step} reference logps/{side} {ref!r}, "
+                             f"the base's {base[f'logps/{side}']!r} (relative {rel:.2e})")
+        if got[-1]["rewards/margins"] <= 0:
+            sys.exit(f"FAIL fresh adapter np {np}: the margin did not grow ({got[-1]['rewards/margins']})")
+        print(f"ok  {'llama3 chat dpo, new adapter (base ref)':40s} np {np}: reference = the base's logps at "
+              f"every step, worst relative difference {worst:.1e}; margin {got[-1]['rewards/margins']:.4f}",
+              flush=True)
+
+
+def main():
+    binary = os.path.abspath(sys.argv[1])
+    only = sys.argv[2] if len(sys.argv) > 2 else ""  # run the cases whose name holds this
+    warnings.filterwarnings("ignore")
+    work = tempfile.mkdtemp(prefix="ptrain_pref_")
+    adapters = {}
+    try:
+        for name, model_name, kind, objective, pref, lora, nps in CASES:
+            if only not in name:
+                continue
+            model_dir = os.path.join(FIXTURES, model_name)
+            if lora and model_name not in adapters:
+                adapters[model_name] = os.path.join(work, f"adapter_{model_name}")
+                make_adapter(model_dir, adapters[model_name])
+            rows = pairs(kind)
+            data = os.path.join(work, f"{kind}.jsonl")
+            with open(data, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            quiet = io.StringIO()
+            with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                ref = trl_run(model_dir, rows, objective, pref, lora, adapters.get(model_name), work)
+            for np in nps:
+                got = ptrain_run(binary, model_dir, data, objective, pref, lora, adapters.get(model_name), np, work)
+                rel, where = compare(name, np, ref, got, pref.get("beta", 0.1))
+                print(f"ok  {name:40s} np {np}: loss {ref[0]['loss']:.5f} -> {ref[-1]['loss']:.5f}, "
+                      f"worst relative difference {rel:.1e} ({where})", flush=True)
+        if only in "new adapter":
+            check_fresh_adapter(binary, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
