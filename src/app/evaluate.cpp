@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "common/error.h"
@@ -15,6 +16,7 @@
 #include "parallel/collectives.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
+#include "train/preference.h"
 #include "train/setup.h"
 #include "train/trainer.h"
 
@@ -48,10 +50,40 @@ int run_eval(const EvalRequest& a) {
   auto model = build_model(c, device, comm);
   const bool print = model->comm().rank() == 0;
   std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
+  // before a checkpoint replaces it: DPO's reference keeps lora.adapter_path's adapter as loaded
+  const std::vector<at::Tensor> reference =
+      reference_adapter(*model, c.training.objective, !c.lora.adapter_path.empty());
   if (!a.checkpoint.empty()) {
     TrainProgress progress;
     load_checkpoint(a.checkpoint, *model, nullptr, progress);
     source = a.checkpoint;
+  }
+  if (is_preference(c.training.objective)) {
+    const PreferenceObjective objective{c.training.objective, c.preference, reference.empty() ? nullptr : &reference};
+    const PreferenceMetrics m =
+        evaluate_preference(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens, objective);
+    if (!print) return 0;
+    if (a.json) {  // TRL's evaluate() names
+      nlohmann::ordered_json j = {{"data", path},
+                                  {"model", source},
+                                  {"objective", name_of(c.training.objective)},
+                                  {"pairs", m.pairs},
+                                  {"eval_loss", m.loss},
+                                  {"eval_rewards/chosen", m.rewards_chosen},
+                                  {"eval_rewards/rejected", m.rewards_rejected},
+                                  {"eval_rewards/accuracies", m.accuracies},
+                                  {"eval_rewards/margins", m.margins},
+                                  {"eval_logps/chosen", m.logps_chosen},
+                                  {"eval_logps/rejected", m.logps_rejected}};
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << "eval " << path << " with " << source << " (" << name_of(c.training.objective) << "): loss "
+                << log::fixed(m.loss, 6) << " | rewards chosen " << log::fixed(m.rewards_chosen, 6) << ", rejected "
+                << log::fixed(m.rewards_rejected, 6) << ", margin " << log::fixed(m.margins, 6) << ", accuracy "
+                << log::fixed(m.accuracies, 4) << " | logps chosen " << log::fixed(m.logps_chosen, 4) << ", rejected "
+                << log::fixed(m.logps_rejected, 4) << " | " << m.pairs << " pairs\n";
+    }
+    return 0;
   }
   EvalResult r = evaluate(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
   if (r.rows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");

@@ -161,6 +161,13 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
   r.trained_tokens = static_cast<int64_t>(total[1].item<double>());
 }
 
+std::vector<at::Tensor> reference_adapter(const FsdpModel& model, Objective objective, bool adapter_loaded) {
+  std::vector<at::Tensor> copy;
+  if (objective == Objective::dpo && adapter_loaded)
+    for (const auto& u : model.trained_units()) copy.push_back(u.shard.detach().clone());
+  return copy;
+}
+
 PreferenceMetrics evaluate_preference(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk,
                                       const PreferenceObjective& objective, int64_t max_pairs) {
   at::NoGradGuard no_grad;

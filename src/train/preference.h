@@ -7,6 +7,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "model/objective.h"
 #include "train/step.h"
@@ -41,6 +42,11 @@ PairScores pair_scores(FsdpModel& model, const at::Tensor& inputs, const at::Ten
 // preference metrics (means over the step's pairs, all ranks).
 void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& options,
                            const PreferenceObjective& objective, StepResult& result);
+
+// DPO from a loaded adapter (`adapter_loaded`: lora.adapter_path): a copy of this rank's adapter
+// shards as they are now, before training or a checkpoint changes them — the reference's adapter
+// (PreferenceObjective::reference_adapter). Empty otherwise: the reference is the base.
+std::vector<at::Tensor> reference_adapter(const FsdpModel& model, Objective objective, bool adapter_loaded);
 
 // The metrics over the first `max_pairs` validation pairs of `data` (all when < 0), `batch`
 // pairs at a time, no autograd; every rank scores the same pairs.

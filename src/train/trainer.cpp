@@ -105,10 +105,8 @@ class Run {
       write_file_atomic(out_dir_ + "/config.resolved.toml", to_toml(c));
     }
     model_ = build_model(c, device_, comm_);
-    if (c.training.objective == Objective::dpo && !c.lora.adapter_path.empty()) {
-      // DPO from a pretrained adapter: the reference keeps it as loaded (TRL's "ref" copy)
-      for (const auto& u : model_->trained_units()) reference_adapter_.push_back(u.shard.detach().clone());
-    }
+    // before a resume replaces it: DPO's reference keeps lora.adapter_path's adapter as loaded
+    reference_adapter_ = reference_adapter(*model_, c.training.objective, !c.lora.adapter_path.empty());
     optim_ = make_optimizer(c, *model_, optim_targets(*model_));
     optim_->count_lost_updates(c.training.count_lost_updates);
     if (rank_ == 0) recover_checkpoint_dir(c.checkpoint_dir());  // a crashed run's leftovers

@@ -3,11 +3,15 @@
 
   dpo    DPOTrainer (loss_type sigmoid, hinge, ipo, robust) over a PEFT LoRA adapter, whose
          reference is the base with the adapter off — what ptrain does;
-  simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model.
+  simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model;
+  and QLoRA (quant.base = "nf4") against TRL over the base's bitsandbytes NF4 round trip
+  (make_qlora_fixtures.nf4_round_trip, as the SFT QLoRA parity tests).
 
 Each case trains 10 steps in float32 on six preference pairs (messages or text, with an explicit
-or an implicit prompt) over a committed tiny model of a family — Llama 3's template
-(tests/fixtures/hf_chat) or Qwen2's ChatML (hf_qwen_chat) — starting from the same weights (a
+or an implicit prompt) over a tiny model of each family — the committed Llama 3 with its
+template (tests/fixtures/hf_chat) and Qwen2 with ChatML (hf_qwen_chat), a random Qwen3 and a
+Mistral (sliding window) saved here by transformers with the released templates' tokenizers
+(chat_templates/) — starting from the same weights (a
 LoRA adapter whose B is drawn non-zero, so the policy and the reference differ from step 1).
 Every step's global batch is all six pairs (ptrain: 6 / np a rank), so the data order cannot
 differ. Plain AdamW, constant lr, no clipping, no dropout, no weight decay on both sides.
@@ -43,6 +47,7 @@ METRICS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rew
 # name, model, data, objective, [preference] keys, lora, world sizes
 CASES = [
     ("llama3 chat dpo sigmoid lora", "hf_chat", "chat", "dpo", {}, True, [1, 2, 3]),
+    ("llama3 chat dpo sigmoid lora accum 2", "hf_chat", "chat", "dpo", {"accum": 2}, True, [1, 3]),
     ("llama3 chat simpo full", "hf_chat", "chat", "simpo", {}, False, [1, 2, 3]),
     ("llama3 chat simpo lora", "hf_chat", "chat", "simpo", {"gamma": 0.3, "label_smoothing": 0.1}, True, [1]),
     ("llama3 text dpo sigmoid lora", "hf_chat", "text", "dpo", {}, True, [1, 2]),
@@ -54,6 +59,11 @@ CASES = [
     ("llama3 chat dpo ipo lora", "hf_chat", "chat", "dpo", {"loss_type": "ipo"}, True, [1]),
     ("llama3 chat dpo robust lora", "hf_chat", "chat", "dpo", {"loss_type": "robust", "label_smoothing": 0.2},
      True, [1]),
+    ("qwen3 chat dpo sigmoid lora", "qwen3", "chat", "dpo", {}, True, [1, 2]),
+    ("mistral chat simpo lora", "mistral", "chat", "simpo", {}, True, [1]),
+    ("mistral text dpo sigmoid lora", "mistral", "text", "dpo", {}, True, [1, 3]),
+    ("llama3 chat dpo sigmoid qlora", "hf_chat", "chat", "dpo", {}, "qlora", [1, 2]),
+    ("llama3 chat simpo qlora", "hf_chat", "chat", "simpo", {}, "qlora", [1]),
 ]
 
 
@@ -76,6 +86,28 @@ def pairs(kind):
             out.append({"prompt": f"Q: {question}\nA:", "chosen": " " + good, "rejected": " " + bad})
         else:  # text_implicit: extract_prompt cuts at the first difference, before the space
             out.append({"chosen": f"Q: {question}\nA: {good}", "rejected": f"Q: {question}\nA: {bad}"})
+    return out
+
+
+def family_model(family, out):
+    """A random Qwen3 or Mistral (sliding window 16) of two layers, as transformers saves it, with
+    a released template's tokenizer directory (tests/fixtures/chat_templates/<family>)."""
+    import transformers
+    tokenizer_dir = os.path.join(FIXTURES, "chat_templates", family)
+    with open(os.path.join(tokenizer_dir, "tokenizer.json")) as f:
+        t = json.load(f)
+    vocab = max(max(t["model"]["vocab"].values()), max(a["id"] for a in t["added_tokens"])) + 1
+    shape = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.1,
+                 tie_word_embeddings=False)
+    if family == "qwen3":
+        config, cls = transformers.Qwen3Config(**shape), transformers.Qwen3ForCausalLM
+    else:
+        config, cls = transformers.MistralConfig(sliding_window=16, **shape), transformers.MistralForCausalLM
+    torch.manual_seed(1)
+    cls(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, name), out)
     return out
 
 
@@ -104,9 +136,18 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if lora == "qlora":  # the base's projections as bitsandbytes' NF4 round trip, as the SFT QLoRA tests
+        sys.path.insert(0, FIXTURES)
+        from make_qlora_fixtures import PROJECTIONS, nf4_round_trip
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if name.split(".")[-1] in PROJECTIONS:
+                    module.weight.copy_(nf4_round_trip(module.weight.data, name + ".weight"))
     if lora:
         model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
-    common = dict(output_dir=os.path.join(work, "trl"), per_device_train_batch_size=PAIRS, max_steps=STEPS,
+    accum = pref.get("accum", 1)  # gradient accumulation: the global batch is still all six pairs
+    common = dict(output_dir=os.path.join(work, "trl"), per_device_train_batch_size=PAIRS // accum,
+                  gradient_accumulation_steps=accum, max_steps=STEPS,
                   learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                   max_grad_norm=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1,
                   report_to=[], use_cpu=True, save_strategy="no", gradient_checkpointing=False, bf16=False,
@@ -115,15 +156,20 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
         from trl import DPOConfig, DPOTrainer
         args = DPOConfig(beta=pref.get("beta", 0.1), loss_type=[pref.get("loss_type", "sigmoid")],
                          label_smoothing=pref.get("label_smoothing", 0.0), **common)
-        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             eval_dataset=Dataset.from_list(rows), processing_class=tok)
     else:
         from trl.experimental.cpo import CPOConfig, CPOTrainer
         args = CPOConfig(beta=pref.get("beta", 0.1), loss_type="simpo", cpo_alpha=0.0,
                          simpo_gamma=pref.get("gamma", 0.5), label_smoothing=pref.get("label_smoothing", 0.0),
                          **common)
-        trainer = CPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+        trainer = CPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             eval_dataset=Dataset.from_list(rows), processing_class=tok)
     trainer.train()
-    return [h for h in trainer.state.log_history if "loss" in h and "step" in h]
+    steps = [h for h in trainer.state.log_history if "loss" in h and "step" in h]
+    evaluation = trainer.evaluate()
+    evaluation["pairs"] = len(trainer.eval_dataset)  # those TRL kept (it drops a prompt that fills max_length)
+    return steps, evaluation
 
 
 def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work):
@@ -131,19 +177,23 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
     out = os.path.join(work, f"ptrain_np{np}")
     shutil.rmtree(out, ignore_errors=True)
     sets = {"model.hf_path": model_dir, "data.path": data, "data.format": "jsonl", "data.seq_len": 63,
-            "data.micro_batch_size": PAIRS // np, "data.val_fraction": 0, "data.cache": "false",
+            "data.micro_batch_size": PAIRS // np // pref.get("accum", 1),
+            "training.grad_accum_steps": pref.get("accum", 1), "data.val_fraction": 0, "data.cache": "false",
             "training.objective": objective, "training.steps": STEPS, "training.log_every": 1,
             "training.eval_every": 0, "training.max_grad_norm": 0, "training.device": "cpu",
             "optimizer.lr": LR, "optimizer.betas": "[0.9, 0.999]", "optimizer.eps": 1e-8,
             "optimizer.weight_decay": 0, "lr_schedule.warmup_steps": 0, "lr_schedule.decay": "constant",
-            "precision.mode": "fp32", "run.output_dir": out, "checkpoint.save_final": "false"}
+            "precision.mode": "fp32", "run.output_dir": out, "checkpoint.save_final": "true"}
     if lora:
         sets.update({"lora.enabled": "true", "lora.rank": 4, "lora.alpha": 8.0, "lora.dropout": 0.0,
                      "lora.targets": json.dumps(list(LORA_TARGETS))})
         if adapter:
             sets["lora.adapter_path"] = adapter
+    if lora == "qlora":
+        sets["quant.base"] = "nf4"
     for k, v in pref.items():
-        sets[f"preference.{k}"] = v
+        if k != "accum":
+            sets[f"preference.{k}"] = v
     sections = {}
     for k, v in sets.items():
         section, key = k.split(".")
@@ -162,7 +212,13 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
     if r.returncode != 0:
         sys.exit(f"FAIL: ptrain np {np} -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
     with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if '"loss"' in line]
+        steps = [json.loads(line) for line in f if '"loss"' in line]
+    # `ptrain eval` of the final checkpoint on the same pairs: TRL's evaluate() after training
+    r = subprocess.run([binary, "eval", "--config", config, "--checkpoint", os.path.join(out, f"checkpoints/step_{STEPS}"),
+                        "--data", data, "--json"], capture_output=True, text=True, env=env, cwd=SRC)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: ptrain eval -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return steps, json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def compare(name, np, ref, got, beta):
@@ -200,9 +256,9 @@ def check_fresh_adapter(binary, work):
         f.writelines(json.dumps(r) + "\n" for r in rows)
     quiet = io.StringIO()
     with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-        base = trl_run(model_dir, rows, "dpo", {}, True, zero, work)[0]
+        base = trl_run(model_dir, rows, "dpo", {}, True, zero, work)[0][0]
     for np in (1, 2):
-        got = ptrain_run(binary, model_dir, data, "dpo", {}, True, None, np, work)
+        got = ptrain_run(binary, model_dir, data, "dpo", {}, True, None, np, work)[0]
         worst = 0.0
         for step, m in enumerate(got, 1):
             for side in ("chosen", "rejected"):
@@ -219,6 +275,22 @@ def check_fresh_adapter(binary, work):
               flush=True)
 
 
+def compare_eval(name, ref, got, beta):
+    """TRL's evaluate() after the 10 steps against `ptrain eval` of the final checkpoint."""
+    scale = max(abs(ref["eval_logps/chosen"]), abs(ref["eval_logps/rejected"]))
+    worst = 0.0
+    for m in METRICS:
+        x, y = float(ref["eval_" + m]), float(got["eval_" + m])
+        floor = beta * scale if m.startswith("rewards/") and m != "rewards/accuracies" else 1e-12
+        rel = abs(x - y) / max(abs(x), abs(y), floor)
+        worst = max(worst, rel)
+        if rel > RTOL:
+            sys.exit(f"FAIL {name} evaluation: eval_{m}: TRL {x!r}, ptrain eval {y!r} (relative {rel:.2e})")
+    if got["pairs"] != ref["pairs"]:
+        sys.exit(f"FAIL {name} evaluation: ptrain eval scored {got['pairs']} pairs, TRL {ref['pairs']}")
+    return worst
+
+
 def main():
     binary = os.path.abspath(sys.argv[1])
     only = sys.argv[2] if len(sys.argv) > 2 else ""  # run the cases whose name holds this
@@ -230,6 +302,10 @@ def main():
             if only not in name:
                 continue
             model_dir = os.path.join(FIXTURES, model_name)
+            if model_name in ("qwen3", "mistral"):
+                model_dir = os.path.join(work, model_name)
+                if not os.path.isdir(model_dir):
+                    family_model(model_name, model_dir)
             if lora and model_name not in adapters:
                 adapters[model_name] = os.path.join(work, f"adapter_{model_name}")
                 make_adapter(model_dir, adapters[model_name])
@@ -239,12 +315,16 @@ def main():
                 f.writelines(json.dumps(r) + "\n" for r in rows)
             quiet = io.StringIO()
             with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                ref = trl_run(model_dir, rows, objective, pref, lora, adapters.get(model_name), work)
+                ref, ref_eval = trl_run(model_dir, rows, objective, pref, lora, adapters.get(model_name), work)
             for np in nps:
-                got = ptrain_run(binary, model_dir, data, objective, pref, lora, adapters.get(model_name), np, work)
+                got, got_eval = ptrain_run(binary, model_dir, data, objective, pref, lora, adapters.get(model_name), np,
+                                           work)
                 rel, where = compare(name, np, ref, got, pref.get("beta", 0.1))
+                evaluated = ""
+                if np == 1:
+                    evaluated = f"; evaluation {compare_eval(name, ref_eval, got_eval, pref.get('beta', 0.1)):.1e}"
                 print(f"ok  {name:40s} np {np}: loss {ref[0]['loss']:.5f} -> {ref[-1]['loss']:.5f}, "
-                      f"worst relative difference {rel:.1e} ({where})", flush=True)
+                      f"worst relative difference {rel:.1e}{evaluated} ({where})", flush=True)
         if only in "new adapter":
             check_fresh_adapter(binary, work)
     finally:
