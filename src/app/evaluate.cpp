@@ -53,13 +53,19 @@ int run_eval(const EvalRequest& a) {
   // before a checkpoint replaces it: DPO's reference keeps lora.adapter_path's adapter as loaded
   const std::vector<at::Tensor> reference =
       reference_adapter(*model, c.training.objective, !c.lora.adapter_path.empty());
+  PreferenceObjective objective{c.training.objective, c.preference, reference.empty() ? nullptr : &reference};
+  at::Tensor reference_logps;  // precompute_ref_log_probs: by the model as loaded, before the checkpoint
+  if (c.training.objective == Objective::dpo && c.preference.precompute_ref_log_probs) {
+    reference_logps = precompute_reference(*model, dynamic_cast<const PairRows&>(*data.rows), c.data.micro_batch_size,
+                                           c.memory.loss_chunk_tokens, objective);
+    objective.reference_logps = &reference_logps;
+  }
   if (!a.checkpoint.empty()) {
     TrainProgress progress;
     load_checkpoint(a.checkpoint, *model, nullptr, progress);
     source = a.checkpoint;
   }
   if (is_preference(c.training.objective)) {
-    const PreferenceObjective objective{c.training.objective, c.preference, reference.empty() ? nullptr : &reference};
     const PreferenceMetrics m =
         evaluate_preference(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens, objective);
     if (!print) return 0;

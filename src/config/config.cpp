@@ -427,6 +427,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "preference", "max_length", preference.max_length, kFromStruct,
           R"(ids per sequence, prompt + completion (TRL's `max_length`); a longer sequence keeps its first `max_length` ids (`data.truncation = "truncate"`) or its pair is left out (`"drop"`); a pair whose prompt alone fills it is left out, as TRL does. 0: `data.seq_len + 1`; at most that)"),
+      PTRAIN_KEY(
+          "preference", "precompute_ref_log_probs", preference.precompute_ref_log_probs, kFromStruct,
+          R"(`dpo`: score the reference once, before training, on every pair (training and validation) and keep two numbers a pair (TRL's `precompute_ref_log_probs`): the model as loaded — the base, the loaded adapter, or for a full fine-tune the whole model, whose frozen copy would otherwise be needed — so each step saves the reference's forward. Required for DPO of a full fine-tune)"),
       PTRAIN_KEY("lora", "enabled", lora.enabled, kFromStruct, R"(LoRA adapters over a frozen base)"),
       PTRAIN_KEY("lora", "rank", lora.rank, kFromStruct, R"(adapter rank (>= 1))"),
       PTRAIN_KEY("lora", "alpha", lora.alpha, kFromStruct, R"(scaling numerator (> 0))"),

@@ -490,10 +490,11 @@ const std::vector<Rule>& rules() {
          if (c.data.packing) return name + " scores each sequence whole, one a row: set data.packing = false";
          if (c.data.train_on_prompt)
            return name + " scores the completions only (TRL's completion mask): set data.train_on_prompt = false";
-         if (c.training.objective == Objective::dpo && !c.lora.enabled)
-           return "DPO compares the policy with a frozen reference; with LoRA that is the base with the adapters "
-                  "off (no extra memory), but a full fine-tune's frozen copy is not implemented yet: set "
-                  "lora.enabled = true, or use the reference-free training.objective = \"simpo\"";
+         if (c.training.objective == Objective::dpo && !c.lora.enabled && !c.preference.precompute_ref_log_probs)
+           return "DPO of a full fine-tune compares it with the model as loaded, and ptrain keeps no frozen copy of "
+                  "a whole model: set preference.precompute_ref_log_probs = true (the reference is scored once, "
+                  "before training; two numbers a pair), or lora.enabled = true (the reference is the base with "
+                  "the adapters off), or use the reference-free training.objective = \"simpo\"";
          return "";
        }},
       {"preference.beta",
@@ -539,16 +540,22 @@ const std::vector<Rule>& rules() {
       if (key == "preference.loss_type") return p.loss_type != d.loss_type;
       if (key == "preference.label_smoothing") return p.label_smoothing != d.label_smoothing;
       if (key == "preference.gamma") return p.gamma != d.gamma;
+      if (key == "preference.precompute_ref_log_probs") return p.precompute_ref_log_probs;
       return p.max_length != d.max_length;
     };
     for (const char* key : {"preference.beta", "preference.loss_type", "preference.label_smoothing", "preference.gamma",
-                            "preference.max_length"})
+                            "preference.max_length", "preference.precompute_ref_log_probs"})
       all.push_back({key, [key, differs](const Config& c, const Environment&) -> std::string {
                        return !is_preference(c.training.objective) && differs(key, c)
                                   ? "applies to training.objective = \"dpo\" or \"simpo\"; this run trains "
                                     "\"sft\": set the objective or remove the key"
                                   : "";
                      }});
+    all.push_back({"preference.precompute_ref_log_probs", [](const Config& c, const Environment&) -> std::string {
+                     return c.training.objective == Objective::simpo && c.preference.precompute_ref_log_probs
+                                ? "SimPO has no reference to score: remove it"
+                                : "";
+                   }});
     all.push_back({"preference.gamma", [differs](const Config& c, const Environment&) -> std::string {
                      return c.training.objective == Objective::dpo && differs("preference.gamma", c)
                                 ? "is SimPO's target margin; DPO reads none: remove it"

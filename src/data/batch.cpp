@@ -9,7 +9,7 @@ namespace ptrain {
 int64_t Batch::trained_tokens() const { return targets.ne(kIgnoreIndex).sum().item<int64_t>(); }
 
 Batch Batch::to(const c10::Device& device) const {
-  return {inputs.to(device), targets.to(device), doc_ids.defined() ? doc_ids.to(device) : at::Tensor()};
+  return {inputs.to(device), targets.to(device), doc_ids.defined() ? doc_ids.to(device) : at::Tensor(), pairs};
 }
 
 Batch Batch::of_windows(const at::Tensor& windows) {

@@ -11,6 +11,7 @@ struct Batch {
   at::Tensor inputs;   // [B, T] token ids (int64)
   at::Tensor targets;  // [B, T] the id each position predicts, -100 where nothing is trained
   at::Tensor doc_ids;  // [B, T] document of each position (packed rows), or undefined
+  at::Tensor pairs;    // preference rows (PairRows): [B / 2] int64 on the host, the pair of each chosen row
   // Positions whose target is trained (not -100).
   int64_t trained_tokens() const;
   Batch to(const c10::Device& device) const;

@@ -210,6 +210,8 @@ PairRows::PairRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int6
   val_fill_ = fill(split_.val);
 }
 
+int64_t PairRows::pairs() const { return set_->size() / 2; }
+
 RowFill PairRows::fill(const std::vector<int64_t>& pairs) const {
   RowFill f;
   for (int64_t p : pairs)
@@ -233,16 +235,16 @@ Batch PairRows::train_rows(uint64_t first, int64_t count) {
     }
     pairs.push_back(split_.train[order_[k % n]]);
   }
-  return rows(pairs);
+  return pair_batch(pairs);
 }
 
 Batch PairRows::val_batch(int64_t first, int64_t count) const {
   std::vector<int64_t> pairs;
   for (int64_t r = first; r < std::min(first + count, val_rows()); ++r) pairs.push_back(split_.val[r]);
-  return rows(pairs);
+  return pair_batch(pairs);
 }
 
-Batch PairRows::rows(const std::vector<int64_t>& pairs) const {
+Batch PairRows::pair_batch(const std::vector<int64_t>& pairs) const {
   const auto P = static_cast<int64_t>(pairs.size());
   const int64_t T = seq_len_;
   at::Tensor inputs = at::zeros({2 * P, T}, at::kLong), targets = at::full({2 * P, T}, kIgnoreIndex, at::kLong);
@@ -257,7 +259,7 @@ Batch PairRows::rows(const std::vector<int64_t>& pairs) const {
       if (trained[t + 1]) tg[b * T + t] = ids[t + 1];
     }
   }
-  return {inputs, targets, at::Tensor()};
+  return {inputs, targets, at::Tensor(), at::tensor(pairs, at::kLong)};
 }
 
 std::string PairRows::fingerprint() const {

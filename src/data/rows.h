@@ -117,9 +117,11 @@ class PairRows final : public RowSource {
   Batch val_batch(int64_t first, int64_t count) const override;
   RowFill val_fill() const { return val_fill_; }
   std::string fingerprint() const override;
+  // The rows of these pairs (indices into the set's pairs), chosen rows first; Batch::pairs names them.
+  Batch pair_batch(const std::vector<int64_t>& pairs) const;
+  int64_t pairs() const;  // in the set, training and validation
 
  private:
-  Batch rows(const std::vector<int64_t>& pairs) const;
   RowFill fill(const std::vector<int64_t>& pairs) const;
   std::shared_ptr<const SampleSet> set_;
   SampleSplit split_;

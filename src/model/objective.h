@@ -28,6 +28,7 @@ struct PreferenceOptions {
   double label_smoothing = 0.0;                        // dpo robust; simpo
   double gamma = 0.5;                                  // simpo: the target reward margin (TRL's simpo_gamma)
   int64_t max_length = 0;  // ids per sequence, prompt + completion (TRL's max_length); 0: data.seq_len + 1
+  bool precompute_ref_log_probs = false;  // dpo: the reference scored once before training (TRL's name)
 };
 
 struct PreferenceObjective {
@@ -37,6 +38,9 @@ struct PreferenceObjective {
   // reference's adapter — TRL's frozen "ref" copy of a pretrained adapter. Null: the reference is
   // the base with the adapters off (a new adapter starts as the base).
   const std::vector<at::Tensor>* reference_adapter = nullptr;
+  // DPO with precompute_ref_log_probs: every pair's reference log-probabilities, [pairs, 2]
+  // float32 on the host (chosen, rejected), looked up by Batch::pairs. Null: scored each step.
+  const at::Tensor* reference_logps = nullptr;
 };
 
 // What TRL logs (means over the pairs): rewards/chosen, rewards/rejected, rewards/accuracies,

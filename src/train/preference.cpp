@@ -105,16 +105,29 @@ PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective
   return out;
 }
 
-PairScores pair_scores(FsdpModel& model, const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                       const PreferenceObjective& objective) {
+namespace {
+// The reference's summed log-probabilities of a batch's rows [2P], without autograd.
+at::Tensor reference_sums(FsdpModel& model, const Batch& b, int64_t loss_chunk, const PreferenceObjective& objective) {
+  at::NoGradGuard no_grad;
+  ReferenceScope reference(model, objective.reference_adapter);
+  return row_sums(model.token_logprobs(b.inputs, b.targets, loss_chunk), b.targets).logps;
+}
+}  // namespace
+
+PairScores pair_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, const PreferenceObjective& objective) {
+  const at::Tensor &inputs = b.inputs, &targets = b.targets;
   const int64_t P = inputs.size(0) / 2;
   PairScores s;
-  if (objective.objective == Objective::dpo) {
-    at::NoGradGuard no_grad;
-    ReferenceScope reference(model, objective.reference_adapter);
-    const RowSums ref = row_sums(model.token_logprobs(inputs, targets, loss_chunk), targets);
-    s.ref_chosen = ref.logps.slice(0, 0, P);
-    s.ref_rejected = ref.logps.slice(0, P);
+  if (objective.objective == Objective::dpo && objective.reference_logps) {
+    if (!b.pairs.defined() || b.pairs.size(0) != P)
+      throw RuntimeError("precomputed reference log-probabilities need the batch's pairs");
+    const at::Tensor ref = objective.reference_logps->index_select(0, b.pairs).to(inputs.device());
+    s.ref_chosen = ref.select(1, 0);
+    s.ref_rejected = ref.select(1, 1);
+  } else if (objective.objective == Objective::dpo) {
+    const at::Tensor ref = reference_sums(model, b, loss_chunk, objective);
+    s.ref_chosen = ref.slice(0, 0, P);
+    s.ref_rejected = ref.slice(0, P);
   }
   RowSums policy = row_sums(model.token_logprobs(inputs, targets, loss_chunk), targets);
   if (objective.objective == Objective::simpo)  // length-normalized: the mean over the completion
@@ -143,7 +156,7 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
   at::Tensor sums = at::zeros({kMetrics}, at::TensorOptions(at::kDouble).device(model.device()));
   for (const Batch& b : batches) {
     const PhasePeak forward(model.device());
-    const PairScores scores = pair_scores(model, b.inputs, b.targets, o.loss_chunk, objective);
+    const PairScores scores = pair_scores(model, b, o.loss_chunk, objective);
     const PairLosses losses = pair_losses(scores, objective);
     r.peaks.forward = std::max(r.peaks.forward, forward.peak());
     r.peaks.forward_start = std::max(r.peaks.forward_start, forward.start());
@@ -161,6 +174,30 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
   r.trained_tokens = static_cast<int64_t>(total[1].item<double>());
 }
 
+at::Tensor precompute_reference(FsdpModel& model, const PairRows& data, int64_t batch, int64_t loss_chunk,
+                                const PreferenceObjective& objective) {
+  const int64_t n = data.pairs();
+  Collectives& comm = model.comm();
+  const int64_t ws = comm.world_size(), rank = comm.rank();
+  at::Tensor table = at::zeros({n, 2}, at::kDouble);
+  // Forward k of rank r scores pairs [(k ws + r) B, +B): every rank runs as many forwards (the
+  // gathers are collective), one with nothing left scores pair 0 and drops it.
+  for (int64_t first = 0; first < n; first += batch * ws) {
+    const int64_t begin = std::min(n, first + rank * batch), end = std::min(n, begin + batch);
+    std::vector<int64_t> pairs;
+    for (int64_t p = begin; p < end; ++p) pairs.push_back(p);
+    const bool idle = pairs.empty();
+    if (idle) pairs.push_back(0);
+    const Batch b = data.pair_batch(pairs).to(model.device());
+    const at::Tensor sums = reference_sums(model, b, loss_chunk, objective).to(at::kCPU).to(at::kDouble);
+    if (idle) continue;
+    const auto P = static_cast<int64_t>(pairs.size());
+    table.slice(0, begin, end).copy_(at::stack({sums.slice(0, 0, P), sums.slice(0, P)}, 1));
+  }
+  comm.all_reduce_sum(table);  // each pair scored by one rank, zeros elsewhere
+  return table.to(at::kFloat);
+}
+
 std::vector<at::Tensor> reference_adapter(const FsdpModel& model, Objective objective, bool adapter_loaded) {
   std::vector<at::Tensor> copy;
   if (objective == Objective::dpo && adapter_loaded)
@@ -176,7 +213,7 @@ PreferenceMetrics evaluate_preference(FsdpModel& model, const RowSource& data, i
   at::Tensor sums = at::zeros({kMetrics}, at::TensorOptions(at::kDouble).device(model.device()));
   for (int64_t first = 0; first < n; first += batch) {
     const Batch b = data.val_batch(first, std::min(batch, n - first)).to(model.device());
-    const PairScores scores = pair_scores(model, b.inputs, b.targets, loss_chunk, objective);
+    const PairScores scores = pair_scores(model, b, loss_chunk, objective);
     sums += metric_sums(pair_losses(scores, objective), scores);
   }
   return metrics_of(sums, n);

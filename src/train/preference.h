@@ -15,6 +15,7 @@
 namespace ptrain {
 
 class FsdpModel;
+class PairRows;
 class RowSource;
 
 // Sequence scores of P pairs, each [P] float32: the policy's (autograd) and, for DPO, the
@@ -32,9 +33,16 @@ struct PairLosses {
 PairLosses pair_losses(const PairScores& scores, const PreferenceObjective& objective);
 
 // The sequence scores of a batch of 2P rows (inputs/targets [2P, T]): sums of the per-token
-// log-probabilities of each row's trained targets (SimPO: their means), chosen = rows [0, P).
-PairScores pair_scores(FsdpModel& model, const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                       const PreferenceObjective& objective);
+// log-probabilities of each row's trained targets (SimPO: their means), chosen = rows [0, P); the
+// reference's from objective.reference_logps by the batch's pairs where precomputed.
+PairScores pair_scores(FsdpModel& model, const Batch& batch, int64_t loss_chunk, const PreferenceObjective& objective);
+
+// precompute_ref_log_probs: the reference's log-probabilities of every pair of `data` (training
+// and validation), [pairs, 2] float32 on the host, scored by the model as it is now (with
+// objective.reference_adapter in place of its adapter where given) without autograd, `batch`
+// pairs a forward; each rank scores a share and one all-reduce gives every rank all of them.
+at::Tensor precompute_reference(FsdpModel& model, const PairRows& data, int64_t batch, int64_t loss_chunk,
+                                const PreferenceObjective& objective);
 
 // The forward and backward of a step's micro-batches, each a batch of pairs. The loss is the
 // mean over every pair of the step — all micro-batches of all ranks — so the gradient is that of

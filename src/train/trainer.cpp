@@ -107,6 +107,16 @@ class Run {
     model_ = build_model(c, device_, comm_);
     // before a resume replaces it: DPO's reference keeps lora.adapter_path's adapter as loaded
     reference_adapter_ = reference_adapter(*model_, c.training.objective, !c.lora.adapter_path.empty());
+    pairs_ = is_preference(c.training.objective);
+    preference_ = {c.training.objective, c.preference, reference_adapter_.empty() ? nullptr : &reference_adapter_};
+    if (c.training.objective == Objective::dpo && c.preference.precompute_ref_log_probs) {
+      const double t0 = now_s();  // the reference is the model as loaded: before a resume replaces it
+      reference_logps_ = precompute_reference(*model_, dynamic_cast<const PairRows&>(*data_.rows),
+                                              c.data.micro_batch_size, c.memory.loss_chunk_tokens, preference_);
+      preference_.reference_logps = &reference_logps_;
+      log::info("reference log-probabilities of ", reference_logps_.size(0), " pairs precomputed in ",
+                log::fixed(now_s() - t0, 2), " s (preference.precompute_ref_log_probs)");
+    }
     optim_ = make_optimizer(c, *model_, optim_targets(*model_));
     optim_->count_lost_updates(c.training.count_lost_updates);
     if (rank_ == 0) recover_checkpoint_dir(c.checkpoint_dir());  // a crashed run's leftovers
@@ -129,8 +139,6 @@ class Run {
     progress.data = data_.rows->fingerprint();
     if (rank_ == 0) metrics_ = std::make_unique<MetricsWriter>(out_dir_ + "/metrics.jsonl", progress.step > 0);
     const int64_t T = c.data.seq_len, B = c.data.micro_batch_size;
-    pairs_ = is_preference(c.training.objective);
-    preference_ = {c.training.objective, c.preference, reference_adapter_.empty() ? nullptr : &reference_adapter_};
     // global; a preference micro-batch holds B pairs, 2B rows
     tokens_per_step_ = B * T * c.training.grad_accum_steps * ws_ * (pairs_ ? 2 : 1);
     flops_per_token_ =
@@ -352,6 +360,7 @@ class Run {
   bool pairs_ = false;                         // a preference objective: rows are pairs
   PreferenceObjective preference_;             // its objective and [preference] options
   std::vector<at::Tensor> reference_adapter_;  // DPO from lora.adapter_path: this rank's shards of it
+  at::Tensor reference_logps_;                 // DPO, precompute_ref_log_probs: [pairs, 2]
   int64_t tokens_per_step_ = 0;
   double flops_per_token_ = 0.0;
   std::string last_checkpoint_;

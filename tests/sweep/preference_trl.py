@@ -2,7 +2,8 @@
 """ptrain's preference objectives against TRL, the reference (trl 1.16, run here):
 
   dpo    DPOTrainer (loss_type sigmoid, hinge, ipo, robust) over a PEFT LoRA adapter, whose
-         reference is the base with the adapter off — what ptrain does;
+         reference is the base with the adapter off — what ptrain does — or TRL's "ref" copy of a
+         loaded adapter; precompute_ref_log_probs, over an adapter or the full model;
   simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model;
   and QLoRA (quant.base = "nf4") against TRL over the base's bitsandbytes NF4 round trip
   (make_qlora_fixtures.nf4_round_trip, as the SFT QLoRA parity tests).
@@ -48,6 +49,10 @@ METRICS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rew
 CASES = [
     ("llama3 chat dpo sigmoid lora", "hf_chat", "chat", "dpo", {}, True, [1, 2, 3]),
     ("llama3 chat dpo sigmoid lora accum 2", "hf_chat", "chat", "dpo", {"accum": 2}, True, [1, 3]),
+    ("llama3 chat dpo sigmoid full precompute", "hf_chat", "chat", "dpo", {"precompute_ref_log_probs": True}, False,
+     [1, 2, 3]),
+    ("qwen2 chat dpo sigmoid lora precompute", "hf_qwen_chat", "chat", "dpo",
+     {"precompute_ref_log_probs": True, "beta": 0.5}, True, [1, 3]),
     ("llama3 chat simpo full", "hf_chat", "chat", "simpo", {}, False, [1, 2, 3]),
     ("llama3 chat simpo lora", "hf_chat", "chat", "simpo", {"gamma": 0.3, "label_smoothing": 0.1}, True, [1]),
     ("llama3 text dpo sigmoid lora", "hf_chat", "text", "dpo", {}, True, [1, 2]),
@@ -155,7 +160,8 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
     if objective == "dpo":
         from trl import DPOConfig, DPOTrainer
         args = DPOConfig(beta=pref.get("beta", 0.1), loss_type=[pref.get("loss_type", "sigmoid")],
-                         label_smoothing=pref.get("label_smoothing", 0.0), **common)
+                         label_smoothing=pref.get("label_smoothing", 0.0),
+                         precompute_ref_log_probs=pref.get("precompute_ref_log_probs", False), **common)
         trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                              eval_dataset=Dataset.from_list(rows), processing_class=tok)
     else:
@@ -197,8 +203,8 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
     sections = {}
     for k, v in sets.items():
         section, key = k.split(".")
-        value = v if isinstance(v, (int, float)) or v in ("true", "false") or str(v).startswith("[") \
-            else json.dumps(v)
+        value = ("true" if v else "false") if isinstance(v, bool) else \
+            v if isinstance(v, (int, float)) or v in ("true", "false") or str(v).startswith("[") else json.dumps(v)
         sections.setdefault(section, []).append(f"{key} = {value}")
     config = os.path.join(work, f"ptrain_np{np}.toml")
     with open(config, "w") as f:

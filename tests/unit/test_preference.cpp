@@ -41,6 +41,10 @@ TEST(Preference, EveryPrecisionModeTrainsWithTheStateBytesPlanned) {
       {"dpo lora bf16", {"precision.mode=bf16", "quant.base=none"}},
       {"dpo qlora bf16", {}},  // the config as shipped
       {"dpo qlora bf16 adamw8bit", {"optimizer.name=adamw8bit"}},
+      {"dpo full mixed precomputed reference",
+       {"lora.enabled=false", "quant.base=none", "precision.mode=mixed", "optimizer.lr=1e-3",
+        "preference.precompute_ref_log_probs=true"}},
+      {"dpo qlora precomputed reference", {"preference.precompute_ref_log_probs=true"}},
       {"simpo full bf16",
        {"training.objective=simpo", "lora.enabled=false", "quant.base=none", "optimizer.lr=1e-3",
         "preference.gamma=0.5"}},
