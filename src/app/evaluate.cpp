@@ -28,14 +28,15 @@ int run_eval(const EvalRequest& a) {
   std::vector<std::string> sets = a.sets;
   if (!a.data.empty()) {
     // An explicit file replaces data.path before the config is checked, and is identified by
-    // content: token files carry a magic header, JSONL files end in .jsonl (tokenized with
-    // data.tokenizer / model.hf_path), anything else is text.
+    // content: token files carry a magic header, JSONL / JSON / Parquet files end in .jsonl /
+    // .json / .parquet (tokenized with data.tokenizer / model.hf_path), anything else is text.
     const std::string& data = a.data;
     if (!fs::is_regular_file(data)) throw UsageError("no such data file '" + data + "'");
     char magic[8] = {};
     std::ifstream(data, std::ios::binary).read(magic, 8);
     const char* format = std::memcmp(magic, kTokenMagic, 8) == 0    ? "tokens"
                          : fs::path(data).extension() == ".jsonl"   ? "jsonl"
+                         : fs::path(data).extension() == ".json"    ? "json"
                          : fs::path(data).extension() == ".parquet" ? "parquet"
                                                                     : "text";
     sets.push_back("data.path=" + data);

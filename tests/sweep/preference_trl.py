@@ -178,11 +178,11 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
     return steps, evaluation
 
 
-def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work):
-    """ptrain's metrics.jsonl step records."""
+def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work, data_format="jsonl"):
+    """ptrain's metrics.jsonl step records, and `ptrain eval` of the final checkpoint."""
     out = os.path.join(work, f"ptrain_np{np}")
     shutil.rmtree(out, ignore_errors=True)
-    sets = {"model.hf_path": model_dir, "data.path": data, "data.format": "jsonl", "data.seq_len": 63,
+    sets = {"model.hf_path": model_dir, "data.path": data, "data.format": data_format, "data.seq_len": 63,
             "data.micro_batch_size": PAIRS // np // pref.get("accum", 1),
             "training.grad_accum_steps": pref.get("accum", 1), "data.val_fraction": 0, "data.cache": "false",
             "training.objective": objective, "training.steps": STEPS, "training.log_every": 1,
@@ -297,6 +297,32 @@ def compare_eval(name, ref, got, beta):
     return worst
 
 
+def check_file_formats(binary, work):
+    """The same pairs as a JSON array and as a Parquet file (chats as list<struct> columns) train
+    exactly as the JSONL file does."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    model_dir = os.path.join(FIXTURES, "hf_chat")
+    adapter = os.path.join(work, "adapter_hf_chat")
+    if not os.path.isdir(adapter):
+        make_adapter(model_dir, adapter)
+    rows = pairs("chat")
+    files = {"jsonl": os.path.join(work, "formats.jsonl"), "json": os.path.join(work, "formats.json"),
+             "parquet": os.path.join(work, "formats.parquet")}
+    with open(files["jsonl"], "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    with open(files["json"], "w") as f:
+        json.dump(rows, f)
+    pq.write_table(pa.Table.from_pylist(rows), files["parquet"])
+    runs = {k: ptrain_run(binary, model_dir, path, "dpo", {}, True, adapter, 1, work, k)[0] for k, path in files.items()}
+    for k in ("json", "parquet"):
+        for a, b in zip(runs["jsonl"], runs[k]):
+            for m in METRICS:
+                if a[m] != b[m]:
+                    sys.exit(f"FAIL {k} pairs: step {a['step']} {m} {b[m]!r}, the JSONL file's {a[m]!r}")
+    print(f"ok  {'the same pairs as JSON and Parquet':40s} np 1: every step's metrics = the JSONL file's", flush=True)
+
+
 def main():
     binary = os.path.abspath(sys.argv[1])
     only = sys.argv[2] if len(sys.argv) > 2 else ""  # run the cases whose name holds this
@@ -333,6 +359,8 @@ def main():
                       f"worst relative difference {rel:.1e}{evaluated} ({where})", flush=True)
         if only in "new adapter":
             check_fresh_adapter(binary, work)
+        if only in "json parquet":
+            check_file_formats(binary, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("PASS")
