@@ -278,6 +278,13 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   // Offloading: the block's input fetched back and the previous block's, prefetched.
   const int64_t fetched = in.checkpointing && in.offloading ? 2 * N * cb * s.dim : 0;
   p.backward_transient_bytes = gathered + unit_grad + dequantized + working + p.activations.recompute_bytes + fetched;
+  if (is_preference(c.training.objective)) {
+    // Per-token log-probabilities (train/preference.h): their backward recomputes each chunk's
+    // logits, so backward starts at the head's forward end again; a tied head keeps the
+    // embedding gathered through backward for it.
+    const int64_t held_embedding = s.tie_embeddings ? gathered_unit(plan.base.front()) : 0;
+    p.backward_transient_bytes = std::max(p.backward_transient_bytes + held_embedding, head_end);
+  }
   // Gradient shards: zero_grad frees them at a step's start, backward makes them unit by unit
   // (the head's and the embedding's first: a tied embedding's gradient arrives with the head's).
   // Without accumulation forward holds none, and backward at most every block's activations with
