@@ -85,3 +85,40 @@ TEST(Preference, EveryPrecisionModeTrainsWithTheStateBytesPlanned) {
     EXPECT_EQ(measured, nlohmann::json::parse(predict_memory(c, 1).to_json())) << k.name;
   }
 }
+
+// A resumed run continues exactly: the same pairs in the same order and the same reference — the
+// model as loaded, not the checkpoint (precompute_ref_log_probs scores it again before resuming).
+TEST(Preference, AResumedRunContinuesExactly) {
+  for (const bool precompute : {false, true}) {
+    TempDir dir;
+    const std::vector<std::string> common{
+        "data.path=" + first_pairs(dir, 40),
+        "data.micro_batch_size=4",
+        "data.val_fraction=0",
+        "data.cache=false",
+        "training.steps=8",
+        "training.log_every=1",
+        "training.eval_every=0",
+        "training.device=cpu",
+        "precision.mode=fp32",
+        "quant.base=none",
+        "checkpoint.every_steps=4",
+        std::string("preference.precompute_ref_log_probs=") + (precompute ? "true" : "false")};
+    const auto cwd = std::filesystem::current_path();
+    std::filesystem::current_path(source_dir());
+    std::vector<std::string> whole = common, resumed = common;
+    whole.push_back("run.output_dir=" + (dir / "whole"));
+    resumed.insert(resumed.end(),
+                   {"run.output_dir=" + (dir / "resumed"), "checkpoint.resume=" + (dir / "whole/checkpoints/step_4")});
+    const Config a = load("configs/tiny_dpo_qlora.toml", whole);
+    const int rc_a = train(a);
+    int rc_b = -1;
+    if (rc_a == 0) rc_b = train(load("configs/tiny_dpo_qlora.toml", resumed));  // its checkpoint exists now
+    std::filesystem::current_path(cwd);
+    ASSERT_EQ(rc_a, 0);
+    ASSERT_EQ(rc_b, 0);
+    const auto la = losses(dir / "whole/metrics.jsonl"), lb = losses(dir / "resumed/metrics.jsonl");
+    for (int64_t step = 5; step <= 8; ++step) EXPECT_EQ(la.at(step), lb.at(step)) << step << " " << precompute;
+    EXPECT_NE(la.at(5), la.at(1));
+  }
+}

@@ -576,6 +576,8 @@ TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
            {"drop_too_long", [](SampleOptions& x) { x.drop_too_long = true; }},
            {"train_on_prompt", [](SampleOptions& x) { x.train_on_prompt = true; }},
            {"skip_bad_records", [](SampleOptions& x) { x.skip_bad_records = true; }},
+           {"preference", [](SampleOptions& x) { x.preference = true; }},
+           {"eos", [](SampleOptions& x) { x.eos = "<|eot_id|>"; }},
            {"fields", [](SampleOptions& x) {
               x.fields = {{"output", "answer"}};
             }}}) {
