@@ -1,5 +1,6 @@
 // One JSONL record from a dataset downloaded from anywhere — text, chat messages, ShareGPT,
-// Alpaca or prompt/completion — rendered with a real byte-level BPE tokenizer
+// Alpaca or prompt/completion, or a preference pair (rendered as a record and as a pair) —
+// rendered with a real byte-level BPE tokenizer
 // (tests/fixtures/hf_chat) in every chat template. A malformed record must be refused with an
 // exception naming the problem; a crash, an out-of-bounds read or undefined behaviour is a finding.
 #include <exception>
@@ -28,6 +29,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       try {
         ptrain::SampleStats stats;
         (void)ptrain::render_record(*tok, format, line, train_on_prompt, stats);
+      } catch (const std::exception&) {
+      }
+      try {  // training.objective = "dpo" / "simpo": with an eos_token and, for text pairs, without
+        (void)ptrain::render_preference(*tok, format, train_on_prompt ? "<|eot_id|>" : "", line);
       } catch (const std::exception&) {
       }
     }

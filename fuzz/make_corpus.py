@@ -73,6 +73,12 @@ def jsonl_seeds():
         "reasoning": {"messages": [{"role": "user", "content": "Why?"},
                                    {"role": "assistant", "content": "Because.", "reasoning_content": "think"}]},
         "bad_role": {"messages": [{"role": "wizard", "content": "x"}]},
+        "pair_messages": {"prompt": [{"role": "user", "content": "2+2?"}],
+                          "chosen": [{"role": "assistant", "content": "4"}],
+                          "rejected": [{"role": "assistant", "content": "5"}]},
+        "pair_implicit": {"chosen": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+                          "rejected": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}]},
+        "pair_text": {"chosen": "Q: 2+2? A: 4 é", "rejected": "Q: 2+2? A: 5"},
         "not_an_object": [1, 2, 3],
     }
     for name, r in records.items():

@@ -54,7 +54,7 @@ CASES = [
     ("qwen2 chat dpo sigmoid lora precompute", "hf_qwen_chat", "chat", "dpo",
      {"precompute_ref_log_probs": True, "beta": 0.5}, True, [1, 3]),
     ("llama3 chat simpo full", "hf_chat", "chat", "simpo", {}, False, [1, 2, 3]),
-    ("llama3 chat simpo lora", "hf_chat", "chat", "simpo", {"gamma": 0.3, "label_smoothing": 0.1}, True, [1]),
+    ("llama3 chat simpo lora", "hf_chat", "chat", "simpo", {"gamma": 0.3, "label_smoothing": 0.1}, True, [1, 2, 3]),
     ("llama3 text dpo sigmoid lora", "hf_chat", "text", "dpo", {}, True, [1, 2]),
     ("llama3 implicit-prompt chat dpo lora", "hf_chat", "chat_implicit", "dpo", {}, True, [1]),
     ("llama3 implicit-prompt text dpo lora", "hf_chat", "text_implicit", "dpo", {}, True, [1]),
