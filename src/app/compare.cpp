@@ -90,6 +90,7 @@ RunResult summarise(const std::string& dir, int64_t seed, int64_t total_steps) {
   for (std::string line; std::getline(in, line);) {
     json j = json::parse(line);
     if (j.contains("val_loss")) r.final_val = j["val_loss"];
+    if (j.contains("eval_loss")) r.final_val = j["eval_loss"];  // a preference objective's evaluation
     if (!j.contains("loss")) continue;
     r.steps = j["step"];
     r.final_loss = j["loss"];
