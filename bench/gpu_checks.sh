@@ -250,6 +250,9 @@ chat_qlora_packed|configs/tiny_chat_qlora.toml|--set training.device=cuda --set 
 llama3_2_1b_mixed|configs/llama3_2_1b_mixed.toml|--set training.device=cuda
 llama3_2_1b_bf16_adam8bit_ckpt|configs/llama3_2_1b_mixed.toml|--set training.device=cuda --set precision.mode=bf16 --set optimizer.name=adamw8bit --set memory.activation_checkpointing=full
 llama3_8b_qlora|configs/llama3_8b_qlora.toml|--set training.device=cuda --set data.path=data/fortunes.txt --set data.format=text --set data.packing=false --set training.grad_accum_steps=1
+dpo_qlora|configs/tiny_dpo_qlora.toml|--set training.device=cuda --set data.micro_batch_size=16
+dpo_qlora_tied|configs/tiny_dpo_qlora.toml|--set training.device=cuda --set data.micro_batch_size=16 --set model.hf_path=tests/fixtures/hf_qwen_chat --set lora.targets=["q","k","v","o","gate","up","down"]
+simpo_full_mixed_tied|configs/tiny_dpo_qlora.toml|--set training.device=cuda --set data.micro_batch_size=16 --set model.hf_path=tests/fixtures/hf_qwen_chat --set training.objective=simpo --set lora.enabled=false --set quant.base=none --set precision.mode=mixed
 RUNS
   record "(the planner is an upper bound of the step's schedule: measured / predicted should be at most 1 and close to it;"
   record " the phase columns are each phase's peak and the allocated bytes as forward and backward began, measured / predicted)"
