@@ -75,13 +75,8 @@ int run_eval(const EvalRequest& a) {
                                   {"model", source},
                                   {"objective", name_of(c.training.objective)},
                                   {"pairs", m.pairs},
-                                  {"eval_loss", m.loss},
-                                  {"eval_rewards/chosen", m.rewards_chosen},
-                                  {"eval_rewards/rejected", m.rewards_rejected},
-                                  {"eval_rewards/accuracies", m.accuracies},
-                                  {"eval_rewards/margins", m.margins},
-                                  {"eval_logps/chosen", m.logps_chosen},
-                                  {"eval_logps/rejected", m.logps_rejected}};
+                                  {"eval_loss", m.loss}};
+      for (const auto& [name, value] : trl_metrics(m, "eval_")) j[name] = value;
       std::cout << j.dump() << "\n";
     } else {
       std::cout << "eval " << path << " with " << source << " (" << name_of(c.training.objective) << "): loss "

@@ -334,6 +334,15 @@ void append_sample(const Sample& s, int64_t line, SampleBlock& out) {
   out.counts.push_back(trained);
 }
 
+// A record that cannot be rendered ("FILE:LINE: why"): the block's error, or with
+// data.on_bad_record = "skip" counted (the first one kept).
+void bad_record(const std::string& why, const SampleOptions& o, SampleBlock& out) {
+  if (!o.skip_bad_records)
+    out.error = why;
+  else if (out.stats.skipped_bad++ == 0)
+    out.stats.first_bad = why;
+}
+
 // One preference record into `out` as two samples, chosen then rejected, cut as TRL's
 // DataCollatorForPreference cuts them (keep_start: each sequence's first max_ids ids) after
 // dropping a pair whose prompt alone fills max_ids; data.truncation = "drop" drops a pair
@@ -344,12 +353,7 @@ void render_pair(const std::string& path, const std::string& separator, const st
   try {
     p = render_preference(tok, format, o.eos, record, o.fields, o.ignore_fields);
   } catch (const std::exception& e) {
-    const std::string why = path + separator + std::to_string(where) + ": " + e.what();
-    if (!o.skip_bad_records) {
-      out.error = why;
-      return;
-    }
-    if (out.stats.skipped_bad++ == 0) out.stats.first_bad = why;
+    bad_record(path + separator + std::to_string(where) + ": " + e.what(), o, out);
     return;
   }
   ++(p.conversational ? out.stats.chat : out.stats.text);
@@ -392,12 +396,8 @@ void render_range(const std::string& path, const std::string& separator, const s
     try {
       s = render_record(tok, format, records[r], o.train_on_prompt, out.stats, o.fields, o.ignore_fields);
     } catch (const std::exception& e) {
-      const std::string why = path + separator + std::to_string(where[r]) + ": " + e.what();
-      if (!o.skip_bad_records) {
-        out.error = why;
-        return;
-      }
-      if (out.stats.skipped_bad++ == 0) out.stats.first_bad = why;
+      bad_record(path + separator + std::to_string(where[r]) + ": " + e.what(), o, out);
+      if (!out.error.empty()) return;
       continue;
     }
     if (o.max_ids > 0 && static_cast<int64_t>(s.ids.size()) > o.max_ids) {

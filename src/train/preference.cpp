@@ -70,6 +70,12 @@ class ReferenceScope {
 
 }  // namespace
 
+std::vector<std::pair<std::string, double>> trl_metrics(const PreferenceMetrics& m, const std::string& prefix) {
+  return {{prefix + "rewards/chosen", m.rewards_chosen}, {prefix + "rewards/rejected", m.rewards_rejected},
+          {prefix + "rewards/accuracies", m.accuracies}, {prefix + "rewards/margins", m.margins},
+          {prefix + "logps/chosen", m.logps_chosen},     {prefix + "logps/rejected", m.logps_rejected}};
+}
+
 PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective) {
   const PreferenceOptions& o = objective.options;
   const double beta = o.beta, e = o.label_smoothing;

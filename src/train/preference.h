@@ -7,6 +7,8 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "model/objective.h"
@@ -17,6 +19,11 @@ namespace ptrain {
 class FsdpModel;
 class PairRows;
 class RowSource;
+
+// The metrics under TRL's names, each with `prefix` ("" while training, "eval_" for an
+// evaluation): rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
+// logps/chosen, logps/rejected (the loss and the pair count are the caller's to name).
+std::vector<std::pair<std::string, double>> trl_metrics(const PreferenceMetrics& m, const std::string& prefix);
 
 // Sequence scores of P pairs, each [P] float32: the policy's (autograd) and, for DPO, the
 // reference's; `tokens_*`: each completion's scored tokens.

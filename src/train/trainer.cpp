@@ -225,13 +225,8 @@ class Run {
     std::string pair_note;
     if (pairs_) {  // TRL's names
       const PreferenceMetrics& m = s.result.preference;
-      row.insert(row.end(), {{"rewards/chosen", m.rewards_chosen},
-                             {"rewards/rejected", m.rewards_rejected},
-                             {"rewards/accuracies", m.accuracies},
-                             {"rewards/margins", m.margins},
-                             {"logps/chosen", m.logps_chosen},
-                             {"logps/rejected", m.logps_rejected},
-                             {"pairs", m.pairs}});
+      for (const auto& [name, value] : trl_metrics(m, "")) row.push_back({name, value});
+      row.push_back({"pairs", m.pairs});
       pair_note = " | margin " + log::fixed(m.margins, 4) + " | accuracy " + log::fixed(m.accuracies, 3);
     }
     std::string lost_note;
@@ -296,16 +291,12 @@ class Run {
     if (pairs_) {
       const PreferenceMetrics m = evaluate_preference(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, preference_,
                                                       c_.training.eval_batches * B);
-      if (metrics_)
-        metrics_->write({{"step", progress.step},
-                         {"eval_loss", m.loss},
-                         {"eval_rewards/chosen", m.rewards_chosen},
-                         {"eval_rewards/rejected", m.rewards_rejected},
-                         {"eval_rewards/accuracies", m.accuracies},
-                         {"eval_rewards/margins", m.margins},
-                         {"eval_logps/chosen", m.logps_chosen},
-                         {"eval_logps/rejected", m.logps_rejected},
-                         {"eval_pairs", m.pairs}});
+      if (metrics_) {
+        std::vector<MetricsWriter::Field> row{{"step", progress.step}, {"eval_loss", m.loss}};
+        for (const auto& [name, value] : trl_metrics(m, "eval_")) row.push_back({name, value});
+        row.push_back({"eval_pairs", m.pairs});
+        metrics_->write(row);
+      }
       log::info("eval  step ", progress.step, " | eval_loss ", log::fixed(m.loss, 4), " | margin ",
                 log::fixed(m.margins, 4), " | accuracy ", log::fixed(m.accuracies, 3), " | ", m.pairs, " pairs");
       return;
