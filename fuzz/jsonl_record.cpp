@@ -31,9 +31,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)ptrain::render_record(*tok, format, line, train_on_prompt, stats);
       } catch (const std::exception&) {
       }
-      try {  // training.objective = "dpo" / "simpo": with an eos_token and, for text pairs, without
-        (void)ptrain::render_preference(*tok, format, train_on_prompt ? "<|eot_id|>" : "", line);
-      } catch (const std::exception&) {
+      // training.objective = "dpo" (with an eos_token and, for text pairs, without) and "simpo"
+      for (const ptrain::PairTokenization& how :
+           {ptrain::PairTokenization{false, "", train_on_prompt ? "<|eot_id|>" : ""},
+            ptrain::PairTokenization{true, train_on_prompt ? "<|begin_of_text|>" : "", "<|eot_id|>"}}) {
+        try {
+          (void)ptrain::render_preference(*tok, format, how, line);
+        } catch (const std::exception&) {
+        }
       }
     }
   return 0;

@@ -158,7 +158,7 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
     tg.push_back(p.targets);
     if (p.doc_ids.defined()) dc.push_back(p.doc_ids);
   }
-  return {at::cat(in), at::cat(tg), dc.empty() ? at::Tensor() : at::cat(dc)};
+  return {at::cat(in), at::cat(tg), dc.empty() ? at::Tensor() : at::cat(dc), at::Tensor()};
 }
 
 std::string SampleRows::fingerprint() const {
@@ -197,7 +197,7 @@ Batch SampleRows::rows(const std::vector<int64_t>& samples, const std::vector<in
     if (dc)
       for (; pos < (b + 1) * T; ++pos) dc[pos] = doc;  // padding: a document of its own
   }
-  return {inputs, targets, docs};
+  return {inputs, targets, docs, at::Tensor()};
 }
 
 PairRows::PairRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed)

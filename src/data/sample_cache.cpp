@@ -112,7 +112,8 @@ json key_parts(const std::string& data_path, DataFormat file_format, const Token
       {"drop_too_long", o.drop_too_long},
       {"train_on_prompt", o.train_on_prompt},
       {"preference", o.preference},
-      {"eos", o.eos},
+      {"pair_tokenization",
+       {{"cpo", o.pair_tokenization.cpo}, {"bos", o.pair_tokenization.bos}, {"eos", o.pair_tokenization.eos}}},
       {"skip_bad_records", o.skip_bad_records},
       {"fields", fields},
       {"ignore_fields", o.ignore_fields}};

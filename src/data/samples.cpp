@@ -1,9 +1,11 @@
 #include "data/samples.h"
 
 #include <algorithm>
+#include <array>
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -242,7 +244,89 @@ size_t shared_text_prompt(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format, const std::string& eos,
+namespace {
+
+// TRL's maybe_apply_chat_template on a pair's prompt and completions: the characters the
+// prompt's rendering (with the generation prompt) shares with both whole chats, and the rest of
+// each (Python's characters: the cut is on a UTF-8 character boundary).
+std::array<std::string, 3> chat_pair_text(const ChatFormat& format, const std::vector<ChatMessage>& turns,
+                                          const json& chosen, const json& rejected) {
+  const auto whole = [&](const json& completion) {
+    std::vector<ChatMessage> all = turns;
+    for (auto& m : chat_turns(completion)) all.push_back(std::move(m));
+    return chat_text(format, all, /*generation_prompt=*/false);
+  };
+  std::string prompt = chat_text(format, turns, /*generation_prompt=*/true);
+  const std::string c = whole(chosen), r = whole(rejected);
+  for (const std::string* s : {&c, &r}) {
+    size_t n = std::mismatch(prompt.begin(), prompt.end(), s->begin(), s->end()).first - prompt.begin();
+    while (n > 0 && n < prompt.size() && (static_cast<unsigned char>(prompt[n]) & 0xC0) == 0x80) --n;
+    prompt.resize(n);
+  }
+  return {prompt, c.substr(prompt.size()), r.substr(prompt.size())};
+}
+
+// One side of a pair as TRL's CPOTrainer.build_tokenized_answer tokenizes it: enc(prompt +
+// completion) without special tokens, the prompt its first len(enc(prompt)) ids — one fewer
+// where those are not enc(prompt) (the prompt's last token merged with the completion's first).
+struct CpoSide {
+  std::vector<int32_t> ids;
+  size_t prompt = 0;
+  bool diverged = false;
+};
+CpoSide cpo_side(const Tokenizer& tok, const std::string& prompt, const std::string& completion) {
+  CpoSide s;
+  s.ids = tok.encode(prompt + completion);
+  const std::vector<int32_t> p = tok.encode(prompt);
+  if (p.size() > s.ids.size())
+    throw RuntimeError(
+        "the prompt alone encodes to more tokens than prompt + completion (TRL's CPOTrainer refuses it)");
+  s.diverged = !std::equal(p.begin(), p.end(), s.ids.begin());
+  s.prompt = p.size() - (s.diverged ? 1 : 0);
+  return s;
+}
+
+// TRL's CPOTrainer.tokenize_row on a pair of texts (build_tokenized_answer, then the bos_token
+// before a prompt that does not start with it and the eos_token after a completion that does
+// not end with it).
+PreferencePair cpo_pair(const Tokenizer& tok, const PairTokenization& how, const std::string& prompt,
+                        const std::string& chosen, const std::string& rejected) {
+  const std::optional<int32_t> eos = how.eos.empty() ? std::nullopt : tok.id_of(how.eos);
+  if (!eos)
+    throw RuntimeError(
+        "SimPO pairs end each completion with the tokenizer's eos_token (as TRL's CPOTrainer does), and this "
+        "tokenizer names " +
+        (how.eos.empty() ? std::string("none: point data.tokenizer at the model directory (its tokenizer_config.json)")
+                         : "\"" + how.eos + "\", which is not one of its tokens"));
+  std::optional<int32_t> bos;
+  if (!how.bos.empty() && !(bos = tok.id_of(how.bos)))
+    throw RuntimeError("the tokenizer's bos_token \"" + how.bos + "\" is not one of its tokens");
+  CpoSide c = cpo_side(tok, prompt, chosen), r = cpo_side(tok, prompt, rejected);
+  size_t differ = c.prompt > r.prompt ? c.prompt - r.prompt : r.prompt - c.prompt;
+  for (size_t i = 0; i < std::min(c.prompt, r.prompt); ++i) differ += c.ids[i] != r.ids[i] ? 1 : 0;
+  if (differ > 1)
+    throw RuntimeError(
+        "\"chosen\" and \"rejected\" tokenize the prompt differently beyond its last token (TRL's CPOTrainer "
+        "refuses such a pair)");
+  PreferencePair out;
+  out.prompt_diverged = c.diverged || r.diverged;
+  for (auto [side, sample] : {std::pair{&c, &out.chosen}, std::pair{&r, &out.rejected}}) {
+    if (bos && (side->prompt == 0 || side->ids[0] != *bos)) {
+      side->ids.insert(side->ids.begin(), *bos);
+      ++side->prompt;
+    }
+    if (side->ids.size() == side->prompt || side->ids.back() != *eos) side->ids.push_back(*eos);
+    sample->trained.assign(side->ids.size(), 0);
+    std::fill(sample->trained.begin() + static_cast<std::ptrdiff_t>(side->prompt), sample->trained.end(), 1);
+    sample->ids = std::move(side->ids);
+    out.prompt_ids = std::max(out.prompt_ids, static_cast<int64_t>(side->prompt));
+  }
+  return out;
+}
+
+}  // namespace
+
+PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format, const PairTokenization& how,
                                  const std::string& line, const FieldNames& fields,
                                  const std::vector<std::string>& ignore_fields) {
   json j = parsed_record(line, fields, ignore_fields);
@@ -262,21 +346,39 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
     if (conversational ? !part->is_array() : !part->is_string())
       throw RuntimeError("\"prompt\", \"chosen\" and \"rejected\" must all be strings or all message lists");
   }
+  if (prompt.is_null() && conversational) {  // the turns chosen and rejected share
+    size_t idx = 0;
+    const size_t n = std::min(chosen.size(), rejected.size());
+    if (n == 0) throw RuntimeError("\"chosen\" or \"rejected\" is empty and there is no \"prompt\"");
+    while (idx < n && chosen[idx] == rejected[idx]) ++idx;
+    if (idx == n) idx = n - 1;  // as TRL's loop leaves its index
+    prompt = json(std::vector<json>(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(idx)));
+    chosen = json(std::vector<json>(chosen.begin() + static_cast<std::ptrdiff_t>(idx), chosen.end()));
+    rejected = json(std::vector<json>(rejected.begin() + static_cast<std::ptrdiff_t>(idx), rejected.end()));
+  } else if (prompt.is_null()) {  // the text they share
+    const std::string c = chosen.get<std::string>(), r = rejected.get<std::string>();
+    const size_t cut = shared_text_prompt(c, r);
+    prompt = c.substr(0, cut);
+    chosen = c.substr(cut);
+    rejected = r.substr(cut);
+  }
+  const std::vector<ChatMessage> turns =
+      conversational && !prompt.empty() ? chat_turns(prompt) : std::vector<ChatMessage>{};
+  if (how.cpo) {
+    PreferencePair out;
+    if (conversational) {
+      const auto [p, c, r] = chat_pair_text(format, turns, chosen, rejected);
+      out = cpo_pair(tok, how, p, c, r);
+    } else {
+      out = cpo_pair(tok, how, prompt.get<std::string>(), chosen.get<std::string>(), rejected.get<std::string>());
+    }
+    out.conversational = conversational;
+    return out;
+  }
   PreferencePair out;
   out.conversational = conversational;
   std::vector<int32_t> prompt_ids, with_chosen, with_rejected;
   if (conversational) {
-    if (prompt.is_null()) {  // the turns chosen and rejected share
-      size_t idx = 0;
-      const size_t n = std::min(chosen.size(), rejected.size());
-      if (n == 0) throw RuntimeError("\"chosen\" or \"rejected\" is empty and there is no \"prompt\"");
-      while (idx < n && chosen[idx] == rejected[idx]) ++idx;
-      if (idx == n) idx = n - 1;  // as TRL's loop leaves its index
-      prompt = json(std::vector<json>(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(idx)));
-      chosen = json(std::vector<json>(chosen.begin() + static_cast<std::ptrdiff_t>(idx), chosen.end()));
-      rejected = json(std::vector<json>(rejected.begin() + static_cast<std::ptrdiff_t>(idx), rejected.end()));
-    }
-    std::vector<ChatMessage> turns = prompt.empty() ? std::vector<ChatMessage>{} : chat_turns(prompt);
     prompt_ids = render_prompt(tok, format, turns);
     auto whole = [&](const json& completion) {
       std::vector<ChatMessage> all = turns;
@@ -286,18 +388,13 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
     with_chosen = whole(chosen);
     with_rejected = whole(rejected);
   } else {
+    const std::string& eos = how.eos;
     if (eos.empty())
       throw RuntimeError(
           "text preference records end each completion with the tokenizer's eos_token (as TRL does), and this "
           "tokenizer names none: point data.tokenizer at the model directory (its tokenizer_config.json)");
-    std::string p = prompt.is_null() ? std::string() : prompt.get<std::string>();
+    const std::string p = prompt.get<std::string>();
     std::string c = chosen.get<std::string>(), r = rejected.get<std::string>();
-    if (prompt.is_null()) {
-      const size_t cut = shared_text_prompt(c, r);
-      p = c.substr(0, cut);
-      c = c.substr(cut);
-      r = r.substr(cut);
-    }
     const auto ends_with = [&](const std::string& s) {
       return s.size() >= eos.size() && s.compare(s.size() - eos.size(), eos.size(), eos) == 0;
     };
@@ -351,7 +448,7 @@ void render_pair(const std::string& path, const std::string& separator, const st
                  const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o, SampleBlock& out) {
   PreferencePair p;
   try {
-    p = render_preference(tok, format, o.eos, record, o.fields, o.ignore_fields);
+    p = render_preference(tok, format, o.pair_tokenization, record, o.fields, o.ignore_fields);
   } catch (const std::exception& e) {
     bad_record(path + separator + std::to_string(where) + ": " + e.what(), o, out);
     return;

@@ -39,6 +39,14 @@ const std::vector<std::string>& record_fields();
 // strings; any other field of a turn is refused by name (RuntimeError, without location).
 std::vector<ChatMessage> chat_turns(const nlohmann::json& messages);
 
+// How preference records are tokenized: as TRL's DPOTrainer does (training.objective dpo), or
+// as its CPOTrainer does (`cpo`: simpo, TRL's SimPO), with the tokenizer's bos_token and
+// eos_token as transformers resolves them ("" for none).
+struct PairTokenization {
+  bool cpo = false;
+  std::string bos, eos;
+};
+
 struct SampleOptions {
   int64_t max_ids = 0;  // seq_len + 1: the ids one row holds (its seq_len predictions)
   bool drop_too_long = false;
@@ -49,7 +57,7 @@ struct SampleOptions {
   // Preference records ({prompt, chosen, rejected}: render_preference): each record becomes two
   // samples, chosen then rejected, cut as TRL's DPO collator cuts them (below).
   bool preference = false;
-  std::string eos;  // preference text records: the tokenizer's eos_token, ending each completion
+  PairTokenization pair_tokenization;
   int threads = 1;  // records rendered by this many threads at once (the result does not depend on it)
   int64_t block_bytes = int64_t{16} << 20;  // a JSONL file is read this many bytes of whole lines at a time
 };
@@ -137,23 +145,30 @@ Sample render_record(const Tokenizer& tokenizer, const ChatFormat& format, const
                      bool train_on_prompt, SampleStats& stats, const FieldNames& fields = {},
                      const std::vector<std::string>& ignore_fields = {});
 
-// One preference record as TRL's DPOTrainer tokenizes it (trl 1.16, DPOTrainer._prepare_dataset):
+// One preference record as TRL 1.16 tokenizes it.
+// DPOTrainer (DPOTrainer._prepare_dataset):
 //   {"prompt", "chosen", "rejected"}  text: the prompt encoded as HF's tokenizer(text) encodes it
 //       (the post-processor's special tokens, e.g. BOS), and prompt + completion + eos_token (added
 //       when the completion does not end with it) likewise; messages (lists of {"role",
 //       "content"}): the prompt with the template's generation prompt, and prompt + completion as
-//       the template renders the whole chat.
-//   {"chosen", "rejected"} without "prompt": the prompt is their longest common prefix (of
-//       characters, or of turns), as TRL's extract_prompt cuts it.
-// The completion — every token after the longest prefix the prompt shares with both — is
-// trained, the rest is not. `eos` is the tokenizer's eos_token (text records; "" refuses them).
+//       the template renders the whole chat. The completion — every token after the longest
+//       prefix the prompt shares with both — is trained, the rest is not.
+// CPOTrainer (`how.cpo`; maybe_apply_chat_template, then tokenize_row): chats first become text —
+//   the prompt is the characters the prompt's rendering (with the generation prompt) shares with
+//   both whole chats', each completion the rest of its chat's. Then, with no special tokens added:
+//   the completion starts where enc(prompt) ends in enc(prompt + completion), one token earlier
+//   where their tokens part; the bos_token is put before a prompt that does not start with it, the
+//   eos_token after a completion that does not end with it (both by id).
+// {"chosen", "rejected"} without "prompt": the prompt is their longest common prefix (of
+// characters, or of turns), as TRL's extract_prompt cuts it.
+// `how.eos` is the tokenizer's eos_token ("" refuses DPO's text records and every CPO record).
 struct PreferencePair {
   Sample chosen, rejected;
-  int64_t prompt_ids = 0;        // the tokens before the completions
-  bool prompt_diverged = false;  // the prompt alone tokenizes to more than that prefix
+  int64_t prompt_ids = 0;        // the tokens before the completions (CPO: the longer of the two)
+  bool prompt_diverged = false;  // the prompt alone does not tokenize to that prefix
   bool conversational = false;
 };
-PreferencePair render_preference(const Tokenizer& tokenizer, const ChatFormat& format, const std::string& eos,
+PreferencePair render_preference(const Tokenizer& tokenizer, const ChatFormat& format, const PairTokenization& how,
                                  const std::string& json_line, const FieldNames& fields = {},
                                  const std::vector<std::string>& ignore_fields = {});
 

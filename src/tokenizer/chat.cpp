@@ -926,22 +926,24 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
   return tokenize_parts(tok, chat_parts(f, messages), train_on_prompt);
 }
 
-std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
-                                   const std::vector<ChatMessage>& messages) {
+namespace {
+// A prompt's chat, checked (it ends with a user message), and the template's generation prompt.
+std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
   if (messages.empty() || messages.back().role != "user")
     throw RuntimeError("a prompt to answer must end with a user message");
-  std::vector<int32_t> ids = render_chat(tok, f, messages, /*train_on_prompt=*/true).ids;
-  std::vector<Part> cue;
+  check_reasoning(f, messages);
+  std::vector<Part> parts = chat_parts(f, messages);
   switch (f.kind) {
     case ChatTemplate::llama3:
     case ChatTemplate::llama3_1:
     case ChatTemplate::llama3_2:
-      cue = {{"<|start_header_id|>", false}, {"assistant", false}, {"<|end_header_id|>", false}, {"\n\n", false}};
+      for (const char* t : {"<|start_header_id|>", "assistant", "<|end_header_id|>", "\n\n"})
+        parts.push_back({t, false});
       break;
     case ChatTemplate::qwen2_5:
     case ChatTemplate::qwen3:
     case ChatTemplate::chatml:
-      cue = {{"<|im_start|>", false}, {"assistant\n", false}};
+      for (const char* t : {"<|im_start|>", "assistant\n"}) parts.push_back({t, false});
       break;
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_system_first:
@@ -950,9 +952,25 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
     case ChatTemplate::automatic:
       break;
   }
-  const std::vector<int32_t> more = tokenize_parts(tok, cue, true).ids;
-  ids.insert(ids.end(), more.begin(), more.end());
-  return ids;
+  return parts;
+}
+
+std::string joined(const std::vector<Part>& parts) {
+  std::string text;
+  for (const Part& p : parts) text += p.text;
+  return text;
+}
+}  // namespace
+
+std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
+                                   const std::vector<ChatMessage>& messages) {
+  return tokenize_parts(tok, prompt_parts(f, messages), true).ids;
+}
+
+std::string chat_text(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool generation_prompt) {
+  if (generation_prompt) return joined(prompt_parts(f, messages));
+  check_reasoning(f, messages);
+  return joined(chat_parts(f, messages));
 }
 
 std::string end_of_turn(const ChatFormat& f) {

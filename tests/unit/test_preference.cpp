@@ -77,7 +77,9 @@ TEST(Preference, EveryPrecisionModeTrainsWithTheStateBytesPlanned) {
     const auto l = losses(dir / "run/metrics.jsonl");
     ASSERT_EQ(l.size(), 12u) << k.name;
     EXPECT_LT(l.at(12), l.at(1) - 0.05) << k.name;
-    if (c.training.objective == Objective::dpo) EXPECT_NEAR(l.at(1), std::log(2.0), 1e-6) << k.name;  // ref = policy
+    if (c.training.objective == Objective::dpo) {
+      EXPECT_NEAR(l.at(1), std::log(2.0), 1e-6) << k.name;  // ref = policy
+    }
     const auto last = nlohmann::json::parse(last_line(dir / "run/metrics.jsonl"));
     EXPECT_GT(last["rewards/margins"].get<double>(), 0.0) << k.name;
     EXPECT_EQ(last["pairs"].get<int64_t>(), 8) << k.name;

@@ -577,7 +577,9 @@ TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
            {"train_on_prompt", [](SampleOptions& x) { x.train_on_prompt = true; }},
            {"skip_bad_records", [](SampleOptions& x) { x.skip_bad_records = true; }},
            {"preference", [](SampleOptions& x) { x.preference = true; }},
-           {"eos", [](SampleOptions& x) { x.eos = "<|eot_id|>"; }},
+           {"eos", [](SampleOptions& x) { x.pair_tokenization.eos = "<|eot_id|>"; }},
+           {"bos", [](SampleOptions& x) { x.pair_tokenization.bos = "<|begin_of_text|>"; }},
+           {"cpo", [](SampleOptions& x) { x.pair_tokenization.cpo = true; }},
            {"fields", [](SampleOptions& x) {
               x.fields = {{"output", "answer"}};
             }}}) {
@@ -708,7 +710,7 @@ TEST(Preference, APairIsTwoSamplesTrainedAfterThePromptTheyShare) {
   const std::string record =
       R"({"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "yes"}],)"
       R"( "rejected": [{"role": "assistant", "content": "no no"}]})";
-  const PreferencePair p = render_preference(tok(), format(), "", record);
+  const PreferencePair p = render_preference(tok(), format(), {}, record);
   const std::vector<int32_t> prompt = render_prompt(tok(), format(), {{"user", "hi"}});
   EXPECT_EQ(p.prompt_ids, static_cast<int64_t>(prompt.size()));
   EXPECT_EQ(p.chosen.ids, render_chat(tok(), format(), {{"user", "hi"}, {"assistant", "yes"}}, true).ids);
@@ -719,21 +721,78 @@ TEST(Preference, APairIsTwoSamplesTrainedAfterThePromptTheyShare) {
   const std::string implicit =
       R"({"chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}],)"
       R"( "rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no no"}]})";
-  const PreferencePair q = render_preference(tok(), format(), "", implicit);
+  const PreferencePair q = render_preference(tok(), format(), {}, implicit);
   EXPECT_EQ(q.chosen.ids, p.chosen.ids);
   EXPECT_EQ(q.rejected.trained, p.rejected.trained);
   // Text: the prompt's ids, then the completion and the eos_token (added once).
-  const PreferencePair t = render_preference(tok(), format(), "<|eot_id|>",
+  const PreferencePair t = render_preference(tok(), format(), {false, "", "<|eot_id|>"},
                                              R"({"prompt": "Q:", "chosen": " a<|eot_id|>", "rejected": " b"})");
   EXPECT_EQ(t.chosen.ids, tok().encode_with_special_tokens("Q: a<|eot_id|>"));
   EXPECT_EQ(t.rejected.ids, tok().encode_with_special_tokens("Q: b<|eot_id|>"));
   EXPECT_EQ(t.prompt_ids, static_cast<int64_t>(tok().encode_with_special_tokens("Q:").size()));
 }
 
+// SimPO pairs (TRL's CPOTrainer): text encoded without special tokens, the completion from
+// where the prompt's tokens end, the bos_token and eos_token added by id where missing.
+TEST(Preference, CpoPairsAreTextWithBosAndEosAddedWhereMissing) {
+  const int32_t bos = id("<|begin_of_text|>"), eos = id("<|end_of_text|>");
+  const PairTokenization cpo{true, "<|begin_of_text|>", "<|end_of_text|>"};
+  const std::string text = R"({"prompt": "Q:", "chosen": " a", "rejected": " b<|end_of_text|>"})";
+  const PreferencePair t = render_preference(tok(), format(), cpo, text);
+  const size_t prompt = 1 + tok().encode("Q:").size();
+  EXPECT_EQ(t.chosen.ids, cat({{bos}, tok().encode("Q: a"), {eos}}));
+  EXPECT_EQ(t.rejected.ids, cat({{bos}, tok().encode("Q: b<|end_of_text|>")}));  // the eos_token once
+  EXPECT_EQ(t.prompt_ids, static_cast<int64_t>(prompt));
+  EXPECT_FALSE(t.prompt_diverged);
+  for (const Sample* s : {&t.chosen, &t.rejected})
+    for (size_t i = 0; i < s->ids.size(); ++i) EXPECT_EQ(s->trained[i], i >= prompt ? 1 : 0) << i;
+  // A tokenizer without a bos_token: none.
+  EXPECT_EQ(render_preference(tok(), format(), {true, "", "<|end_of_text|>"}, text).chosen.ids,
+            cat({tok().encode("Q: a"), {eos}}));
+  // Chats as their template's text: the eos_token after the reply's end of turn, and not the
+  // bos_token the template opens with a second time.
+  const std::string chat =
+      R"({"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "yes"}],)"
+      R"( "rejected": [{"role": "assistant", "content": "no no"}]})";
+  const std::vector<ChatMessage> turns{{"user", "hi"}, {"assistant", "yes"}};
+  const std::vector<int32_t> whole = render_chat(tok(), format(), turns, true).ids;
+  EXPECT_EQ(tok().encode(chat_text(format(), turns, false)), whole);  // the text render_chat's ids encode
+  EXPECT_EQ(tok().encode(chat_text(format(), {{"user", "hi"}}, true)),
+            render_prompt(tok(), format(), {{"user", "hi"}}));
+  const PreferencePair c = render_preference(tok(), format(), cpo, chat);
+  EXPECT_EQ(c.chosen.ids, cat({whole, {eos}}));
+  EXPECT_EQ(c.prompt_ids, static_cast<int64_t>(render_prompt(tok(), format(), {{"user", "hi"}}).size()));
+  // ... and with <|eot_id|> as the eos_token, which the reply already ends with, nothing.
+  EXPECT_EQ(render_preference(tok(), format(), {true, "<|begin_of_text|>", "<|eot_id|>"}, chat).chosen.ids, whole);
+  // A prompt whose last token merges with the completion's first: the completion starts one
+  // token earlier (build_tokenized_answer).
+  const std::vector<int32_t> alone = tok().encode("Q: "), merged = tok().encode("Q: answer");
+  ASSERT_NE(merged.at(alone.size() - 1), alone.back());  // "Ġ" + "answer" begins "Ġa"
+  const PreferencePair m =
+      render_preference(tok(), format(), cpo, R"({"prompt": "Q: ", "chosen": "answer", "rejected": "no"})");
+  EXPECT_TRUE(m.prompt_diverged);
+  EXPECT_EQ(m.chosen.ids, cat({{bos}, merged, {eos}}));
+  EXPECT_EQ(m.chosen.trained[alone.size()], 1);  // after bos and the prompt's tokens but its last
+  EXPECT_EQ(m.chosen.trained[alone.size() - 1], 0);
+  // ... and one whose tokens outnumber the whole's (" t" "h" + "e" is " the"): refused, as by TRL.
+  EXPECT_THROW(render_preference(tok(), format(), cpo, R"({"prompt": "Q: th", "chosen": "e", "rejected": "is"})"),
+               RuntimeError);
+  // An eos_token or bos_token the tokenizer lacks is refused by name.
+  for (const PairTokenization& bad : {PairTokenization{true, "", ""}, PairTokenization{true, "", "<nope>"},
+                                      PairTokenization{true, "<nope>", "<|end_of_text|>"}}) {
+    try {
+      render_preference(tok(), format(), bad, text);
+      ADD_FAILURE() << "accepted eos " << bad.eos << " bos " << bad.bos;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(bad.eos.empty() ? "eos_token" : "<nope>"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Preference, RecordsPtrainCannotReadAreRefusedByName) {
   const auto why = [](const std::string& record, const std::string& eos = "<|eot_id|>") {
     try {
-      render_preference(tok(), format(), eos, record);
+      render_preference(tok(), format(), {false, "", eos}, record);
     } catch (const RuntimeError& e) {
       return std::string(e.what());
     }
@@ -766,7 +825,7 @@ TEST(Preference, PairsAreCutAsTrlCutsThemAndRowsHoldChosenThenRejected) {
   test::write_text(dir / "pairs.jsonl", lines);
   SampleOptions o;
   o.preference = true;
-  o.eos = "<|eot_id|>";
+  o.pair_tokenization.eos = "<|eot_id|>";
   o.max_ids = 12;
   const auto set = std::make_shared<SampleSet>(load(dir / "pairs.jsonl", o));
   EXPECT_EQ(set->stats.pairs, 5);
