@@ -432,9 +432,10 @@ void append_sample(const Sample& s, int64_t line, SampleBlock& out) {
 }
 
 // A record that cannot be rendered ("FILE:LINE: why"): the block's error, or with
-// data.on_bad_record = "skip" counted (the first one kept).
-void bad_record(const std::string& why, const SampleOptions& o, SampleBlock& out) {
-  if (!o.skip_bad_records)
+// data.on_bad_record = "skip" counted (the first one kept) — unless the record is well formed
+// and the problem is the run's (a chat without a chat template: `e`).
+void bad_record(const std::string& why, const std::exception& e, const SampleOptions& o, SampleBlock& out) {
+  if (!o.skip_bad_records || dynamic_cast<const NoChatTemplate*>(&e) != nullptr)
     out.error = why;
   else if (out.stats.skipped_bad++ == 0)
     out.stats.first_bad = why;
@@ -450,7 +451,7 @@ void render_pair(const std::string& path, const std::string& separator, const st
   try {
     p = render_preference(tok, format, o.pair_tokenization, record, o.fields, o.ignore_fields);
   } catch (const std::exception& e) {
-    bad_record(path + separator + std::to_string(where) + ": " + e.what(), o, out);
+    bad_record(path + separator + std::to_string(where) + ": " + e.what(), e, o, out);
     return;
   }
   ++(p.conversational ? out.stats.chat : out.stats.text);
@@ -493,7 +494,7 @@ void render_range(const std::string& path, const std::string& separator, const s
     try {
       s = render_record(tok, format, records[r], o.train_on_prompt, out.stats, o.fields, o.ignore_fields);
     } catch (const std::exception& e) {
-      bad_record(path + separator + std::to_string(where[r]) + ": " + e.what(), o, out);
+      bad_record(path + separator + std::to_string(where[r]) + ": " + e.what(), e, o, out);
       if (!out.error.empty()) return;
       continue;
     }

@@ -705,8 +705,28 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
   return f;
 }
 
+ChatFormat data_chat_format(const Tokenizer& tok, ChatTemplate requested) {
+  try {
+    return chat_format(tok, requested);
+  } catch (const RuntimeError& e) {
+    ChatFormat f;
+    std::tie(f.bos, f.eos) = document_markers(tok);
+    f.kind = ChatTemplate::automatic;
+    f.source = "none usable";
+    f.unavailable = e.what();
+    return f;
+  }
+}
+
 namespace {
 const std::string& template_name(const ChatFormat& f) { return chat_template_names()[static_cast<size_t>(f.kind)]; }
+
+// Throws NoChatTemplate for a format without a template (data_chat_format).
+void require_template(const ChatFormat& f) {
+  if (f.kind == ChatTemplate::automatic)
+    throw NoChatTemplate(f.unavailable.empty() ? "a chat needs a resolved chat format (chat_format)"
+                                               : "a chat record, and " + f.unavailable);
+}
 
 void check_role(const ChatFormat& f, const ChatMessage& m, std::initializer_list<const char*> roles) {
   for (const char* r : roles)
@@ -922,6 +942,7 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
 
 Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<ChatMessage>& messages,
                    bool train_on_prompt) {
+  require_template(f);
   check_reasoning(f, messages);
   return tokenize_parts(tok, chat_parts(f, messages), train_on_prompt);
 }
@@ -929,6 +950,7 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
 namespace {
 // A prompt's chat, checked (it ends with a user message), and the template's generation prompt.
 std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  require_template(f);
   if (messages.empty() || messages.back().role != "user")
     throw RuntimeError("a prompt to answer must end with a user message");
   check_reasoning(f, messages);
@@ -969,6 +991,7 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
 
 std::string chat_text(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool generation_prompt) {
   if (generation_prompt) return joined(prompt_parts(f, messages));
+  require_template(f);
   check_reasoning(f, messages);
   return joined(chat_parts(f, messages));
 }

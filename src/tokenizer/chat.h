@@ -79,6 +79,15 @@ struct ChatFormat {
   // Llama 3's <|begin_of_text|> / <|end_of_text|>, Qwen's <|endoftext|>, else the
   // tokenizer_config.json's bos_token / eos_token.
   std::string bos, eos;
+  // data_chat_format() without a template it can render: why (kind stays `automatic`); a chat
+  // rendered with this format throws NoChatTemplate with it.
+  std::string unavailable;
+};
+
+// A chat met where no template can render it (ChatFormat::unavailable). Never a malformed record:
+// data.on_bad_record = "skip" does not skip it.
+struct NoChatTemplate : RuntimeError {
+  using RuntimeError::RuntimeError;
 };
 
 // The tokenizer's document markers {bos, eos} ("" where there is none): Llama 3's
@@ -93,6 +102,10 @@ std::pair<std::string, std::string> document_markers(const Tokenizer& tok);
 // header tokens. An unrecognized template, or none where one is needed, throws RuntimeError naming the file and the
 // options (a template is never guessed).
 ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested);
+// chat_format() for a data file, whose text records need no template (as transformers reads
+// none for them): where chat_format() throws, a format whose `unavailable` says why, so that
+// only the file's first chat is refused with it.
+ChatFormat data_chat_format(const Tokenizer& tok, ChatTemplate requested);
 
 // A chat template's text (read from `where`) recognized as one ptrain renders: the same tags
 // outside tool-call branches, token for token (docs/data.md). Throws RuntimeError naming `where`,

@@ -322,7 +322,7 @@ RunData preference_pairs(const Config& c, const Tokenizer& tok, const ChatFormat
 RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& device, bool eval_only) {
   const Tokenizer tok(c.tokenizer_path());
   if (comm == nullptr || comm->rank() == 0) log::info("tokenizer ", tok.path(), ": ", tok.reading());
-  const ChatFormat format = chat_format(tok, c.data.chat_template);
+  const ChatFormat format = data_chat_format(tok, c.data.chat_template);
   SampleOptions o;
   const bool pairs = is_preference(c.training.objective);
   o.max_ids = pairs && c.preference.max_length > 0 ? c.preference.max_length : c.data.seq_len + 1;

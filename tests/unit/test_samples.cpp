@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -316,7 +317,7 @@ TEST(Samples, FieldsNoRecordKindReadsAreRefusedOrLeftOutKnowingly) {
       {R"({"text": "hello", "id": 7})", "a \"text\" record holds \"id\""},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string path = dir / ("c" + std::to_string(i) + ".jsonl");
+    const std::string path = dir / "c" + std::to_string(i) + ".jsonl";
     test::write_text(path, "{\"text\": \"first\"}\n" + cases[i].first + "\n");
     try {
       load(path);
@@ -700,6 +701,52 @@ TEST(Samples, AFileThatIsNotOneJsonArrayIsRefusedNamingWhere) {
     } catch (const RuntimeError& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
+  }
+}
+
+// Text records need no chat template, as transformers reads none for them: with a tokenizer
+// directory that has none (a base model's), text, prompt/completion and text preference records
+// are tokenized; the file's first chat stops the run naming the missing template, even with
+// data.on_bad_record = "skip" (the record is not malformed).
+TEST(SampleSet, TextNeedsNoChatTemplateAndAChatWithoutOneStopsTheRun) {
+  test::TempDir dir;
+  std::filesystem::create_directory(dir / "base");
+  std::filesystem::copy_file(test::fixture("hf_qwen_chat/tokenizer.json"), dir / "base/tokenizer.json");
+  auto config = nlohmann::json::parse(read_text_file(test::fixture("hf_qwen_chat/tokenizer_config.json")));
+  config.erase("chat_template");
+  test::write_text(dir / "base/tokenizer_config.json", config.dump());
+  const Tokenizer base(dir / "base");
+  EXPECT_THROW(chat_format(base, ChatTemplate::automatic), RuntimeError);
+  const ChatFormat f = data_chat_format(base, ChatTemplate::automatic);
+  EXPECT_NE(f.unavailable.find("no chat template"), std::string::npos) << f.unavailable;
+  const std::string text = R"({"text": "hello there"})"
+                           "\n"
+                           R"({"prompt": "Q:", "completion": " a"})"
+                           "\n";
+  test::write_text(dir / "text.jsonl", text);
+  SampleOptions o;
+  o.max_ids = 64;
+  const SampleSet set = SampleSet::from_jsonl(dir / "text.jsonl", base, f, o);
+  ASSERT_EQ(set.size(), 2);
+  EXPECT_EQ(std::vector<int32_t>(set.ids(0), set.ids(0) + set.length(0)),
+            cat({base.encode("hello there"), {base.id_of("<|endoftext|>").value()}}));
+  test::write_text(dir / "pairs.jsonl", R"({"prompt": "Q:", "chosen": " a", "rejected": " b"})"
+                                        "\n");
+  SampleOptions pairs = o;
+  pairs.preference = true;
+  pairs.pair_tokenization.eos = "<|im_end|>";
+  EXPECT_EQ(SampleSet::from_jsonl(dir / "pairs.jsonl", base, f, pairs).size(), 2);  // DPO
+  pairs.pair_tokenization.cpo = true;
+  EXPECT_EQ(SampleSet::from_jsonl(dir / "pairs.jsonl", base, f, pairs).size(), 2);  // SimPO
+  test::write_text(dir / "mixed.jsonl", text + R"({"messages": [{"role": "user", "content": "hi"}]})"
+                                               "\n");
+  o.skip_bad_records = true;
+  try {
+    SampleSet::from_jsonl(dir / "mixed.jsonl", base, f, o);
+    ADD_FAILURE() << "a chat was tokenized without a chat template";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("mixed.jsonl:3: a chat record, and no chat template in"), std::string::npos)
+        << e.what();
   }
 }
 
