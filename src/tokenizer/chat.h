@@ -35,6 +35,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/error.h"
+
 namespace ptrain {
 
 class Tokenizer;
