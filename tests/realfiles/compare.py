@@ -22,17 +22,26 @@ For every set of the corpus:
               by apply_chat_template (labels -100 but for each reply through its <|im_end|> and
               newline, as tests/fixtures/make_chat_template_fixtures.py marks them): the same
               number of trained tokens, the loss within 1e-4 (as sweep.chat_roundtrip)
-Prints one table row per set; exit 1 on any refusal or difference.
+  templates   (the released chat templates of the chat-templates set, each with the corpus model of
+              its model's family, else Qwen2's) `ptrain eval` of CHATS and a chat with reasoning =
+              transformers' loss over the replies as apply_chat_template renders them (as chat), or
+              ptrain refuses the template naming its file; the templates of Llama 3.1 / 3.2 / 3.3
+              Instruct, Qwen2.5 and Qwen3 must render
+Prints one table row per set and per template; exit 1 on any refusal or difference.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -84,7 +93,9 @@ def ptrain_tokenize(binary, tok_dir, text, tmp):
     return np.frombuffer(open(out, "rb").read()[32:], dtype=np.uint32).tolist(), out
 
 
-def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ):
+def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ, report=None):
+    """(eval's JSON, None, the ignored-keys lines of `ptrain check`) or (None, the error, ...);
+    `report`, a list, receives every line `ptrain check` printed."""
     cfg = os.path.join(tmp, "eval.toml")
     with open(cfg, "w") as f:
         f.write(f'[run]\nname = "realfiles"\noutput_dir = "{tmp}/run"\n[model]\nhf_path = "{model_dir}"\n'
@@ -92,6 +103,8 @@ def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ):
                 + ('cache = false\n' if fmt == "jsonl" else "") + '[precision]\nmode = "fp32"\n[training]\ndevice = "cpu"\n')
     check = subprocess.run([binary, "check", "--config", cfg], capture_output=True, text=True)
     ignored = [line for line in check.stdout.splitlines() if "ignored" in line]
+    if report is not None:
+        report.extend((check.stdout + check.stderr).splitlines())
     if check.returncode != 0:
         errors = [line for line in (check.stderr + check.stdout).splitlines() if line.startswith("error")]
         return None, "; ".join(errors) or (check.stderr or check.stdout).strip().splitlines()[-1], ignored
@@ -153,7 +166,117 @@ def chat_row(chat):
     return 0 if ok else 1
 
 
+# llama.cpp's copies of released chat templates (the corpus's chat-templates set), each tried with
+# the corpus's model of its model's family (a real tokenizer), the others with the Qwen2 one's.
+TEMPLATE_SETS = [("meta-llama-", "hf5-llama"), ("deepseek-ai-DeepSeek-R1-Distill-Llama", "hf5-llama"),
+                 ("NousResearch-Hermes", "hf5-llama"), ("fireworks-ai-llama-3", "hf5-llama"),
+                 ("meetkai-functionary", "hf5-llama"), ("Qwen-Qwen3-", "hf5-qwen3"), ("mistralai-", "hf5-mistral"),
+                 ("unsloth-mistral-", "hf5-mistral"), ("Mistral-", "hf5-mistral")]
+# The released templates of the models ptrain trains: each must be recognized and render as
+# transformers renders it. Every other one must render so too, or be refused naming the file.
+MUST_RENDER = ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
+               "meta-llama-Llama-3.3-70B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B"]
+# Where a reply starts and ends in each kind of template ptrain renders (data.chat_template names).
+REPLY_SPANS = {"llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", ["<|eot_id|>"]),
+               "chatml": ("<|im_start|>assistant\n", ["<|im_end|>", "\n"]), "mistral": ("[/INST]", ["</s>"])}
+SPAN_OF_KIND = {"llama3": "llama3", "llama3.1": "llama3", "llama3.2": "llama3", "qwen2.5": "chatml",
+                "chatml": "chatml", "qwen3": "chatml", "mistral": "mistral", "mistral-system-first": "mistral",
+                "mistral-v0.2": "mistral", "mistral-v0.1": "mistral"}
+# CHATS and one with reasoning in its replies (Qwen3's templates keep the last one's, drop the first's).
+TEMPLATE_CHATS = CHATS + [[{"role": "user", "content": "What is 2 + 3?"},
+                           {"role": "assistant", "content": "<think>\nTwo plus three.\n</think>\n\n5"},
+                           {"role": "user", "content": "And 4 + 4?"},
+                           {"role": "assistant", "content": "<think>Four and four.</think>8"}]]
+
+
+def with_template(src, template, dst):
+    """`src` (a corpus model directory) with `template` as its chat template: the files linked, the
+    template as chat_template.jinja, tokenizer_config.json's own chat_template left out."""
+    os.makedirs(dst)
+    for f in os.listdir(src):
+        if f in ("chat_template.jinja", "additional_chat_templates", "DONE"):
+            continue
+        if f == "tokenizer_config.json":
+            with open(os.path.join(src, f)) as fin:
+                cfg = json.load(fin)
+            cfg.pop("chat_template", None)
+            with open(os.path.join(dst, f), "w") as fout:
+                json.dump(cfg, fout, ensure_ascii=False, indent=2)
+        else:
+            os.symlink(os.path.join(src, f), os.path.join(dst, f))
+    shutil.copyfile(template, os.path.join(dst, "chat_template.jinja"))
+
+
+def template_ptrain(binary, corpus, name, tmp):
+    """ptrain's side of template_check: (corpus set, model directory, eval's JSON, error, check's lines)."""
+    base = next((s for prefix, s in TEMPLATE_SETS if name.startswith(prefix)), "hf5-qwen2")
+    tmp = os.path.join(tmp, name)  # its own: two run at once
+    d = os.path.join(tmp, "model")
+    with_template(os.path.join(corpus, base), os.path.join(corpus, "chat-templates", name + ".jinja"), d)
+    path = os.path.join(tmp, "chats.jsonl")
+    with open(path, "w") as f:
+        for chat in TEMPLATE_CHATS:
+            f.write(json.dumps({"messages": chat}, ensure_ascii=False) + "\n")
+    report = []
+    result, error, _ = ptrain_eval(binary, d, path, tmp, fmt="jsonl", seq=256, report=report)
+    return base, d, result, error, report
+
+
+def template_check(name, base, d, result, error, report):
+    """(ok, what) for the released template `name`: rendered by ptrain as transformers renders it
+    (the same trained tokens, the loss within 1e-4), or refused by ptrain naming the file."""
+    if result is None:
+        named = "chat_template.jinja" in error
+        return named and name not in MUST_RENDER, f"{base}: refused{'' if named else ' WITHOUT NAMING THE FILE'}: " \
+            + error.split("chat_template.jinja", 1)[-1].lstrip(":, ")[:110]
+    kind = next((line.split("chats as ", 1)[1].split()[0] for line in report if "chats as " in line), None)
+    if kind not in SPAN_OF_KIND:
+        return False, f"{base}: rendered, but ptrain check names no template kind ({kind})"
+    header, end = REPLY_SPANS[SPAN_OF_KIND[kind]]
+    tok = AutoTokenizer.from_pretrained(d)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    total, tokens = 0.0, 0
+    for chat in TEMPLATE_CHATS:
+        try:
+            out = tok.apply_chat_template(chat, tokenize=True)
+        except Exception as e:  # noqa: BLE001  (the template's raise_exception, or a Jinja error)
+            return False, f"{base}: ptrain renders it as {kind}; transformers refuses a chat: {e}"
+        ids = list(out["input_ids"]) if hasattr(out, "keys") else list(out)
+        labels = labels_of(tok, ids, header, end)
+        n = sum(1 for label in labels[1:] if label != -100)
+        with torch.no_grad():
+            total += model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.item() * n
+        tokens += n
+    rel = abs(result["mean_loss"] - total / tokens) / abs(total / tokens)
+    ok = result["tokens"] == tokens and rel <= 1e-4
+    return ok, (f"{base}: rendered as {kind}: {result['tokens']} trained tokens (transformers {tokens}), "
+                f"loss rel. diff {rel:.1e}" + ("" if ok else "  DIFFER"))
+
+
+def templates(binary, corpus):
+    """Every released template of the corpus through template_check; the number that failed."""
+    folder = os.path.join(corpus, "chat-templates")
+    names = sorted(f[:-len(".jinja")] for f in os.listdir(folder) if f.endswith(".jinja"))
+    failures, rendered = 0, 0
+    print(f"\nreleased chat templates ({len(names)}, llama.cpp's copies): ptrain = apply_chat_template, or refused")
+    with tempfile.TemporaryDirectory() as tmp:
+        with ThreadPoolExecutor(2) as pool:  # ptrain two at a time; transformers' loading is not thread-safe
+            ours = list(pool.map(lambda name: template_ptrain(binary, corpus, name, tmp), names))
+        for name, run in zip(names, ours):
+            ok, what = template_check(name, *run)
+            failures += not ok
+            rendered += "rendered as" in what
+            print(f"  {name:48} {'ok' if ok else 'FAIL':4} {what}")
+    missing = [n for n in MUST_RENDER if n not in names]
+    if missing:
+        print(f"  missing from the corpus: {', '.join(missing)}")
+    print(f"{len(names)} templates: {rendered} rendered as transformers renders them, "
+          f"{len(names) - rendered} refused by name; {failures + len(missing)} failed")
+    return failures + len(missing)
+
+
 def main():
+    hf_logging.disable_progress_bar()
     binary = os.path.abspath(sys.argv[1])
     corpus = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles")
@@ -162,7 +285,7 @@ def main():
                   and os.path.exists(os.path.join(corpus, d, "tokenizer.json")) and (not only or d in only))
     gguf = {name: path for name, path in {**GGUF_VOCABS, **GGUF_FILES}.items()
             if (not only or name in only) and os.path.exists(os.path.join(corpus, path))}
-    if not sets and not gguf:
+    if not sets and not gguf and not os.path.exists(os.path.join(corpus, "chat-templates", "DONE")):
         raise SystemExit(f"no corpus sets in {corpus}: run tests/realfiles/make_corpus.py first")
     failures = 0
     print(f"{'set':22} {'tokens':>7} {'ids':>6} {'eval: ptrain':>14} {'transformers':>13} {'rel. diff':>10}  ignored keys")
@@ -208,6 +331,8 @@ def main():
             print(row + f" {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}" + ("" if ok else "  DIFFER"))
             failures += chat_row(chat_check(binary, d, tok, tmp, gguf_file=gguf_file))
     print(f"{len(sets)} sets, {failures} with a refusal or a difference")
+    if os.path.exists(os.path.join(corpus, "chat-templates", "DONE")) and (not only or "chat-templates" in only):
+        failures += templates(binary, corpus)
     sys.exit(1 if failures else 0)
 
 

