@@ -24,7 +24,7 @@ namespace {
 // Python's str.isspace() for the code point UTF-8 encodes at s[i..i+n).
 std::string template_options() {
   return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral, "
-         "mistral-system-first, mistral-v0.2, mistral-v0.1 if your data was made for one of them)";
+         "mistral-system-first, mistral-v0.2, mistral-v0.1, deepseek-r1 if your data was made for one of them)";
 }
 
 bool python_space(const std::string& s, size_t i, size_t& n) {
@@ -173,6 +173,7 @@ struct KnownTemplate {
   ChatTemplate kind;
   const char* model;
   std::string text;
+  std::string think_prompt = {};  // deepseek-r1: its generation prompt after "<｜Assistant｜>"
 };
 
 constexpr const char* kDefaultSystemSlot = "<|im_start|>system\n\x01<|im_end|>\n";
@@ -362,6 +363,52 @@ You are a helpful assistant.<|im_end|>
        "message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
        "'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant "
        "roles are supported!') }}{% endif %}{% endfor %}"},
+      // A message whose content is none is a tool call's (template_scan.cpp): that branch does not count.
+      {ChatTemplate::deepseek_r1, "DeepSeek-R1-Distill-Llama", R"TPL({% if not add_generation_prompt is defined -%}
+  {%- set add_generation_prompt = false -%}
+{%- endif -%}
+{%- set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='') -%}
+{%- for message in messages -%}
+  {%- if message['role'] == 'system' -%}
+    {%- set ns.system_prompt = message['content'] -%}
+  {%- endif -%}
+{%- endfor -%}{{bos_token}}{{ns.system_prompt}}
+{%- for message in messages -%}
+  {%- if message['role'] == 'user' -%}
+    {%- set ns.is_tool = false -%}{{'<｜User｜>' + message['content']}}
+  {%- endif -%}
+  {%- if message['role'] == 'assistant' and message['content'] is none -%}
+    {%- set ns.is_tool = false -%}
+    {%- for tool in message['tool_calls']-%}
+      {%- if not ns.is_first -%}{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}
+        {%- set ns.is_first = true -%}
+        {%- else -%}{{'\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}
+      {%- endif -%}
+    {%- endfor -%}
+  {%- endif -%}
+  {%- if message['role'] == 'assistant' and message['content'] is not none -%}
+    {%- if ns.is_tool -%}{{'<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}
+      {%- set ns.is_tool = false -%}
+      {%- else -%}
+      {%- set content = message['content'] -%}
+      {%- if '</think>' in content -%}
+        {%- set content = content.split('</think>')[-1] -%}
+      {%- endif -%}{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}
+    {%- endif -%}
+  {%- endif -%}
+  {%- if message['role'] == 'tool' -%}
+    {%- set ns.is_tool = true -%}
+    {%- if ns.is_output_first -%}{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}
+      {%- set ns.is_output_first = false -%}
+      {%- else -%}{{'\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}
+    {%- endif -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- if ns.is_tool -%}{{'<｜tool▁outputs▁end｜>'}}
+{%- endif -%}
+{%- if add_generation_prompt and not ns.is_tool -%}{{'<｜Assistant｜><think>\n'}}
+{%- endif %})TPL",
+       "<think>\n"},
   };
   // Other releases of these templates, as edits of them.
   static const std::vector<KnownTemplate> with_released = [] {
@@ -453,7 +500,7 @@ You are a helpful assistant.<|im_end|>
          R"(            {%- if '</think>' in message.content %}
                 {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
                 {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %})"}};
-    const std::vector<KnownTemplate> more{
+    std::vector<KnownTemplate> more{
         {ChatTemplate::llama3_2, "Llama 3.2 Instruct", llama32},
         {ChatTemplate::llama3_1, "Llama 3.1 / 3.3 Instruct (as released)",
          edited(text_of("Llama 3.1 Instruct"), llama_released, "Llama 3.1 (as released)")},
@@ -470,6 +517,14 @@ You are a helpful assistant.<|im_end|>
          edited(edited(text_of("Mistral v0.3"), mistral_released, "Mistral v0.3 (as released)"), system_first,
                 "Mistral v0.3 (as released, system first)")},
     };
+    // DeepSeek-R1-Distill-Qwen's: the Llama one's tags (its tool-call branch asks message['tool_calls'])
+    // with a generation prompt that closes the reasoning unless enable_thinking is passed.
+    const Edits deepseek_qwen{
+        {R"({{'<｜Assistant｜><think>\n'}})",
+         R"({{'<｜Assistant｜><think>\n'}}{% if not enable_thinking %}{{- '</think>' -}}{% endif %})"}};
+    more.push_back({ChatTemplate::deepseek_r1, "DeepSeek-R1-Distill-Qwen",
+                    edited(text_of("DeepSeek-R1-Distill-Llama"), deepseek_qwen, "DeepSeek-R1-Distill-Qwen"),
+                    "<think>\n</think>"});
     all.insert(all.end(), more.begin(), more.end());
     return all;
   }();
@@ -597,7 +652,7 @@ RecognizedTemplate recognize_chat_template(const std::string& text, const std::s
     const KnownTemplate& k = known_templates()[i];
     std::string diff = difference(p, profiles[i], k.model);
     if (diff.empty()) diff = tag_difference(p, profiles[i], k.model);
-    if (diff.empty()) return {k.kind, k.model, p.default_system};
+    if (diff.empty()) return {k.kind, k.model, p.default_system, k.think_prompt};
     size_t missing = 0;  // how far apart: literals on one side only
     for (const auto& l : p.literals) missing += profiles[i].literals.count(l.first) ? 0 : 1;
     for (const auto& l : profiles[i].literals) missing += p.literals.count(l.first) ? 0 : 1;
@@ -626,7 +681,8 @@ const std::vector<std::string>& chat_template_names() {
                                           "mistral",
                                           "mistral-v0.2",
                                           "mistral-v0.1",
-                                          "mistral-system-first"};
+                                          "mistral-system-first",
+                                          "deepseek-r1"};
   return n;
 }
 
@@ -649,6 +705,24 @@ void check_template_tokens(const Tokenizer& tok, ChatTemplate kind, const std::s
   if (llama || mistral) require("bos_token", tokens->first, llama ? "<|begin_of_text|>" : "<s>");
   if (mistral) require("eos_token", tokens->second, "</s>");
 }
+
+namespace {
+// DeepSeek-R1's template renders bos_token as the directory's files resolve it (released:
+// <｜begin▁of▁sentence｜>); without those files, the released one where the tokenizer has it.
+std::string deepseek_bos(const Tokenizer& tok, const std::string& where) {
+  static const std::string released = "<｜begin▁of▁sentence｜>";
+  const auto tokens = tok.template_tokens();
+  if (tokens && tokens->first.empty())
+    throw RuntimeError(where + ": the chat template renders bos_token, which this tokenizer's files make None " +
+                       "(tokenizer_config.json / special_tokens_map.json): set bos_token (released: \"" + released +
+                       "\")");
+  if (tokens) return tokens->first;
+  if (!tok.splitting_token(released))
+    throw RuntimeError(tok.path() + ": deepseek-r1's template renders bos_token " + released +
+                       ", which this tokenizer does not have as a token: use the model's own tokenizer directory");
+  return released;
+}
+}  // namespace
 
 std::pair<std::string, std::string> document_markers(const Tokenizer& tok) {
   const fs::path dir = fs::path(tok.path()).parent_path();
@@ -689,8 +763,13 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
       f.kind = known.kind;
       f.default_system = known.default_system;
       f.source = where + ", " + known.model + "'s template";
+      f.think_prompt = known.think_prompt;
       check_template_tokens(tok, f.kind, where);
     }
+  }
+  if (f.kind == ChatTemplate::deepseek_r1) {
+    if (requested == ChatTemplate::deepseek_r1) f.think_prompt = "<think>\n";
+    f.bos_token = deepseek_bos(tok, f.source);
   }
   if (requested == ChatTemplate::qwen2_5) f.default_system = kQwenSystem;
   if (f.kind == ChatTemplate::llama3_1) f.date = "26 Jul 2024";
@@ -914,6 +993,30 @@ std::vector<Part> mistral_v0_1_parts(const ChatFormat& f, const std::vector<Chat
   return parts;
 }
 
+// DeepSeek-R1's distilled models: bos_token and the last system message, then "<｜User｜>CONTENT"
+// and "<｜Assistant｜>" + the reply after its last "</think>" (Python's split('</think>')[-1]) +
+// "<｜end▁of▁sentence｜>", trained.
+std::vector<Part> deepseek_r1_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  std::string system;
+  for (const ChatMessage& m : messages) {
+    check_role(f, m, {"system", "user", "assistant"});
+    if (m.role == "system") system = m.content;
+  }
+  std::vector<Part> parts{{f.bos_token, false}, {system, false}};
+  for (const ChatMessage& m : messages) {
+    if (m.role == "user") {
+      parts.push_back({"<｜User｜>", false});
+      parts.push_back({m.content, false});
+    } else if (m.role == "assistant") {
+      const size_t end = m.content.rfind("</think>");
+      parts.push_back({"<｜Assistant｜>", false});
+      parts.push_back({end == std::string::npos ? m.content : m.content.substr(end + 8), true});
+      parts.push_back({"<｜end▁of▁sentence｜>", true});
+    }
+  }
+  return parts;
+}
+
 // The chat as its template renders it, in parts: template text and message text, each with
 // whether it is trained (a reply's).
 std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
@@ -933,6 +1036,8 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
       return mistral_parts(f, messages);
     case ChatTemplate::mistral_v0_1:
       return mistral_v0_1_parts(f, messages);
+    case ChatTemplate::deepseek_r1:
+      return deepseek_r1_parts(f, messages);
     case ChatTemplate::automatic:
       break;
   }
@@ -966,6 +1071,10 @@ std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessag
     case ChatTemplate::qwen3:
     case ChatTemplate::chatml:
       for (const char* t : {"<|im_start|>", "assistant\n"}) parts.push_back({t, false});
+      break;
+    case ChatTemplate::deepseek_r1:
+      parts.push_back({"<｜Assistant｜>", false});
+      parts.push_back({f.think_prompt, false});
       break;
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_system_first:
@@ -1007,6 +1116,8 @@ std::string end_of_turn(const ChatFormat& f) {
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_v0_1:
       return "</s>";
+    case ChatTemplate::deepseek_r1:
+      return "<｜end▁of▁sentence｜>";
     default:
       return "<|eot_id|>";
   }

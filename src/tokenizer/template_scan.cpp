@@ -196,8 +196,9 @@ bool tool_condition(const std::vector<Token>& cond, int nesting = 0);
 // A term of a condition (no top-level and / or) that is false for every chat without tools as
 // transformers renders it (tools passed as none, no tool_calls, no tool messages): `tools`,
 // `tools is not none`, `not tools is none`, `custom_tools` / `builtin_tools` (is defined),
-// `x.tool_calls` (is defined), `'tool_calls' in x`, `x.role == 'tool' | 'ipython' | 'tool_results'`.
-// Anything else may hold without tools.
+// `x.tool_calls` (is defined), `'tool_calls' in x`, `x.role == 'tool' | 'ipython' | 'tool_results'`;
+// and `x.content is none` (a message without content: a tool call's — every message ptrain renders
+// has a string content). Anything else may hold without tools.
 bool positive_tool_term(const std::vector<Token>& t, int nesting = 0) {
   const size_t n = t.size();
   auto is = [&](size_t i, const char* text) { return i < n && t[i].kind == Token::name && t[i].text == text; };
@@ -221,6 +222,7 @@ bool positive_tool_term(const std::vector<Token>& t, int nesting = 0) {
       ((n == 3 && (is(0, "custom_tools") || is(0, "builtin_tools"))) || path_to(t, 0, n - 2, "tool_calls")))
     return true;
   if (n >= 3 && t[0].kind == Token::string && t[0].text == "tool_calls" && is(1, "in") && is_path(t, 2, n)) return true;
+  if (n >= 5 && is(n - 2, "is") && is(n - 1, "none") && path_to(t, 0, n - 2, "content")) return true;
   if (n >= 4 && t[n - 2].text == "=" && t[n - 3].text == "=" && t[n - 1].kind == Token::string &&
       (t[n - 1].text == "tool" || t[n - 1].text == "ipython" || t[n - 1].text == "tool_results") &&
       path_to(t, 0, n - 3, "role"))

@@ -25,6 +25,9 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
   hf5-<family>         a small seeded model of each family (llama, mistral, qwen2, qwen3) with its
                        family's real tokenizer, saved by transformers 5.23
   hf4-<family>         the same saved by transformers 4.57.6 (run from OUT/tf4, its own install)
+  hf5-llama-r1,        hf5-llama's and hf5-qwen2's model and tokenizer with the special tokens
+  hf5-qwen2-r1         DeepSeek-R1's distilled models rename in them (bos, eos, <｜User｜>,
+                       <｜Assistant｜>; ids kept): that shape, not a released file
 The helper packages (gguf, sentencepiece, protobuf; transformers 4.57.6 and its pins) go into
 folders under OUT, never into the project's venv.
 """
@@ -224,6 +227,42 @@ print(family, transformers.__version__, sum(p.numel() for p in model.parameters(
 """
 
 
+# DeepSeek-R1's distilled models tokenize as Llama 3 / Qwen2.5 with some special tokens renamed (their
+# ids kept): the corpus's directories of that shape rename them in the family set's real tokenizer.
+R1_RENAMES = {
+    "hf5-llama": {"<|begin_of_text|>": "<｜begin▁of▁sentence｜>", "<|end_of_text|>": "<｜end▁of▁sentence｜>",
+                  "<|reserved_special_token_3|>": "<｜User｜>", "<|reserved_special_token_4|>": "<｜Assistant｜>"},
+    "hf5-qwen2": {"<|endoftext|>": "<｜end▁of▁sentence｜>", "<|im_start|>": "<｜User｜>", "<|im_end|>": "<｜Assistant｜>",
+                  "<|object_ref_start|>": "<｜begin▁of▁sentence｜>"},
+}
+
+
+def renamed(value, names):
+    """`value` (parsed JSON) with every string and key equal to one of `names` renamed."""
+    if isinstance(value, dict):
+        return {names.get(k, k): renamed(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [renamed(v, names) for v in value]
+    return names.get(value, value) if isinstance(value, str) else value
+
+
+def r1_set(out, family_set):
+    def build(d):
+        src = os.path.join(out, family_set)
+        names = R1_RENAMES[family_set]
+        for f in ("config.json", "generation_config.json", "model.safetensors"):
+            shutil.copyfile(os.path.join(src, f), os.path.join(d, f))
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            with open(os.path.join(src, f), encoding="utf-8") as fin:
+                j = renamed(json.load(fin), names)
+            if f == "tokenizer_config.json":
+                j.pop("chat_template", None)
+                j.update(bos_token="<｜begin▁of▁sentence｜>", eos_token="<｜end▁of▁sentence｜>")
+            with open(os.path.join(d, f), "w", encoding="utf-8") as fout:
+                json.dump(j, fout, ensure_ascii=False, indent=2)
+    make_set(out, family_set + "-r1", build)
+
+
 def main():
     out = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles"))
@@ -254,6 +293,8 @@ def main():
         tok_dir = os.path.join(out, tok)
         make_set(out, f"hf5-{family}", lambda d: run_py(FAMILY, family, tok_dir, d, path=[helpers]))
         make_set(out, f"hf4-{family}", lambda d: run_py(FAMILY, family, tok_dir, d, path=[tf4, helpers]))
+    for family_set in R1_RENAMES:
+        r1_set(out, family_set)
     say("corpus ready in", out)
 
 

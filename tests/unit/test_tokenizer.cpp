@@ -493,7 +493,8 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
                                                   {"mistral", ChatTemplate::mistral},
                                                   {"mistral-v0.2", ChatTemplate::mistral_v0_2},
                                                   {"mistral-v0.1", ChatTemplate::mistral_v0_1},
-                                                  {"mistral-system-first", ChatTemplate::mistral_system_first}};
+                                                  {"mistral-system-first", ChatTemplate::mistral_system_first},
+                                                  {"deepseek-r1", ChatTemplate::deepseek_r1}};
   ASSERT_EQ(expected.size(), kinds.size());
   for (const auto& [name, e] : expected.items()) {
     Tokenizer tok(test::fixture("chat_templates/" + name));
@@ -518,6 +519,16 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
     }
     std::cout << name << ": " << e.at("chats").size() << " chats, " << tokens << " tokens, " << trained
               << " trained, as transformers renders them\n";
+    // Prompts to answer (add_generation_prompt) with other releases of the family's template.
+    for (const auto& p : e.value("prompts", nlohmann::json::array())) {
+      const RecognizedTemplate known = recognize_chat_template(p.at("template"), name + " prompt template");
+      EXPECT_EQ(known.kind, format.kind) << known.model;
+      ChatFormat f = format;
+      f.think_prompt = known.think_prompt;
+      std::vector<ChatMessage> messages;
+      for (const auto& m : p.at("chat")) messages.push_back({m.at("role"), m.at("content")});
+      EXPECT_EQ(render_prompt(tok, f, messages), p.at("ids").get<std::vector<int32_t>>()) << known.model;
+    }
   }
 }
 
