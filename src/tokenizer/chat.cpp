@@ -24,7 +24,7 @@ namespace {
 // Python's str.isspace() for the code point UTF-8 encodes at s[i..i+n).
 std::string template_options() {
   return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral, "
-         "mistral-system-first, mistral-v0.2, mistral-v0.1, deepseek-r1 if your data was made for one of them)";
+         "mistral-system-first, mistral-v0.2, mistral-v0.1, deepseek-r1, qwq if your data was made for one of them)";
 }
 
 bool python_space(const std::string& s, size_t i, size_t& n) {
@@ -173,7 +173,7 @@ struct KnownTemplate {
   ChatTemplate kind;
   const char* model;
   std::string text;
-  std::string think_prompt = {};  // deepseek-r1: its generation prompt after "<｜Assistant｜>"
+  std::string think_prompt = {};  // deepseek-r1 / qwq: what its generation prompt adds after the assistant header
 };
 
 constexpr const char* kDefaultSystemSlot = "<|im_start|>system\n\x01<|im_end|>\n";
@@ -364,6 +364,72 @@ You are a helpful assistant.<|im_end|>
        "'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant "
        "roles are supported!') }}{% endif %}{% endfor %}"},
       // A message whose content is none is a tool call's (template_scan.cpp): that branch does not count.
+      // QwQ-32B's as llama.cpp keeps it: its generation prompt closes the reasoning unless enable_thinking is passed.
+      {ChatTemplate::qwq, "QwQ (with enable_thinking)", R"TPL({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- '' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+  {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" and not message.tool_calls %}
+        {%- set content = message.content %}
+        {%- if not loop.last %}
+            {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set content = message.content %}
+        {%- if not loop.last %}
+            {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n<think>\n' }}
+    {%- if not enable_thinking -%}{{- '</think>' -}}{%- endif -%}
+{%- endif %}
+)TPL",
+       "<think>\n</think>"},
       {ChatTemplate::deepseek_r1, "DeepSeek-R1-Distill-Llama", R"TPL({% if not add_generation_prompt is defined -%}
   {%- set add_generation_prompt = false -%}
 {%- endif -%}
@@ -525,6 +591,12 @@ You are a helpful assistant.<|im_end|>
     more.push_back({ChatTemplate::deepseek_r1, "DeepSeek-R1-Distill-Qwen",
                     edited(text_of("DeepSeek-R1-Distill-Llama"), deepseek_qwen, "DeepSeek-R1-Distill-Qwen"),
                     "<think>\n</think>"});
+    // QwQ-32B's without the enable_thinking test: the reasoning stays open.
+    const Edits qwq_open{{R"(
+    {%- if not enable_thinking -%}{{- '</think>' -}}{%- endif -%})",
+                          ""}};
+    more.push_back(
+        {ChatTemplate::qwq, "QwQ", edited(text_of("QwQ (with enable_thinking)"), qwq_open, "QwQ"), "<think>\n"});
     all.insert(all.end(), more.begin(), more.end());
     return all;
   }();
@@ -682,7 +754,8 @@ const std::vector<std::string>& chat_template_names() {
                                           "mistral-v0.2",
                                           "mistral-v0.1",
                                           "mistral-system-first",
-                                          "deepseek-r1"};
+                                          "deepseek-r1",
+                                          "qwq"};
   return n;
 }
 
@@ -767,8 +840,8 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
       check_template_tokens(tok, f.kind, where);
     }
   }
+  if (requested == ChatTemplate::qwq || requested == ChatTemplate::deepseek_r1) f.think_prompt = "<think>\n";
   if (f.kind == ChatTemplate::deepseek_r1) {
-    if (requested == ChatTemplate::deepseek_r1) f.think_prompt = "<think>\n";
     f.bos_token = deepseek_bos(tok, f.source);
   }
   if (requested == ChatTemplate::qwen2_5) f.default_system = kQwenSystem;
@@ -857,6 +930,19 @@ std::vector<Part> llama3_parts(const ChatFormat& f, const std::vector<ChatMessag
 }
 
 // ChatML and Qwen2.5 (which adds its default system message where the chat has none).
+std::string strip_newlines(const std::string& s, bool left, bool right) {
+  size_t b = 0, e = s.size();
+  while (left && b < e && s[b] == '\n') ++b;
+  while (right && e > b && s[e - 1] == '\n') --e;
+  return s.substr(b, e - b);
+}
+
+// A reply's text after its last "</think>": the template's content.split('</think>')[-1].
+std::string after_reasoning(const std::string& content) {
+  const size_t end = content.rfind("</think>");
+  return end == std::string::npos ? content : content.substr(end + std::string("</think>").size());
+}
+
 std::vector<Part> chatml_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
   std::vector<Part> parts;
   if (!f.default_system.empty() && (messages.empty() || messages[0].role != "system")) {
@@ -865,23 +951,19 @@ std::vector<Part> chatml_parts(const ChatFormat& f, const std::vector<ChatMessag
     parts.push_back({"<|im_end|>", false});
     parts.push_back({"\n", false});
   }
-  for (const ChatMessage& m : messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
     check_role(f, m, {"system", "user", "assistant"});
     const bool reply = m.role == "assistant";
+    // QwQ: a reply before the chat's last message loses its reasoning (and the newlines after it).
+    const bool drop = reply && f.kind == ChatTemplate::qwq && i + 1 < messages.size();
     parts.push_back({"<|im_start|>", false});
     parts.push_back({m.role + "\n", false});
-    parts.push_back({m.content, reply});
+    parts.push_back({drop ? strip_newlines(after_reasoning(m.content), true, false) : m.content, reply});
     parts.push_back({"<|im_end|>", reply});
     parts.push_back({"\n", reply});
   }
   return parts;
-}
-
-std::string strip_newlines(const std::string& s, bool left, bool right) {
-  size_t b = 0, e = s.size();
-  while (left && b < e && s[b] == '\n') ++b;
-  while (right && e > b && s[e - 1] == '\n') --e;
-  return s.substr(b, e - b);
 }
 
 // Qwen3's last user turn (not a tool response): replies after it keep their reasoning, earlier ones lose it.
@@ -1008,9 +1090,8 @@ std::vector<Part> deepseek_r1_parts(const ChatFormat& f, const std::vector<ChatM
       parts.push_back({"<｜User｜>", false});
       parts.push_back({m.content, false});
     } else if (m.role == "assistant") {
-      const size_t end = m.content.rfind("</think>");
       parts.push_back({"<｜Assistant｜>", false});
-      parts.push_back({end == std::string::npos ? m.content : m.content.substr(end + 8), true});
+      parts.push_back({after_reasoning(m.content), true});
       parts.push_back({"<｜end▁of▁sentence｜>", true});
     }
   }
@@ -1027,6 +1108,7 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
       return llama3_parts(f, messages);
     case ChatTemplate::qwen2_5:
     case ChatTemplate::chatml:
+    case ChatTemplate::qwq:
       return chatml_parts(f, messages);
     case ChatTemplate::qwen3:
       return qwen3_parts(f, messages);
@@ -1072,6 +1154,10 @@ std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessag
     case ChatTemplate::chatml:
       for (const char* t : {"<|im_start|>", "assistant\n"}) parts.push_back({t, false});
       break;
+    case ChatTemplate::qwq:
+      for (const char* t : {"<|im_start|>", "assistant\n"}) parts.push_back({t, false});
+      parts.push_back({f.think_prompt, false});
+      break;
     case ChatTemplate::deepseek_r1:
       parts.push_back({"<｜Assistant｜>", false});
       parts.push_back({f.think_prompt, false});
@@ -1110,6 +1196,7 @@ std::string end_of_turn(const ChatFormat& f) {
     case ChatTemplate::qwen2_5:
     case ChatTemplate::qwen3:
     case ChatTemplate::chatml:
+    case ChatTemplate::qwq:
       return "<|im_end|>";
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_system_first:

@@ -29,6 +29,9 @@
 //             system message, user turns "<｜User｜>CONTENT", replies "<｜Assistant｜>" + the
 //             content after its last "</think>" (reasoning dropped, as the template drops it) +
 //             "<｜end▁of▁sentence｜>"; the prompt to answer ends "<｜Assistant｜><think>\n"
+//   qwq       QwQ-32B: ChatML without a default system message; replies before the chat's last
+//             message lose their reasoning (the content after the last "</think>", leading newlines
+//             dropped); the prompt to answer ends "<|im_start|>assistant\n<think>\n"
 // A reply's trained span is what the template adds for it after the role header: its content
 // and end-of-turn token (and ChatML's "\n" after it); everything else is masked unless
 // train_on_prompt.
@@ -73,7 +76,8 @@ enum class ChatTemplate {
   mistral_v0_2,
   mistral_v0_1,
   mistral_system_first,
-  deepseek_r1
+  deepseek_r1,
+  qwq
 };
 const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
 
@@ -82,7 +86,7 @@ struct ChatFormat {
   std::string date;            // llama3.1 / 3.2: the system header's "Today Date"
   std::string default_system;  // qwen2.5 / chatml: the system message of a chat that has none ("": none)
   std::string bos_token;       // deepseek-r1: the template's bos_token, as the directory's files resolve it
-  std::string think_prompt;    // deepseek-r1: what the generation prompt adds after "<｜Assistant｜>"
+  std::string think_prompt;    // deepseek-r1 / qwq: what the generation prompt adds after the assistant header
   std::string source;  // how it was chosen, for the log: "data.chat_template", "<dir>/tokenizer_config.json", ...
   // Document markers of text and prompt/completion records ("" where the tokenizer has none):
   // Llama 3's <|begin_of_text|> / <|end_of_text|>, Qwen's <|endoftext|>, else the
@@ -124,7 +128,7 @@ struct RecognizedTemplate {
   ChatTemplate kind;
   std::string model;           // "Llama 3.1 / 3.3 Instruct (as released)", ...
   std::string default_system;  // ChatML's, read from the template ("" where it has none)
-  std::string think_prompt;    // deepseek-r1's generation prompt after "<｜Assistant｜>"
+  std::string think_prompt;    // deepseek-r1 / qwq: the generation prompt after the assistant header
 };
 RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where);
 
@@ -144,7 +148,8 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::ve
 // template's generation prompt — what apply_chat_template(add_generation_prompt=True) renders:
 // Llama 3's "<|start_header_id|>assistant<|end_header_id|>\n\n", ChatML's / Qwen's
 // "<|im_start|>assistant\n", nothing for Mistral (its last [/INST] is the cue), DeepSeek-R1's
-// "<｜Assistant｜><think>\n" (and "</think>" where its template closes it).
+// "<｜Assistant｜><think>\n" and QwQ's "<|im_start|>assistant\n<think>\n" (each with "</think>"
+// where the template closes it).
 std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& format,
                                    const std::vector<ChatMessage>& messages);
 // The text a chat renders to, as apply_chat_template(tokenize=False) gives it (with the
