@@ -24,7 +24,8 @@ namespace {
 // Python's str.isspace() for the code point UTF-8 encodes at s[i..i+n).
 std::string template_options() {
   return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral, "
-         "mistral-system-first, mistral-v0.2, mistral-v0.1, deepseek-r1, qwq if your data was made for one of them)";
+         "mistral-system-first, mistral-v0.2, mistral-v0.1, mistral-nemo, deepseek-r1, qwq if your data was made for "
+         "one of them)";
 }
 
 bool python_space(const std::string& s, size_t i, size_t& n) {
@@ -364,6 +365,94 @@ You are a helpful assistant.<|im_end|>
        "'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant "
        "roles are supported!') }}{% endif %}{% endfor %}"},
       // A message whose content is none is a tool call's (template_scan.cpp): that branch does not count.
+      {ChatTemplate::mistral_nemo, "Mistral Nemo Instruct 2407", R"TPL({%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+
+{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS][" }}
+            {%- for tool in tools %}
+                {%- set tool = tool.function %}
+                {{- '{"type": "function", "function": {' }}
+                {%- for key, val in tool.items() if key != "return" %}
+                    {%- if val is string %}
+                        {{- '"' + key + '": "' + val + '"' }}
+                    {%- else %}
+                        {{- '"' + key + '": ' + val|tojson }}
+                    {%- endif %}
+                    {%- if not loop.last %}
+                        {{- ", " }}
+                    {%- endif %}
+                {%- endfor %}
+                {{- "}}" }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- else %}
+                    {{- "]" }}
+                {%- endif %}
+            {%- endfor %}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST]" + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST]" + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif (message.tool_calls is defined and message.tool_calls is not none) %}
+        {{- "[TOOL_CALLS][" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function|tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}
+                {{- ", " }}
+            {%- else %}
+                {{- "]" + eos_token }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "assistant" %}
+        {{- message["content"] + eos_token}}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- '[TOOL_RESULTS]{"content": ' + content|string + ", " }}
+        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}
+            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+        {%- endif %}
+        {{- '"call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+)TPL"},
       // QwQ-32B's as llama.cpp keeps it: its generation prompt closes the reasoning unless enable_thinking is passed.
       {ChatTemplate::qwq, "QwQ (with enable_thinking)", R"TPL({%- if tools %}
     {{- '<|im_start|>system\n' }}
@@ -755,7 +844,8 @@ const std::vector<std::string>& chat_template_names() {
                                           "mistral-v0.1",
                                           "mistral-system-first",
                                           "deepseek-r1",
-                                          "qwq"};
+                                          "qwq",
+                                          "mistral-nemo"};
   return n;
 }
 
@@ -766,7 +856,8 @@ void check_template_tokens(const Tokenizer& tok, ChatTemplate kind, const std::s
   if (!tokens) return;
   const bool llama = kind == ChatTemplate::llama3 || kind == ChatTemplate::llama3_1 || kind == ChatTemplate::llama3_2;
   const bool mistral = kind == ChatTemplate::mistral || kind == ChatTemplate::mistral_system_first ||
-                       kind == ChatTemplate::mistral_v0_2 || kind == ChatTemplate::mistral_v0_1;
+                       kind == ChatTemplate::mistral_v0_2 || kind == ChatTemplate::mistral_v0_1 ||
+                       kind == ChatTemplate::mistral_nemo;
   auto require = [&](const char* key, const std::string& have, const char* want) {
     if (have != want)
       throw RuntimeError(where + ": the chat template renders " + key + ", which this tokenizer's files make " +
@@ -1024,10 +1115,12 @@ std::vector<Part> qwen3_parts(const ChatFormat& f, const std::vector<ChatMessage
 
 // Mistral v0.3: "[INST] (system before the last user turn) CONTENT[/INST]", replies trimmed (the
 // system message before the first user turn with mistral-system-first);
-// v0.2: " [INST] (system before the first user turn) CONTENT [/INST]", replies as written.
+// v0.2: " [INST] (system before the first user turn) CONTENT [/INST]", replies as written;
+// Nemo: "[INST](system before the last user turn)CONTENT[/INST]", replies as written, no space before.
 std::vector<Part> mistral_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
   const bool v3 = f.kind != ChatTemplate::mistral_v0_2;
-  const bool system_last = f.kind == ChatTemplate::mistral;
+  const bool nemo = f.kind == ChatTemplate::mistral_nemo;
+  const bool system_last = f.kind == ChatTemplate::mistral || nemo;
   const bool system = !messages.empty() && messages[0].role == "system";
   const size_t first = system ? 1 : 0;
   std::vector<Part> parts{{"<s>", false}};
@@ -1039,7 +1132,7 @@ std::vector<Part> mistral_parts(const ChatFormat& f, const std::vector<ChatMessa
                          "'s template takes an optional system message, then user and assistant turns "
                          "alternating, starting with user");
     if (m.role != "user") {
-      parts.push_back({" " + (v3 ? trim(m.content) : m.content), true});
+      parts.push_back({nemo ? m.content : " " + (v3 ? trim(m.content) : m.content), true});
       parts.push_back({"</s>", true});
       continue;
     }
@@ -1047,7 +1140,7 @@ std::vector<Part> mistral_parts(const ChatFormat& f, const std::vector<ChatMessa
     const std::string text = (with_system ? messages[0].content + "\n\n" : std::string()) + m.content;
     if (v3) {
       parts.push_back({"[INST]", false});
-      parts.push_back({" " + text, false});
+      parts.push_back({nemo ? text : " " + text, false});
       parts.push_back({"[/INST]", false});
     } else {
       parts.push_back({" [INST] " + text + " [/INST]", false});
@@ -1115,6 +1208,7 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2:
+    case ChatTemplate::mistral_nemo:
       return mistral_parts(f, messages);
     case ChatTemplate::mistral_v0_1:
       return mistral_v0_1_parts(f, messages);
@@ -1166,6 +1260,7 @@ std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessag
     case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_v0_1:
+    case ChatTemplate::mistral_nemo:
     case ChatTemplate::automatic:
       break;
   }
@@ -1202,6 +1297,7 @@ std::string end_of_turn(const ChatFormat& f) {
     case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_v0_1:
+    case ChatTemplate::mistral_nemo:
       return "</s>";
     case ChatTemplate::deepseek_r1:
       return "<｜end▁of▁sentence｜>";

@@ -25,6 +25,8 @@
 //             message before the first user turn's content), replies " CONTENT</s>" (untrimmed)
 //   mistral-v0.1  Mistral 7B Instruct v0.1 (first release): <s>, user turns "[INST] CONTENT [/INST]",
 //             replies "CONTENT</s> " (the space after </s> is not trained); no system message
+//   mistral-nemo  Mistral Nemo Instruct 2407: <s>, user turns "[INST]CONTENT[/INST]" (the system
+//             message before the last user turn's content, as mistral), replies "CONTENT</s>" as written
 //   deepseek-r1  DeepSeek-R1's distilled models (Llama and Qwen2 based): bos_token, the last
 //             system message, user turns "<｜User｜>CONTENT", replies "<｜Assistant｜>" + the
 //             content after its last "</think>" (reasoning dropped, as the template drops it) +
@@ -77,7 +79,8 @@ enum class ChatTemplate {
   mistral_v0_1,
   mistral_system_first,
   deepseek_r1,
-  qwq
+  qwq,
+  mistral_nemo
 };
 const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
 

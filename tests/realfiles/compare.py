@@ -26,7 +26,8 @@ For every set of the corpus:
               its model's family, else Qwen2's) `ptrain eval` of CHATS and a chat with reasoning =
               transformers' loss over the replies as apply_chat_template renders them (as chat), or
               ptrain refuses the template naming its file; the templates of Llama 3.1 / 3.2 / 3.3
-              Instruct, Qwen2.5, Qwen3, QwQ and DeepSeek-R1's distills must render
+              Instruct, Qwen2.5, Qwen3, QwQ, Mistral Nemo and DeepSeek-R1's distills must
+              render
 Prints one table row per set and per template; exit 1 on any refusal or difference.
 """
 import json
@@ -178,6 +179,7 @@ TEMPLATE_SETS = [("meta-llama-", "hf5-llama"), ("deepseek-ai-DeepSeek-R1-Distill
 # transformers renders it. Every other one must render so too, or be refused naming the file.
 MUST_RENDER = ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
                "meta-llama-Llama-3.3-70B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "Qwen-QwQ-32B",
+               "mistralai-Mistral-Nemo-Instruct-2407",
                "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"]
 # Where a reply starts and ends in each kind of template ptrain renders (data.chat_template names).
 REPLY_SPANS = {"llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", ["<|eot_id|>"]),
@@ -185,7 +187,8 @@ REPLY_SPANS = {"llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", [
                "deepseek-r1": ("<｜Assistant｜>", ["<｜end▁of▁sentence｜>"])}
 SPAN_OF_KIND = {"llama3": "llama3", "llama3.1": "llama3", "llama3.2": "llama3", "qwen2.5": "chatml",
                 "chatml": "chatml", "qwen3": "chatml", "qwq": "chatml", "mistral": "mistral", "mistral-system-first": "mistral",
-                "mistral-v0.2": "mistral", "mistral-v0.1": "mistral", "deepseek-r1": "deepseek-r1"}
+                "mistral-v0.2": "mistral", "mistral-v0.1": "mistral", "mistral-nemo": "mistral",
+                "deepseek-r1": "deepseek-r1"}
 # CHATS and one with reasoning in its replies (Qwen3's templates keep the last one's, drop the first's).
 TEMPLATE_CHATS = CHATS + [[{"role": "user", "content": "What is 2 + 3?"},
                            {"role": "assistant", "content": "<think>\nTwo plus three.\n</think>\n\n5"},

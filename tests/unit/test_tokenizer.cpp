@@ -495,7 +495,8 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
                                                   {"mistral-v0.1", ChatTemplate::mistral_v0_1},
                                                   {"mistral-system-first", ChatTemplate::mistral_system_first},
                                                   {"deepseek-r1", ChatTemplate::deepseek_r1},
-                                                  {"qwq", ChatTemplate::qwq}};
+                                                  {"qwq", ChatTemplate::qwq},
+                                                  {"mistral-nemo", ChatTemplate::mistral_nemo}};
   ASSERT_EQ(expected.size(), kinds.size());
   for (const auto& [name, e] : expected.items()) {
     Tokenizer tok(test::fixture("chat_templates/" + name));
