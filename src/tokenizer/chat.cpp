@@ -735,17 +735,22 @@ Profile profile_of(TemplateScan scan) {
 }
 
 std::string shown(const std::string& literal) {
+  if (literal.empty()) return "'' (the empty string)";
   std::string s;
   for (char c : literal.substr(0, 60))
     s += c == '\n' ? std::string("\\n") : c == '\x01' ? std::string("...") : std::string(1, c);
   return "\"" + s + (literal.size() > 60 ? "...\"" : "\"");
 }
 
-// How `p` differs from `k` (the first difference), or "" where it does not.
+// How `p` differs from `k` (the first difference), or "" where it does not: first a literal `k`
+// lacks (the one the template reaches first), then a literal's count, then a feature's.
 std::string difference(const Profile& p, const Profile& k, const std::string& name) {
-  for (const auto& [lit, at] : p.literals)
-    if (!k.literals.count(lit))
-      return "line " + std::to_string(at.second) + ": the literal " + shown(lit) + " is not in " + name + "'s template";
+  const std::pair<const std::string, std::pair<int, int>>* first = nullptr;
+  for (const auto& entry : p.literals)
+    if (!k.literals.count(entry.first) && (!first || entry.second.second < first->second.second)) first = &entry;
+  if (first)
+    return "line " + std::to_string(first->second.second) + ": the literal " + shown(first->first) + " is not in " +
+           name + "'s template";
   for (const auto& [lit, at] : k.literals) {
     const int n = p.literals.count(lit) ? p.literals.at(lit).first : 0;
     if (n != at.first)
