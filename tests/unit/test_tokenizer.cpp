@@ -567,6 +567,39 @@ TEST(Chat, TemplateTokensOtherThanTheReleasedOnesAreRefused) {
   EXPECT_EQ(chat_format(Tokenizer(dir.path.string()), ChatTemplate::llama3).kind, ChatTemplate::llama3);  // named
 }
 
+// DeepSeek-R1's template renders bos_token as the directory's files resolve it: a None one is
+// refused by name; without a directory (a tokenizer.json file) the released token is rendered
+// where the tokenizer has it, and a tokenizer without it is refused.
+TEST(Chat, DeepSeekBosTokenIsTheDirectorysOrTheReleasedOne) {
+  test::TempDir dir;
+  const std::string src = test::fixture("chat_templates/deepseek-r1");
+  std::filesystem::copy_file(src + "/tokenizer.json", dir / "tokenizer.json");
+  auto config = nlohmann::json::parse(read_text_file(src + "/tokenizer_config.json"));
+  EXPECT_EQ(chat_format(Tokenizer(src), ChatTemplate::automatic).bos_token, "<｜begin▁of▁sentence｜>");
+  config["bos_token"] = "<｜User｜>";  // another token: rendered, as transformers renders it
+  test::write_text(dir / "tokenizer_config.json", config.dump());
+  EXPECT_EQ(chat_format(Tokenizer(dir.path), ChatTemplate::automatic).bos_token, "<｜User｜>");
+  config["bos_token"] = nullptr;
+  test::write_text(dir / "tokenizer_config.json", config.dump());
+  try {
+    chat_format(Tokenizer(dir.path), ChatTemplate::automatic);
+    ADD_FAILURE() << "a None bos_token was rendered";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("renders bos_token, which this tokenizer's files make None"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(chat_format(Tokenizer(src + "/tokenizer.json"), ChatTemplate::deepseek_r1).bos_token,
+            "<｜begin▁of▁sentence｜>");
+  try {
+    chat_format(Tokenizer(test::fixture("chat_templates/chatml/tokenizer.json")), ChatTemplate::deepseek_r1);
+    ADD_FAILURE() << "deepseek-r1 rendered with a tokenizer that lacks its bos_token";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("which this tokenizer does not have as a token"), std::string::npos)
+        << e.what();
+  }
+}
+
 // The default template is picked as transformers picks it (checked with transformers 5.23:
 // additional_chat_templates/default.jinja wins over chat_template.jinja; named extra templates
 // without chat_template.jinja leave no default, and transformers refuses to render).
