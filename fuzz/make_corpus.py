@@ -197,10 +197,16 @@ def chat_template_seeds():
     # and the broken kinds ptrain refuses by name.
     with open(os.path.join(FIXTURES, "chat_template_variants.json"), encoding="utf-8") as f:
         variants = json.load(f)["variants"]
+    # a one-edit variant is stored as a splice of its base's template's UTF-8 bytes
+    bases = {v["name"]: v["template"].encode() for v in variants if "template" in v and v["base"] == v["name"]}
     for i, v in enumerate(variants):
         if v["must_read"] or i % 8 == 0:
-            put("chat_template", "%03d_%s" % (i, re.sub(r"[^A-Za-z0-9_.]+", "_", v["name"])[:60]),
-                v["template"].encode())
+            if "template" in v:
+                template = v["template"].encode()
+            else:
+                start, end, text = v["splice"]
+                template = bases[v["base"]][:start] + text.encode() + bases[v["base"]][end:]
+            put("chat_template", "%03d_%s" % (i, re.sub(r"[^A-Za-z0-9_.]+", "_", v["name"])[:60]), template)
     put("chat_template", "unclosed_string", b"{{ 'a }}")
     put("chat_template", "unclosed_if", b"{% if messages %}{{ 'a' }}")
     put("chat_template", "raw_block", b"{% raw %}{{ x }}{% endraw %}")
