@@ -294,7 +294,8 @@ class Scanner {
       const std::string out =
           rendered_text(t_.substr(pos, open - pos), prev_block, prev_dash, block && open < t_.size(),
                         open < t_.size() && mark == '-', mark == '+', !prev_any);
-      if (!out.empty()) scan_.output_text.push_back({out, line_at(pos)});
+      // Text inside a tool branch renders for no chat without tools, like the branch's tags.
+      if (!out.empty() && !in_tool()) scan_.output_text.push_back({out, line_at(pos)});
       if (open >= t_.size()) break;
       const int line = line_at(open);
       pos = open + 2 + ((mark == '-' || mark == '+') ? 1 : 0);

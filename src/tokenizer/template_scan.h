@@ -29,7 +29,7 @@ struct TemplateScan {
     int line = 0;
   };
   std::vector<Literal> literals;     // string literals outside tool branches and raise_exception(...)
-  std::vector<Literal> output_text;  // text outside tags that renders (after whitespace control)
+  std::vector<Literal> output_text;  // text outside tags and tool branches that renders (after whitespace control)
   // Outside tool branches: "|NAME" for each filter, ".NAME()" for each method call, and each use
   // of bos_token, eos_token, strftime_now, loop.ATTR, ns.ATTR — with their counts.
   std::map<std::string, int> features;
