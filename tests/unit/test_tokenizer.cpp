@@ -439,6 +439,24 @@ TEST(Tokenizer, ModelDirectoriesAreReadAsTransformersReadsThemOrRefused) {
       variants.size(), equal, rebuilt, classes.c_str(), refused, refused_text, errors.c_str());
 }
 
+// Mistral's releases hold tekken.json beside tokenizer.json: transformers without mistral-common
+// installed reads tokenizer.json (as ptrain does, the same ids); with it, tekken.json. The log says
+// which file ptrain read and that tekken.json was not.
+TEST(Tokenizer, TekkenJsonBesideTokenizerJsonIsNamedAsNotRead) {
+  namespace fs = std::filesystem;
+  test::TempDir dir;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(test::fixture(std::string("tokenizer_dirs/mistral/") + f), dir.path / f);
+  const std::string text = "Hello [INST] world";
+  const Tokenizer plain(dir.path.string());
+  EXPECT_EQ(plain.reading().find("tekken.json"), std::string::npos) << plain.reading();
+  test::write_text((dir.path / "tekken.json").string(), "{}");  // never opened
+  const Tokenizer with_tekken(dir.path.string());
+  EXPECT_NE(with_tekken.reading().find("tekken.json not read: tokenizer.json is"), std::string::npos)
+      << with_tekken.reading();
+  EXPECT_EQ(with_tekken.encode(text), plain.encode(text));
+}
+
 TEST(Chat, RendersAndMasksAsTransformersAndGivesItsLoss) {
   Tokenizer tok(test::fixture("tokenizer_bpe"));
   const auto expected = nlohmann::json::parse(read_text_file(test::fixture("hf_chat_expected.json")));
