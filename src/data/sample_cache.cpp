@@ -35,7 +35,7 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'T', 'S', 'A', 'M', 'P', 'L', 'E'};
 // Bumped whenever the layout changes or rendering changes what it makes of the same input.
-constexpr uint32_t kCacheVersion = 1;
+constexpr uint32_t kCacheVersion = 2;  // 2: stats hold reasoning_dropped
 
 struct Trailer {
   char magic[8];
@@ -129,6 +129,7 @@ json stats_json(const SampleStats& s) {
               {"skipped_bad", s.skipped_bad},
               {"first_bad", s.first_bad},
               {"dropped_untrained", s.dropped_untrained},
+              {"reasoning_dropped", s.reasoning_dropped},
               {"pairs", s.pairs},
               {"dropped_prompt_fills", s.dropped_prompt_fills},
               {"prompt_diverged", s.prompt_diverged}};
@@ -145,6 +146,7 @@ SampleStats stats_of(const json& j) {
   s.skipped_bad = j.at("skipped_bad").get<int64_t>();
   s.first_bad = j.at("first_bad").get<std::string>();
   s.dropped_untrained = j.at("dropped_untrained").get<int64_t>();
+  s.reasoning_dropped = j.at("reasoning_dropped").get<int64_t>();
   s.pairs = j.value("pairs", int64_t{0});
   s.dropped_prompt_fills = j.value("dropped_prompt_fills", int64_t{0});
   s.prompt_diverged = j.value("prompt_diverged", int64_t{0});

@@ -181,6 +181,7 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
   const auto chat = [&](const std::vector<ChatMessage>& messages) {
     Sample s = render_chat(tok, format, messages, train_on_prompt);
     ++stats.chat;  // counted once rendered: a record skipped as bad is counted there
+    stats.reasoning_dropped += replies_losing_reasoning(format, messages);
     return s;
   };
   if (j.contains("messages")) return chat(messages_of(j));
@@ -526,6 +527,7 @@ void add_stats(SampleStats& to, const SampleStats& from) {
   if (to.skipped_bad == 0 && from.skipped_bad > 0) to.first_bad = from.first_bad;
   to.skipped_bad += from.skipped_bad;
   to.dropped_untrained += from.dropped_untrained;
+  to.reasoning_dropped += from.reasoning_dropped;
   to.pairs += from.pairs;
   to.dropped_prompt_fills += from.dropped_prompt_fills;
   to.prompt_diverged += from.prompt_diverged;

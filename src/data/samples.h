@@ -70,6 +70,7 @@ struct SampleStats {
   int64_t skipped_bad = 0;                            // malformed records skipped (data.on_bad_record = "skip")
   std::string first_bad;                              // the first one's location and problem
   int64_t dropped_untrained = 0;                      // nothing trained (e.g. a chat without a reply, or cut before it)
+  int64_t reasoning_dropped = 0;  // chat replies whose reasoning the template leaves out (replies_losing_reasoning)
   // Preference records (pairs): truncated / dropped_too_long count pairs; these count the pairs
   // whose prompt alone fills max_ids (dropped, as TRL drops them) and whose tokenized prompt is
   // not a prefix of prompt + completion (the completion starts where they part, as in TRL).

@@ -1226,6 +1226,19 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
 }
 }  // namespace
 
+int64_t replies_losing_reasoning(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  const size_t last_query = qwen3_last_query(messages);
+  int64_t n = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    // a reply with reasoning, as Qwen3's template reads it (the others take no reasoning_content)
+    if (messages[i].role != "assistant" || qwen3_reasoning_and_content(messages[i]).first.empty()) continue;
+    // the conditions of qwen3_parts, chatml_parts and deepseek_r1_parts
+    n += (f.kind == ChatTemplate::qwen3 && i <= last_query) ||
+         (f.kind == ChatTemplate::qwq && i + 1 < messages.size()) || f.kind == ChatTemplate::deepseek_r1;
+  }
+  return n;
+}
+
 Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<ChatMessage>& messages,
                    bool train_on_prompt) {
   require_template(f);

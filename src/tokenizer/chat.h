@@ -147,6 +147,12 @@ std::string default_chat_template(const std::string& dir, std::string& where);
 Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::vector<ChatMessage>& messages,
                    bool train_on_prompt);
 
+// How many replies of the conversation lose their reasoning — the text before a "</think>", or a
+// Qwen3 reply's reasoning_content — as the format's template renders them: Qwen3's before the last
+// user turn, QwQ's before the last message, every DeepSeek-R1 reply; none in other formats, which
+// render a reply's text as written. For the dataset report: the template drops it, so ptrain does.
+int64_t replies_losing_reasoning(const ChatFormat& format, const std::vector<ChatMessage>& messages);
+
 // A prompt for the model to answer: the conversation (ending with a user turn) followed by the
 // template's generation prompt — what apply_chat_template(add_generation_prompt=True) renders:
 // Llama 3's "<|start_header_id|>assistant<|end_header_id|>\n\n", ChatML's / Qwen's

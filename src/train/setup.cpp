@@ -383,6 +383,8 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   d.report.push_back(
       "longer than seq_len+1 = " + std::to_string(o.max_ids) + " tokens: " + n(st.truncated) + " truncated, " +
       n(st.dropped_too_long) + " dropped | nothing to train: " + n(st.dropped_untrained) + " dropped" +
+      (st.reasoning_dropped ? " | replies whose reasoning the template leaves out: " + n(st.reasoning_dropped)
+                            : std::string()) +
       (st.skipped_bad
            ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
            : std::string()));

@@ -521,7 +521,7 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
     ChatFormat format = chat_format(tok, ChatTemplate::automatic);
     EXPECT_EQ(format.kind, kinds.at(name)) << name << " recognized from " << format.source;
     if (format.kind == ChatTemplate::llama3_2) format.date = "26 Jul 2024";  // the fixture's date_string (else today)
-    int64_t trained = 0, tokens = 0;
+    int64_t trained = 0, tokens = 0, without_reasoning = 0;
     for (size_t c = 0; c < e.at("chats").size(); ++c) {
       std::vector<ChatMessage> messages;
       for (const auto& m : e.at("chats")[c]) {
@@ -536,9 +536,25 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
         EXPECT_EQ(s.trained[t] != 0, labels[t] != -100) << name << " chat " << c << " position " << t;
       trained += std::count(s.trained.begin(), s.trained.end(), 1);
       tokens += static_cast<int64_t>(s.ids.size());
+      // The dataset report's count of replies losing their reasoning = the replies whose reasoning
+      // (reasoning_content, else the text between <think> and </think>) transformers' rendering lacks.
+      const std::string rendered = tok.decode(e.at("ids")[c].get<std::vector<int32_t>>());
+      int64_t lacking = 0;
+      for (const ChatMessage& m : messages) {
+        std::string reasoning = m.reasoning.value_or("");
+        const size_t close = m.content.find("</think>"), open = m.content.rfind("<think>", close);
+        if (!m.reasoning && close != std::string::npos)
+          reasoning = m.content.substr(open == std::string::npos ? 0 : open + 7,
+                                       close - (open == std::string::npos ? 0 : open + 7));
+        reasoning.erase(0, reasoning.find_first_not_of(" \n"));
+        reasoning.erase(reasoning.find_last_not_of(" \n") + 1);
+        lacking += m.role == "assistant" && !reasoning.empty() && rendered.find(reasoning) == std::string::npos;
+      }
+      EXPECT_EQ(replies_losing_reasoning(format, messages), lacking) << name << " chat " << c << ": " << rendered;
+      without_reasoning += lacking;
     }
-    std::cout << name << ": " << e.at("chats").size() << " chats, " << tokens << " tokens, " << trained
-              << " trained, as transformers renders them\n";
+    std::cout << name << ": " << e.at("chats").size() << " chats, " << tokens << " tokens, " << trained << " trained, "
+              << without_reasoning << " replies without their reasoning, as transformers renders them\n";
     // Prompts to answer (add_generation_prompt) with other releases of the family's template.
     for (const auto& p : e.value("prompts", nlohmann::json::array())) {
       const RecognizedTemplate known = recognize_chat_template(p.at("template"), name + " prompt template");
