@@ -12,14 +12,19 @@ mergeable ranks (a token's rank is its id, as in Llama 3's own tokenizer) and th
 Each tokenizer encodes the whole text at 1 and at each thread count:
   ptrain      `ptrain tokenize --tokenizer DIR --threads N` (its own tokens/s: the encode,
               not the process start or reading the file)
-  tiktoken    encode_ordinary(text) at 1 thread, encode_ordinary_batch(lines, num_threads=N)
+  tiktoken    encode(text) at 1 thread, encode_batch(lines, num_threads=N), the tokenizer's added
+              tokens as its special tokens, allowed in the text (as HF tokenizers and ptrain read
+              them: Tekken's "<s>" in a Python regex is one token)
   HF          encode_batch(lines) with RAYON_NUM_THREADS=N
---tokenizer DIR runs a released tokenizer instead (the real Llama 3.2 one: tests/realfiles).
-Prints a table of tokens/s and ptrain's ratio to each; exit 1 when the ids differ. tiktoken is
+--tokenizer DIR runs a released tokenizer instead (tests/realfiles' sets: llama3.2-tokenizer,
+qwen2.5-tokenizer, mistral-tekken-hf5, mistral-v3-hf5). tiktoken gets its split regex (a byte-level
+BPE split by one regex, as Llama 3's, Qwen2's and Tekken's are); a SentencePiece-style one (Mistral
+v3's, Llama 2's) is raced against HF tokenizers alone. Prints a table of tokens/s and ptrain's ratio to each; exit 1 when the ids differ. tiktoken is
 installed into the venv on first use (pip, tiktoken==0.9.0).
 """
 import argparse
 import glob
+import json
 import os
 import re
 import subprocess
@@ -54,6 +59,18 @@ def corpus(mib):
     return text[: mib << 20]
 
 
+def split_regex(tokenizer_json):
+    """The split regex of a byte-level BPE whose pre-tokenizer is [Split(regex), ByteLevel without its
+    own regex] (Llama 3, Qwen2, Tekken), which tiktoken runs with the same ranks; else None."""
+    pre = tokenizer_json.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if (len(steps) == 2 and steps[0].get("type") == "Split" and "Regex" in steps[0].get("pattern", {})
+            and steps[1].get("type") == "ByteLevel" and not steps[1].get("use_regex", True)
+            and tokenizer_json.get("normalizer") is None):
+        return steps[0]["pattern"]["Regex"]
+    return None
+
+
 def run_ptrain(binary, tok_dir, text_path, threads, tmp):
     out = os.path.join(tmp, f"ptrain{threads}.bin")
     p = subprocess.run([binary, "tokenize", "--tokenizer", tok_dir, "--in", text_path, "--out", out, "--token-bytes", "4",
@@ -71,8 +88,8 @@ def main():
     ap.add_argument("--mib", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--tokenizer", help="a released Llama 3 tokenizer directory (tokenizer.json with Llama 3's regex; "
-                    "e.g. the llama3.2-tokenizer set of tests/realfiles/make_corpus.py) instead of training one")
+    ap.add_argument("--tokenizer", help="a released tokenizer directory (e.g. the llama3.2-tokenizer set of "
+                    "tests/realfiles/make_corpus.py) instead of training one")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     try:
@@ -116,8 +133,13 @@ def main():
         else:
             chars[chr(256 + n)] = b
             n += 1
-    ranks = {bytes(chars[c] for c in token): i for token, i in tok.get_vocab(with_added_tokens=False).items()}
-    enc = tiktoken.Encoding("bench", pat_str=LLAMA3_SPLIT, mergeable_ranks=ranks, special_tokens={})
+    split = split_regex(json.loads(tok.to_str())) if args.tokenizer else LLAMA3_SPLIT
+    if split:
+        ranks = {bytes(chars[c] for c in token): i for token, i in tok.get_vocab(with_added_tokens=False).items()}
+        added = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+        enc = tiktoken.Encoding("bench", pat_str=split, mergeable_ranks=ranks, special_tokens=added)
+    else:
+        print("tiktoken: not run (not a byte-level BPE split by one regex)")
 
     rows, reference = [], None
     for t in threads:
@@ -126,12 +148,12 @@ def main():
             reference = ids
         rows.append((f"ptrain tokenize, {t} thread{'s' if t > 1 else ''}", len(ids), rate, bool((ids == reference).all())))
     lines = text.splitlines(keepends=True)
-    for t in threads:
+    for t in threads if split else []:
         t0 = time.time()
         if t == 1:
-            ids = enc.encode_ordinary(text)
+            ids = enc.encode(text, allowed_special="all")
         else:
-            ids = [i for chunk in enc.encode_ordinary_batch(lines, num_threads=t) for i in chunk]
+            ids = [i for chunk in enc.encode_batch(lines, num_threads=t, allowed_special="all") for i in chunk]
         s = time.time() - t0
         # the batch encodes each line apart: a whitespace run across lines may split differently, so
         # only the whole-text encode is compared
