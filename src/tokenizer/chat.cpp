@@ -24,8 +24,8 @@ namespace {
 // Python's str.isspace() for the code point UTF-8 encodes at s[i..i+n).
 std::string template_options() {
   return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral, "
-         "mistral-system-first, mistral-v0.2, mistral-v0.1, mistral-nemo, deepseek-r1, qwq if your data was made for "
-         "one of them)";
+         "mistral-system-first, mistral-v0.2, mistral-v0.1, mistral-nemo, devstral, deepseek-r1, qwq if your data was "
+         "made for one of them)";
 }
 
 bool python_space(const std::string& s, size_t i, size_t& n) {
@@ -168,8 +168,9 @@ std::string config_token(const fs::path& dir, const char* key) {
 // raise_exception's message); anything else is refused, naming the first difference — in its
 // string literals, filters, methods, token variables or loop / namespace attributes (counted), else
 // the first tag that differs (an edit of logic alone: `!=` for `==`, a moved slice bound).
-// ChatML's default system message ("<|im_start|>system\n...<|im_end|>\n") may be any text: it is
-// read from the template and rendered when a chat has no system message.
+// ChatML's default system message ("<|im_start|>system\n...<|im_end|>\n") and the one a template
+// sets default_system_message to (Devstral's) may be any text: it is read from the template and
+// rendered when a chat has no system message.
 struct KnownTemplate {
   ChatTemplate kind;
   const char* model;
@@ -178,6 +179,7 @@ struct KnownTemplate {
 };
 
 constexpr const char* kDefaultSystemSlot = "<|im_start|>system\n\x01<|im_end|>\n";
+constexpr const char* kNamedSystemSlot = "\x01" "default_system_message";
 
 using Edits = std::vector<std::pair<std::string, std::string>>;
 
@@ -454,6 +456,114 @@ You are a helpful assistant.<|im_end|>
 {%- endfor %}
 )TPL"},
       // QwQ-32B's as llama.cpp keeps it: its generation prompt closes the reasoning unless enable_thinking is passed.
+      // Unsloth's release of Devstral Small 2507's, as llama.cpp keeps it (its default system message
+      // is devstral_system()).
+      {ChatTemplate::devstral, "Devstral Small 2507 (Unsloth's)",
+       R"TPL({#- Copyright 2025-present the Unsloth team. All rights reserved. #}
+{#- Licensed under the Apache License, Version 2.0 (the "License") #}
+{#- Edits made by Unsloth #}
+{%- set default_system_message = 'You are Devstral, a helpful agentic model trained by Mistral AI and using the OpenHands scaffold. You can interact with a computer to solve tasks.\n\n<ROLE>\nYour primary role is to assist users by executing commands, modifying code, and solving technical problems effectively. You should be thorough, methodical, and prioritize quality over speed.\n* If the user asks a question, like \"why is X happening\", don\'t try to fix the problem. Just give an answer to the question.\n</ROLE>\n\n<EFFICIENCY>\n* Each action you take is somewhat expensive. Wherever possible, combine multiple actions into a single action, e.g. combine multiple bash commands into one, using sed and grep to edit/view multiple files at once.\n* When exploring the codebase, use efficient tools like find, grep, and git commands with appropriate filters to minimize unnecessary operations.\n</EFFICIENCY>\n\n<FILE_SYSTEM_GUIDELINES>\n* When a user provides a file path, do NOT assume it\'s relative to the current working directory. First explore the file system to locate the file before working on it.\n* If asked to edit a file, edit the file directly, rather than creating a new file with a different filename.\n* For global search-and-replace operations, consider using `sed` instead of opening file editors multiple times.\n</FILE_SYSTEM_GUIDELINES>\n\n<CODE_QUALITY>\n* Write clean, efficient code with minimal comments. Avoid redundancy in comments: Do not repeat information that can be easily inferred from the code itself.\n* When implementing solutions, focus on making the minimal changes needed to solve the problem.\n* Before implementing any changes, first thoroughly understand the codebase through exploration.\n* If you are adding a lot of code to a function or file, consider splitting the function or file into smaller pieces when appropriate.\n</CODE_QUALITY>\n\n<VERSION_CONTROL>\n* When configuring git credentials, use \"openhands\" as the user.name and \"openhands@all-hands.dev\" as the user.email by default, unless explicitly instructed otherwise.\n* Exercise caution with git operations. Do NOT make potentially dangerous changes (e.g., pushing to main, deleting repositories) unless explicitly asked to do so.\n* When committing changes, use `git status` to see all modified files, and stage all files necessary for the commit. Use `git commit -a` whenever possible.\n* Do NOT commit files that typically shouldn\'t go into version control (e.g., node_modules/, .env files, build directories, cache files, large binaries) unless explicitly instructed by the user.\n* If unsure about committing certain files, check for the presence of .gitignore files or ask the user for clarification.\n</VERSION_CONTROL>\n\n<PULL_REQUESTS>\n* When creating pull requests, create only ONE per session/issue unless explicitly instructed otherwise.\n* When working with an existing PR, update it with new commits rather than creating additional PRs for the same issue.\n* When updating a PR, preserve the original PR title and purpose, updating description only when necessary.\n</PULL_REQUESTS>\n\n<PROBLEM_SOLVING_WORKFLOW>\n1. EXPLORATION: Thoroughly explore relevant files and understand the context before proposing solutions\n2. ANALYSIS: Consider multiple approaches and select the most promising one\n3. TESTING:\n   * For bug fixes: Create tests to verify issues before implementing fixes\n   * For new features: Consider test-driven development when appropriate\n   * If the repository lacks testing infrastructure and implementing tests would require extensive setup, consult with the user before investing time in building testing infrastructure\n   * If the environment is not set up to run tests, consult with the user first before investing time to install all dependencies\n4. IMPLEMENTATION: Make focused, minimal changes to address the problem\n5. VERIFICATION: If the environment is set up to run tests, test your implementation thoroughly, including edge cases. If the environment is not set up to run tests, consult with the user first before investing time to run tests.\n</PROBLEM_SOLVING_WORKFLOW>\n\n<SECURITY>\n* Only use GITHUB_TOKEN and other credentials in ways the user has explicitly requested and would expect.\n* Use APIs to work with GitHub or other platforms, unless the user asks otherwise or your task requires browsing.\n</SECURITY>\n\n<ENVIRONMENT_SETUP>\n* When user asks you to run an application, don\'t stop if the application is not installed. Instead, please install the application and run the command again.\n* If you encounter missing dependencies:\n  1. First, look around in the repository for existing dependency files (requirements.txt, pyproject.toml, package.json, Gemfile, etc.)\n  2. If dependency files exist, use them to install all dependencies at once (e.g., `pip install -r requirements.txt`, `npm install`, etc.)\n  3. Only install individual packages directly if no dependency files are found or if only specific packages are needed\n* Similarly, if you encounter missing dependencies for essential tools requested by the user, install them when possible.\n</ENVIRONMENT_SETUP>\n\n<TROUBLESHOOTING>\n* If you\'ve made repeated attempts to solve a problem but tests still fail or the user reports it\'s still broken:\n  1. Step back and reflect on 5-7 different possible sources of the problem\n  2. Assess the likelihood of each possible cause\n  3. Methodically address the most likely causes, starting with the highest probability\n  4. Document your reasoning process\n* When you run into any major issue while executing a plan from the user, please don\'t try to directly work around it. Instead, propose a new plan and confirm with the user before proceeding.\n</TROUBLESHOOTING>' %}
+
+{{- bos_token }}
+
+{%- if messages[0]['role'] == 'system' %}
+    {%- if messages[0]['content'] is string %}
+        {%- set system_message = messages[0]['content'] %}
+    {%- else %}
+        {%- set system_message = messages[0]['content'][0]['text'] %}
+    {%- endif %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = default_system_message %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}
+
+
+{#- Tool description appended ONLY to last user message. Edits made by Unsloth #}
+{#- Tool description appended also if last message is tool. Edits made by Unsloth #}
+{%- set tools_description = "" %}
+{%- set has_tools = false %}
+
+{%- if tools is defined and tools is not none and tools|length > 0 %}
+
+    {%- set has_tools = true %}
+    {%- set tools_description = "[AVAILABLE_TOOLS]" + (tools | tojson) + "[/AVAILABLE_TOOLS]" %}
+
+    {{- tools_description }}
+
+{%- endif %}
+
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'user' %}
+
+        {%- if message['content'] is string %}
+            {{- '[INST]' + message['content'] + '[/INST]' }}
+        {%- else %}
+            {{- '[INST]' }}
+            {%- for block in message['content'] %}
+                {%- if block['type'] == 'text' %}
+
+                    {#- Original did not have content which is weird. Added by Un-sloth. #}
+                    {%- if block['text'] is defined %}
+                        {{- block['text'] }}
+                    {%- else %}
+                        {{- block['content'] }}
+                    {%- endif %}
+
+                {%- elif block['type'] in ['image', 'image_url'] %}
+                    {{- '[IMG]' }}
+                {%- else %}
+                    {{- raise_exception('Only text and image blocks are supported in message content!') }}
+                {%- endif %}
+            {%- endfor %}
+            {{- '[/INST]' }}
+        {%- endif %}
+
+    {%- elif message['role'] == 'system' %}
+        {%- if message['content'] is string %}
+            {{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}
+        {%- else %}
+            {{- '[SYSTEM_PROMPT]' + message['content'][0]['text'] + '[/SYSTEM_PROMPT]' }}
+        {%- endif %}
+        
+
+    {%- elif message['role'] == 'assistant' %}
+        {%- if message['content'] is string %}
+            {{- message['content'] }}
+        {%- else %}
+            {{- message['content'][0]['text'] }}
+        {%- endif %}
+
+        {#- If User,Assistant,Tool,Tool we also need to append tools_description. Edits made by Unsloth #}
+
+        {%- if message['tool_calls'] is defined and message['tool_calls'] is not none %}
+            {%- for tool in message['tool_calls'] %}
+                {%- set arguments = tool['function']['arguments'] %}
+                {%- if arguments is not string %}
+                    {%- set arguments = arguments|tojson %}
+                {%- endif %}
+                {#- Must list tool calls AFTER assistant. Edits made by Un-sloth #}
+                {{- "[TOOL_CALLS]" + tool['function']['name'] + "[ARGS]" + arguments }}
+            {%- endfor %}
+        {%- endif %}
+
+        {{- eos_token }}
+
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- "[TOOL_RESULTS]" + content|string + "[/TOOL_RESULTS]" }}
+
+    {%- else %}
+        {{- raise_exception('Only user, systemm assistant and tool roles are supported in the custom template made by Unsloth!') }}
+    {%- endif %}
+{%- endfor %}
+{#- Copyright 2025-present the Unsloth team. All rights reserved. #}
+{#- Licensed under the Apache License, Version 2.0 (the "License") #})TPL"},
       {ChatTemplate::qwq, "QwQ (with enable_thinking)", R"TPL({%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0]['role'] == 'system' %}
@@ -692,8 +802,8 @@ You are a helpful assistant.<|im_end|>
   return with_released;
 }
 
-// A template's profile: its literals (ChatML's default system message replaced by a slot, the
-// message returned), features and tags (their literals slotted alike).
+// A template's profile: its literals (a default system message replaced by a slot, the message
+// returned), features and tags (their literals slotted alike).
 struct Profile {
   std::map<std::string, std::pair<int, int>> literals;  // literal -> {how many times, the line it first appears on}
   std::map<std::string, int> features;
@@ -701,8 +811,14 @@ struct Profile {
   std::string default_system;
 };
 
-// `literal`, or kDefaultSystemSlot for a ChatML default system message (then stored in `message`).
-std::string slotted(const std::string& literal, std::string& message) {
+// `literal`, or a slot for a default system message (then stored in `message`): ChatML's
+// (kDefaultSystemSlot), or `named`, the one the template sets default_system_message to
+// (kNamedSystemSlot).
+std::string slotted(const std::string& literal, const std::string& named, std::string& message) {
+  if (!named.empty() && literal == named) {
+    message = literal;
+    return kNamedSystemSlot;
+  }
   const std::string open = "<|im_start|>system\n", close = "<|im_end|>\n";
   if (literal.size() > open.size() + close.size() && literal.rfind(open, 0) == 0 &&
       literal.compare(literal.size() - close.size(), close.size(), close) == 0) {
@@ -718,15 +834,24 @@ std::string slotted(const std::string& literal, std::string& message) {
 Profile profile_of(TemplateScan scan) {
   Profile p;
   p.features = std::move(scan.features);
+  std::string named;  // `{%- set default_system_message = '...' %}` (Devstral's), a non-empty one
+  for (const auto& tag : scan.tags) {
+    const auto& c = tag.code;
+    if (c.size() == 5 && c[0] == "{%" && c[1] == "set" && c[2] == "default_system_message" && c[3] == "=" &&
+        c[4].size() > 1 && c[4][0] == '\'') {
+      named = c[4].substr(1);
+      break;
+    }
+  }
   for (const auto& lit : scan.literals) {
     auto& [count, line] =
-        p.literals.emplace(slotted(lit.text, p.default_system), std::make_pair(0, lit.line)).first->second;
+        p.literals.emplace(slotted(lit.text, named, p.default_system), std::make_pair(0, lit.line)).first->second;
     ++count;
   }
   for (auto& tag : scan.tags)
     for (std::string& code : tag.code)
       if (!code.empty() && code[0] == '\'') {
-        const std::string literal = slotted(code.substr(1), p.default_system);
+        const std::string literal = slotted(code.substr(1), named, p.default_system);
         code.resize(1);
         code += literal;
       }
@@ -850,7 +975,8 @@ const std::vector<std::string>& chat_template_names() {
                                           "mistral-system-first",
                                           "deepseek-r1",
                                           "qwq",
-                                          "mistral-nemo"};
+                                          "mistral-nemo",
+                                          "devstral"};
   return n;
 }
 
@@ -862,7 +988,7 @@ void check_template_tokens(const Tokenizer& tok, ChatTemplate kind, const std::s
   const bool llama = kind == ChatTemplate::llama3 || kind == ChatTemplate::llama3_1 || kind == ChatTemplate::llama3_2;
   const bool mistral = kind == ChatTemplate::mistral || kind == ChatTemplate::mistral_system_first ||
                        kind == ChatTemplate::mistral_v0_2 || kind == ChatTemplate::mistral_v0_1 ||
-                       kind == ChatTemplate::mistral_nemo;
+                       kind == ChatTemplate::mistral_nemo || kind == ChatTemplate::devstral;
   auto require = [&](const char* key, const std::string& have, const char* want) {
     if (have != want)
       throw RuntimeError(where + ": the chat template renders " + key + ", which this tokenizer's files make " +
@@ -907,6 +1033,18 @@ std::pair<std::string, std::string> document_markers(const Tokenizer& tok) {
               {"<|end_of_text|>", "<|endoftext|>", gguf ? gguf->second : config_token(dir, "eos_token"), "</s>"})};
 }
 
+// The released Devstral template's default system message (data.chat_template = "devstral"; a
+// directory's template gives its own): the first literal of its template, what it sets
+// default_system_message to.
+const std::string& devstral_system() {
+  static const std::string text = [] {
+    for (const KnownTemplate& k : known_templates())
+      if (k.kind == ChatTemplate::devstral) return scan_template(k.text).literals.front().text;
+    throw std::logic_error("known_templates: no Devstral template");
+  }();
+  return text;
+}
+
 ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
   const fs::path dir = fs::path(tok.path()).parent_path();
   ChatFormat f;
@@ -941,6 +1079,7 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
     f.bos_token = deepseek_bos(tok, f.source);
   }
   if (requested == ChatTemplate::qwen2_5) f.default_system = kQwenSystem;
+  if (requested == ChatTemplate::devstral) f.default_system = devstral_system();
   if (f.kind == ChatTemplate::llama3_1) f.date = "26 Jul 2024";
   if (f.kind == ChatTemplate::llama3_2) {  // the template's strftime_now("%d %b %Y"), as transformers renders it
     const std::time_t now = std::time(nullptr);
@@ -1154,6 +1293,32 @@ std::vector<Part> mistral_parts(const ChatFormat& f, const std::vector<ChatMessa
   return parts;
 }
 
+// Devstral Small 2507: <s>, "[SYSTEM_PROMPT]" + the first message's content if it is a system
+// message, else the template's default one + "[/SYSTEM_PROMPT]"; then each message in order, in
+// any order of roles: "[INST]CONTENT[/INST]", "[SYSTEM_PROMPT]CONTENT[/SYSTEM_PROMPT]", a reply
+// "CONTENT</s>" as written.
+std::vector<Part> devstral_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  const bool system = !messages.empty() && messages[0].role == "system";
+  std::vector<Part> parts{{"<s>", false},
+                          {"[SYSTEM_PROMPT]", false},
+                          {system ? messages[0].content : f.default_system, false},
+                          {"[/SYSTEM_PROMPT]", false}};
+  for (size_t i = system ? 1 : 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    check_role(f, m, {"system", "user", "assistant"});
+    if (m.role == "assistant") {
+      parts.push_back({m.content, true});
+      parts.push_back({"</s>", true});
+      continue;
+    }
+    const bool user = m.role == "user";
+    parts.push_back({user ? "[INST]" : "[SYSTEM_PROMPT]", false});
+    parts.push_back({m.content, false});
+    parts.push_back({user ? "[/INST]" : "[/SYSTEM_PROMPT]", false});
+  }
+  return parts;
+}
+
 // Mistral v0.1: "[INST] CONTENT [/INST]REPLY</s> [INST] ..."; no system message.
 std::vector<Part> mistral_v0_1_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
   std::vector<Part> parts{{"<s>", false}};
@@ -1215,6 +1380,8 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_nemo:
       return mistral_parts(f, messages);
+    case ChatTemplate::devstral:
+      return devstral_parts(f, messages);
     case ChatTemplate::mistral_v0_1:
       return mistral_v0_1_parts(f, messages);
     case ChatTemplate::deepseek_r1:
@@ -1279,6 +1446,7 @@ std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessag
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_v0_1:
     case ChatTemplate::mistral_nemo:
+    case ChatTemplate::devstral:
     case ChatTemplate::automatic:
       break;
   }
@@ -1316,6 +1484,7 @@ std::string end_of_turn(const ChatFormat& f) {
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_v0_1:
     case ChatTemplate::mistral_nemo:
+    case ChatTemplate::devstral:
       return "</s>";
     case ChatTemplate::deepseek_r1:
       return "<｜end▁of▁sentence｜>";

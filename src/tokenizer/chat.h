@@ -27,6 +27,10 @@
 //             replies "CONTENT</s> " (the space after </s> is not trained); no system message
 //   mistral-nemo  Mistral Nemo Instruct 2407: <s>, user turns "[INST]CONTENT[/INST]" (the system
 //             message before the last user turn's content, as mistral), replies "CONTENT</s>" as written
+//   devstral  Devstral Small 2507 (Unsloth's release): <s>, "[SYSTEM_PROMPT]" + the chat's first
+//             message if it is a system message, else the template's default one +
+//             "[/SYSTEM_PROMPT]", then every message in order: "[INST]CONTENT[/INST]",
+//             "[SYSTEM_PROMPT]CONTENT[/SYSTEM_PROMPT]", replies "CONTENT</s>" as written
 //   deepseek-r1  DeepSeek-R1's distilled models (Llama and Qwen2 based): bos_token, the last
 //             system message, user turns "<｜User｜>CONTENT", replies "<｜Assistant｜>" + the
 //             content after its last "</think>" (reasoning dropped, as the template drops it) +
@@ -80,14 +84,15 @@ enum class ChatTemplate {
   mistral_system_first,
   deepseek_r1,
   qwq,
-  mistral_nemo
+  mistral_nemo,
+  devstral
 };
 const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
 
 struct ChatFormat {
   ChatTemplate kind = ChatTemplate::llama3;
   std::string date;            // llama3.1 / 3.2: the system header's "Today Date"
-  std::string default_system;  // qwen2.5 / chatml: the system message of a chat that has none ("": none)
+  std::string default_system;  // qwen2.5 / chatml / devstral: the system message of a chat that has none ("": none)
   std::string bos_token;       // deepseek-r1: the template's bos_token, as the directory's files resolve it
   std::string think_prompt;    // deepseek-r1 / qwq: what the generation prompt adds after the assistant header
   std::string source;  // how it was chosen, for the log: "data.chat_template", "<dir>/tokenizer_config.json", ...
@@ -130,7 +135,7 @@ ChatFormat data_chat_format(const Tokenizer& tok, ChatTemplate requested);
 struct RecognizedTemplate {
   ChatTemplate kind;
   std::string model;           // "Llama 3.1 / 3.3 Instruct (as released)", ...
-  std::string default_system;  // ChatML's, read from the template ("" where it has none)
+  std::string default_system;  // ChatML's / Devstral's, read from the template ("" where it has none)
   std::string think_prompt;    // deepseek-r1 / qwq: the generation prompt after the assistant header
 };
 RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where);

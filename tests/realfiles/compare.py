@@ -23,12 +23,12 @@ For every set of the corpus:
               newline, as tests/fixtures/make_chat_template_fixtures.py marks them): the same
               number of trained tokens, the loss within 1e-4 (as sweep.chat_roundtrip)
   templates   (the released chat templates of the chat-templates set, each with the corpus model of
-              its model's family — Mistral Nemo's with the Tekken one —, else Qwen2's; and the
+              its model's family — Mistral Nemo's and Devstral's with the Tekken one —, else Qwen2's; and the
               template transformers attaches to a converted Tekken vocabulary) `ptrain eval` of CHATS and a chat with reasoning =
               transformers' loss over the replies as apply_chat_template renders them (as chat), or
               ptrain refuses the template naming its file; the templates of Llama 3.1 / 3.2 / 3.3
-              Instruct, Qwen2.5, Qwen3, QwQ, Mistral Nemo and DeepSeek-R1's distills must
-              render
+              Instruct, Qwen2.5, Qwen3, QwQ, Mistral Nemo, Devstral Small 2507 and DeepSeek-R1's
+              distills must render
 Prints one table row per set and per template; exit 1 on any refusal or difference.
 """
 import json
@@ -171,11 +171,14 @@ def chat_row(chat):
 # llama.cpp's copies of released chat templates (the corpus's chat-templates set), each tried with
 # the corpus's model of its model's family (a real tokenizer; DeepSeek-R1's distills: the -r1 sets,
 # its special tokens renamed as theirs), the others with the Qwen2 one's.
-TEMPLATE_SETS = [("mistralai-Mistral-Nemo-", "hf5-mistral-nemo"), ("meta-llama-", "hf5-llama"), ("deepseek-ai-DeepSeek-R1-Distill-Llama", "hf5-llama-r1"),
+TEMPLATE_SETS = [("mistralai-Mistral-Nemo-", "hf5-mistral-nemo"), ("unsloth-mistral-Devstral-", "hf5-mistral-nemo"), ("meta-llama-", "hf5-llama"), ("deepseek-ai-DeepSeek-R1-Distill-Llama", "hf5-llama-r1"),
                  ("NousResearch-Hermes", "hf5-llama"), ("fireworks-ai-llama-3", "hf5-llama"),
                  ("meetkai-functionary", "hf5-llama"), ("Qwen-Qwen3-", "hf5-qwen3"),
                  ("deepseek-ai-DeepSeek-R1-Distill-Qwen", "hf5-qwen2-r1"), ("mistralai-", "hf5-mistral"),
                  ("unsloth-mistral-", "hf5-mistral"), ("Mistral-", "hf5-mistral")]
+# Rows long enough for every chat whole (a cut reply would train fewer tokens than transformers scores):
+# Devstral's default system message is ~1,500 Tekken tokens.
+TEMPLATE_SEQ = {"hf5-mistral-nemo": 2048}
 # Templates other than llama.cpp's copies: (the file in the corpus, the corpus model to try it with).
 OTHER_TEMPLATES = {
     # what transformers 5.23 attaches when it converts a Tekken vocabulary (mistral-common generates it)
@@ -185,7 +188,7 @@ OTHER_TEMPLATES = {
 # transformers renders it. Every other one must render so too, or be refused naming the file.
 MUST_RENDER = ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
                "meta-llama-Llama-3.3-70B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "Qwen-QwQ-32B",
-               "mistralai-Mistral-Nemo-Instruct-2407",
+               "mistralai-Mistral-Nemo-Instruct-2407", "unsloth-mistral-Devstral-Small-2507",
                "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"]
 # Where a reply starts and ends in each kind of template ptrain renders (data.chat_template names).
 REPLY_SPANS = {"llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", ["<|eot_id|>"]),
@@ -193,7 +196,7 @@ REPLY_SPANS = {"llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", [
                "deepseek-r1": ("<｜Assistant｜>", ["<｜end▁of▁sentence｜>"])}
 SPAN_OF_KIND = {"llama3": "llama3", "llama3.1": "llama3", "llama3.2": "llama3", "qwen2.5": "chatml",
                 "chatml": "chatml", "qwen3": "chatml", "qwq": "chatml", "mistral": "mistral", "mistral-system-first": "mistral",
-                "mistral-v0.2": "mistral", "mistral-v0.1": "mistral", "mistral-nemo": "mistral",
+                "mistral-v0.2": "mistral", "mistral-v0.1": "mistral", "mistral-nemo": "mistral", "devstral": "mistral",
                 "deepseek-r1": "deepseek-r1"}
 # CHATS and one with reasoning in its replies (Qwen3's templates keep the last one's, drop the first's).
 TEMPLATE_CHATS = CHATS + [[{"role": "user", "content": "What is 2 + 3?"},
@@ -235,7 +238,7 @@ def template_ptrain(binary, corpus, name, tmp):
         for chat in TEMPLATE_CHATS:
             f.write(json.dumps({"messages": chat}, ensure_ascii=False) + "\n")
     report = []
-    result, error, _ = ptrain_eval(binary, d, path, tmp, fmt="jsonl", seq=256, report=report)
+    result, error, _ = ptrain_eval(binary, d, path, tmp, fmt="jsonl", seq=TEMPLATE_SEQ.get(base, 256), report=report)
     return base, d, result, error, report
 
 

@@ -248,12 +248,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 family, tok_dir, dst = sys.argv[1:4]
 tok = AutoTokenizer.from_pretrained(tok_dir)
 extra = {"llama": dict(attention_bias=False), "mistral": dict(sliding_window=None), "qwen2": {},
-         "qwen3": dict(head_dim=16), "mistral-nemo": dict(sliding_window=None, head_dim=32)}[family]
+         "qwen3": dict(head_dim=16),
+         # Nemo's shape; long enough for Devstral's template, whose default system message is ~1,500 tokens
+         "mistral-nemo": dict(sliding_window=None, head_dim=32, max_position_embeddings=4096)}[family]
 family = family.split("-")[0]
-config = AutoConfig.for_model(family, vocab_size=len(tok), hidden_size=64, intermediate_size=96,
-                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                              max_position_embeddings=256, tie_word_embeddings=family in ("qwen2", "qwen3"),
-                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **extra)
+config = AutoConfig.for_model(family, **{**dict(
+    vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=family in ("qwen2", "qwen3"),
+    bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id), **extra})
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(config)
 with torch.no_grad():  # weights of a trained model's scale, not the init's

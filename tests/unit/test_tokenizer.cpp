@@ -514,7 +514,8 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
                                                   {"mistral-system-first", ChatTemplate::mistral_system_first},
                                                   {"deepseek-r1", ChatTemplate::deepseek_r1},
                                                   {"qwq", ChatTemplate::qwq},
-                                                  {"mistral-nemo", ChatTemplate::mistral_nemo}};
+                                                  {"mistral-nemo", ChatTemplate::mistral_nemo},
+                                                  {"devstral", ChatTemplate::devstral}};
   ASSERT_EQ(expected.size(), kinds.size());
   for (const auto& [name, e] : expected.items()) {
     Tokenizer tok(test::fixture("chat_templates/" + name));
