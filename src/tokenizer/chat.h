@@ -31,6 +31,11 @@
 //             message if it is a system message, else the template's default one +
 //             "[/SYSTEM_PROMPT]", then every message in order: "[INST]CONTENT[/INST]",
 //             "[SYSTEM_PROMPT]CONTENT[/SYSTEM_PROMPT]", replies "CONTENT</s>" as written
+//   mistral-tekken  mistral-common's template for a Tekken v3 vocabulary (what transformers attaches
+//             when it converts Mistral Nemo's tekken.json): <s>, the chat without its system
+//             messages, consecutive messages of one role merged ("\n\n"), user turns
+//             "[INST]CONTENT[/INST]" (the system messages, joined, before the last one's content),
+//             replies "CONTENT</s>" as written
 //   deepseek-r1  DeepSeek-R1's distilled models (Llama and Qwen2 based): bos_token, the last
 //             system message, user turns "<｜User｜>CONTENT", replies "<｜Assistant｜>" + the
 //             content after its last "</think>" (reasoning dropped, as the template drops it) +
@@ -85,7 +90,8 @@ enum class ChatTemplate {
   deepseek_r1,
   qwq,
   mistral_nemo,
-  devstral
+  devstral,
+  mistral_tekken
 };
 const std::vector<std::string>& chat_template_names();  // as data.chat_template spells them, in enum order
 

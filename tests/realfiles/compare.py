@@ -28,7 +28,7 @@ For every set of the corpus:
               transformers' loss over the replies as apply_chat_template renders them (as chat), or
               ptrain refuses the template naming its file; the templates of Llama 3.1 / 3.2 / 3.3
               Instruct, Qwen2.5, Qwen3, QwQ, Mistral Nemo, Devstral Small 2507 and DeepSeek-R1's
-              distills must render
+              distills, and the one transformers attaches to a converted Tekken vocabulary, must render
 Prints one table row per set and per template; exit 1 on any refusal or difference.
 """
 import json
@@ -188,7 +188,7 @@ OTHER_TEMPLATES = {
 # transformers renders it. Every other one must render so too, or be refused naming the file.
 MUST_RENDER = ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
                "meta-llama-Llama-3.3-70B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "Qwen-QwQ-32B",
-               "mistralai-Mistral-Nemo-Instruct-2407", "unsloth-mistral-Devstral-Small-2507",
+               "mistralai-Mistral-Nemo-Instruct-2407", "unsloth-mistral-Devstral-Small-2507", "mistral-common-tekken-v3",
                "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"]
 # Where a reply starts and ends in each kind of template ptrain renders (data.chat_template names).
 REPLY_SPANS = {"llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", ["<|eot_id|>"]),
@@ -196,7 +196,7 @@ REPLY_SPANS = {"llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", [
                "deepseek-r1": ("<｜Assistant｜>", ["<｜end▁of▁sentence｜>"])}
 SPAN_OF_KIND = {"llama3": "llama3", "llama3.1": "llama3", "llama3.2": "llama3", "qwen2.5": "chatml",
                 "chatml": "chatml", "qwen3": "chatml", "qwq": "chatml", "mistral": "mistral", "mistral-system-first": "mistral",
-                "mistral-v0.2": "mistral", "mistral-v0.1": "mistral", "mistral-nemo": "mistral", "devstral": "mistral",
+                "mistral-v0.2": "mistral", "mistral-v0.1": "mistral", "mistral-nemo": "mistral", "devstral": "mistral", "mistral-tekken": "mistral",
                 "deepseek-r1": "deepseek-r1"}
 # CHATS and one with reasoning in its replies (Qwen3's templates keep the last one's, drop the first's).
 TEMPLATE_CHATS = CHATS + [[{"role": "user", "content": "What is 2 + 3?"},

@@ -515,7 +515,8 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
                                                   {"deepseek-r1", ChatTemplate::deepseek_r1},
                                                   {"qwq", ChatTemplate::qwq},
                                                   {"mistral-nemo", ChatTemplate::mistral_nemo},
-                                                  {"devstral", ChatTemplate::devstral}};
+                                                  {"devstral", ChatTemplate::devstral},
+                                                  {"mistral-tekken", ChatTemplate::mistral_tekken}};
   ASSERT_EQ(expected.size(), kinds.size());
   for (const auto& [name, e] : expected.items()) {
     Tokenizer tok(test::fixture("chat_templates/" + name));
