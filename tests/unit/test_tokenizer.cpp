@@ -555,6 +555,12 @@ TEST(Chat, EveryTemplateRendersAsTransformersAndMasksTheReplies) {
       EXPECT_EQ(replies_losing_reasoning(format, messages), lacking) << name << " chat " << c << ": " << rendered;
       without_reasoning += lacking;
     }
+    // Chats the template raises on (mistral-common's: a reply first, an empty reply): refused too.
+    for (const auto& r : e.value("refused", nlohmann::json::array())) {
+      std::vector<ChatMessage> messages;
+      for (const auto& m : r.at("chat")) messages.push_back({m.at("role"), m.at("content")});
+      EXPECT_THROW(render_chat(tok, format, messages, false), RuntimeError) << name << ": " << r.at("error");
+    }
     std::cout << name << ": " << e.at("chats").size() << " chats, " << tokens << " tokens, " << trained << " trained, "
               << without_reasoning << " replies without their reasoning, as transformers renders them\n";
     // Prompts to answer (add_generation_prompt) with other releases of the family's template.
