@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "config/config.h"
 #include "tokenizer/chat.h"
+#include "tokenizer/gguf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptrain {
@@ -174,12 +175,9 @@ void add_model_tensors(GgufWriter& w, const HfCheckpoint& ckpt, const LlamaShape
 
 // llama.cpp's name for a byte-level pre-tokenizer (`tokenizer.ggml.pre`), by what it splits with.
 // Its converter recognizes a tokenizer by hashing what it makes of a test text; these are the
-// splits of the families ptrain reads, which its converter names so.
+// splits of the families ptrain reads, which its converter names so (Mistral Nemo's Tekken:
+// "tekken"), each the split transformers' GGUF loader gives that name back.
 std::string pre_tokenizer_name(const json& pre, const std::string& where) {
-  static const std::string kLlama3 =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  static const std::string kQwen2 =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   auto byte_level = [](const json& p, bool regex) {
     return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) == regex &&
            !p.value("add_prefix_space", false);
@@ -192,15 +190,17 @@ std::string pre_tokenizer_name(const json& pre, const std::string& where) {
         !first.value("invert", false) && first.contains("pattern") && first["pattern"].contains("Regex") &&
         byte_level(seq[1], false)) {
       const std::string r = first["pattern"]["Regex"].get<std::string>();
-      if (r == kLlama3) return "llama-bpe";
-      if (r == kQwen2) return "qwen2";
+      for (const char* name : {"llama-bpe", "qwen2", "tekken"}) {
+        const char* split = gguf_pre_tokenizer_split(name);
+        if (split && r == split) return name;
+      }
     }
     if (first.value("type", "") == "Digits" && first.value("individual_digits", false) && byte_level(seq[1], true))
       return "smollm";
   }
   throw UnsupportedInput(where + ": pre_tokenizer " + pre.dump().substr(0, 300) +
-                         " is none llama.cpp names (tokenizer.ggml.pre: Llama 3's split, Qwen2's, GPT-2's byte "
-                         "level, SmolLM's digits); not written rather than split differently there");
+                         " is none llama.cpp names (tokenizer.ggml.pre: Llama 3's split, Qwen2's, Tekken's, GPT-2's "
+                         "byte level, SmolLM's digits); not written rather than split differently there");
 }
 
 // BOS / EOS as transformers resolves them for the directory, whether its tokenizer adds them, and

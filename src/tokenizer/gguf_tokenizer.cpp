@@ -323,4 +323,6 @@ GgufTokenizer read_gguf_tokenizer(const std::string& path) {
   return out;
 }
 
+const char* gguf_pre_tokenizer_split(const std::string& pre) { return split_of(pre); }
+
 }  // namespace ptrain

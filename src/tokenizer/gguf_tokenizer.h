@@ -37,6 +37,10 @@ std::string gguf_tokenizer_file(const std::string& path);
 // `path`: a GGUF file. Throws UnsupportedInput / RuntimeError naming the file and the key.
 GgufTokenizer read_gguf_tokenizer(const std::string& path);
 
+// The split regex transformers' GGUF loader gives a `tokenizer.ggml.pre` name (nullptr for a name
+// it does not know: GPT-2's own split).
+const char* gguf_pre_tokenizer_split(const std::string& pre);
+
 // The tokenizer as transformers' save_pretrained writes it into `dir`: tokenizer.json,
 // tokenizer_config.json (TokenizersBackend, the special tokens, add_bos_token / add_eos_token)
 // and chat_template.jinja — a directory transformers and ptrain read as the GGUF file's tokenizer.

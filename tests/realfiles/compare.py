@@ -17,6 +17,8 @@ For every set of the corpus:
               AutoTokenizer.from_pretrained(dir, gguf_file=...) on the mixed text; for the model,
               `ptrain eval` with model.hf_path = the file = transformers' from_pretrained(dir,
               gguf_file=...) on the same windows (1e-5)
+  export      (hf5-mistral-nemo) `ptrain export --gguf` of the directory: transformers' GGUF
+              tokenizer of the file and `ptrain tokenize` of it = the directory's ids on the mixed text
   chat        (model directories with a ChatML template: SmolLM2, Qwen2.5's) `ptrain eval` of
               three chats as JSONL = transformers' loss over the replies of the same chats rendered
               by apply_chat_template (labels -100 but for each reply through its <|im_end|> and
@@ -151,6 +153,32 @@ def chat_check(binary, d, tok, tmp, gguf_file=None):
             total += model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.item() * n
         tokens += n
     return result["mean_loss"], total / tokens, result["tokens"], tokens
+
+
+# Model sets whose `ptrain export --gguf` (f32) is read back: transformers' GGUF tokenizer (from
+# tokenizer.ggml.*, its split from tokenizer.ggml.pre) = the directory's on the mixed text, and
+# `ptrain tokenize` of the file = the same.
+GGUF_EXPORTS = ["hf5-mistral-nemo"]
+
+
+def export_check(binary, d, text, want, tmp):
+    """(None, what) when the export reads back to the same ids, else (the problem, None)."""
+    cfg, out = os.path.join(tmp, "export.toml"), os.path.join(tmp, "export.gguf")
+    with open(cfg, "w") as f:
+        f.write(f'[model]\nhf_path = "{d}"\n')
+    r = subprocess.run([binary, "export", "--gguf", out, "--config", cfg], capture_output=True, text=True)
+    if r.returncode != 0:
+        return (r.stderr or r.stdout).strip().splitlines()[-1], None
+    from gguf import GGUFReader
+    field = GGUFReader(out).fields["tokenizer.ggml.pre"]
+    pre = bytes(field.parts[field.data[0]]).decode()
+    theirs = AutoTokenizer.from_pretrained(tmp, gguf_file="export.gguf").encode(text, add_special_tokens=False)
+    ours, _ = ptrain_tokenize(binary, out, text, tmp)
+    if theirs != want or ours != want:
+        return f"export --gguf (pre {pre}): transformers' GGUF tokenizer {'=' if theirs == want else '!='} the " \
+               f"directory's, ptrain's of the file {'=' if ours == want else '!='}", None
+    return None, f"export --gguf: tokenizer.ggml.pre {pre}, transformers' GGUF tokenizer and ptrain's of the file = " \
+                 f"the directory's ids"
 
 
 def chat_row(chat):
@@ -352,6 +380,10 @@ def main():
             failures += not ok
             keys = "; ".join(line.split("ignored")[-1].split(":", 1)[-1].strip() for line in ignored) or "none"
             print(row + f" {result['mean_loss']:14.6f} {ref:13.6f} {rel:10.1e}  {keys}" + ("" if ok else "  DIFFER"))
+            if name in GGUF_EXPORTS:
+                problem, what = export_check(binary, d, text, want, tmp)
+                print(f"{'':22} {what or 'FAILED: ' + problem}")
+                failures += problem is not None
             failures += chat_row(chat_check(binary, d, tok, tmp, gguf_file=gguf_file))
     print(f"{len(sets)} sets, {failures} with a refusal or a difference")
     if os.path.exists(os.path.join(corpus, "chat-templates", "DONE")) and (not only or "chat-templates" in only):

@@ -8,7 +8,8 @@ Qwen2-style one (hf_qwen_chat), and a SentencePiece-style BPE (byte fallback, Me
 here by HF tokenizers on the fortunes corpus, saved by transformers as its LlamaTokenizer): Llama
 untied; Llama tied with a head_dim other than hidden / heads; Llama with attention biases and
 linear RoPE scaling; Llama with Llama 3.1 RoPE scaling; Qwen2 with YaRN; Mistral; Llama with the SentencePiece
-tokenizer; Qwen2 (tied, q/k/v biases); Qwen3 (q/k norms, head_dim 128 as released; and head_dim
+tokenizer; Mistral Nemo's shape with a Tekken-split byte-level BPE (tokenizer.ggml.pre "tekken", the
+name llama.cpp's converter gives Mistral Nemo's); Qwen2 (tied, q/k/v biases); Qwen3 (q/k norms, head_dim 128 as released; and head_dim
 32, tied). Each is exported in f32, f16, bf16 and q8_0 from a config naming it (model.hf_path);
 one LoRA checkpoint is exported from --checkpoint (merged).
 
@@ -80,9 +81,38 @@ def make_sentencepiece_tokenizer(src, out):
     return out
 
 
+# Mistral Nemo's Tekken split (its tekken.json's pattern, as transformers converts it into tokenizer.json).
+TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+                r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def make_tekken_tokenizer(src, out):
+    """A byte-level BPE set up as transformers converts Mistral Nemo's tekken.json (Tekken's split,
+    ByteLevel without its own regex, ignore_merges, <unk> <s> </s> first), trained here by HF
+    tokenizers on the fortunes corpus."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if os.path.exists(os.path.join(out, "tokenizer.json")):
+        return out
+    with open(os.path.join(src, "data/fortunes.txt")) as f:
+        lines = f.read()[:200000].split("\n")
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(TEKKEN_SPLIT), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(out)
+    return out
+
+
 def cases(src, work):
     llama_tok, qwen_tok = os.path.join(src, "tests/fixtures/hf_chat"), os.path.join(src, "tests/fixtures/hf_qwen_chat")
     spm_tok = make_sentencepiece_tokenizer(src, os.path.join(work, "sentencepiece_tokenizer"))
+    tekken_tok = make_tekken_tokenizer(src, os.path.join(work, "tekken_tokenizer"))
     base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
     # The last field: why transformers' GGUF loader cannot stand in for llama.cpp on that model
@@ -108,6 +138,9 @@ def cases(src, work):
         ("mistral_family", llama_tok, dict(model_type="mistral", tie_word_embeddings=False, sliding_window=None, **base),
          None),
         ("llama_sentencepiece", spm_tok, dict(model_type="llama", tie_word_embeddings=False, **base), None),
+        # Mistral Nemo's shape (head_dim above hidden / heads) and tokenizer kind: tokenizer.ggml.pre "tekken"
+        ("mistral_nemo_tekken", tekken_tok,
+         dict(model_type="mistral", tie_word_embeddings=False, sliding_window=None, head_dim=32, **base), None),
         ("qwen2", qwen_tok, dict(model_type="qwen2", tie_word_embeddings=True, **base), None),
         # head_dim 128, as every released Qwen3 has it (above hidden / heads)
         ("qwen3", qwen_tok, dict(model_type="qwen3", tie_word_embeddings=False, head_dim=128, **base), None),
@@ -227,7 +260,7 @@ def check_file(path, model, tok_dir, gguf_type, failures):
             failures.append(f"{path}: {key} id {got}, the tokenizer's {tok}")
     if f.get("tokenizer.chat_template") != hf_tok.chat_template:
         failures.append(f"{path}: chat template differs")
-    pre = None if sentencepiece else "qwen2" if "qwen" in tok_dir else "llama-bpe"
+    pre = None if sentencepiece else "qwen2" if "qwen" in tok_dir else "tekken" if "tekken" in tok_dir else "llama-bpe"
     if f.get("tokenizer.ggml.pre") != pre:
         failures.append(f"{path}: tokenizer.ggml.pre {f['tokenizer.ggml.pre']}, want {pre}")
 
