@@ -160,15 +160,19 @@ def main():
 
 def tokenization(llama_cpp, a):
     """llama.cpp's tokenizer on each exported vocabulary against transformers' tokenizer of the
-    model directory (no special tokens added), on TEXTS; with the real Mistral v0.3 tokenizer too
-    when tests/realfiles has fetched it."""
+    model directory (no special tokens added), on TEXTS; with the real Mistral v0.3 and Mistral
+    Nemo (Tekken) tokenizers too when tests/realfiles has made them."""
     print("\n| tokenizer | texts with equal ids | where they differ |")
     print("|---|---|---|")
-    dirs = [(name, os.path.join(a.work, name)) for name in ("llama", "qwen2", "llama_sentencepiece")]
-    real = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles",
-                        "mistral-v3-hf5")
-    if os.path.exists(os.path.join(real, "tokenizer.json")):
-        d = os.path.join(a.work, "mistral_v3_tokenizer")
+    dirs = [(name, os.path.join(a.work, name)) for name in ("llama", "qwen2", "llama_sentencepiece",
+                                                            "mistral_nemo_tekken")]
+    realfiles = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles")
+    for label, set_name in (("Mistral v0.3 (released)", "mistral-v3-hf5"),
+                            ("Mistral Nemo's Tekken (released, converted by transformers)", "mistral-tekken-hf5")):
+        real = os.path.join(realfiles, set_name)
+        if not os.path.exists(os.path.join(real, "tokenizer.json")):
+            continue
+        d = os.path.join(a.work, set_name.replace("-", "_") + "_tokenizer")
         tok = AutoTokenizer.from_pretrained(real)
         cfg = AutoConfig.for_model("mistral", vocab_size=len(tok), hidden_size=64, intermediate_size=96,
                                    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, sliding_window=None)
@@ -176,7 +180,7 @@ def tokenization(llama_cpp, a):
         for f in os.listdir(real):
             if f.startswith("tokenizer"):
                 shutil.copy(os.path.join(real, f), d)
-        dirs.append(("Mistral v0.3 (released)", d))
+        dirs.append((label, d))
     for name, d in dirs:
         path = export(a.binary, a.work, d, os.path.basename(d), "f16")
         llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
