@@ -25,8 +25,7 @@ namespace {
 std::string template_options() {
   return " (set data.chat_template to one of llama3, llama3.1, llama3.2, qwen2.5, qwen3, chatml, mistral, "
          "mistral-system-first, mistral-v0.2, mistral-v0.1, mistral-nemo, mistral-tekken, devstral, deepseek-r1, qwq "
-         "if "
-         "your data was made for one of them)";
+         "if your data was made for one of them)";
 }
 
 bool python_space(const std::string& s, size_t i, size_t& n) {
@@ -1686,6 +1685,8 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
 }  // namespace
 
 int64_t replies_losing_reasoning(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  // every record passes here: the other formats render a reply as written
+  if (f.kind != ChatTemplate::qwen3 && f.kind != ChatTemplate::qwq && f.kind != ChatTemplate::deepseek_r1) return 0;
   const size_t last_query = qwen3_last_query(messages);
   int64_t n = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
