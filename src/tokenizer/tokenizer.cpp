@@ -14,6 +14,7 @@
 #include <queue>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/error.h"
 #include "common/fs_util.h"
@@ -264,6 +265,11 @@ struct Tokenizer::Impl {
   int32_t unk = -1;
   int32_t byte_id[256];                 // byte_fallback: the id of "<0xNN>"
   uint64_t instance = next_instance();  // keys this tokenizer's piece cache in each thread
+  // Where a long piece may be cut with its ids unchanged (index_cuts): between two characters that
+  // no merge can join. SentencePiece-style tokenizers hand BPE a whole text as one piece.
+  std::vector<bool> alone;              // code points that are a vocabulary token by themselves
+  std::unordered_set<uint64_t> joined;  // (code point, next code point) side by side in some token
+  bool bytes_merge = false;             // some merge has a <0xNN> byte token as a side
 
   // Decoder steps, in order, over the list of token strings.
   struct DecStep {
@@ -337,6 +343,7 @@ struct Tokenizer::Impl {
   void read_pre_tokenizer(const json& j);
   void read_vocab(const json& model);
   void read_merges(const json& model);
+  void index_cuts();
   void read_decoder(const json& j);
   void read_added_tokens(const json& j);
   void read_post_processor(const json& j);
@@ -445,8 +452,52 @@ struct Tokenizer::Impl {
     return pieces;
   }
 
+  // Whether byte fallback spells the character s[i, i + n) as <0xNN> byte tokens.
+  bool spelled_in_bytes(const std::string& s, size_t i, size_t n) const {
+    return byte_fallback &&
+           std::all_of(s.begin() + static_cast<std::ptrdiff_t>(i), s.begin() + static_cast<std::ptrdiff_t>(i + n),
+                       [&](char c) { return byte_id[static_cast<unsigned char>(c)] >= 0; });
+  }
+
+  // How a character meets a cut: as a token by itself, as <0xNN> byte tokens, or neither (the
+  // unknown token, whose runs fuse_unk fuses: never cut beside it).
+  enum class Edge { token, bytes, none };
+  Edge edge(const std::string& s, size_t i, size_t n, uint32_t cp) const {
+    if (cp < alone.size() && alone[cp]) return Edge::token;
+    return spelled_in_bytes(s, i, n) ? Edge::bytes : Edge::none;
+  }
+
+  // A piece through BPE. A long one is cut where no merge can join the characters either side
+  // (a merge's token holds both sides' text side by side, or a byte token as a side): each part
+  // then merges as it would inside the whole — a merge changes only its own pair and the pairs
+  // beside it, so the lowest-ranked merge of the whole is the lowest of its part — and the parts,
+  // words mostly, repeat and hit the cache.
   void bpe(const std::string& piece, std::vector<int32_t>& out) const {
+    constexpr size_t kLong = 64;  // bytes; shorter pieces are BPE's words already
+    if (piece.size() <= kLong || ignore_merges) return bpe_part(piece, out);
+    size_t begin = 0;
+    uint32_t before = 0;
+    Edge before_edge = Edge::none;
+    for (size_t i = 0; i < piece.size();) {
+      const size_t n = std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
+      const uint32_t cp = code_point(piece, i, n);
+      const Edge e = edge(piece, i, n, cp);
+      if (i > begin && e != Edge::none && before_edge != Edge::none &&
+          (e == Edge::token && before_edge == Edge::token ? !joined.count(uint64_t{before} << 32 | cp)
+                                                          : !bytes_merge)) {
+        bpe_part(piece.substr(begin, i - begin), out);
+        begin = i;
+      }
+      before = cp;
+      before_edge = e;
+      i += n;
+    }
+    bpe_part(piece.substr(begin), out);
+  }
+
+  void bpe_part(const std::string& piece, std::vector<int32_t>& out) const {
     if (piece.empty()) return;
+    constexpr size_t kCached = 256;  // bytes: longer pieces rarely come again
     auto& cache = piece_cache(instance);
     auto hit = cache.find(piece);
     if (hit != cache.end()) {
@@ -469,9 +520,7 @@ struct Tokenizer::Impl {
         after_unknown = false;
         if (v != vocab.end()) {
           syms.push_back(v->second);
-        } else if (byte_fallback && std::all_of(piece.begin() + static_cast<std::ptrdiff_t>(i),
-                                                piece.begin() + static_cast<std::ptrdiff_t>(i + n),
-                                                [&](char c) { return byte_id[static_cast<unsigned char>(c)] >= 0; })) {
+        } else if (spelled_in_bytes(piece, i, n)) {
           for (size_t k = i; k < i + n; ++k) syms.push_back(byte_id[static_cast<unsigned char>(piece[k])]);
         } else if (unk >= 0) {
           if (!(fuse_unk && was_after_unknown)) syms.push_back(unk);
@@ -485,9 +534,10 @@ struct Tokenizer::Impl {
       merge(syms);
       ids = std::move(syms);
     }
-    if (cache.size() > (1u << 20)) cache.clear();
-    cache.emplace(piece, ids);
     out.insert(out.end(), ids.begin(), ids.end());
+    if (piece.size() > kCached) return;
+    if (cache.size() > (1u << 20)) cache.clear();
+    cache.emplace(piece, std::move(ids));
   }
 
   // BPE merges as HF tokenizers applies them: the pair of lowest rank first (leftmost among
@@ -787,6 +837,31 @@ void Tokenizer::Impl::read_merges(const json& model) {
   }
 }
 
+// What bpe() needs to cut a long piece: the characters that are tokens alone, the pairs of
+// characters some vocabulary token holds side by side (every merge makes a vocabulary token, so no
+// merge can join a pair outside this set), and whether any merge has a byte token as a side.
+void Tokenizer::Impl::index_cuts() {
+  for (const auto& [token, id] : vocab) {
+    uint32_t before = 0;
+    for (size_t i = 0, k = 0; i < token.size(); ++k) {
+      const size_t n = std::min(utf8_length(static_cast<unsigned char>(token[i])), token.size() - i);
+      const uint32_t cp = code_point(token, i, n);
+      if (k > 0) joined.insert(uint64_t{before} << 32 | cp);
+      if (n == token.size() && valid_utf8(token)) {  // as bpe() looks a character up
+        if (cp >= alone.size()) alone.resize(std::max<size_t>(cp + 1, 0x80));
+        alone[cp] = true;
+      }
+      before = cp;
+      i += n;
+    }
+  }
+  std::vector<bool> is_byte(static_cast<size_t>(max_id) + 1);
+  for (const int32_t b : byte_id)
+    if (b >= 0) is_byte[static_cast<size_t>(b)] = true;
+  for (const auto& [key, rank_merged] : merges)
+    bytes_merge |= is_byte[static_cast<size_t>(key >> 32)] || is_byte[static_cast<size_t>(key & 0xffffffffu)];
+}
+
 Tokenizer::Impl::DecStep Tokenizer::Impl::decoder_step(const json& step) const {
   const std::string t = step.value("type", "");
   DecStep s{};
@@ -882,6 +957,7 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     m.read_pre_tokenizer(j);
     m.read_vocab(j.at("model"));
     m.read_merges(j.at("model"));
+    m.index_cuts();
     m.read_decoder(j);
     m.read_added_tokens(j);  // after the normalizer: normalized tokens match normalized text
     m.read_post_processor(j);
