@@ -270,6 +270,8 @@ struct Tokenizer::Impl {
   std::vector<bool> alone;              // code points that are a vocabulary token by themselves
   std::unordered_set<uint64_t> joined;  // (code point, next code point) side by side in some token
   bool bytes_merge = false;             // some merge has a <0xNN> byte token as a side
+  enum class LineCuts { never, at_lines, where_bpe_may } line_cuts = LineCuts::never;  // read_line_cuts
+  std::vector<std::string> line_ends;  // at_lines: the runs of spaces a part may end with (probe_line_ends)
 
   // Decoder steps, in order, over the list of token strings.
   struct DecStep {
@@ -344,6 +346,8 @@ struct Tokenizer::Impl {
   void read_vocab(const json& model);
   void read_merges(const json& model);
   void index_cuts();
+  void read_line_cuts();
+  void probe_line_ends();
   void read_decoder(const json& j);
   void read_added_tokens(const json& j);
   void read_post_processor(const json& j);
@@ -467,6 +471,12 @@ struct Tokenizer::Impl {
     return spelled_in_bytes(s, i, n) ? Edge::bytes : Edge::none;
   }
 
+  // Whether no merge can join character a (edge ea) with the character b after it (edge eb).
+  bool may_cut(Edge ea, uint32_t a, Edge eb, uint32_t b) const {
+    if (ea == Edge::none || eb == Edge::none) return false;
+    return ea == Edge::token && eb == Edge::token ? !joined.count(uint64_t{a} << 32 | b) : !bytes_merge;
+  }
+
   // A piece through BPE. A long one is cut where no merge can join the characters either side
   // (a merge's token holds both sides' text side by side, or a byte token as a side): each part
   // then merges as it would inside the whole — a merge changes only its own pair and the pairs
@@ -482,9 +492,7 @@ struct Tokenizer::Impl {
       const size_t n = std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
       const uint32_t cp = code_point(piece, i, n);
       const Edge e = edge(piece, i, n, cp);
-      if (i > begin && e != Edge::none && before_edge != Edge::none &&
-          (e == Edge::token && before_edge == Edge::token ? !joined.count(uint64_t{before} << 32 | cp)
-                                                          : !bytes_merge)) {
+      if (i > begin && may_cut(before_edge, before, e, cp)) {
         bpe_part(piece.substr(begin, i - begin), out);
         begin = i;
       }
@@ -961,6 +969,8 @@ Tokenizer::Tokenizer(const std::string& path_in) : impl_(std::make_unique<Impl>(
     m.read_decoder(j);
     m.read_added_tokens(j);  // after the normalizer: normalized tokens match normalized text
     m.read_post_processor(j);
+    m.read_line_cuts();
+    if (m.line_cuts == Impl::LineCuts::at_lines) m.probe_line_ends();
   } catch (const json::exception& e) {
     m.fail(std::string("malformed tokenizer.json: ") + e.what());
   }
@@ -1156,17 +1166,76 @@ std::optional<int32_t> Tokenizer::splitting_token(const std::string& text) const
   return std::nullopt;
 }
 
-bool Tokenizer::cuts_at_lines() const {
-  const Impl& m = *impl_;
-  for (const auto& s : m.normalizer)
-    if (s.kind == Impl::NormStep::prepend) return false;
-  bool splits = false;
-  for (const auto& s : m.pre) {
-    if (s.kind == Impl::PreStep::metaspace && s.prepend != Impl::PreStep::never) return false;
-    splits |= s.kind == Impl::PreStep::split || (s.kind == Impl::PreStep::byte_level && s.regex) ||
-              (s.kind == Impl::PreStep::metaspace && s.split_words);
+// How a text may be cut after a newline (Tokenizer::cuts_before): never where the normalizer or
+// the pre-tokenizer puts something before every text (Prepend, Metaspace's prepend scheme
+// "always") or an added token holds a newline before its end (a match could span the cut); at
+// every such line where a split regex parts the text there; else, where nothing normalizes the
+// text, where BPE may cut between the newline and the next character (Metaspace's scheme "first"
+// prepends to the first part alone: the others are encoded as the text's continuation).
+void Tokenizer::Impl::read_line_cuts() {
+  bool split = false, normalizes = !normalizer.empty(), lstrip_normalized = false;
+  for (const auto& s : normalizer)
+    if (s.kind == NormStep::prepend) return;
+  for (const auto& s : pre) {
+    if (s.kind == PreStep::metaspace && s.prepend == PreStep::always) return;
+    split |= s.kind == PreStep::split || (s.kind == PreStep::byte_level && s.regex);
   }
-  return splits;
+  for (const auto& a : added) {
+    for (const std::string* c : {&a.content, &a.normalized_content}) {
+      const auto nl = c->find('\n');
+      if (nl != std::string::npos && nl + 1 < c->size()) return;
+    }
+    lstrip_normalized |= a.lstrip && a.normalized;
+  }
+  if (split)
+    line_cuts = LineCuts::at_lines;
+  else if (!normalizes && !ignore_merges)
+    line_cuts = LineCuts::where_bpe_may;
+  if (normalizes && lstrip_normalized) line_cuts = LineCuts::never;  // it may match what the raw text does not
+}
+
+// The runs of spaces ending in a newline after which a tokenizer split by regexes may cut a text:
+// those where every probe — a character, the run, a character — normalizes and pre-tokenizes to
+// the same pieces whole as in two parts (so BPE, which merges inside a piece, gives the same ids).
+// A regex may look past the run (GPT-2's \s+(?!\S) parts "\n\nx" as "\n", "\n", "x" but a text
+// ending "\n\n" as one piece) or take the newline into the next piece (a made-up \s?\p{L}+): then
+// that run, or every run, is no place to cut.
+void Tokenizer::Impl::probe_line_ends() {
+  static const char* const kRuns[] = {"\n", "\n\n", "\n\n\n", "\r\n", "\r\n\r\n", " \n", "  \n", "\t\n", " \n\n"};
+  static const char* const kBefore[] = {"a", "Z", ".", "1", "}", "\u4e2d", "\u00e9"};
+  static const char* const kAfter[] = {"a", "Z", "1", ".",      "<",      "#",         "_",
+                                       "-", "(", "'", "\u4e2d", "\u00e9", "\U0001F642"};
+  for (const char* run : kRuns) {
+    bool same = true;
+    for (const char* before : kBefore)
+      for (const char* after : kAfter) {
+        const std::string head = std::string(before) + run;
+        std::vector<std::string> parts = pre_tokenize(normalize(head), true);
+        for (auto& p : pre_tokenize(normalize(after), false)) parts.push_back(std::move(p));
+        same &= parts == pre_tokenize(normalize(head + after), true);
+      }
+    if (same) line_ends.emplace_back(run);
+  }
+}
+
+bool Tokenizer::cuts_before(const std::string& text, size_t pos) const {
+  const Impl& m = *impl_;
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  if (m.line_cuts == Impl::LineCuts::never || pos >= text.size() || pos == 0 || text[pos - 1] != '\n' ||
+      is_space(text[pos]))
+    return false;
+  // An added token with lstrip that starts here takes the newline before it.
+  for (const auto* trie : {&m.raw_added, &m.normalized_added})
+    if (const auto* hit = trie->longest(text, pos); hit && hit->lstrip) return false;
+  if (m.line_cuts == Impl::LineCuts::at_lines) {  // the run of spaces before the cut, one a probe passed
+    size_t run = pos - 1;
+    while (run > 0 && pos - run < 8 && is_space(text[run - 1])) --run;
+    if (run == 0 || is_space(text[run - 1])) return false;  // a longer run, or nothing before it
+    return std::find(m.line_ends.begin(), m.line_ends.end(), text.substr(run, pos - run)) != m.line_ends.end();
+  }
+  const size_t n = std::min(utf8_length(static_cast<unsigned char>(text[pos])), text.size() - pos);
+  const uint32_t cp = code_point(text, pos, n);
+  return m.may_cut(m.edge(text, pos - 1, 1, '\n'), '\n', m.edge(text, pos, n, cp), cp);
 }
 
 namespace {
@@ -1214,17 +1283,16 @@ std::vector<uint32_t> tokenize_jsonl(const Tokenizer& tokenizer, const std::stri
   return out;
 }
 
-// Plain text cut into chunks after a newline that a non-space follows (or the whole text, for a
-// tokenizer whose pieces may cross lines): [begin, end) byte ranges.
+// Plain text cut into chunks of about chunk_bytes after a newline where the tokenizer may cut
+// (Tokenizer::cuts_before; one chunk where it may not): [begin, end) byte ranges.
 std::vector<std::pair<size_t, size_t>> text_chunks(const Tokenizer& tokenizer, const std::string& data,
                                                    size_t chunk_bytes) {
-  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
   std::vector<std::pair<size_t, size_t>> chunks;
   for (size_t pos = 0; pos < data.size();) {
     size_t end = data.size();
-    if (tokenizer.cuts_at_lines() && data.size() - pos > chunk_bytes)
+    if (data.size() - pos > chunk_bytes)
       for (size_t i = pos + chunk_bytes; i + 1 < data.size(); ++i)
-        if (data[i] == '\n' && !is_space(data[i + 1])) {
+        if (data[i] == '\n' && tokenizer.cuts_before(data, i + 1)) {
           end = i + 1;
           break;
         }
@@ -1246,7 +1314,7 @@ std::vector<uint32_t> tokenize_text(const Tokenizer& tokenizer, const std::strin
   std::exception_ptr error;
   auto encode = [&](size_t k) {
     try {
-      ids[k] = tokenizer.encode(data.substr(chunks[k].first, chunks[k].second - chunks[k].first));
+      ids[k] = tokenizer.encode(data.substr(chunks[k].first, chunks[k].second - chunks[k].first), k == 0);
     } catch (const UnclassifiedCharacter& e) {  // where it is in the file, not in the chunk
       const size_t at = chunks[k].first + e.byte;
       const auto line = 1 + std::count(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(at), '\n');

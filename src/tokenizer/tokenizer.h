@@ -86,10 +86,13 @@ class Tokenizer {
   // The leading bytes of path() the tokenizer is read from: the whole file, or a GGUF file's
   // header (its tensor data, gigabytes, is no part of the tokenizer) — what a cache keys on.
   uint64_t source_bytes() const;
-  // Whether encoding the pieces of a text cut after a newline that a non-space follows gives
-  // the ids of the whole text: true unless the normalizer or pre-tokenizer treats the start of
-  // a text specially (Prepend, Metaspace's prepend scheme) or nothing splits the text.
-  bool cuts_at_lines() const;
+  // Whether text may be cut at `pos`, after a newline that a non-space follows: encoding
+  // text[0, pos) and then text[pos, end) as its continuation (encode(..., false)) gives the ids
+  // of the whole. False where the normalizer or pre-tokenizer puts something before every text
+  // (Prepend, Metaspace's scheme "always"), an added token could span the cut or take the
+  // newline (lstrip), the split regexes part the run of spaces before it otherwise at a text's
+  // end (probed when read), or — for a tokenizer no regex splits — a merge could join the sides.
+  bool cuts_before(const std::string& text, size_t pos) const;
 
  private:
   struct Impl;

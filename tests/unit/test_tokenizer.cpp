@@ -311,8 +311,8 @@ TEST(Tokenizer, SpecialTokensComeFromThePostProcessorOrAreRefusedByName) {
   }
 }
 
-// A corpus file tokenizes in chunks cut only where no pre-token spans the cut: the same ids as
-// encoding the whole text at once; JSONL documents each end with <|end_of_text|>, and a
+// A corpus file tokenizes in chunks cut only where nothing spans the cut: the same ids as
+// encoding the whole text at once, for every family's set-up; JSONL documents each end with <|end_of_text|>, and a
 // malformed line is an error naming file:line.
 TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
   Tokenizer tok(test::fixture("tokenizer_bpe"));
@@ -328,6 +328,55 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
       tok, dir / "corpus.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++calls; }, 64);
   EXPECT_EQ(std::vector<uint32_t>(whole.begin(), whole.end()), chunked);
   EXPECT_GT(calls, 10) << "the small chunk size must cut the text many times";
+
+  // Every family's set-up: its texts (and an lstrip added token after a newline) as one file.
+  // Cuts fall only where nothing spans them: after the runs of spaces the split regexes part alike
+  // at a text's end (GPT-2's parts "pass\n\nthe" otherwise than a text ending "pass\n\n"), where no merge
+  // joins the newline and the next character for the SentencePiece-style ones with Metaspace's
+  // "first" scheme (the parts after the first encoded as its continuation), never behind Llama
+  // 2's Prepend normalizer or Metaspace's "always" scheme.
+  const auto families = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_families_expected.json")));
+  for (const auto& [name, e] : families.items()) {
+    Tokenizer family(test::fixture("tokenizer_families/" + name));
+    std::string corpus;
+    for (int rep = 0; rep < 2; ++rep)
+      for (const auto& t : e.at("texts")) corpus += t.get<std::string>() + "\nthe model\n<tool_call>x\n";
+    test::write_text(dir / "family.txt", corpus);
+    const auto all = family.encode(corpus);
+    for (const int threads : {1, 2}) {
+      int64_t parts = 0;
+      const auto got = tokenize_file(
+          family, dir / "family.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++parts; }, 64, threads);
+      EXPECT_EQ(std::vector<uint32_t>(all.begin(), all.end()), got) << name << ", " << threads << " threads";
+      if (name == "llama2" || name == "nfd")
+        EXPECT_EQ(parts, 1) << name;
+      else
+        EXPECT_GT(parts, 20) << name << ": the small chunk size must cut the text many times";
+    }
+  }
+  // A split regex that takes one space into the word after it ("\nthe" one piece, but "\n\n" then
+  // "the"): the probes at load leave no single newline to cut at, and a blank line.
+  auto joined = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_families/normalizers/tokenizer.json")));
+  joined["pre_tokenizer"] = nlohmann::json::parse(R"({"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "\\s?\\p{L}+|\\p{N}+|[^\\s\\p{L}\\p{N}]+|\\s+"},
+       "behavior": "Isolated", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})");
+  test::write_text(dir / "joined.json", joined.dump());
+  const Tokenizer newline_words(dir / "joined.json");
+  for (const std::string blank : {"", "\n"}) {
+    std::string lines;
+    for (int i = 0; i < 200; ++i) lines += "the model " + std::to_string(i) + "\nsays\n" + blank + "more.\n";
+    test::write_text(dir / "lines.txt", lines);
+    const auto lines_whole = newline_words.encode(lines);
+    int64_t parts = 0;
+    EXPECT_EQ(std::vector<uint32_t>(lines_whole.begin(), lines_whole.end()),
+              tokenize_file(
+                  newline_words, dir / "lines.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++parts; }, 64, 2));
+    if (blank.empty())
+      EXPECT_EQ(parts, 1);
+    else
+      EXPECT_GT(parts, 20);
+  }
 
   const int32_t eot = tok.id_of("<|end_of_text|>").value();
   test::write_text(dir / "docs.jsonl", "{\"text\": \"Hello world!\"}\n\n{\"text\": \"caf\u00e9 12345\"}\n");
