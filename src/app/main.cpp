@@ -122,7 +122,10 @@ const std::vector<Command>& commands() {
         {"--out", "FILE.bin", "the token file to write", true},
         {"--tokenizer", "DIR", "tokenizer.json or the model directory holding it (default: bytes)"},
         {"--token-bytes", "2|4", "bytes per token id (default 2, or 4 when the vocabulary needs it)"},
-        {"--threads", "N", "tokenizer threads (default 1)"}}},
+        {"--threads", "N", "tokenizer threads (default 1)"},
+        {"--chunk-kib", "N",
+         "cut a text into chunks of about N KiB for the threads, after a line where the tokenizer gives the "
+         "whole text's ids (default 1024)"}}},
   };
   return k;
 }
@@ -371,6 +374,8 @@ int cmd_tokenize(const Args& a) {
   if (a.options.count("--tokenizer")) r.tokenizer = a.options.at("--tokenizer");
   r.token_bytes = int_option(a, "--token-bytes", 0, 2);
   r.threads = static_cast<int>(int_option(a, "--threads", 1, 1));
+  r.chunk_kib = int_option(a, "--chunk-kib", 1024, 1);
+  if (r.chunk_kib > (int64_t{1} << 30)) throw UsageError("--chunk-kib must be at most 1073741824 (1 TiB)");
   if (r.token_bytes != 0 && r.token_bytes != 2 && r.token_bytes != 4) throw UsageError("--token-bytes must be 2 or 4");
   return run_tokenize(r);
 }

@@ -38,9 +38,11 @@ int run_tokenize(const TokenizeRequest& a) {
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   double last_report = 0;
+  int64_t parts = 0;  // a text's chunks: the progress callback runs once after each
   auto ids = tokenize_file(
       tok, in, jsonl, eod ? *eod : -1,
       [&](int64_t done, int64_t total, int64_t tokens) {
+        ++parts;
         const double s = seconds();
         if (s - last_report < 1.0 && done < total) return;
         last_report = s;
@@ -50,12 +52,14 @@ int run_tokenize(const TokenizeRequest& a) {
                   "%), ", log::grouped(static_cast<double>(tokens)), " tokens, ",
                   log::grouped(static_cast<double>(tokens) / std::max(s, 1e-9)), " tokens/s");
       },
-      size_t{1} << 20, a.threads);
+      static_cast<size_t>(a.chunk_kib) << 10, a.threads);
   const double s = seconds();
   write_token_file(out, ids, static_cast<uint32_t>(tok.vocab_size()), static_cast<uint32_t>(width));
   log::info("wrote ", log::grouped(static_cast<double>(ids.size())), " tokens (vocab ", tok.vocab_size(), ", ", width,
             " bytes each",
-            jsonl ? (eod ? ", " + eod_token + " after each document" : std::string(", no end-of-text token")) : "",
+            jsonl   ? (eod ? ", " + eod_token + " after each document" : std::string(", no end-of-text token"))
+            : parts ? ", the text in " + std::to_string(parts) + (parts == 1 ? " part" : " parts")
+                    : "",
             ") to ", out, " in ", log::fixed(s, 2),
             " s: ", log::grouped(static_cast<double>(ids.size()) / std::max(s, 1e-9)), " tokens/s (wall clock, ",
             a.threads, a.threads == 1 ? " thread)" : " threads)");

@@ -6,7 +6,9 @@
 For every set of the corpus:
   tokenizer   `ptrain tokenize --tokenizer DIR` on a mixed text (English, code, numbers, CJK,
               accents, emoji, runs of spaces and newlines, the tokenizer's own special tokens
-              written in the text) = AutoTokenizer(DIR).encode(text, add_special_tokens=False)
+              written in the text) = AutoTokenizer(DIR).encode(text, add_special_tokens=False);
+              and on 240 copies of it with every kind of line end between them, cut into 1 KiB
+              chunks where ptrain may cut, 2 threads = the same encode of the whole
   check       (model directories) `ptrain check` reads the directory (exit 0), and which
               config.json / tokenizer_config.json keys it ignores as transformers does
   eval        (model directories) `ptrain eval --json` in fp32 on windows of that text = the mean
@@ -35,6 +37,7 @@ Prints one table row per set and per template; exit 1 on any refusal or differen
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,15 +89,34 @@ def texts_with_specials(tok):
     return MIXED + " ".join(specials[:6]) + "\n" + MIXED.upper() + "\n".join(f"item {i}: {i * i}" for i in range(60))
 
 
-def ptrain_tokenize(binary, tok_dir, text, tmp):
+def ptrain_tokenize(binary, tok_dir, text, tmp, *options):
     src, out = os.path.join(tmp, "text.txt"), os.path.join(tmp, "tokens.bin")
     with open(src, "w", encoding="utf-8", newline="") as f:
         f.write(text)
-    r = subprocess.run([binary, "tokenize", "--tokenizer", tok_dir, "--in", src, "--out", out, "--token-bytes", "4"],
-                       capture_output=True, text=True)
+    r = subprocess.run([binary, "tokenize", "--tokenizer", tok_dir, "--in", src, "--out", out, "--token-bytes", "4",
+                        *options], capture_output=True, text=True)
     if r.returncode != 0:
         return None, (r.stderr or r.stdout).strip().splitlines()[-1]
     return np.frombuffer(open(out, "rb").read()[32:], dtype=np.uint32).tolist(), out
+
+
+def chunked_check(binary, source, tok, text, tmp):
+    """`ptrain tokenize --chunk-kib 1 --threads 2` of the mixed text repeated with every kind of line
+    end between the copies (about 1,000 KiB-sized chunks where the tokenizer may cut) = transformers'
+    encode of the whole. Returns (ok, what)."""
+    big = "".join(text + sep for sep in ["\n", "\n\n", " \n", "\n\t", "\r\n", ".\n"] * 40)
+    want = tok.encode(big, add_special_tokens=False, verbose=False)
+    got, log_or_error = ptrain_tokenize(binary, source, big, tmp, "--chunk-kib", "1", "--threads", "2")
+    if got is None:
+        return False, f"chunked: REFUSED: {log_or_error}"
+    r = subprocess.run([binary, "tokenize", "--tokenizer", source, "--in", os.path.join(tmp, "text.txt"), "--out",
+                        os.path.join(tmp, "again.bin"), "--chunk-kib", "1"], capture_output=True, text=True)
+    parts = re.search(r"the text in \d+ parts?", r.stderr + r.stdout)
+    parts = parts.group(0) if parts else "?"
+    if got != want:
+        first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        return False, f"chunked ({parts}): ids DIFFER at {first} of {len(want)}"
+    return True, f"chunked, 2 threads ({parts}): {len(want)} ids equal"
 
 
 def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ, report=None):
@@ -363,6 +385,9 @@ def main():
                 first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
                 print(f"{name:22} ids differ at {first}: ptrain {got[first:first + 6]} transformers {want[first:first + 6]}")
                 failures += 1
+            chunked_ok, chunked = chunked_check(binary, source, tok, text, tmp)
+            failures += not chunked_ok
+            print(f"{name:22} {chunked}")
             row = f"{name:22} {len(want):7} {'equal' if same else 'DIFFER':>6}"
             if not has_model:
                 print(row + f" {'-':>14} {'-':>13} {'-':>10}  (tokenizer only)")
