@@ -1260,27 +1260,81 @@ std::string record_text(const std::string& record, const std::string& path, int6
   }
 }
 
-// JSONL: each record's text, then end_of_document (when >= 0), record by record.
-std::vector<uint32_t> tokenize_jsonl(const Tokenizer& tokenizer, const std::string& data, const std::string& path,
-                                     int32_t end_of_document, const Progress& progress) {
-  std::vector<uint32_t> out;
-  size_t pos = 0;
-  int64_t line = 0;
-  while (pos < data.size()) {
-    size_t end = data.find('\n', pos);
-    end = end == std::string::npos ? data.size() : end + 1;
-    ++line;
-    const std::string record = data.substr(pos, end - pos);
-    if (record.find_first_not_of(" \t\r\n") != std::string::npos) {
-      const std::vector<int32_t> ids = tokenizer.encode(record_text(record, path, line));
-      out.insert(out.end(), ids.begin(), ids.end());
-      if (end_of_document >= 0) out.push_back(static_cast<uint32_t>(end_of_document));
+// Chunks [begin, end) of `data` encoded by `threads` threads (`encode(k)`: chunk k's ids), joined
+// in order; progress after each chunk, one call at a time. The first error stops the others.
+std::vector<uint32_t> encode_chunks(const std::vector<std::pair<size_t, size_t>>& chunks, size_t total,
+                                    const std::function<std::vector<uint32_t>(size_t)>& encode,
+                                    const Progress& progress, int threads) {
+  std::vector<std::vector<uint32_t>> ids(chunks.size());
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> bytes_done{0}, tokens_done{0};
+  std::mutex report;
+  std::exception_ptr error;
+  auto work = [&] {
+    try {
+      for (size_t k; (k = next++) < chunks.size();) {
+        ids[k] = encode(k);
+        const int64_t b = bytes_done += static_cast<int64_t>(chunks[k].second - chunks[k].first);
+        const int64_t t = tokens_done += static_cast<int64_t>(ids[k].size());
+        if (progress) {
+          std::lock_guard<std::mutex> lock(report);
+          progress(b, static_cast<int64_t>(total), t);
+        }
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(report);
+      if (!error) error = std::current_exception();
+      next = chunks.size();
     }
-    pos = end;
-    if (progress && (line % 1000 == 0 || pos == data.size()))
-      progress(static_cast<int64_t>(pos), static_cast<int64_t>(data.size()), static_cast<int64_t>(out.size()));
-  }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  std::vector<uint32_t> out;
+  out.reserve(static_cast<size_t>(tokens_done.load()));
+  for (const auto& c : ids) out.insert(out.end(), c.begin(), c.end());
   return out;
+}
+
+// JSONL: each record's text, then end_of_document (when >= 0), record by record; chunks of about
+// chunk_bytes whole lines, `threads` at a time (a record's ids do not depend on the others).
+std::vector<uint32_t> tokenize_jsonl(const Tokenizer& tokenizer, const std::string& data, const std::string& path,
+                                     int32_t end_of_document, const Progress& progress, size_t chunk_bytes,
+                                     int threads) {
+  std::vector<std::pair<size_t, size_t>> chunks;
+  std::vector<int64_t> first_line;  // each chunk's first line number
+  int64_t lines = 0;
+  for (size_t pos = 0; pos < data.size();) {
+    size_t end = pos;
+    const int64_t first = lines + 1;
+    while (end < data.size() && end - pos < std::max<size_t>(chunk_bytes, 1)) {
+      const size_t nl = data.find('\n', end);
+      end = nl == std::string::npos ? data.size() : nl + 1;
+      ++lines;
+    }
+    chunks.emplace_back(pos, end);
+    first_line.push_back(first);
+    pos = end;
+  }
+  auto encode = [&](size_t k) {
+    std::vector<uint32_t> out;
+    int64_t line = first_line[k];
+    for (size_t pos = chunks[k].first; pos < chunks[k].second; ++line) {
+      size_t end = data.find('\n', pos);
+      end = end == std::string::npos ? data.size() : end + 1;
+      const std::string record = data.substr(pos, end - pos);
+      if (record.find_first_not_of(" \t\r\n") != std::string::npos) {
+        const std::vector<int32_t> ids = tokenizer.encode(record_text(record, path, line));
+        out.insert(out.end(), ids.begin(), ids.end());
+        if (end_of_document >= 0) out.push_back(static_cast<uint32_t>(end_of_document));
+      }
+      pos = end;
+    }
+    return out;
+  };
+  return encode_chunks(chunks, data.size(), encode, progress, threads);
 }
 
 // Plain text cut into chunks of about chunk_bytes after a newline where the tokenizer may cut
@@ -1307,45 +1361,18 @@ std::vector<std::pair<size_t, size_t>> text_chunks(const Tokenizer& tokenizer, c
 std::vector<uint32_t> tokenize_text(const Tokenizer& tokenizer, const std::string& data, const std::string& path,
                                     const Progress& progress, size_t chunk_bytes, int threads) {
   const std::vector<std::pair<size_t, size_t>> chunks = text_chunks(tokenizer, data, chunk_bytes);
-  std::vector<std::vector<int32_t>> ids(chunks.size());
-  std::atomic<size_t> next{0};
-  std::atomic<int64_t> bytes_done{0}, tokens_done{0};
-  std::mutex report;
-  std::exception_ptr error;
   auto encode = [&](size_t k) {
     try {
-      ids[k] = tokenizer.encode(data.substr(chunks[k].first, chunks[k].second - chunks[k].first), k == 0);
+      const std::vector<int32_t> ids =
+          tokenizer.encode(data.substr(chunks[k].first, chunks[k].second - chunks[k].first), k == 0);
+      return std::vector<uint32_t>(ids.begin(), ids.end());
     } catch (const UnclassifiedCharacter& e) {  // where it is in the file, not in the chunk
       const size_t at = chunks[k].first + e.byte;
       const auto line = 1 + std::count(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(at), '\n');
       throw RuntimeError(path + ":" + std::to_string(line) + ": byte " + std::to_string(at) + " of the file: " + e.why);
     }
   };
-  auto work = [&] {
-    try {
-      for (size_t k; (k = next++) < chunks.size();) {
-        encode(k);
-        const int64_t b = bytes_done += static_cast<int64_t>(chunks[k].second - chunks[k].first);
-        const int64_t t = tokens_done += static_cast<int64_t>(ids[k].size());
-        if (progress) {
-          std::lock_guard<std::mutex> lock(report);
-          progress(b, static_cast<int64_t>(data.size()), t);
-        }
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(report);
-      if (!error) error = std::current_exception();
-      next = chunks.size();
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-  std::vector<uint32_t> out;
-  for (const auto& c : ids) out.insert(out.end(), c.begin(), c.end());
-  return out;
+  return encode_chunks(chunks, data.size(), encode, progress, threads);
 }
 
 }  // namespace
@@ -1354,7 +1381,7 @@ std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::strin
                                     int32_t end_of_document, const Progress& progress, size_t chunk_bytes,
                                     int threads) {
   const std::string data = read_text_file(path);
-  if (jsonl) return tokenize_jsonl(tokenizer, data, path, end_of_document, progress);
+  if (jsonl) return tokenize_jsonl(tokenizer, data, path, end_of_document, progress, chunk_bytes, threads);
   return tokenize_text(tokenizer, data, path, progress, chunk_bytes, threads);
 }
 

@@ -100,10 +100,9 @@ class Tokenizer {
 };
 
 // Tokenizes a corpus file: plain text, or JSONL with one {"text": "..."} document per line
-// (each followed by `end_of_document` when >= 0). Plain text goes in chunks of about
-// `chunk_bytes`, each cut after a newline that a non-space follows — where no pre-token can
-// span the cut, so the ids equal encode() of the whole text (tokenizers whose result depends
-// on where a text starts encode it whole), `threads` chunks at a time. `progress(bytes_done,
+// (each followed by `end_of_document` when >= 0), in chunks of about `chunk_bytes`, `threads`
+// chunks at a time. Plain text is cut only where cuts_before() allows, so the ids equal encode()
+// of the whole text (one chunk where it may not be cut); JSONL at line ends. `progress(bytes_done,
 // bytes_total, tokens)` is called after each chunk (from the thread that finished it, one call at
 // a time). A malformed JSONL line throws RuntimeError naming file:line.
 std::vector<uint32_t> tokenize_file(const Tokenizer& tokenizer, const std::string& path, bool jsonl,

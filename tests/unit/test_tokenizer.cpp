@@ -386,17 +386,38 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
     want.push_back(static_cast<uint32_t>(eot));
   }
   EXPECT_EQ(tokenize_file(tok, dir / "docs.jsonl", true, eot, nullptr), want);
+  // Many records, in chunks of a few lines on 1 and 2 threads: each record's ids and the marker, in
+  // order; a bad line in a later chunk is named by its line in the file.
+  std::string many;
+  std::vector<uint32_t> many_want;
+  for (int i = 0; i < 300; ++i) {
+    const std::string doc =
+        expected.at("texts")[static_cast<size_t>(i) % expected.at("texts").size()].get<std::string>();
+    many += nlohmann::json{{"text", doc}}.dump() + (i % 7 == 0 ? "\n\n" : "\n");
+    for (int32_t id : tok.encode(doc)) many_want.push_back(static_cast<uint32_t>(id));
+    many_want.push_back(static_cast<uint32_t>(eot));
+  }
+  test::write_text(dir / "many.jsonl", many);
+  for (const int threads : {1, 2}) {
+    int64_t parts = 0;
+    EXPECT_EQ(tokenize_file(
+                  tok, dir / "many.jsonl", true, eot, [&](int64_t, int64_t, int64_t) { ++parts; }, 256, threads),
+              many_want)
+        << threads << " threads";
+    EXPECT_GT(parts, 20);
+  }
   for (const auto& [line, needle] : std::vector<std::pair<std::string, std::string>>{
            {"{\"text\": \"ok\"}\n{\"txt\": \"no text field\"}\n",
             "docs_bad.jsonl:2: a JSONL record needs a string field"},
-           {"{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{broken\n", "docs_bad.jsonl:3: not valid JSON"}}) {
+           {"{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{broken\n", "docs_bad.jsonl:3: not valid JSON"},
+           {many + "{broken\n" + many, "docs_bad.jsonl:344: not valid JSON"}}) {  // 300 records, 43 blank lines
     test::write_text(dir / "docs_bad.jsonl", line);
-    try {
-      tokenize_file(tok, dir / "docs_bad.jsonl", true, eot, nullptr);
-      ADD_FAILURE() << "accepted " << line;
-    } catch (const RuntimeError& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    for (const int threads : {1, 2}) try {
+        tokenize_file(tok, dir / "docs_bad.jsonl", true, eot, nullptr, 256, threads);
+        ADD_FAILURE() << "accepted " << line;
+      } catch (const RuntimeError& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
   }
 }
 
