@@ -1195,16 +1195,17 @@ void Tokenizer::Impl::read_line_cuts() {
 }
 
 // The runs of spaces ending in a newline after which a tokenizer split by regexes may cut a text:
-// those where every probe — a character, the run, a character — normalizes and pre-tokenizes to
+// those where every probe — a text, the run, a text — normalizes and pre-tokenizes to
 // the same pieces whole as in two parts (so BPE, which merges inside a piece, gives the same ids).
 // A regex may look past the run (GPT-2's \s+(?!\S) parts "\n\nx" as "\n", "\n", "x" but a text
 // ending "\n\n" as one piece) or take the newline into the next piece (a made-up \s?\p{L}+): then
 // that run, or every run, is no place to cut.
 void Tokenizer::Impl::probe_line_ends() {
   static const char* const kRuns[] = {"\n", "\n\n", "\n\n\n", "\r\n", "\r\n\r\n", " \n", "  \n", "\t\n", " \n\n"};
-  static const char* const kBefore[] = {"a", "Z", ".", "1", "}", "\u4e2d", "\u00e9"};
-  static const char* const kAfter[] = {"a", "Z", "1", ".",      "<",      "#",         "_",
-                                       "-", "(", "'", "\u4e2d", "\u00e9", "\U0001F642"};
+  static const char* const kBefore[] = {"a", "Z", ".", "1", "}", "\u4e2d", "\u00e9", "the end", "x = 12"};
+  static const char* const kAfter[] = {"a",   "Z",   "1",   ".",      "<",        "#",          "_",
+                                       "-",   "(",   "'",   "\u4e2d", "\u00e9",   "\U0001F642", "the",
+                                       "The", "123", "a.b", "'s",     "def f(x):"};
   for (const char* run : kRuns) {
     bool same = true;
     for (const char* before : kBefore)
