@@ -50,6 +50,11 @@ def tokenizer_seeds():
               "tokenizer_families/nfd", "tokenizer_families/normalizers", "tokenizer_families/qwen2"):
         with open(os.path.join(FIXTURES, d, "tokenizer.json"), "rb") as f:
             put("tokenizer", d.replace("/", "_"), f.read() + b"\0" + text.encode())
+    # Texts with lines to cut at (the target checks every cut cuts_before allows), on every family.
+    lines = "the model\nsays x = 12\n\nthe end.\n  indented\r\nwindows\n<tool_call>a\n\u4e2d\u6587\nthe model\n"
+    for d in ("llama2", "mistral", "nfd", "normalizers", "qwen2", "crossing", "crossing_unk"):
+        with open(os.path.join(FIXTURES, "tokenizer_families", d, "tokenizer.json"), "rb") as f:
+            put("tokenizer", f"tokenizer_families_{d}_lines", f.read() + b"\0" + lines.encode())
     tiny = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
             "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
                                                   "trim_offsets": True, "use_regex": True},
