@@ -1168,23 +1168,25 @@ std::optional<int32_t> Tokenizer::splitting_token(const std::string& text) const
 
 // How a text may be cut after a newline (Tokenizer::cuts_before): never where the normalizer or
 // the pre-tokenizer puts something before every text (Prepend, Metaspace's prepend scheme
-// "always") or an added token holds a newline before its end (a match could span the cut); at
-// every such line where a split regex parts the text there; else, where nothing normalizes the
+// "always"), a Replace could match across the cut (a regex, which may match anything; a string
+// with a newline before its end), or an added token holds a newline before its end; after the
+// runs of spaces a split regex parts alike (probe_line_ends); else, where nothing normalizes the
 // text, where BPE may cut between the newline and the next character (Metaspace's scheme "first"
 // prepends to the first part alone: the others are encoded as the text's continuation).
 void Tokenizer::Impl::read_line_cuts() {
   bool split = false, normalizes = !normalizer.empty(), lstrip_normalized = false;
+  auto spans_a_line = [](const std::string& s) {
+    const auto nl = s.find('\n');
+    return nl != std::string::npos && nl + 1 < s.size();
+  };
   for (const auto& s : normalizer)
-    if (s.kind == NormStep::prepend) return;
+    if (s.kind == NormStep::prepend || (s.kind == NormStep::replace && (s.pattern || spans_a_line(s.text)))) return;
   for (const auto& s : pre) {
     if (s.kind == PreStep::metaspace && s.prepend == PreStep::always) return;
     split |= s.kind == PreStep::split || (s.kind == PreStep::byte_level && s.regex);
   }
   for (const auto& a : added) {
-    for (const std::string* c : {&a.content, &a.normalized_content}) {
-      const auto nl = c->find('\n');
-      if (nl != std::string::npos && nl + 1 < c->size()) return;
-    }
+    if (spans_a_line(a.content) || spans_a_line(a.normalized_content)) return;
     lstrip_normalized |= a.lstrip && a.normalized;
   }
   if (split)

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -334,7 +335,7 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
   // at a text's end (GPT-2's parts "pass\n\nthe" otherwise than a text ending "pass\n\n"), where no merge
   // joins the newline and the next character for the SentencePiece-style ones with Metaspace's
   // "first" scheme (the parts after the first encoded as its continuation), never behind Llama
-  // 2's Prepend normalizer or Metaspace's "always" scheme.
+  // 2's Prepend normalizer, Metaspace's "always" scheme or a regex Replace (which may match across).
   const auto families = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_families_expected.json")));
   for (const auto& [name, e] : families.items()) {
     Tokenizer family(test::fixture("tokenizer_families/" + name));
@@ -348,34 +349,47 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
       const auto got = tokenize_file(
           family, dir / "family.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++parts; }, 64, threads);
       EXPECT_EQ(std::vector<uint32_t>(all.begin(), all.end()), got) << name << ", " << threads << " threads";
-      if (name == "llama2" || name == "nfd")
+      if (name == "llama2" || name == "nfd" || name == "normalizers")
         EXPECT_EQ(parts, 1) << name;
       else
         EXPECT_GT(parts, 20) << name << ": the small chunk size must cut the text many times";
     }
   }
-  // A split regex that takes one space into the word after it ("\nthe" one piece, but "\n\n" then
-  // "the"): the probes at load leave no single newline to cut at, and a blank line.
-  auto joined = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_families/normalizers/tokenizer.json")));
-  joined["pre_tokenizer"] = nlohmann::json::parse(R"({"type": "Sequence", "pretokenizers": [
-      {"type": "Split", "pattern": {"Regex": "\\s?\\p{L}+|\\p{N}+|[^\\s\\p{L}\\p{N}]+|\\s+"},
-       "behavior": "Isolated", "invert": false},
-      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})");
-  test::write_text(dir / "joined.json", joined.dump());
-  const Tokenizer newline_words(dir / "joined.json");
-  for (const std::string blank : {"", "\n"}) {
-    std::string lines;
-    for (int i = 0; i < 200; ++i) lines += "the model " + std::to_string(i) + "\nsays\n" + blank + "more.\n";
-    test::write_text(dir / "lines.txt", lines);
-    const auto lines_whole = newline_words.encode(lines);
-    int64_t parts = 0;
-    EXPECT_EQ(std::vector<uint32_t>(lines_whole.begin(), lines_whole.end()),
-              tokenize_file(
-                  newline_words, dir / "lines.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++parts; }, 64, 2));
-    if (blank.empty())
-      EXPECT_EQ(parts, 1);
-    else
-      EXPECT_GT(parts, 20);
+  // The family set-up behind the regex Replace again, without it, under two split regexes: GPT-2's
+  // (ByteLevel's), whose \s+(?!\S) parts "says\n\nmore" otherwise than a text ending "says\n\n" —
+  // the probes at load leave only a lone newline to cut after —, and one that takes one space
+  // into the word after it ("\nmore" one piece, but "\n\n" then "more"), which leaves no lone
+  // newline, only a blank line.
+  auto set_up = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_families/normalizers/tokenizer.json")));
+  set_up["normalizer"] = nullptr;
+  const std::vector<std::pair<std::string, std::array<bool, 2>>> regexes{
+      // {pre_tokenizer, cuts without / with blank lines}
+      {R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})", {true, true}},
+      {R"({"type": "Sequence", "pretokenizers": [
+          {"type": "Split", "pattern": {"Regex": "\\s?\\p{L}+|\\p{N}+|[^\\s\\p{L}\\p{N}]+|\\s+"},
+           "behavior": "Isolated", "invert": false},
+          {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})",
+       {false, true}}};
+  for (const auto& [pre, cuts] : regexes) {
+    set_up["pre_tokenizer"] = nlohmann::json::parse(pre);
+    test::write_text(dir / "set_up.json", set_up.dump());
+    const Tokenizer split(dir / "set_up.json");
+    for (const bool blank : {false, true}) {
+      std::string lines;
+      for (int i = 0; i < 200; ++i)
+        lines += "the model " + std::to_string(i) + "\nsays\n" + (blank ? "\n" : "") + "more.\n";
+      test::write_text(dir / "lines.txt", lines);
+      const auto lines_whole = split.encode(lines);
+      int64_t parts = 0;
+      EXPECT_EQ(std::vector<uint32_t>(lines_whole.begin(), lines_whole.end()),
+                tokenize_file(
+                    split, dir / "lines.txt", false, -1, [&](int64_t, int64_t, int64_t) { ++parts; }, 64, 2))
+          << pre << (blank ? ", blank lines" : "");
+      if (cuts[blank])
+        EXPECT_GT(parts, 20) << pre;
+      else
+        EXPECT_EQ(parts, 1) << pre;
+    }
   }
 
   const int32_t eot = tok.id_of("<|end_of_text|>").value();
