@@ -89,33 +89,38 @@ def texts_with_specials(tok):
     return MIXED + " ".join(specials[:6]) + "\n" + MIXED.upper() + "\n".join(f"item {i}: {i * i}" for i in range(60))
 
 
-def ptrain_tokenize(binary, tok_dir, text, tmp, *options):
+def ptrain_tokenize(binary, tok_dir, text, tmp, *options, log=None):
+    """(the ids, the token file) or (None, the error); `log`, a list, receives what it printed."""
     src, out = os.path.join(tmp, "text.txt"), os.path.join(tmp, "tokens.bin")
     with open(src, "w", encoding="utf-8", newline="") as f:
         f.write(text)
     r = subprocess.run([binary, "tokenize", "--tokenizer", tok_dir, "--in", src, "--out", out, "--token-bytes", "4",
                         *options], capture_output=True, text=True)
+    if log is not None:
+        log.append(r.stderr + r.stdout)
     if r.returncode != 0:
         return None, (r.stderr or r.stdout).strip().splitlines()[-1]
     return np.frombuffer(open(out, "rb").read()[32:], dtype=np.uint32).tolist(), out
 
 
+def first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def chunked_check(binary, source, tok, text, tmp):
     """`ptrain tokenize --chunk-kib 1 --threads 2` of the mixed text repeated with every kind of line
-    end between the copies (about 1,000 KiB-sized chunks where the tokenizer may cut) = transformers'
+    end between the copies (cut into chunks of about 1 KiB where the tokenizer may cut) = transformers'
     encode of the whole. Returns (ok, what)."""
     big = "".join(text + sep for sep in ["\n", "\n\n", " \n", "\n\t", "\r\n", ".\n"] * 40)
     want = tok.encode(big, add_special_tokens=False, verbose=False)
-    got, log_or_error = ptrain_tokenize(binary, source, big, tmp, "--chunk-kib", "1", "--threads", "2")
+    log = []
+    got, error = ptrain_tokenize(binary, source, big, tmp, "--chunk-kib", "1", "--threads", "2", log=log)
     if got is None:
-        return False, f"chunked: REFUSED: {log_or_error}"
-    r = subprocess.run([binary, "tokenize", "--tokenizer", source, "--in", os.path.join(tmp, "text.txt"), "--out",
-                        os.path.join(tmp, "again.bin"), "--chunk-kib", "1"], capture_output=True, text=True)
-    parts = re.search(r"the text in \d+ parts?", r.stderr + r.stdout)
+        return False, f"chunked: REFUSED: {error}"
+    parts = re.search(r"the text in \d+ parts?", log[0])
     parts = parts.group(0) if parts else "?"
     if got != want:
-        first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        return False, f"chunked ({parts}): ids DIFFER at {first} of {len(want)}"
+        return False, f"chunked ({parts}): ids DIFFER at {first_difference(got, want)} of {len(want)}"
     return True, f"chunked, 2 threads ({parts}): {len(want)} ids equal"
 
 
@@ -382,7 +387,7 @@ def main():
                 continue
             same = got == want
             if not same:
-                first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                first = first_difference(got, want)
                 print(f"{name:22} ids differ at {first}: ptrain {got[first:first + 6]} transformers {want[first:first + 6]}")
                 failures += 1
             chunked_ok, chunked = chunked_check(binary, source, tok, text, tmp)
