@@ -142,6 +142,10 @@ expect 2 "training.profile_start: applies to training.profile_steps" -- "$bin" c
 expect 2 "training.profile_start: steps 2 to 3 are traced but training.steps is 2" -- "$bin" check --config "$tmp/ok.toml" --set training.profile_steps=2 --set training.profile_start=2
 # tokenize -> eval on the token file gives the same numbers as eval on the text.
 expect 0 "byte-level tokens" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$tmp/corpus.bin"
+# --chunk-kib: out of range refused; a text cut into parts says how many.
+expect 2 "--chunk-kib must be an integer >= 1 \(got '0'\)" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$tmp/c.bin" --tokenizer "$src/tests/fixtures/hf_chat" --chunk-kib 0
+expect 2 "--chunk-kib must be at most 1073741824" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$tmp/c.bin" --tokenizer "$src/tests/fixtures/hf_chat" --chunk-kib 1073741825
+expect 0 "the text in [0-9]+ parts" -- "$bin" tokenize --in "$tmp/corpus.txt" --out "$tmp/c.bin" --tokenizer "$src/tests/fixtures/hf_chat" --chunk-kib 1 --threads 2
 a=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.txt" --json 2>/dev/null | sed 's/"data":"[^"]*",//')
 b=$("$bin" eval --config "$tmp/ok.toml" --data "$tmp/corpus.bin" --json 2>/dev/null | sed 's/"data":"[^"]*",//')
 if [ -n "$a" ] && [ "$a" = "$b" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: eval text vs tokens: '$a' vs '$b'"; fi
