@@ -80,7 +80,14 @@ const std::vector<std::string>& enum_names<Objective>() {
 }
 template <>
 const std::vector<std::string>& enum_names<PreferenceLoss>() {
-  static const std::vector<std::string> n{"sigmoid", "hinge", "ipo", "robust"};
+  static const std::vector<std::string> n{"sigmoid",  "hinge",    "ipo",       "exo_pair", "nca_pair",
+                                          "robust",   "bco_pair", "sppo_hard", "aot",      "aot_unpaired",
+                                          "apo_zero", "apo_down", "discopop",  "sft",      "sigmoid_norm"};
+  return n;
+}
+template <>
+const std::vector<std::string>& enum_names<FDivergence>() {
+  static const std::vector<std::string> n{"reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"};
   return n;
 }
 template <>
@@ -123,7 +130,7 @@ Config::Origin Config::origin(const std::string& key) const {
 namespace {
 
 using Value = std::variant<int64_t, double, bool, std::string, std::vector<double>, std::vector<std::string>>;
-enum class Type { Int, Float, Bool, String, FloatList, StringList };
+enum class Type { Int, Float, Bool, String, FloatList, StringList, Names };
 
 const char* type_name(Type t) {
   switch (t) {
@@ -139,6 +146,8 @@ const char* type_name(Type t) {
       return "an array of numbers";
     case Type::StringList:
       return "an array of strings";
+    case Type::Names:
+      return "a name or an array of names";
   }
   return "?";
 }
@@ -171,6 +180,10 @@ template <>
 constexpr Type type_of<std::vector<std::string>>() {
   return Type::StringList;
 }
+template <>
+constexpr Type type_of<std::vector<PreferenceLoss>>() {
+  return Type::Names;
+}  // enums: one name, or several (as TRL's list fields take a string or a list)
 
 // A name that is not one of an enum's: reported at the key's line with the names allowed.
 struct UnknownName : std::runtime_error {
@@ -178,15 +191,29 @@ struct UnknownName : std::runtime_error {
 };
 
 template <class T>
+T enum_of(const std::string& name) {
+  const auto& names = enum_names<T>();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<T>(i);
+  std::string allowed;
+  for (const auto& n : names) allowed += (allowed.empty() ? "\"" : ", \"") + n + "\"";
+  throw UnknownName("unknown value \"" + name + "\"; use one of " + allowed);
+}
+
+template <class T>
+struct is_enum_list : std::false_type {};
+template <class E>
+struct is_enum_list<std::vector<E>> : std::is_enum<E> {};
+
+template <class T>
 T from_value(const Value& v) {
   if constexpr (std::is_enum_v<T>) {
-    const std::string& name = std::get<std::string>(v);
-    const auto& names = enum_names<T>();
-    for (size_t i = 0; i < names.size(); ++i)
-      if (names[i] == name) return static_cast<T>(i);
-    std::string allowed;
-    for (const auto& n : names) allowed += (allowed.empty() ? "\"" : ", \"") + n + "\"";
-    throw UnknownName("unknown value \"" + name + "\"; use one of " + allowed);
+    return enum_of<T>(std::get<std::string>(v));
+  } else if constexpr (is_enum_list<T>::value) {
+    T out;
+    for (const std::string& name : std::get<std::vector<std::string>>(v))
+      out.push_back(enum_of<typename T::value_type>(name));
+    return out;
   } else {
     return std::get<T>(v);
   }
@@ -194,10 +221,15 @@ T from_value(const Value& v) {
 
 template <class T>
 Value to_value(const T& x) {
-  if constexpr (std::is_enum_v<T>)
+  if constexpr (std::is_enum_v<T>) {
     return Value(name_of(x));
-  else
+  } else if constexpr (is_enum_list<T>::value) {
+    std::vector<std::string> names;
+    for (const auto& e : x) names.push_back(name_of(e));
+    return Value(names);
+  } else {
     return Value(x);
+  }
 }
 
 struct Key {
@@ -418,10 +450,23 @@ const std::vector<Key>& keys() {
                  R"(`dpo`: how far the policy may move from the reference (higher: less; IPO's tau); `simpo`: the reward scale (> 0))"),
       PTRAIN_KEY(
           "preference", "loss_type", preference.loss_type, kFromStruct,
-          R"(`dpo`'s loss, as TRL's `DPOConfig.loss_type` names it: `sigmoid` (DPO), `hinge` (SLiC), `ipo` (IPO, log-ratios averaged over each completion's tokens), `robust` (rDPO: `label_smoothing` is the chance a label is flipped))"),
+          R"(`dpo`'s loss, one name or a list (their sum, each times its `loss_weights` entry), as TRL's `DPOConfig.loss_type` names them: `sigmoid` (DPO), `hinge` (SLiC), `ipo` (IPO, log-ratios averaged over each completion's tokens), `exo_pair` (EXO; `label_smoothing` its epsilon, > 0), `nca_pair` (NCA), `robust` (rDPO: `label_smoothing` is the chance a label is flipped), `bco_pair` (BCO), `sppo_hard` (SPPO), `aot` / `aot_unpaired` (AOT: log-ratios sorted within each micro-batch of a rank), `apo_zero` / `apo_down` (APO), `discopop` (DiscoPOP, `discopop_tau`), `sft` (the chosen completions' negative log-likelihood, a mean over all their tokens of the step), `sigmoid_norm` (`sigmoid` on per-token averages); e.g. `["sigmoid", "sft"]` is RPO (docs/preference.md))"),
+      PTRAIN_KEY(
+          "preference", "loss_weights", preference.loss_weights, kFromStruct,
+          R"(`dpo`: one weight (>= 0) for each `loss_type` entry, in its order; `[]`: 1 each (TRL's `loss_weights`))"),
       PTRAIN_KEY(
           "preference", "label_smoothing", preference.label_smoothing, kFromStruct,
-          R"(`dpo` with `loss_type = "robust"`: the chance a preference label is flipped, in [0, 0.5); `simpo`: conservative SimPO's smoothing, in [0, 0.5). Others read none (TRL's sigmoid, hinge and ipo ignore it), so setting it there is refused)"),
+          R"(`dpo`: `robust`'s chance that a preference label is flipped, `exo_pair`'s epsilon (> 0 there; the EXO paper uses 1e-3), `aot`'s and `aot_unpaired`'s smoothing; `simpo`: conservative SimPO's smoothing; in [0, 0.5). Other losses read none (TRL's ignore it), so setting it there is refused)"),
+      PTRAIN_KEY(
+          "preference", "ld_alpha", preference.ld_alpha, kFromStruct,
+          R"(`dpo`: LD-DPO's weight, in [0, 1], of each completion's tokens past the shorter completion's length of its pair, in the policy's and the reference's log-probabilities (TRL's `ld_alpha`; 1: no weighting, TRL's `None`))"),
+      PTRAIN_KEY(
+          "preference", "f_divergence_type", preference.f_divergence_type, kFromStruct,
+          R"(`dpo`: the divergence from the reference (f-DPO; TRL's `f_divergence_type`): `reverse_kl` (DPO), `forward_kl`, `js_divergence`, `alpha_divergence`; other than `reverse_kl` only with the losses of the chosen-minus-rejected difference: `sigmoid`, `sigmoid_norm`, `hinge`, `ipo`, `exo_pair`, `robust`, `discopop`, `sft`)"),
+      PTRAIN_KEY("preference", "f_alpha_divergence_coef", preference.f_alpha_divergence_coef, kFromStruct,
+                 R"(`dpo` with `f_divergence_type = "alpha_divergence"`: its alpha)"),
+      PTRAIN_KEY("preference", "discopop_tau", preference.discopop_tau, kFromStruct,
+                 R"(`dpo` with the `discopop` loss: its temperature (> 0; the DiscoPOP paper's 0.05))"),
       PTRAIN_KEY("preference", "gamma", preference.gamma, kFromStruct,
                  R"(`simpo`: the target reward margin (TRL's `simpo_gamma`))"),
       PTRAIN_KEY(
@@ -524,6 +569,12 @@ std::string convert(const toml::node& node, Type type, Value& out) {
       out = v;
       return "";
     }
+    case Type::Names:
+      if (node.is_string()) {
+        out = std::vector<std::string>{node.value<std::string>().value()};
+        return "";
+      }
+      [[fallthrough]];
     case Type::StringList: {
       const auto* arr = node.as_array();
       if (!arr) break;

@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -499,24 +500,83 @@ const std::vector<Rule>& rules() {
        }},
       {"preference.beta",
        [](const Config& c, const Environment&) -> std::string {
-         return c.preference.beta > 0 ? "" : "must be > 0 (TRL's default is 0.1)";
+         return c.preference.beta > 0 && std::isfinite(c.preference.beta) ? "" : "must be > 0 (TRL's default is 0.1)";
        }},
       {"preference.loss_type",
        [](const Config& c, const Environment&) -> std::string {
-         return c.training.objective == Objective::simpo && c.preference.loss_type != PreferenceLoss::sigmoid
-                    ? "is DPO's loss; SimPO has its own (training.objective = \"simpo\"): remove it"
-                    : "";
+         if (c.training.objective == Objective::simpo && c.preference.loss_type != PreferenceOptions{}.loss_type)
+           return "is DPO's loss; SimPO has its own (training.objective = \"simpo\"): remove it";
+         if (c.preference.loss_type.empty()) return "names no loss: give one, e.g. \"sigmoid\"";
+         if (c.training.objective == Objective::dpo && c.preference.reads(PreferenceLoss::exo_pair) &&
+             c.preference.label_smoothing == 0.0)
+           return "exo_pair needs preference.label_smoothing > 0 (EXO's epsilon; the EXO paper uses 1e-3)";
+         return "";
+       }},
+      {"preference.loss_weights",
+       [](const Config& c, const Environment&) -> std::string {
+         const PreferenceOptions& p = c.preference;
+         if (p.loss_weights.empty()) return "";
+         if (c.training.objective == Objective::simpo) return "weighs DPO's losses; SimPO reads none: remove it";
+         if (p.loss_weights.size() != p.loss_type.size())
+           return "holds " + std::to_string(p.loss_weights.size()) + " weights for " +
+                  std::to_string(p.loss_type.size()) + " preference.loss_type entries: give one for each";
+         for (double w : p.loss_weights)
+           if (!std::isfinite(w) || w < 0) return "must be finite and >= 0 (a negative weight maximizes its loss)";
+         return "";
        }},
       {"preference.label_smoothing",
        [](const Config& c, const Environment&) -> std::string {
-         const double e = c.preference.label_smoothing;
+         const PreferenceOptions& p = c.preference;
+         const double e = p.label_smoothing;
+         const bool dpo = c.training.objective == Objective::dpo;
          if (e == 0.0) return "";
-         if (e < 0.0 || e >= 0.5) return "must be in [0, 0.5)";
-         if (c.training.objective == Objective::dpo && c.preference.loss_type != PreferenceLoss::robust)
-           return "DPO's " + name_of(c.preference.loss_type) +
-                  " loss reads no label smoothing (TRL's ignores it); use preference.loss_type = \"robust\" for "
-                  "noisy labels, or remove it";
+         if (!(e > 0.0 && e < 0.5)) return "must be in [0, 0.5)";
+         const bool read = p.reads(PreferenceLoss::robust) || p.reads(PreferenceLoss::exo_pair) ||
+                           p.reads(PreferenceLoss::aot) || p.reads(PreferenceLoss::aot_unpaired);
+         if (dpo && !read)
+           return "no DPO loss of preference.loss_type reads label smoothing (TRL's ignore it); use \"robust\" "
+                  "for noisy labels, or remove it";
          return "";
+       }},
+      {"preference.ld_alpha",
+       [](const Config& c, const Environment&) -> std::string {
+         const double a = c.preference.ld_alpha;
+         if (!(a >= 0.0 && a <= 1.0)) return "must be in [0, 1] (1: no weighting)";
+         if (c.training.objective == Objective::simpo && a != 1.0)
+           return "weighs DPO's log-probabilities; SimPO (TRL's CPOTrainer) reads none: remove it";
+         return "";
+       }},
+      {"preference.f_divergence_type",
+       [](const Config& c, const Environment&) -> std::string {
+         const PreferenceOptions& p = c.preference;
+         if (p.f_divergence_type == FDivergence::reverse_kl) return "";
+         if (c.training.objective == Objective::simpo) return "is DPO's; SimPO has no reference: remove it";
+         for (PreferenceLoss l : p.loss_type)
+           if (l == PreferenceLoss::nca_pair || l == PreferenceLoss::bco_pair || l == PreferenceLoss::sppo_hard ||
+               l == PreferenceLoss::aot || l == PreferenceLoss::aot_unpaired || l == PreferenceLoss::apo_zero ||
+               l == PreferenceLoss::apo_down)
+             return "applies to the losses of the chosen-minus-rejected difference (sigmoid, sigmoid_norm, hinge, "
+                    "ipo, exo_pair, robust, discopop, sft), not to " +
+                    name_of(l) + " (TRL refuses it too): use \"reverse_kl\" or another loss";
+         return "";
+       }},
+      {"preference.f_alpha_divergence_coef",
+       [](const Config& c, const Environment&) -> std::string {
+         const PreferenceOptions& p = c.preference;
+         if (!std::isfinite(p.f_alpha_divergence_coef)) return "must be a finite number";
+         return p.f_alpha_divergence_coef != PreferenceOptions{}.f_alpha_divergence_coef &&
+                        p.f_divergence_type != FDivergence::alpha_divergence
+                    ? "is read only with preference.f_divergence_type = \"alpha_divergence\": set that or remove it"
+                    : "";
+       }},
+      {"preference.discopop_tau",
+       [](const Config& c, const Environment&) -> std::string {
+         const PreferenceOptions& p = c.preference;
+         if (!(p.discopop_tau > 0) || !std::isfinite(p.discopop_tau)) return "must be > 0 (the paper's 0.05)";
+         return p.discopop_tau != PreferenceOptions{}.discopop_tau &&
+                        !(c.training.objective == Objective::dpo && p.reads(PreferenceLoss::discopop))
+                    ? "is read only by the discopop loss: add \"discopop\" to preference.loss_type or remove it"
+                    : "";
        }},
       {"preference.max_length",
        [](const Config& c, const Environment&) -> std::string {
@@ -538,12 +598,19 @@ const std::vector<Rule>& rules() {
       const PreferenceOptions& p = c.preference;
       if (key == "preference.beta") return p.beta != d.beta;
       if (key == "preference.loss_type") return p.loss_type != d.loss_type;
+      if (key == "preference.loss_weights") return p.loss_weights != d.loss_weights;
       if (key == "preference.label_smoothing") return p.label_smoothing != d.label_smoothing;
+      if (key == "preference.ld_alpha") return p.ld_alpha != d.ld_alpha;
+      if (key == "preference.f_divergence_type") return p.f_divergence_type != d.f_divergence_type;
+      if (key == "preference.f_alpha_divergence_coef") return p.f_alpha_divergence_coef != d.f_alpha_divergence_coef;
+      if (key == "preference.discopop_tau") return p.discopop_tau != d.discopop_tau;
       if (key == "preference.gamma") return p.gamma != d.gamma;
       if (key == "preference.precompute_ref_log_probs") return p.precompute_ref_log_probs;
       return p.max_length != d.max_length;
     };
-    for (const char* key : {"preference.beta", "preference.loss_type", "preference.label_smoothing", "preference.gamma",
+    for (const char* key : {"preference.beta", "preference.loss_type", "preference.loss_weights",
+                            "preference.label_smoothing", "preference.ld_alpha", "preference.f_divergence_type",
+                            "preference.f_alpha_divergence_coef", "preference.discopop_tau", "preference.gamma",
                             "preference.max_length", "preference.precompute_ref_log_probs"})
       all.push_back({key, [key, differs](const Config& c, const Environment&) -> std::string {
                        return !is_preference(c.training.objective) && differs(key, c)

@@ -2,6 +2,7 @@
 // each field's initialiser is the key's default (docs/config.md shows them). The names are TRL's
 // (trl 1.16: DPOConfig, CPOConfig), and so are the losses (train/preference.h).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -17,18 +18,59 @@ namespace ptrain {
 enum class Objective { sft, dpo, simpo };
 inline bool is_preference(Objective o) { return o != Objective::sft; }
 
-// DPO's loss_type: sigmoid (DPO), hinge (SLiC), ipo (IPO, per-token average), robust (rDPO,
-// label_smoothing the chance that a label is flipped).
-enum class PreferenceLoss { sigmoid, hinge, ipo, robust };
+// DPO's loss_type, TRL 1.16's DPOConfig names (DPOTrainer._compute_loss has each formula):
+// sigmoid (DPO), hinge (SLiC), ipo (IPO, per-token average), exo_pair (EXO, label_smoothing its
+// epsilon), nca_pair (NCA), robust (rDPO, label_smoothing the chance that a label is flipped),
+// bco_pair (BCO), sppo_hard (SPPO), aot / aot_unpaired (AOT: sorted within a micro-batch),
+// apo_zero / apo_down (APO), discopop (DiscoPOP, discopop_tau), sft (the chosen completions'
+// negative log-likelihood, a token mean over the step), sigmoid_norm (DPO on per-token averages).
+enum class PreferenceLoss {
+  sigmoid,
+  hinge,
+  ipo,
+  exo_pair,
+  nca_pair,
+  robust,
+  bco_pair,
+  sppo_hard,
+  aot,
+  aot_unpaired,
+  apo_zero,
+  apo_down,
+  discopop,
+  sft,
+  sigmoid_norm
+};
+
+// DPO's f-divergence between policy and reference (f-DPO; TRL's f_divergence_type): what each
+// side's log-ratio u becomes before chosen minus rejected — u (reverse_kl, DPO), 1 - e^-u
+// (forward_kl), log 2 + log sigma(u) (js_divergence), (e^((alpha-1)u) - 1) / (alpha - 1)
+// (alpha_divergence, alpha = f_alpha_divergence_coef).
+enum class FDivergence { reverse_kl, forward_kl, js_divergence, alpha_divergence };
 
 // [preference]
 struct PreferenceOptions {
-  double beta = 0.1;                                   // DPO's beta (IPO's tau); SimPO's beta
-  PreferenceLoss loss_type = PreferenceLoss::sigmoid;  // dpo only
-  double label_smoothing = 0.0;                        // dpo robust; simpo
-  double gamma = 0.5;                                  // simpo: the target reward margin (TRL's simpo_gamma)
-  int64_t max_length = 0;  // ids per sequence, prompt + completion (TRL's max_length); 0: data.seq_len + 1
+  double beta = 0.1;  // DPO's beta (IPO's tau); SimPO's beta
+  // dpo only: one loss or several, each times its weight (empty: all 1), summed
+  std::vector<PreferenceLoss> loss_type = {PreferenceLoss::sigmoid};
+  std::vector<double> loss_weights;
+  double label_smoothing = 0.0;  // dpo robust, exo_pair, aot, aot_unpaired; simpo
+  double gamma = 0.5;            // simpo: the target reward margin (TRL's simpo_gamma)
+  int64_t max_length = 0;        // ids per sequence, prompt + completion (TRL's max_length); 0: data.seq_len + 1
   bool precompute_ref_log_probs = false;  // dpo: the reference scored once before training (TRL's name)
+  // dpo: LD-DPO's weight of the tokens past the shorter completion's length (TRL's ld_alpha;
+  // 1: every token counts alike, TRL's None)
+  double ld_alpha = 1.0;
+  FDivergence f_divergence_type = FDivergence::reverse_kl;  // dpo
+  double f_alpha_divergence_coef = 0.5;                     // dpo, alpha_divergence: its alpha
+  double discopop_tau = 0.05;                               // dpo, discopop: its temperature
+
+  bool reads(PreferenceLoss l) const {
+    for (PreferenceLoss x : loss_type)
+      if (x == l) return true;
+    return false;
+  }
+  double weight(size_t i) const { return loss_weights.empty() ? 1.0 : loss_weights[i]; }
 };
 
 struct PreferenceObjective {

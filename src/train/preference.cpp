@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "common/error.h"
@@ -15,29 +17,54 @@ namespace ptrain {
 
 namespace {
 
-// Rows [2P, T] -> each row's summed per-token log-probabilities [2P] and its scored tokens.
+// Rows [2P, T] (the chosen first) -> each row's summed per-token log-probabilities [2P] and its
+// scored tokens. With LD-DPO's ld_alpha < 1 a row's tokens past the shorter completion of its
+// pair count ld_alpha times (DPOTrainer's shared and tail masks); `plain` is the sum without
+// that weighting (the sft loss reads it).
 struct RowSums {
-  at::Tensor logps, tokens;
+  at::Tensor logps, plain, tokens;
 };
-RowSums row_sums(const at::Tensor& token_logps, const at::Tensor& targets) {
+RowSums row_sums(const at::Tensor& token_logps, const at::Tensor& targets, double ld_alpha) {
   const at::Tensor t = targets.reshape({targets.size(0), -1});
-  return {token_logps.reshape(t.sizes()).sum(1), t.ne(kIgnoreIndex).sum(1).to(at::kFloat)};
+  const at::Tensor per_token = token_logps.reshape(t.sizes()), scored = t.ne(kIgnoreIndex);
+  RowSums r{per_token.sum(1), {}, scored.sum(1).to(at::kFloat)};
+  r.plain = r.logps;
+  if (ld_alpha != 1.0) {
+    const int64_t P = t.size(0) / 2;
+    const at::Tensor shared = at::minimum(r.tokens.slice(0, 0, P), r.tokens.slice(0, P)).repeat({2}).unsqueeze(1);
+    const at::Tensor position = scored.cumsum(1).to(at::kFloat);  // 1, 2, ... along each completion
+    const at::Tensor weight = at::where(position.le(shared), 1.0, ld_alpha).mul_(scored);
+    r.logps = (per_token * weight).sum(1);
+  }
+  return r;
 }
 
-// Sums of the metrics over this batch's pairs (loss, rewards, accuracy, margins, logps), float64.
-constexpr int kMetrics = 7;
+// The chosen completions' scored tokens of a batch of pairs (rows [0, P) of its targets).
+int64_t chosen_tokens(const Batch& b) {
+  return b.targets.slice(0, 0, b.targets.size(0) / 2).ne(kIgnoreIndex).sum().item<int64_t>();
+}
+
+// Sums of the metrics over this batch's pairs (loss, rewards, accuracy, margins, logps), float64,
+// and the sft loss's sum and the chosen tokens it is the mean over.
+constexpr int kMetrics = 9;
 at::Tensor metric_sums(const PairLosses& l, const PairScores& s) {
   at::NoGradGuard no_grad;
   const at::Tensor rc = l.rewards_chosen.to(at::kDouble), rr = l.rewards_rejected.to(at::kDouble);
+  const at::Tensor zero = at::zeros({}, rc.options());
+  const bool sft = l.sft_sum.defined();
   return at::stack({l.loss.detach().to(at::kDouble).sum(), rc.sum(), rr.sum(), rc.gt(rr).to(at::kDouble).sum(),
-                    (rc - rr).sum(), s.chosen.detach().to(at::kDouble).sum(),
-                    s.rejected.detach().to(at::kDouble).sum()});
+                    (rc - rr).sum(), s.chosen.detach().to(at::kDouble).sum(), s.rejected.detach().to(at::kDouble).sum(),
+                    sft ? l.sft_sum.detach().to(at::kDouble) : zero,
+                    sft ? s.tokens_chosen.to(at::kDouble).sum() : zero});
 }
 
+// The metrics of `pairs` pairs from their sums: means over the pairs; the loss the pairs' mean
+// plus the sft loss's token mean.
 PreferenceMetrics metrics_of(const at::Tensor& sums, int64_t pairs) {
-  const at::Tensor m = sums.to(at::kCPU) / static_cast<double>(std::max<int64_t>(pairs, 1));
+  const at::Tensor m = sums.to(at::kCPU);
   const double* v = m.data_ptr<double>();
-  return {pairs, v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+  const double n = static_cast<double>(std::max<int64_t>(pairs, 1));
+  return {pairs, v[0] / n + (v[8] > 0 ? v[7] / v[8] : 0.0), v[1] / n, v[2] / n, v[3] / n, v[4] / n, v[5] / n, v[6] / n};
 }
 
 // The reference model for its lifetime: the base with the adapters off, or (a loaded adapter)
@@ -76,6 +103,33 @@ std::vector<std::pair<std::string, double>> trl_metrics(const PreferenceMetrics&
           {prefix + "logps/chosen", m.logps_chosen},     {prefix + "logps/rejected", m.logps_rejected}};
 }
 
+namespace {
+// f-DPO: a side's score from its log-ratio u (DPOTrainer, f_divergence_type).
+at::Tensor f_score(const at::Tensor& u, const PreferenceOptions& o) {
+  switch (o.f_divergence_type) {
+    case FDivergence::reverse_kl:
+      return u;
+    case FDivergence::forward_kl:
+      return 1 - at::exp(-u);
+    case FDivergence::js_divergence:
+      return at::log_sigmoid(u) + std::log(2.0);
+    case FDivergence::alpha_divergence: {
+      const double a = o.f_alpha_divergence_coef;
+      if (std::abs(a - 1.0) < 1e-6) return u;  // the limit: reverse_kl, as TRL falls back
+      return (at::exp(((a - 1.0) * u).clamp_max(80.0)) - 1.0) * (1.0 / (a - 1.0));
+    }
+  }
+  return u;
+}
+
+// A smoothed logistic loss of z: -(1 - e) log sigma(beta z) - e log sigma(-beta z) (AOT).
+at::Tensor smoothed_logistic(const at::Tensor& z, double beta, double e) {
+  return -at::log_sigmoid(z * beta) * (1 - e) - at::log_sigmoid(z * -beta) * e;
+}
+
+at::Tensor sorted(const at::Tensor& x) { return std::get<0>(at::sort(x, 0)); }
+}  // namespace
+
 PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective) {
   const PreferenceOptions& o = objective.options;
   const double beta = o.beta, e = o.label_smoothing;
@@ -88,24 +142,74 @@ PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective
     return out;
   }
   const at::Tensor chosen_ratio = s.chosen - s.ref_chosen, rejected_ratio = s.rejected - s.ref_rejected;
-  const at::Tensor delta = chosen_ratio - rejected_ratio;
-  switch (o.loss_type) {  // DPOTrainer._compute_loss
-    case PreferenceLoss::sigmoid:
-      out.loss = -at::log_sigmoid(delta * beta);
-      break;
-    case PreferenceLoss::hinge:
-      out.loss = at::relu(1 - delta * beta);
-      break;
-    case PreferenceLoss::ipo: {
-      const at::Tensor d =
-          chosen_ratio / s.tokens_chosen.clamp_min(1.0) - rejected_ratio / s.tokens_rejected.clamp_min(1.0);
-      out.loss = (d - 1 / (2 * beta)).pow(2);
-      break;
+  const at::Tensor chosen_score = f_score(chosen_ratio, o), rejected_score = f_score(rejected_ratio, o);
+  const at::Tensor delta = chosen_score - rejected_score;
+  const at::Tensor chosen_mean = chosen_score / s.tokens_chosen.clamp_min(1.0),
+                   rejected_mean = rejected_score / s.tokens_rejected.clamp_min(1.0);
+  at::Tensor loss = at::zeros_like(delta);
+  for (size_t i = 0; i < o.loss_type.size(); ++i) {  // DPOTrainer._compute_loss
+    const double w = o.weight(i);
+    switch (o.loss_type[i]) {
+      case PreferenceLoss::sigmoid:
+        loss = loss - at::log_sigmoid(delta * beta) * w;
+        break;
+      case PreferenceLoss::hinge:
+        loss = loss + at::relu(1 - delta * beta) * w;
+        break;
+      case PreferenceLoss::ipo:
+        loss = loss + (chosen_mean - rejected_mean - 1 / (2 * beta)).pow(2) * w;
+        break;
+      case PreferenceLoss::exo_pair: {  // KL(softmax of beta times the scores || (1 - e, e))
+        const at::Tensor z = delta * beta;
+        loss = loss + (at::sigmoid(z) * (at::log_sigmoid(z) - std::log1p(-e)) +
+                       at::sigmoid(-z) * (at::log_sigmoid(-z) - std::log(e))) *
+                          w;
+        break;
+      }
+      case PreferenceLoss::nca_pair: {
+        const at::Tensor c = chosen_ratio * beta, r = rejected_ratio * beta;
+        loss = loss + (-at::log_sigmoid(c) - 0.5 * at::log_sigmoid(-c) - 0.5 * at::log_sigmoid(-r)) * w;
+        break;
+      }
+      case PreferenceLoss::robust:
+        loss =
+            loss + (-at::log_sigmoid(delta * beta) * (1 - e) + at::log_sigmoid(delta * -beta) * e) * (w / (1 - 2 * e));
+        break;
+      case PreferenceLoss::bco_pair:
+        loss = loss + (-at::log_sigmoid(chosen_ratio * beta) - at::log_sigmoid(-rejected_ratio * beta)) * w;
+        break;
+      case PreferenceLoss::sppo_hard:
+        loss = loss + ((chosen_ratio - 0.5 / beta).pow(2) + (rejected_ratio + 0.5 / beta).pow(2)) * w;
+        break;
+      case PreferenceLoss::aot:  // the batch's policy and reference margins, each sorted
+        loss = loss +
+               smoothed_logistic(sorted(s.chosen - s.rejected) - sorted(s.ref_chosen - s.ref_rejected), beta, e) * w;
+        break;
+      case PreferenceLoss::aot_unpaired:
+        loss = loss + smoothed_logistic(sorted(chosen_ratio) - sorted(rejected_ratio), beta, e) * w;
+        break;
+      case PreferenceLoss::apo_zero:
+        loss = loss + (1 - at::sigmoid(chosen_ratio * beta) + at::sigmoid(rejected_ratio * beta)) * w;
+        break;
+      case PreferenceLoss::apo_down:
+        loss = loss + (at::sigmoid(chosen_ratio * beta) + 1 - at::sigmoid((chosen_ratio - rejected_ratio) * beta)) * w;
+        break;
+      case PreferenceLoss::discopop: {  // logistic and exponential losses mixed by sigma(z / tau)
+        const at::Tensor z = delta * beta, mix = at::sigmoid(z / o.discopop_tau);
+        loss = loss + (-at::log_sigmoid(z) * (1 - mix) + at::exp(-z) * mix) * w;
+        break;
+      }
+      case PreferenceLoss::sft: {  // a token mean over the step: summed here, divided by the caller
+        const at::Tensor nll = -s.chosen_plain.sum() * w;
+        out.sft_sum = out.sft_sum.defined() ? out.sft_sum + nll : nll;
+        break;
+      }
+      case PreferenceLoss::sigmoid_norm:
+        loss = loss - at::log_sigmoid((chosen_mean - rejected_mean) * beta) * w;
+        break;
     }
-    case PreferenceLoss::robust:
-      out.loss = (-at::log_sigmoid(delta * beta) * (1 - e) + at::log_sigmoid(delta * -beta) * e) / (1 - 2 * e);
-      break;
   }
+  out.loss = loss;
   out.rewards_chosen = chosen_ratio.detach() * beta;
   out.rewards_rejected = rejected_ratio.detach() * beta;
   return out;
@@ -116,7 +220,7 @@ namespace {
 at::Tensor reference_sums(FsdpModel& model, const Batch& b, int64_t loss_chunk, const PreferenceObjective& objective) {
   at::NoGradGuard no_grad;
   ReferenceScope reference(model, objective.reference_adapter);
-  return row_sums(model.token_logprobs(b.inputs, b.targets, loss_chunk), b.targets).logps;
+  return row_sums(model.token_logprobs(b.inputs, b.targets, loss_chunk), b.targets, objective.options.ld_alpha).logps;
 }
 }  // namespace
 
@@ -135,9 +239,12 @@ PairScores pair_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, con
     s.ref_chosen = ref.slice(0, 0, P);
     s.ref_rejected = ref.slice(0, P);
   }
-  RowSums policy = row_sums(model.token_logprobs(inputs, targets, loss_chunk), targets);
-  if (objective.objective == Objective::simpo)  // length-normalized: the mean over the completion
+  const bool dpo = objective.objective == Objective::dpo;
+  RowSums policy =
+      row_sums(model.token_logprobs(inputs, targets, loss_chunk), targets, dpo ? objective.options.ld_alpha : 1.0);
+  if (!dpo)  // SimPO: length-normalized, the mean over the completion
     policy.logps = policy.logps / policy.tokens;
+  s.chosen_plain = policy.plain.slice(0, 0, P);
   s.chosen = policy.logps.slice(0, 0, P);
   s.rejected = policy.logps.slice(0, P);
   s.tokens_chosen = policy.tokens.slice(0, 0, P);
@@ -148,16 +255,18 @@ PairScores pair_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, con
 void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o,
                            const PreferenceObjective& objective, StepResult& r) {
   std::vector<Batch> batches;
-  int64_t pairs = 0, tokens = 0;
+  int64_t pairs = 0, tokens = 0, chosen = 0;
   for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
     batches.push_back(micro_batch(a));
     pairs += batches.back().inputs.size(0) / 2;
     tokens += batches.back().trained_tokens();
+    chosen += chosen_tokens(batches.back());
   }
   Collectives& comm = model.comm();
-  at::Tensor total = at::tensor({static_cast<double>(pairs), static_cast<double>(tokens)}, at::kDouble);
+  at::Tensor total =
+      at::tensor({static_cast<double>(pairs), static_cast<double>(tokens), static_cast<double>(chosen)}, at::kDouble);
   comm.all_reduce_sum(total);
-  const double n = total[0].item<double>();
+  const double n = total[0].item<double>(), chosen_total = std::max(total[2].item<double>(), 1.0);
   if (n <= 0) throw RuntimeError("a training step has no preference pairs");
   at::Tensor sums = at::zeros({kMetrics}, at::TensorOptions(at::kDouble).device(model.device()));
   for (const Batch& b : batches) {
@@ -169,7 +278,10 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
     const PhasePeak backward(model.device());
     r.peaks.backward_start = std::max(r.peaks.backward_start, backward.start());
     // The reduce-scatter averages over ranks: times the world size, the mean over all pairs.
-    (losses.loss.sum() * (comm.world_size() / n)).backward();
+    // The sft loss is the mean over the step's chosen tokens, all ranks (DPOTrainer's, one batch).
+    at::Tensor loss = losses.loss.sum() * (comm.world_size() / n);
+    if (losses.sft_sum.defined()) loss = loss + losses.sft_sum * (comm.world_size() / chosen_total);
+    loss.backward();
     model.finish_backward();
     r.peaks.backward = std::max(r.peaks.backward, backward.peak());
     sums += metric_sums(losses, scores);

@@ -31,11 +31,16 @@ struct PairScores {
   at::Tensor chosen, rejected;
   at::Tensor ref_chosen, ref_rejected;  // DPO; undefined for SimPO
   at::Tensor tokens_chosen, tokens_rejected;
+  at::Tensor chosen_plain;  // the policy's chosen sums without ld_alpha's weighting (DPO's sft loss)
 };
-// Each pair's loss [P] (autograd through the policy's scores) and the pairs' rewards [P] each
-// (no autograd), for the objective's loss (TRL's formulas; model/objective.h lists them).
+// Each pair's loss [P] (autograd through the policy's scores: the weighted sum of the objective's
+// losses but sft) and the pairs' rewards [P] each (no autograd), for the objective's losses (TRL's
+// formulas; model/objective.h lists them). aot and aot_unpaired sort within these P pairs. With
+// the sft loss, `sft_sum` is its weight times the chosen completions' summed negative
+// log-likelihood (autograd), which the caller divides by the chosen tokens it is a mean over.
 struct PairLosses {
   at::Tensor loss, rewards_chosen, rewards_rejected;
+  at::Tensor sft_sum;
 };
 PairLosses pair_losses(const PairScores& scores, const PreferenceObjective& objective);
 

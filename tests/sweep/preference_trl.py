@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """ptrain's preference objectives against TRL, the reference (trl 1.16, run here):
 
-  dpo    DPOTrainer (loss_type sigmoid, hinge, ipo, robust) over a PEFT LoRA adapter, whose
-         reference is the base with the adapter off — what ptrain does — or TRL's "ref" copy of a
-         loaded adapter; precompute_ref_log_probs, over an adapter or the full model;
+  dpo    DPOTrainer (every loss_type of TRL 1.16, one a case, and weighted lists: RPO, MPO; the
+         f-divergences; LD-DPO's ld_alpha) over a PEFT LoRA adapter, whose reference is the base
+         with the adapter off — what ptrain does — or TRL's "ref" copy of a loaded adapter;
+         precompute_ref_log_probs, over an adapter or the full model;
   simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model;
   and QLoRA (quant.base = "nf4") against TRL over the base's bitsandbytes NF4 round trip
   (make_qlora_fixtures.nf4_round_trip, as the SFT QLoRA parity tests).
@@ -46,7 +47,8 @@ METRICS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rew
            "logps/chosen", "logps/rejected"]
 
 # name, model, data, objective, [preference] keys (and "accum": gradient accumulation steps,
-# "seq_len": ptrain's data.seq_len, TRL's max_length - 1; default 63), lora, world sizes
+# "seq_len": ptrain's data.seq_len, TRL's max_length - 1; default 63; "lr": the learning rate,
+# default LR), lora, world sizes
 CASES = [
     ("llama3 chat dpo sigmoid lora", "hf_chat", "chat", "dpo", {}, True, [1, 2, 3]),
     ("llama3 chat dpo sigmoid lora accum 2", "hf_chat", "chat", "dpo", {"accum": 2}, True, [3]),
@@ -65,6 +67,40 @@ CASES = [
     ("llama3 chat dpo ipo lora", "hf_chat", "chat", "dpo", {"loss_type": "ipo"}, True, [1]),
     ("llama3 chat dpo robust lora", "hf_chat", "chat", "dpo", {"loss_type": "robust", "label_smoothing": 0.2},
      True, [1]),
+    # the rest of DPOTrainer's losses, one a case; aot sorts within a batch: TRL's of six pairs
+    ("llama3 chat dpo exo_pair lora", "hf_chat", "chat", "dpo", {"loss_type": "exo_pair", "label_smoothing": 1e-3},
+     True, [1]),
+    ("llama3 chat dpo nca_pair lora", "hf_chat", "chat", "dpo", {"loss_type": "nca_pair"}, True, [1]),
+    ("llama3 chat dpo bco_pair lora", "hf_chat", "chat", "dpo", {"loss_type": "bco_pair"}, True, [1]),
+    ("llama3 chat dpo sppo_hard lora", "hf_chat", "chat", "dpo", {"loss_type": "sppo_hard"}, True, [1]),
+    # (a larger lr, so that the policy's order of the pairs parts from the reference's)
+    ("llama3 chat dpo aot lora", "hf_chat", "chat", "dpo", {"loss_type": "aot", "label_smoothing": 0.1, "lr": 3e-2},
+     True, [1]),
+    ("llama3 chat dpo aot_unpaired lora", "hf_chat", "chat", "dpo", {"loss_type": "aot_unpaired", "lr": 3e-2}, True,
+     [1]),
+    ("llama3 chat dpo apo_zero lora", "hf_chat", "chat", "dpo", {"loss_type": "apo_zero"}, True, [1]),
+    ("llama3 chat dpo apo_down lora", "hf_chat", "chat", "dpo", {"loss_type": "apo_down"}, True, [1]),
+    ("llama3 chat dpo discopop lora", "hf_chat", "chat", "dpo", {"loss_type": "discopop", "discopop_tau": 0.2},
+     True, [1]),
+    ("llama3 chat dpo sigmoid_norm lora", "hf_chat", "chat", "dpo", {"loss_type": "sigmoid_norm"}, True, [1]),
+    # several losses weighted (RPO, MPO): sft is a mean over all the step's chosen tokens, which is
+    # TRL's over its one batch of six pairs at any world size
+    ("llama3 chat dpo rpo (sigmoid + sft) lora", "hf_chat", "chat", "dpo",
+     {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5], "lr": 1e-2}, True, [1, 3]),
+    ("qwen2 chat dpo mpo (sigmoid + bco_pair + sft) full precompute", "hf_qwen_chat", "chat", "dpo",
+     {"loss_type": ["sigmoid", "bco_pair", "sft"], "loss_weights": [0.8, 0.2, 1.0],
+      "precompute_ref_log_probs": True}, False, [2]),
+    # f-DPO's divergences and LD-DPO's weighting (the reference's log-probabilities weighted too)
+    ("llama3 chat dpo forward_kl sigmoid + sigmoid_norm lora", "hf_chat", "chat", "dpo",
+     {"loss_type": ["sigmoid", "sigmoid_norm"], "f_divergence_type": "forward_kl"}, True, [1]),
+    ("llama3 chat dpo js_divergence hinge + robust lora", "hf_chat", "chat", "dpo",
+     {"loss_type": ["hinge", "robust"], "label_smoothing": 0.1, "f_divergence_type": "js_divergence"}, True, [1]),
+    ("llama3 chat dpo alpha_divergence discopop + exo_pair + sigmoid_norm lora", "hf_chat", "chat", "dpo",
+     {"loss_type": ["discopop", "exo_pair", "sigmoid_norm"], "label_smoothing": 0.01,
+      "f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.3}, True, [1]),
+    ("llama3 chat dpo ld_alpha lora", "hf_chat", "chat", "dpo", {"ld_alpha": 0.5}, True, [1, 2]),
+    ("llama3 chat dpo ld_alpha full precompute", "hf_chat", "chat", "dpo",
+     {"ld_alpha": 0.3, "precompute_ref_log_probs": True}, False, [2]),
     ("qwen3 chat dpo sigmoid lora", "qwen3", "chat", "dpo", {}, True, [2]),
     ("mistral chat simpo lora", "mistral", "chat", "simpo", {}, True, [1]),
     ("mistral text dpo sigmoid lora", "mistral", "text", "dpo", {}, True, [3]),
@@ -196,15 +232,19 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
     accum = pref.get("accum", 1)  # gradient accumulation: the global batch is still all six pairs
     common = dict(output_dir=os.path.join(work, "trl"), per_device_train_batch_size=PAIRS // accum,
                   gradient_accumulation_steps=accum, max_steps=STEPS,
-                  learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                  learning_rate=pref.get("lr", LR), lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                   max_grad_norm=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1,
                   report_to=[], use_cpu=True, save_strategy="no", gradient_checkpointing=False, bf16=False,
                   train_sampling_strategy="sequential", max_length=pref.get("seq_len", 63) + 1, seed=0,
                   optim="adamw_torch")
     if objective == "dpo":
         from trl import DPOConfig, DPOTrainer
-        args = DPOConfig(beta=pref.get("beta", 0.1), loss_type=[pref.get("loss_type", "sigmoid")],
-                         label_smoothing=pref.get("label_smoothing", 0.0),
+        loss_type = pref.get("loss_type", "sigmoid")
+        extra = {k: pref[k] for k in ("loss_weights", "ld_alpha", "f_divergence_type", "f_alpha_divergence_coef",
+                                      "discopop_tau") if k in pref}
+        args = DPOConfig(beta=pref.get("beta", 0.1),
+                         loss_type=loss_type if isinstance(loss_type, list) else [loss_type],
+                         label_smoothing=pref.get("label_smoothing", 0.0), **extra,
                          precompute_ref_log_probs=pref.get("precompute_ref_log_probs", False), **common)
         trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                              eval_dataset=Dataset.from_list(rows), processing_class=tok)
@@ -232,7 +272,7 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
             "training.grad_accum_steps": pref.get("accum", 1), "data.val_fraction": 0, "data.cache": "false",
             "training.objective": objective, "training.steps": STEPS, "training.log_every": 1,
             "training.eval_every": 0, "training.max_grad_norm": 0, "training.device": "cpu",
-            "optimizer.lr": LR, "optimizer.betas": "[0.9, 0.999]", "optimizer.eps": 1e-8,
+            "optimizer.lr": pref.get("lr", LR), "optimizer.betas": "[0.9, 0.999]", "optimizer.eps": 1e-8,
             "optimizer.weight_decay": 0, "lr_schedule.warmup_steps": 0, "lr_schedule.decay": "constant",
             "precision.mode": "fp32", "run.output_dir": out, "checkpoint.save_final": "true"}
     if lora:
@@ -243,7 +283,7 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
     if lora == "qlora":
         sets["quant.base"] = "nf4"
     for k, v in pref.items():
-        if k not in ("accum", "seq_len"):
+        if k not in ("accum", "seq_len", "lr"):
             sets[f"preference.{k}"] = v
     sections = {}
     for k, v in sets.items():
