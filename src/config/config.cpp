@@ -474,7 +474,7 @@ const std::vector<Key>& keys() {
           R"(ids per sequence, prompt + completion (TRL's `max_length`); a longer sequence keeps its first `max_length` ids (`data.truncation = "truncate"`) or its pair is left out (`"drop"`); a pair whose prompt alone fills it is left out, as TRL does. 0: `data.seq_len + 1`; at most that)"),
       PTRAIN_KEY(
           "preference", "precompute_ref_log_probs", preference.precompute_ref_log_probs, kFromStruct,
-          R"(`dpo`: score the reference once, before training, on every pair (training and validation) and keep two numbers a pair (TRL's `precompute_ref_log_probs`): the model as loaded — the base, the loaded adapter, or for a full fine-tune the whole model, whose frozen copy would otherwise be needed — so each step saves the reference's forward. Required for DPO of a full fine-tune)"),
+          R"(`dpo`: score the reference once, before training, on every pair (training and validation) and keep two numbers a pair (TRL's `precompute_ref_log_probs`): the model as loaded — the base, the loaded adapter, or for a full fine-tune the whole model, whose frozen copy would otherwise be needed — so each step saves the reference's forward. DPO of a full fine-tune sets it where the config does not (ptrain keeps no frozen copy of a whole model, and this gives its log-probabilities); `false` is refused there)"),
       PTRAIN_KEY("lora", "enabled", lora.enabled, kFromStruct, R"(LoRA adapters over a frozen base)"),
       PTRAIN_KEY("lora", "rank", lora.rank, kFromStruct, R"(adapter rank (>= 1))"),
       PTRAIN_KEY("lora", "alpha", lora.alpha, kFromStruct, R"(scaling numerator (> 0))"),
@@ -867,6 +867,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!a.assigned("head_dim") && (a.assigned("dim") || a.assigned("n_heads")) && config.model.hf_path.empty() &&
       s.n_heads > 0)
     s.head_dim = s.dim / s.n_heads;
+  // DPO of a full fine-tune: TRL keeps a frozen copy of the model as loaded; ptrain scores that
+  // reference once instead (the same log-probabilities), unless the config says otherwise.
+  if (config.training.objective == Objective::dpo && !config.lora.enabled &&
+      !config.origins.count("preference.precompute_ref_log_probs"))
+    config.preference.precompute_ref_log_probs = true;
   validate(config, env, problems);
   if (!problems.empty()) throw ConfigError(std::move(problems));
   return config;

@@ -491,11 +491,16 @@ const std::vector<Rule>& rules() {
          if (c.data.packing) return name + " scores each sequence whole, one a row: set data.packing = false";
          if (c.data.train_on_prompt)
            return name + " scores the completions only (TRL's completion mask): set data.train_on_prompt = false";
+         return "";
+       }},
+      {"preference.precompute_ref_log_probs",
+       [](const Config& c, const Environment&) -> std::string {
          if (c.training.objective == Objective::dpo && !c.lora.enabled && !c.preference.precompute_ref_log_probs)
            return "DPO of a full fine-tune compares it with the model as loaded, and ptrain keeps no frozen copy of "
-                  "a whole model: set preference.precompute_ref_log_probs = true (the reference is scored once, "
-                  "before training; two numbers a pair), or lora.enabled = true (the reference is the base with "
-                  "the adapters off), or use the reference-free training.objective = \"simpo\"";
+                  "a whole model to run beside it each step: remove the key (the reference is then scored once, "
+                  "before training — the same log-probabilities, two numbers a pair), or set lora.enabled = true "
+                  "(the reference is the base with the adapters off), or use the reference-free "
+                  "training.objective = \"simpo\"";
          return "";
        }},
       {"preference.beta",

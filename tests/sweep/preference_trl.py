@@ -54,6 +54,9 @@ CASES = [
     ("llama3 chat dpo sigmoid lora accum 2", "hf_chat", "chat", "dpo", {"accum": 2}, True, [3]),
     ("llama3 chat dpo sigmoid full precompute", "hf_chat", "chat", "dpo", {"precompute_ref_log_probs": True}, False,
      [1, 2, 3]),
+    # TRL's default for a full fine-tune: a frozen copy of the model as loaded beside it; ptrain
+    # scores that reference once (precompute_ref_log_probs turns itself on)
+    ("llama3 chat dpo sigmoid full, TRL's frozen copy", "hf_chat", "chat", "dpo", {}, False, [2]),
     ("qwen2 chat dpo sigmoid lora precompute", "hf_qwen_chat", "chat", "dpo",
      {"precompute_ref_log_probs": True, "beta": 0.5}, True, [3]),
     ("llama3 chat simpo full", "hf_chat", "chat", "simpo", {}, False, [1, 2, 3]),

@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <vector>
 
 #include "config/config.h"
 #include "data/rows.h"
 #include "data/samples.h"
 #include "model/llama.h"
+#include "model/objective.h"
 #include "test_util.h"
 #include "train/setup.h"
 
@@ -222,6 +224,43 @@ TEST(Config, EveryPresetResolvesToItsShape) {
     EXPECT_EQ(c.model.shape.total_params(), want.total_params());
     test::write_text(dir / "resolved.toml", to_toml(c));
     EXPECT_EQ(load_config(dir / "resolved.toml", {}, Environment{}).model.shape.total_params(), want.total_params());
+  }
+}
+
+// [preference] as TRL's DPOConfig reads it: loss_type one name or a list (the resolved TOML writes
+// the list and reloads to it); DPO of a full fine-tune scores its reference once unless the
+// config says otherwise — TRL's frozen copy gives the same log-probabilities.
+TEST(Config, PreferenceKeysResolveAsTrlReadsThem) {
+  test::TempDir dir;
+  const auto cwd = fs::current_path();
+  fs::current_path(test::source_dir());
+  const std::string cfg = "configs/tiny_dpo_qlora.toml";  // QLoRA DPO, loss_type = "sigmoid"
+  const Config lora = load_config(cfg, {"preference.loss_type=\"hinge\""}, Environment{});
+  const Config full = load_config(cfg, {"lora.enabled=false", "quant.base=\"none\""}, Environment{});
+  const Config rpo = load_config(
+      cfg, {"preference.loss_type=[\"sigmoid\", \"sft\"]", "preference.loss_weights=[1.0, 0.5]"}, Environment{});
+  std::vector<ConfigProblem> refused;
+  try {
+    load_config(cfg, {"lora.enabled=false", "quant.base=\"none\"", "preference.precompute_ref_log_probs=false"},
+                Environment{});
+  } catch (const ConfigError& e) {
+    refused = e.problems;
+  }
+  fs::current_path(cwd);
+  EXPECT_EQ(lora.preference.loss_type, std::vector<PreferenceLoss>{PreferenceLoss::hinge});
+  EXPECT_FALSE(lora.preference.precompute_ref_log_probs);  // LoRA: the base with the adapters off
+  EXPECT_TRUE(full.preference.precompute_ref_log_probs);
+  EXPECT_EQ(rpo.preference.loss_type, (std::vector<PreferenceLoss>{PreferenceLoss::sigmoid, PreferenceLoss::sft}));
+  EXPECT_EQ(rpo.preference.loss_weights, (std::vector<double>{1.0, 0.5}));
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].key, "preference.precompute_ref_log_probs") << refused[0].str();
+  for (const Config* c : {&lora, &full, &rpo}) {
+    test::write_text(dir / "resolved.toml", to_toml(*c));
+    fs::current_path(test::source_dir());
+    const Config again = load_config(dir / "resolved.toml", {}, Environment{});
+    fs::current_path(cwd);
+    EXPECT_EQ(to_toml(again), to_toml(*c));
+    EXPECT_EQ(again.preference.loss_type, c->preference.loss_type);
   }
 }
 
