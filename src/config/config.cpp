@@ -75,7 +75,7 @@ const std::vector<std::string>& enum_names<QuantBase>() {
 }
 template <>
 const std::vector<std::string>& enum_names<Objective>() {
-  static const std::vector<std::string> n{"sft", "dpo", "simpo"};
+  static const std::vector<std::string> n{"sft", "dpo", "simpo", "cpo"};
   return n;
 }
 template <>
@@ -351,7 +351,7 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY("training", "steps", training.steps, kFromStruct, R"(optimizer steps (>= 1))"),
       PTRAIN_KEY(
           "training", "objective", training.objective, kFromStruct,
-          R"(`sft`: next-token cross-entropy on the trained tokens; `dpo`: DPO on preference pairs against the base with the LoRA adapters off (TRL's `DPOTrainer`); `simpo`: SimPO, reference-free (TRL's `CPOTrainer` with `loss_type = "simpo"`, `cpo_alpha = 0`). Preference objectives read `{prompt, chosen, rejected}` records (docs/preference.md))"),
+          R"(`sft`: next-token cross-entropy on the trained tokens; `dpo`: DPO on preference pairs against the base with the LoRA adapters off (TRL's `DPOTrainer`); `simpo`: SimPO, reference-free (TRL's `CPOTrainer` with `loss_type = "simpo"`, `cpo_alpha = 0`); `cpo`: CPO, reference-free (TRL's `CPOTrainer`: `loss_type` `sigmoid`, `hinge` or `ipo`, plus `cpo_alpha` times the chosen completions' NLL). Preference objectives read `{prompt, chosen, rejected}` records (docs/preference.md))"),
       PTRAIN_KEY("training", "grad_accum_steps", training.grad_accum_steps, kFromStruct,
                  R"(micro-batches accumulated per optimizer step)"),
       PTRAIN_KEY("training", "max_grad_norm", training.max_grad_norm, kFromStruct,
@@ -467,6 +467,12 @@ const std::vector<Key>& keys() {
                  R"(`dpo` with `f_divergence_type = "alpha_divergence"`: its alpha)"),
       PTRAIN_KEY("preference", "discopop_tau", preference.discopop_tau, kFromStruct,
                  R"(`dpo` with the `discopop` loss: its temperature (> 0; the DiscoPOP paper's 0.05))"),
+      PTRAIN_KEY(
+          "preference", "cpo_alpha", preference.cpo_alpha, R"(`1` (`cpo`), `0` (`simpo`))",
+          R"(`cpo`, `simpo`: the weight (>= 0) of the chosen completions' negative log-likelihood, a mean over all their tokens of the step, added to the loss (TRL's `cpo_alpha`; SimPO with it > 0 is CPO-SimPO))"),
+      PTRAIN_KEY(
+          "preference", "alpha", preference.alpha, kFromStruct,
+          R"(`cpo`, `simpo`: AlphaPO's reward shape — each completion's reward (1 - p^-alpha) / alpha of its probability p (SimPO and `ipo`: of its per-token mean) in place of log p; 0: log p (TRL's `CPOConfig.alpha`))"),
       PTRAIN_KEY("preference", "gamma", preference.gamma, kFromStruct,
                  R"(`simpo`: the target reward margin (TRL's `simpo_gamma`))"),
       PTRAIN_KEY(
@@ -872,6 +878,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (config.training.objective == Objective::dpo && !config.lora.enabled &&
       !config.origins.count("preference.precompute_ref_log_probs"))
     config.preference.precompute_ref_log_probs = true;
+  // CPO's behaviour-cloning weight: CPOConfig's default 1; SimPO is CPOTrainer's with 0.
+  if (config.training.objective == Objective::cpo && !config.origins.count("preference.cpo_alpha"))
+    config.preference.cpo_alpha = 1.0;
   validate(config, env, problems);
   if (!problems.empty()) throw ConfigError(std::move(problems));
   return config;

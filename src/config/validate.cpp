@@ -509,9 +509,15 @@ const std::vector<Rule>& rules() {
        }},
       {"preference.loss_type",
        [](const Config& c, const Environment&) -> std::string {
-         if (c.training.objective == Objective::simpo && c.preference.loss_type != PreferenceOptions{}.loss_type)
-           return "is DPO's loss; SimPO has its own (training.objective = \"simpo\"): remove it";
-         if (c.preference.loss_type.empty()) return "names no loss: give one, e.g. \"sigmoid\"";
+         const auto& l = c.preference.loss_type;
+         if (c.training.objective == Objective::simpo && l != PreferenceOptions{}.loss_type)
+           return "is DPO's or CPO's loss; SimPO has its own (training.objective = \"simpo\"): remove it";
+         if (l.empty()) return "names no loss: give one, e.g. \"sigmoid\"";
+         if (c.training.objective == Objective::cpo &&
+             (l.size() != 1 ||
+              (l[0] != PreferenceLoss::sigmoid && l[0] != PreferenceLoss::hinge && l[0] != PreferenceLoss::ipo)))
+           return "CPO (TRL's CPOTrainer) takes one loss: \"sigmoid\", \"hinge\" or \"ipo\" (its \"simpo\" is "
+                  "training.objective = \"simpo\")";
          if (c.training.objective == Objective::dpo && c.preference.reads(PreferenceLoss::exo_pair) &&
              c.preference.label_smoothing == 0.0)
            return "exo_pair needs preference.label_smoothing > 0 (EXO's epsilon; the EXO paper uses 1e-3)";
@@ -521,7 +527,8 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const Environment&) -> std::string {
          const PreferenceOptions& p = c.preference;
          if (p.loss_weights.empty()) return "";
-         if (c.training.objective == Objective::simpo) return "weighs DPO's losses; SimPO reads none: remove it";
+         if (c.training.objective != Objective::dpo)
+           return "weighs DPO's losses; " + name_of(c.training.objective) + " reads none: remove it";
          if (p.loss_weights.size() != p.loss_type.size())
            return "holds " + std::to_string(p.loss_weights.size()) + " weights for " +
                   std::to_string(p.loss_type.size()) + " preference.loss_type entries: give one for each";
@@ -541,21 +548,26 @@ const std::vector<Rule>& rules() {
          if (dpo && !read)
            return "no DPO loss of preference.loss_type reads label smoothing (TRL's ignore it); use \"robust\" "
                   "for noisy labels, or remove it";
+         if (c.training.objective == Objective::cpo && (p.reads(PreferenceLoss::hinge) || p.reads(PreferenceLoss::ipo)))
+           return "CPO's " + name_of(p.loss_type.at(0)) +
+                  " loss reads no label smoothing (TRL's ignores it): use loss_type \"sigmoid\", or remove it";
          return "";
        }},
       {"preference.ld_alpha",
        [](const Config& c, const Environment&) -> std::string {
          const double a = c.preference.ld_alpha;
          if (!(a >= 0.0 && a <= 1.0)) return "must be in [0, 1] (1: no weighting)";
-         if (c.training.objective == Objective::simpo && a != 1.0)
-           return "weighs DPO's log-probabilities; SimPO (TRL's CPOTrainer) reads none: remove it";
+         if (c.training.objective != Objective::dpo && a != 1.0)
+           return "weighs DPO's log-probabilities; " + name_of(c.training.objective) +
+                  " (TRL's CPOTrainer) reads none: remove it";
          return "";
        }},
       {"preference.f_divergence_type",
        [](const Config& c, const Environment&) -> std::string {
          const PreferenceOptions& p = c.preference;
          if (p.f_divergence_type == FDivergence::reverse_kl) return "";
-         if (c.training.objective == Objective::simpo) return "is DPO's; SimPO has no reference: remove it";
+         if (c.training.objective != Objective::dpo)
+           return "is DPO's; " + name_of(c.training.objective) + " has no reference: remove it";
          for (PreferenceLoss l : p.loss_type)
            if (l == PreferenceLoss::nca_pair || l == PreferenceLoss::bco_pair || l == PreferenceLoss::sppo_hard ||
                l == PreferenceLoss::aot || l == PreferenceLoss::aot_unpaired || l == PreferenceLoss::apo_zero ||
@@ -581,6 +593,24 @@ const std::vector<Rule>& rules() {
          return p.discopop_tau != PreferenceOptions{}.discopop_tau &&
                         !(c.training.objective == Objective::dpo && p.reads(PreferenceLoss::discopop))
                     ? "is read only by the discopop loss: add \"discopop\" to preference.loss_type or remove it"
+                    : "";
+       }},
+      {"preference.cpo_alpha",
+       [](const Config& c, const Environment&) -> std::string {
+         const double a = c.preference.cpo_alpha;
+         if (!(a >= 0.0) || !std::isfinite(a)) return "must be finite and >= 0";
+         return c.training.objective == Objective::dpo && a != 0.0
+                    ? "is CPOTrainer's behaviour-cloning weight; DPO's is the \"sft\" loss: add it to "
+                      "preference.loss_type (with loss_weights) and remove this key"
+                    : "";
+       }},
+      {"preference.alpha",
+       [](const Config& c, const Environment&) -> std::string {
+         const double a = c.preference.alpha;
+         if (!std::isfinite(a)) return "must be a finite number (0: log-probability rewards)";
+         return c.training.objective == Objective::dpo && a != 0.0
+                    ? "is AlphaPO's reward shape, which TRL's CPOTrainer reads (training.objective = \"cpo\" or "
+                      "\"simpo\"); DPO reads none: remove it"
                     : "";
        }},
       {"preference.max_length",
@@ -610,27 +640,32 @@ const std::vector<Rule>& rules() {
       if (key == "preference.f_alpha_divergence_coef") return p.f_alpha_divergence_coef != d.f_alpha_divergence_coef;
       if (key == "preference.discopop_tau") return p.discopop_tau != d.discopop_tau;
       if (key == "preference.gamma") return p.gamma != d.gamma;
+      if (key == "preference.cpo_alpha") return p.cpo_alpha != d.cpo_alpha;
+      if (key == "preference.alpha") return p.alpha != d.alpha;
       if (key == "preference.precompute_ref_log_probs") return p.precompute_ref_log_probs;
       return p.max_length != d.max_length;
     };
-    for (const char* key : {"preference.beta", "preference.loss_type", "preference.loss_weights",
-                            "preference.label_smoothing", "preference.ld_alpha", "preference.f_divergence_type",
-                            "preference.f_alpha_divergence_coef", "preference.discopop_tau", "preference.gamma",
-                            "preference.max_length", "preference.precompute_ref_log_probs"})
+    for (const char* key :
+         {"preference.beta", "preference.loss_type", "preference.loss_weights", "preference.label_smoothing",
+          "preference.ld_alpha", "preference.f_divergence_type", "preference.f_alpha_divergence_coef",
+          "preference.discopop_tau", "preference.gamma", "preference.cpo_alpha", "preference.alpha",
+          "preference.max_length", "preference.precompute_ref_log_probs"})
       all.push_back({key, [key, differs](const Config& c, const Environment&) -> std::string {
                        return !is_preference(c.training.objective) && differs(key, c)
-                                  ? "applies to training.objective = \"dpo\" or \"simpo\"; this run trains "
+                                  ? "applies to training.objective = \"dpo\", \"simpo\" or \"cpo\"; this run trains "
                                     "\"sft\": set the objective or remove the key"
                                   : "";
                      }});
     all.push_back({"preference.precompute_ref_log_probs", [](const Config& c, const Environment&) -> std::string {
-                     return c.training.objective == Objective::simpo && c.preference.precompute_ref_log_probs
-                                ? "SimPO has no reference to score: remove it"
+                     return is_cpo_trainer(c.training.objective) && c.preference.precompute_ref_log_probs
+                                ? name_of(c.training.objective) + " has no reference to score: remove it"
                                 : "";
                    }});
     all.push_back({"preference.gamma", [differs](const Config& c, const Environment&) -> std::string {
-                     return c.training.objective == Objective::dpo && differs("preference.gamma", c)
-                                ? "is SimPO's target margin; DPO reads none: remove it"
+                     return is_preference(c.training.objective) && c.training.objective != Objective::simpo &&
+                                    differs("preference.gamma", c)
+                                ? "is SimPO's target margin; " + name_of(c.training.objective) +
+                                      " reads none: remove it"
                                 : "";
                    }});
     return all;

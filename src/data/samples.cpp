@@ -295,7 +295,7 @@ PreferencePair cpo_pair(const Tokenizer& tok, const PairTokenization& how, const
   const std::optional<int32_t> eos = how.eos.empty() ? std::nullopt : tok.id_of(how.eos);
   if (!eos)
     throw RuntimeError(
-        "SimPO pairs end each completion with the tokenizer's eos_token (as TRL's CPOTrainer does), and this "
+        "SimPO and CPO pairs end each completion with the tokenizer's eos_token (as TRL's CPOTrainer does), and this "
         "tokenizer names " +
         (how.eos.empty() ? std::string("none: point data.tokenizer at the model directory (its tokenizer_config.json)")
                          : "\"" + how.eos + "\", which is not one of its tokens"));

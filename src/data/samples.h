@@ -40,7 +40,7 @@ const std::vector<std::string>& record_fields();
 std::vector<ChatMessage> chat_turns(const nlohmann::json& messages);
 
 // How preference records are tokenized: as TRL's DPOTrainer does (training.objective dpo), or
-// as its CPOTrainer does (`cpo`: simpo, TRL's SimPO), with the tokenizer's bos_token and
+// as its CPOTrainer does (`cpo`: simpo and cpo, TRL's CPOTrainer), with the tokenizer's bos_token and
 // eos_token as transformers resolves them ("" for none).
 struct PairTokenization {
   bool cpo = false;

@@ -14,9 +14,12 @@ namespace ptrain {
 
 // sft: next-token cross-entropy on the trained tokens; dpo: TRL's DPOTrainer against a reference
 // (the base with the LoRA adapters off); simpo: SimPO, reference-free (TRL's CPOTrainer with
-// loss_type = "simpo" and cpo_alpha = 0).
-enum class Objective { sft, dpo, simpo };
+// loss_type = "simpo" and cpo_alpha = 0); cpo: CPO, reference-free (TRL's CPOTrainer with
+// loss_type sigmoid, hinge or ipo, and cpo_alpha times the chosen completions' NLL).
+enum class Objective { sft, dpo, simpo, cpo };
 inline bool is_preference(Objective o) { return o != Objective::sft; }
+// TRL's CPOTrainer: no reference, its own tokenization (data/samples.h).
+inline bool is_cpo_trainer(Objective o) { return o == Objective::simpo || o == Objective::cpo; }
 
 // DPO's loss_type, TRL 1.16's DPOConfig names (DPOTrainer._compute_loss has each formula):
 // sigmoid (DPO), hinge (SLiC), ipo (IPO, per-token average), exo_pair (EXO, label_smoothing its
@@ -64,6 +67,10 @@ struct PreferenceOptions {
   FDivergence f_divergence_type = FDivergence::reverse_kl;  // dpo
   double f_alpha_divergence_coef = 0.5;                     // dpo, alpha_divergence: its alpha
   double discopop_tau = 0.05;                               // dpo, discopop: its temperature
+  // cpo, simpo: the weight of the chosen completions' negative log-likelihood (CPO's behaviour
+  // cloning; TRL's cpo_alpha). The config resolves the default: 1 for cpo, 0 for simpo.
+  double cpo_alpha = 0.0;
+  double alpha = 0.0;  // cpo, simpo: AlphaPO's reward shape, r = (1 - p^-alpha) / alpha; 0: log p
 
   bool reads(PreferenceLoss l) const {
     for (PreferenceLoss x : loss_type)

@@ -122,7 +122,7 @@ at::Tensor f_score(const at::Tensor& u, const PreferenceOptions& o) {
   return u;
 }
 
-// A smoothed logistic loss of z: -(1 - e) log sigma(beta z) - e log sigma(-beta z) (AOT).
+// A smoothed logistic loss of z: -(1 - e) log sigma(beta z) - e log sigma(-beta z) (AOT, CPO, SimPO).
 at::Tensor smoothed_logistic(const at::Tensor& z, double beta, double e) {
   return -at::log_sigmoid(z * beta) * (1 - e) - at::log_sigmoid(z * -beta) * e;
 }
@@ -134,11 +134,22 @@ PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective
   const PreferenceOptions& o = objective.options;
   const double beta = o.beta, e = o.label_smoothing;
   PairLosses out;
-  if (objective.objective == Objective::simpo) {  // CPOTrainer.cpo_loss, loss_type "simpo"
-    const at::Tensor logits = s.chosen - s.rejected - o.gamma / beta;
-    out.loss = -at::log_sigmoid(logits * beta) * (1 - e) - at::log_sigmoid(logits * -beta) * e;
-    out.rewards_chosen = s.chosen.detach() * beta;
-    out.rewards_rejected = s.rejected.detach() * beta;
+  if (is_cpo_trainer(objective.objective)) {  // CPOTrainer.cpo_loss, no reference
+    // the rewards: log p, or AlphaPO's (1 - p^-alpha) / alpha (p of the mean for simpo and ipo)
+    const auto reward = [&](const at::Tensor& logp) {
+      return o.alpha == 0.0 ? logp : (1 - at::exp(logp * -o.alpha)) / o.alpha;
+    };
+    const at::Tensor chosen = reward(s.chosen), rejected = reward(s.rejected), logits = chosen - rejected;
+    const PreferenceLoss loss = objective.objective == Objective::simpo ? PreferenceLoss::sigmoid : o.loss_type.at(0);
+    if (loss == PreferenceLoss::hinge)
+      out.loss = at::relu(1 - logits * beta);
+    else if (loss == PreferenceLoss::ipo)
+      out.loss = (logits - 1 / (2 * beta)).pow(2);
+    else  // sigmoid; simpo's with its target margin
+      out.loss = smoothed_logistic(objective.objective == Objective::simpo ? logits - o.gamma / beta : logits, beta, e);
+    if (o.cpo_alpha != 0.0) out.sft_sum = -s.chosen_plain.sum() * o.cpo_alpha;  // the NLL, a token mean
+    out.rewards_chosen = chosen.detach() * beta;
+    out.rewards_rejected = rejected.detach() * beta;
     return out;
   }
   const at::Tensor chosen_ratio = s.chosen - s.ref_chosen, rejected_ratio = s.rejected - s.ref_rejected;
@@ -242,7 +253,9 @@ PairScores pair_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, con
   const bool dpo = objective.objective == Objective::dpo;
   RowSums policy =
       row_sums(model.token_logprobs(inputs, targets, loss_chunk), targets, dpo ? objective.options.ld_alpha : 1.0);
-  if (!dpo)  // SimPO: length-normalized, the mean over the completion
+  // CPOTrainer: length-normalized, the mean over the completion, for SimPO and CPO's ipo
+  if (objective.objective == Objective::simpo ||
+      (objective.objective == Objective::cpo && objective.options.loss_type.at(0) == PreferenceLoss::ipo))
     policy.logps = policy.logps / policy.tokens;
   s.chosen_plain = policy.plain.slice(0, 0, P);
   s.chosen = policy.logps.slice(0, 0, P);

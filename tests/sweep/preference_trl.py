@@ -5,7 +5,9 @@
          f-divergences; LD-DPO's ld_alpha) over a PEFT LoRA adapter, whose reference is the base
          with the adapter off — what ptrain does — or TRL's "ref" copy of a loaded adapter;
          precompute_ref_log_probs, over an adapter or the full model;
-  simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model;
+  simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model; with
+         cpo_alpha (CPO-SimPO) and AlphaPO's alpha;
+  cpo    CPOTrainer(loss_type sigmoid, hinge or ipo, cpo_alpha 1 or as given);
   and QLoRA (quant.base = "nf4") against TRL over the base's bitsandbytes NF4 round trip
   (make_qlora_fixtures.nf4_round_trip, as the SFT QLoRA parity tests).
 
@@ -106,6 +108,14 @@ CASES = [
      {"ld_alpha": 0.3, "precompute_ref_log_probs": True}, False, [2]),
     ("qwen3 chat dpo sigmoid lora", "qwen3", "chat", "dpo", {}, True, [2]),
     ("mistral chat simpo lora", "mistral", "chat", "simpo", {}, True, [1]),
+    # CPO (CPOTrainer's default: sigmoid, cpo_alpha 1 — the NLL a mean over all the step's chosen
+    # tokens, which is TRL's for its one batch at any world size), its hinge and ipo (per-token
+    # means), CPO-SimPO, AlphaPO
+    ("llama3 chat cpo sigmoid lora", "hf_chat", "chat", "cpo", {"lr": 1e-2}, True, [1, 3]),
+    ("qwen2 chat cpo hinge full", "hf_qwen_chat", "chat", "cpo", {"loss_type": "hinge", "cpo_alpha": 0.5, "seq_len": 159}, False,
+     [2]),
+    ("llama3 text cpo ipo lora", "hf_chat", "text", "cpo", {"loss_type": "ipo"}, True, [1]),
+    ("llama3 chat cpo-simpo lora", "hf_chat", "chat", "simpo", {"cpo_alpha": 0.3, "alpha": 0.25}, True, [1]),
     ("mistral text dpo sigmoid lora", "mistral", "text", "dpo", {}, True, [3]),
     ("llama3 chat dpo sigmoid qlora", "hf_chat", "chat", "dpo", {}, "qlora", [2]),
     ("llama3 chat simpo qlora", "hf_chat", "chat", "simpo", {}, "qlora", [1]),
@@ -253,7 +263,9 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
                              eval_dataset=Dataset.from_list(rows), processing_class=tok)
     else:
         from trl.experimental.cpo import CPOConfig, CPOTrainer
-        args = CPOConfig(beta=pref.get("beta", 0.1), loss_type="simpo", cpo_alpha=0.0,
+        simpo = objective == "simpo"  # else CPO: CPOConfig's loss_type and cpo_alpha (default 1)
+        args = CPOConfig(beta=pref.get("beta", 0.1), loss_type="simpo" if simpo else pref.get("loss_type", "sigmoid"),
+                         cpo_alpha=pref.get("cpo_alpha", 0.0 if simpo else 1.0), alpha=pref.get("alpha", 0.0),
                          simpo_gamma=pref.get("gamma", 0.5), label_smoothing=pref.get("label_smoothing", 0.0),
                          **common)
         trainer = CPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),

@@ -229,7 +229,8 @@ TEST(Config, EveryPresetResolvesToItsShape) {
 
 // [preference] as TRL's DPOConfig reads it: loss_type one name or a list (the resolved TOML writes
 // the list and reloads to it); DPO of a full fine-tune scores its reference once unless the
-// config says otherwise — TRL's frozen copy gives the same log-probabilities.
+// config says otherwise — TRL's frozen copy gives the same log-probabilities; CPO's cpo_alpha
+// defaults to CPOConfig's 1, SimPO's to 0.
 TEST(Config, PreferenceKeysResolveAsTrlReadsThem) {
   test::TempDir dir;
   const auto cwd = fs::current_path();
@@ -239,6 +240,9 @@ TEST(Config, PreferenceKeysResolveAsTrlReadsThem) {
   const Config full = load_config(cfg, {"lora.enabled=false", "quant.base=\"none\""}, Environment{});
   const Config rpo = load_config(
       cfg, {"preference.loss_type=[\"sigmoid\", \"sft\"]", "preference.loss_weights=[1.0, 0.5]"}, Environment{});
+  const Config cpo = load_config(cfg, {"training.objective=\"cpo\""}, Environment{});
+  const Config cpo_half = load_config(cfg, {"training.objective=\"cpo\"", "preference.cpo_alpha=0.5"}, Environment{});
+  const Config simpo = load_config(cfg, {"training.objective=\"simpo\""}, Environment{});
   std::vector<ConfigProblem> refused;
   try {
     load_config(cfg, {"lora.enabled=false", "quant.base=\"none\"", "preference.precompute_ref_log_probs=false"},
@@ -252,9 +256,12 @@ TEST(Config, PreferenceKeysResolveAsTrlReadsThem) {
   EXPECT_TRUE(full.preference.precompute_ref_log_probs);
   EXPECT_EQ(rpo.preference.loss_type, (std::vector<PreferenceLoss>{PreferenceLoss::sigmoid, PreferenceLoss::sft}));
   EXPECT_EQ(rpo.preference.loss_weights, (std::vector<double>{1.0, 0.5}));
+  EXPECT_EQ(cpo.preference.cpo_alpha, 1.0);  // CPOConfig's default
+  EXPECT_EQ(cpo_half.preference.cpo_alpha, 0.5);
+  EXPECT_EQ(simpo.preference.cpo_alpha, 0.0);  // SimPO: CPOTrainer without the NLL
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_EQ(refused[0].key, "preference.precompute_ref_log_probs") << refused[0].str();
-  for (const Config* c : {&lora, &full, &rpo}) {
+  for (const Config* c : {&lora, &full, &rpo, &cpo, &cpo_half}) {
     test::write_text(dir / "resolved.toml", to_toml(*c));
     fs::current_path(test::source_dir());
     const Config again = load_config(dir / "resolved.toml", {}, Environment{});
