@@ -75,7 +75,7 @@ const std::vector<std::string>& enum_names<QuantBase>() {
 }
 template <>
 const std::vector<std::string>& enum_names<Objective>() {
-  static const std::vector<std::string> n{"sft", "dpo", "simpo", "cpo"};
+  static const std::vector<std::string> n{"sft", "dpo", "simpo", "cpo", "orpo"};
   return n;
 }
 template <>
@@ -351,7 +351,7 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY("training", "steps", training.steps, kFromStruct, R"(optimizer steps (>= 1))"),
       PTRAIN_KEY(
           "training", "objective", training.objective, kFromStruct,
-          R"(`sft`: next-token cross-entropy on the trained tokens; `dpo`: DPO on preference pairs against the base with the LoRA adapters off (TRL's `DPOTrainer`); `simpo`: SimPO, reference-free (TRL's `CPOTrainer` with `loss_type = "simpo"`, `cpo_alpha = 0`); `cpo`: CPO, reference-free (TRL's `CPOTrainer`: `loss_type` `sigmoid`, `hinge` or `ipo`, plus `cpo_alpha` times the chosen completions' NLL). Preference objectives read `{prompt, chosen, rejected}` records (docs/preference.md))"),
+          R"(`sft`: next-token cross-entropy on the trained tokens; `dpo`: DPO on preference pairs against the base with the LoRA adapters off (TRL's `DPOTrainer`); `simpo`: SimPO, reference-free (TRL's `CPOTrainer` with `loss_type = "simpo"`, `cpo_alpha = 0`); `cpo`: CPO, reference-free (TRL's `CPOTrainer`: `loss_type` `sigmoid`, `hinge` or `ipo`, plus `cpo_alpha` times the chosen completions' NLL); `orpo`: ORPO, reference-free (TRL's `ORPOTrainer`: the chosen sequences' NLL, prompt included, minus `beta` times log sigma of the log odds ratio). Preference objectives read `{prompt, chosen, rejected}` records (docs/preference.md))"),
       PTRAIN_KEY("training", "grad_accum_steps", training.grad_accum_steps, kFromStruct,
                  R"(micro-batches accumulated per optimizer step)"),
       PTRAIN_KEY("training", "max_grad_norm", training.max_grad_norm, kFromStruct,

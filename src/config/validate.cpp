@@ -510,8 +510,9 @@ const std::vector<Rule>& rules() {
       {"preference.loss_type",
        [](const Config& c, const Environment&) -> std::string {
          const auto& l = c.preference.loss_type;
-         if (c.training.objective == Objective::simpo && l != PreferenceOptions{}.loss_type)
-           return "is DPO's or CPO's loss; SimPO has its own (training.objective = \"simpo\"): remove it";
+         if ((c.training.objective == Objective::simpo || c.training.objective == Objective::orpo) &&
+             l != PreferenceOptions{}.loss_type)
+           return "is DPO's or CPO's loss; " + name_of(c.training.objective) + " has its own: remove it";
          if (l.empty()) return "names no loss: give one, e.g. \"sigmoid\"";
          if (c.training.objective == Objective::cpo &&
              (l.size() != 1 ||
@@ -548,6 +549,8 @@ const std::vector<Rule>& rules() {
          if (dpo && !read)
            return "no DPO loss of preference.loss_type reads label smoothing (TRL's ignore it); use \"robust\" "
                   "for noisy labels, or remove it";
+         if (c.training.objective == Objective::orpo)
+           return "ORPO reads no label smoothing (TRL's ORPOTrainer has none): remove it";
          if (c.training.objective == Objective::cpo && (p.reads(PreferenceLoss::hinge) || p.reads(PreferenceLoss::ipo)))
            return "CPO's " + name_of(p.loss_type.at(0)) +
                   " loss reads no label smoothing (TRL's ignores it): use loss_type \"sigmoid\", or remove it";
@@ -599,6 +602,9 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const Environment&) -> std::string {
          const double a = c.preference.cpo_alpha;
          if (!(a >= 0.0) || !std::isfinite(a)) return "must be finite and >= 0";
+         if (c.training.objective == Objective::orpo && a != 0.0)
+           return "is CPOTrainer's; ORPO's NLL has no weight (ORPOTrainer's is 1; beta weighs the odds ratio): "
+                  "remove it";
          return c.training.objective == Objective::dpo && a != 0.0
                     ? "is CPOTrainer's behaviour-cloning weight; DPO's is the \"sft\" loss: add it to "
                       "preference.loss_type (with loss_weights) and remove this key"
@@ -608,9 +614,10 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const Environment&) -> std::string {
          const double a = c.preference.alpha;
          if (!std::isfinite(a)) return "must be a finite number (0: log-probability rewards)";
-         return c.training.objective == Objective::dpo && a != 0.0
+         return is_preference(c.training.objective) && !is_cpo_trainer(c.training.objective) && a != 0.0
                     ? "is AlphaPO's reward shape, which TRL's CPOTrainer reads (training.objective = \"cpo\" or "
-                      "\"simpo\"); DPO reads none: remove it"
+                      "\"simpo\"); " +
+                          name_of(c.training.objective) + " reads none: remove it"
                     : "";
        }},
       {"preference.max_length",
@@ -652,12 +659,13 @@ const std::vector<Rule>& rules() {
           "preference.max_length", "preference.precompute_ref_log_probs"})
       all.push_back({key, [key, differs](const Config& c, const Environment&) -> std::string {
                        return !is_preference(c.training.objective) && differs(key, c)
-                                  ? "applies to training.objective = \"dpo\", \"simpo\" or \"cpo\"; this run trains "
+                                  ? "applies to the preference objectives (dpo, simpo, cpo, orpo); this run trains "
                                     "\"sft\": set the objective or remove the key"
                                   : "";
                      }});
     all.push_back({"preference.precompute_ref_log_probs", [](const Config& c, const Environment&) -> std::string {
-                     return is_cpo_trainer(c.training.objective) && c.preference.precompute_ref_log_probs
+                     return is_preference(c.training.objective) && c.training.objective != Objective::dpo &&
+                                    c.preference.precompute_ref_log_probs
                                 ? name_of(c.training.objective) + " has no reference to score: remove it"
                                 : "";
                    }});

@@ -15,11 +15,15 @@ namespace ptrain {
 // sft: next-token cross-entropy on the trained tokens; dpo: TRL's DPOTrainer against a reference
 // (the base with the LoRA adapters off); simpo: SimPO, reference-free (TRL's CPOTrainer with
 // loss_type = "simpo" and cpo_alpha = 0); cpo: CPO, reference-free (TRL's CPOTrainer with
-// loss_type sigmoid, hinge or ipo, and cpo_alpha times the chosen completions' NLL).
-enum class Objective { sft, dpo, simpo, cpo };
+// loss_type sigmoid, hinge or ipo, and cpo_alpha times the chosen completions' NLL); orpo: ORPO,
+// reference-free (TRL's ORPOTrainer: the chosen rows' NLL, prompt included, minus beta times the
+// log-sigmoid of the log odds ratio).
+enum class Objective { sft, dpo, simpo, cpo, orpo };
 inline bool is_preference(Objective o) { return o != Objective::sft; }
 // TRL's CPOTrainer: no reference, its own tokenization (data/samples.h).
 inline bool is_cpo_trainer(Objective o) { return o == Objective::simpo || o == Objective::cpo; }
+// Pairs tokenized as CPOTrainer tokenizes them (ORPOTrainer's tokenize_row is the same).
+inline bool tokenized_as_cpo(Objective o) { return is_cpo_trainer(o) || o == Objective::orpo; }
 
 // DPO's loss_type, TRL 1.16's DPOConfig names (DPOTrainer._compute_loss has each formula):
 // sigmoid (DPO), hinge (SLiC), ipo (IPO, per-token average), exo_pair (EXO, label_smoothing its

@@ -39,9 +39,25 @@ RowSums row_sums(const at::Tensor& token_logps, const at::Tensor& targets, doubl
   return r;
 }
 
-// The chosen completions' scored tokens of a batch of pairs (rows [0, P) of its targets).
-int64_t chosen_tokens(const Batch& b) {
-  return b.targets.slice(0, 0, b.targets.size(0) / 2).ne(kIgnoreIndex).sum().item<int64_t>();
+// ORPO's NLL targets (ORPOTrainer's labels): every next token of each row, the prompt's too —
+// the inputs one along before the row's first scored position, the targets from there.
+at::Tensor whole_row_targets(const Batch& b) {
+  const at::Tensor scored = b.targets.ne(kIgnoreIndex);
+  const at::Tensor first = scored.to(at::kFloat).argmax(1, /*keepdim=*/true);  // the first scored position
+  const at::Tensor position = at::arange(b.targets.size(1), b.targets.options()).unsqueeze(0);
+  const at::Tensor next = at::cat({b.inputs.slice(1, 1), at::full_like(b.inputs.slice(1, 0, 1), kIgnoreIndex)}, 1);
+  return at::where(position.lt(first), next, b.targets);
+}
+
+// The targets the chosen rows' NLL is a mean over.
+at::Tensor nll_targets(const Batch& b, Objective objective) {
+  return objective == Objective::orpo ? whole_row_targets(b) : b.targets;
+}
+
+// The tokens the NLL of a batch of pairs is a mean over (rows [0, P) of its NLL targets).
+int64_t chosen_tokens(const Batch& b, Objective objective) {
+  const at::Tensor t = nll_targets(b, objective);
+  return t.slice(0, 0, t.size(0) / 2).ne(kIgnoreIndex).sum().item<int64_t>();
 }
 
 // Sums of the metrics over this batch's pairs (loss, rewards, accuracy, margins, logps), float64,
@@ -54,8 +70,7 @@ at::Tensor metric_sums(const PairLosses& l, const PairScores& s) {
   const bool sft = l.sft_sum.defined();
   return at::stack({l.loss.detach().to(at::kDouble).sum(), rc.sum(), rr.sum(), rc.gt(rr).to(at::kDouble).sum(),
                     (rc - rr).sum(), s.chosen.detach().to(at::kDouble).sum(), s.rejected.detach().to(at::kDouble).sum(),
-                    sft ? l.sft_sum.detach().to(at::kDouble) : zero,
-                    sft ? s.tokens_chosen.to(at::kDouble).sum() : zero});
+                    sft ? l.sft_sum.detach().to(at::kDouble) : zero, sft ? s.nll_tokens.to(at::kDouble).sum() : zero});
 }
 
 // The metrics of `pairs` pairs from their sums: means over the pairs; the loss the pairs' mean
@@ -134,6 +149,18 @@ PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective
   const PreferenceOptions& o = objective.options;
   const double beta = o.beta, e = o.label_smoothing;
   PairLosses out;
+  if (objective.objective == Objective::orpo) {  // ORPOTrainer.odds_ratio_loss: per-token means
+    // log(1 - e^x) stably (ORPOTrainer's log1mexp)
+    const auto log1mexp = [](const at::Tensor& x) {
+      return at::where(x.lt(-0.6931471805599453), at::log1p(-at::exp(x)), at::log(-at::expm1(x)));
+    };
+    const at::Tensor log_odds = (s.chosen - s.rejected) - (log1mexp(s.chosen) - log1mexp(s.rejected));
+    out.loss = -at::log_sigmoid(log_odds) * beta;
+    out.sft_sum = -s.chosen_plain.sum();  // the chosen sequences' NLL, prompt included
+    out.rewards_chosen = s.chosen.detach() * beta;
+    out.rewards_rejected = s.rejected.detach() * beta;
+    return out;
+  }
   if (is_cpo_trainer(objective.objective)) {  // CPOTrainer.cpo_loss, no reference
     // the rewards: log p, or AlphaPO's (1 - p^-alpha) / alpha (p of the mean for simpo and ipo)
     const auto reward = [&](const at::Tensor& logp) {
@@ -250,14 +277,23 @@ PairScores pair_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, con
     s.ref_chosen = ref.slice(0, 0, P);
     s.ref_rejected = ref.slice(0, P);
   }
-  const bool dpo = objective.objective == Objective::dpo;
-  RowSums policy =
-      row_sums(model.token_logprobs(inputs, targets, loss_chunk), targets, dpo ? objective.options.ld_alpha : 1.0);
-  // CPOTrainer: length-normalized, the mean over the completion, for SimPO and CPO's ipo
-  if (objective.objective == Objective::simpo ||
+  const bool dpo = objective.objective == Objective::dpo, orpo = objective.objective == Objective::orpo;
+  // ORPO scores every next token of a row for its NLL, the completion's for its odds ratio
+  const at::Tensor nll = nll_targets(b, objective.objective);
+  at::Tensor token_logps = model.token_logprobs(inputs, nll, loss_chunk), whole;
+  if (orpo) {
+    token_logps = token_logps.reshape(nll.sizes());
+    whole = token_logps.sum(1);
+    token_logps = token_logps * targets.ne(kIgnoreIndex);
+  }
+  RowSums policy = row_sums(token_logps, targets, dpo ? objective.options.ld_alpha : 1.0);
+  // CPOTrainer and ORPOTrainer: length-normalized, the mean over the completion, for SimPO, CPO's
+  // ipo and ORPO
+  if (objective.objective == Objective::simpo || orpo ||
       (objective.objective == Objective::cpo && objective.options.loss_type.at(0) == PreferenceLoss::ipo))
     policy.logps = policy.logps / policy.tokens;
-  s.chosen_plain = policy.plain.slice(0, 0, P);
+  s.chosen_plain = (orpo ? whole : policy.plain).slice(0, 0, P);
+  s.nll_tokens = nll.slice(0, 0, P).ne(kIgnoreIndex).sum(1).to(at::kFloat);
   s.chosen = policy.logps.slice(0, 0, P);
   s.rejected = policy.logps.slice(0, P);
   s.tokens_chosen = policy.tokens.slice(0, 0, P);
@@ -273,7 +309,7 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
     batches.push_back(micro_batch(a));
     pairs += batches.back().inputs.size(0) / 2;
     tokens += batches.back().trained_tokens();
-    chosen += chosen_tokens(batches.back());
+    chosen += chosen_tokens(batches.back(), objective.objective);
   }
   Collectives& comm = model.comm();
   at::Tensor total =

@@ -31,7 +31,10 @@ struct PairScores {
   at::Tensor chosen, rejected;
   at::Tensor ref_chosen, ref_rejected;  // DPO; undefined for SimPO
   at::Tensor tokens_chosen, tokens_rejected;
-  at::Tensor chosen_plain;  // the policy's chosen sums without ld_alpha's weighting (DPO's sft loss)
+  // the sums the chosen completions' NLL (DPO's sft, CPO's, ORPO's) is taken over, [P] (autograd):
+  // without ld_alpha's weighting; ORPO's of the whole chosen sequences, prompt included; and the
+  // tokens they hold
+  at::Tensor chosen_plain, nll_tokens;
 };
 // Each pair's loss [P] (autograd through the policy's scores: the weighted sum of the objective's
 // losses but sft) and the pairs' rewards [P] each (no autograd), for the objective's losses (TRL's

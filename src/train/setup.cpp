@@ -327,7 +327,7 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   const bool pairs = is_preference(c.training.objective);
   o.max_ids = pairs && c.preference.max_length > 0 ? c.preference.max_length : c.data.seq_len + 1;
   o.preference = pairs;
-  o.pair_tokenization.cpo = is_cpo_trainer(c.training.objective);
+  o.pair_tokenization.cpo = tokenized_as_cpo(c.training.objective);
   if (pairs && tok.template_tokens())
     std::tie(o.pair_tokenization.bos, o.pair_tokenization.eos) = *tok.template_tokens();
   o.drop_too_long = c.data.truncation == Truncation::drop;

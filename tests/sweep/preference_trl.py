@@ -8,6 +8,7 @@
   simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model; with
          cpo_alpha (CPO-SimPO) and AlphaPO's alpha;
   cpo    CPOTrainer(loss_type sigmoid, hinge or ipo, cpo_alpha 1 or as given);
+  orpo   ORPOTrainer (its NLL over the whole chosen sequences, prompt included);
   and QLoRA (quant.base = "nf4") against TRL over the base's bitsandbytes NF4 round trip
   (make_qlora_fixtures.nf4_round_trip, as the SFT QLoRA parity tests).
 
@@ -116,6 +117,9 @@ CASES = [
      [2]),
     ("llama3 text cpo ipo lora", "hf_chat", "text", "cpo", {"loss_type": "ipo"}, True, [1]),
     ("llama3 chat cpo-simpo lora", "hf_chat", "chat", "simpo", {"cpo_alpha": 0.3, "alpha": 0.25}, True, [1]),
+    # ORPO: the NLL over all the step's chosen tokens, prompts included
+    ("llama3 chat orpo lora", "hf_chat", "chat", "orpo", {"lr": 1e-2}, True, [1, 3]),
+    ("qwen2 text orpo full", "hf_qwen_chat", "text", "orpo", {"beta": 0.5}, False, [2]),
     ("mistral text dpo sigmoid lora", "mistral", "text", "dpo", {}, True, [3]),
     ("llama3 chat dpo sigmoid qlora", "hf_chat", "chat", "dpo", {}, "qlora", [2]),
     ("llama3 chat simpo qlora", "hf_chat", "chat", "simpo", {}, "qlora", [1]),
@@ -261,6 +265,11 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
                          precompute_ref_log_probs=pref.get("precompute_ref_log_probs", False), **common)
         trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                              eval_dataset=Dataset.from_list(rows), processing_class=tok)
+    elif objective == "orpo":
+        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+        args = ORPOConfig(beta=pref.get("beta", 0.1), **common)
+        trainer = ORPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                              eval_dataset=Dataset.from_list(rows), processing_class=tok)
     else:
         from trl.experimental.cpo import CPOConfig, CPOTrainer
         simpo = objective == "simpo"  # else CPO: CPOConfig's loss_type and cpo_alpha (default 1)
