@@ -61,7 +61,7 @@ struct PreferenceOptions {
   // dpo only: one loss or several, each times its weight (empty: all 1), summed
   std::vector<PreferenceLoss> loss_type = {PreferenceLoss::sigmoid};
   std::vector<double> loss_weights;
-  double label_smoothing = 0.0;  // dpo robust, exo_pair, aot, aot_unpaired; simpo
+  double label_smoothing = 0.0;  // dpo robust, exo_pair, aot, aot_unpaired; simpo; cpo sigmoid
   double gamma = 0.5;            // simpo: the target reward margin (TRL's simpo_gamma)
   int64_t max_length = 0;        // ids per sequence, prompt + completion (TRL's max_length); 0: data.seq_len + 1
   bool precompute_ref_log_probs = false;  // dpo: the reference scored once before training (TRL's name)

@@ -1,8 +1,9 @@
-// Preference objectives (training.objective = "dpo" | "simpo"), as TRL computes them (trl 1.16:
-// DPOTrainer._compute_loss, CPOTrainer.cpo_loss): each micro-batch holds pairs, the chosen
-// sequences first and then the rejected ones (data/rows.h PairRows); a sequence's log-probability
-// is the sum of its completion tokens' (SimPO: their mean). DPO's reference is the same model
-// with the LoRA adapters off, run without autograd before the policy's forward.
+// Preference objectives (training.objective = "dpo" | "simpo" | "cpo" | "orpo"), as TRL computes
+// them (trl 1.16: DPOTrainer._compute_loss, CPOTrainer.cpo_loss, ORPOTrainer.odds_ratio_loss):
+// each micro-batch holds pairs, the chosen sequences first and then the rejected ones
+// (data/rows.h PairRows); a sequence's log-probability is the sum of its completion tokens'
+// (SimPO, CPO's ipo, ORPO: their mean). DPO's reference is the same model with the LoRA adapters
+// off, run without autograd before the policy's forward, or precomputed.
 #pragma once
 #include <ATen/Tensor.h>
 
