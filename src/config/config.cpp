@@ -456,7 +456,7 @@ const std::vector<Key>& keys() {
           R"(`dpo`: one weight (>= 0) for each `loss_type` entry, in its order; `[]`: 1 each (TRL's `loss_weights`))"),
       PTRAIN_KEY(
           "preference", "label_smoothing", preference.label_smoothing, kFromStruct,
-          R"(`dpo`: `robust`'s chance that a preference label is flipped, `exo_pair`'s epsilon (> 0 there; the EXO paper uses 1e-3), `aot`'s and `aot_unpaired`'s smoothing; `simpo`: conservative SimPO's smoothing; in [0, 0.5). Other losses read none (TRL's ignore it), so setting it there is refused)"),
+          R"(`dpo`: `robust`'s chance that a preference label is flipped, `exo_pair`'s epsilon (> 0 there; the EXO paper uses 1e-3), `aot`'s and `aot_unpaired`'s smoothing; `simpo` and `cpo`'s `sigmoid`: conservative smoothing; in [0, 0.5). Other losses read none (TRL's ignore it), so setting it there is refused)"),
       PTRAIN_KEY(
           "preference", "ld_alpha", preference.ld_alpha, kFromStruct,
           R"(`dpo`: LD-DPO's weight, in [0, 1], of each completion's tokens past the shorter completion's length of its pair, in the policy's and the reference's log-probabilities (TRL's `ld_alpha`; 1: no weighting, TRL's `None`))"),
