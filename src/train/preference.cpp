@@ -54,6 +54,23 @@ at::Tensor nll_targets(const Batch& b, Objective objective) {
   return objective == Objective::orpo ? whole_row_targets(b) : b.targets;
 }
 
+// Whether the loss holds a negative log-likelihood of the chosen sequences (DPO's sft, CPO's and
+// SimPO's cpo_alpha, ORPO's), a mean over the step's tokens that needs their count first.
+bool has_nll(const PreferenceObjective& o) {
+  switch (o.objective) {
+    case Objective::dpo:
+      return o.options.reads(PreferenceLoss::sft);
+    case Objective::simpo:
+    case Objective::cpo:
+      return o.options.cpo_alpha != 0.0;
+    case Objective::orpo:
+      return true;
+    case Objective::sft:
+      break;
+  }
+  return false;
+}
+
 // The tokens the NLL of a batch of pairs is a mean over (rows [0, P) of its NLL targets).
 int64_t chosen_tokens(const Batch& b, Objective objective) {
   const at::Tensor t = nll_targets(b, objective);
@@ -305,11 +322,12 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
                            const PreferenceObjective& objective, StepResult& r) {
   std::vector<Batch> batches;
   int64_t pairs = 0, tokens = 0, chosen = 0;
+  const bool nll = has_nll(objective);
   for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
     batches.push_back(micro_batch(a));
     pairs += batches.back().inputs.size(0) / 2;
     tokens += batches.back().trained_tokens();
-    chosen += chosen_tokens(batches.back(), objective.objective);
+    if (nll) chosen += chosen_tokens(batches.back(), objective.objective);
   }
   Collectives& comm = model.comm();
   at::Tensor total =
