@@ -28,7 +28,8 @@ void print_model(const Config& c) {
             << ", embedding " << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
             << log::grouped(static_cast<double>(s.head_params())) << ")\n";
   if (!c.model.hf_path.empty())
-    if (const std::string note = model_ignored_note(c.model.hf_path); !note.empty()) std::cout << note << "\n";
+    if (const std::string note = model_ignored_note(c.model.hf_path, c.model.gguf_reader); !note.empty())
+      std::cout << note << "\n";
   std::cout << precision_policy(c).table();
 }
 

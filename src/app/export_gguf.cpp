@@ -82,28 +82,6 @@ void refuse_unexpressible(const LlamaShape& s, const HfStorage& storage, const s
   throw UnsupportedInput(msg);
 }
 
-// Llama 3.1's RoPE scaling as the frequency divisors llama.cpp reads from `rope_freqs.weight`,
-// computed as its converter computes them (in double, stored as float32).
-at::Tensor llama3_rope_factors(const LlamaShape& s) {
-  const RopeScaling& r = s.rope_scaling;
-  const double old_len = static_cast<double>(r.original_max_seq_len);
-  const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
-  std::vector<float> f;
-  for (int64_t i = 0; i < s.head_dim; i += 2) {
-    const double freq = 1.0 / std::pow(s.rope_theta, static_cast<double>(i) / static_cast<double>(s.head_dim));
-    const double wavelen = 2 * M_PI / freq;
-    if (wavelen < high_wavelen) {
-      f.push_back(1.0f);
-    } else if (wavelen > low_wavelen) {
-      f.push_back(static_cast<float>(r.factor));
-    } else {
-      const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
-      f.push_back(static_cast<float>(1.0 / ((1 - smooth) / r.factor + smooth)));
-    }
-  }
-  return at::tensor(f, at::kFloat);
-}
-
 uint32_t file_type(GgmlType t) {  // llama.cpp's LLAMA_FTYPE_*: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16
   switch (t) {
     case GgmlType::f32:
@@ -167,7 +145,7 @@ void add_model_tensors(GgufWriter& w, const HfCheckpoint& ckpt, const LlamaShape
       return n.permute_heads > 0 ? permute_qk_rows(v, n.permute_heads) : v;
     });
     if (n.gguf == "token_embd.weight" && s.rope_scaling.factor > 0 && s.rope_scaling.type == RopeType::llama3) {
-      const at::Tensor factors = llama3_rope_factors(s);
+      const at::Tensor factors = llama3_rope_divisors(s);
       w.add_tensor("rope_freqs.weight", {factors.numel()}, GgmlType::f32, [factors] { return factors; });
     }
   }

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "checkpoint/gguf_reader.h"
 #include "checkpoint/hf.h"
@@ -73,13 +75,15 @@ const std::vector<DroppedKey>& dropped_keys() {
       {"attn_logit_softcapping", {0}, "attention logits soft-capped"},
       {"final_logit_softcapping", {0}, "the output logits soft-capped"},
       {"attention.clamp_kqv", {0}, "q/k/v clamped"},
+      {"rope.scaling.attn_factor", {1}, "RoPE's cos and sin scaled"},
   };
   return keys;
 }
 
 const char* kBothReaders =
     "transformers' GGUF loader drops it, llama.cpp computes with it: the file's two readers run different "
-    "networks, and ptrain does not pick one";
+    "networks";
+const char* kReadAsLlamaCpp = "set model.gguf_reader = \"llama.cpp\" to train the network llama.cpp runs";
 
 // The config dict transformers' load_gguf_checkpoint builds ("config"), and the metadata keys it
 // reads for it (the rest is ignored, as there). Refuses what ptrain cannot train as both read it.
@@ -139,22 +143,43 @@ json transformers_config(const GgufFile& f, std::set<std::string>& read) {
   return c;
 }
 
+// llama.cpp's RoPE scaling of a file: `rope.scaling.type` (llama.cpp's default where absent:
+// linear) and its factor (0 and 1: none).
+struct GgufRopeScaling {
+  std::string type;
+  double factor = 0.0;
+  bool scales() const { return type != "none" && factor != 0.0 && factor != 1.0; }
+};
+GgufRopeScaling gguf_rope_scaling(const GgufFile& f, std::set<std::string>& read) {
+  const std::string a = *f.string("general.architecture") + ".";
+  GgufRopeScaling r{f.string(a + "rope.scaling.type").value_or("linear"),
+                    f.number(a + "rope.scaling.factor").value_or(0)};
+  for (const char* k : {"rope.scaling.type", "rope.scaling.factor"})
+    if (f.find(a + k)) read.insert(a + k);
+  return r;
+}
+
 // Metadata and tensors llama.cpp reads for these architectures and transformers does not,
-// refused unless they change nothing.
-void refuse_dropped(const GgufFile& f, const LlamaShape& s, std::set<std::string>& read) {
+// refused unless they change nothing — or, with llama.cpp's reading, read as llama.cpp
+// computes with them (llama_cpp_config) where ptrain builds that network.
+void refuse_dropped(const GgufFile& f, const LlamaShape& s, std::set<std::string>& read, GgufReader reader) {
   const std::string& path = f.path();
   const std::string a = *f.string("general.architecture") + ".";
+  const bool llama_cpp = reader == GgufReader::llama_cpp;
   std::vector<std::string> why;
-  if (const auto type = f.string(a + "rope.scaling.type"); type) {
-    read.insert(a + "rope.scaling.type");
-    if (*type != "none") why.push_back(a + "rope.scaling.type = \"" + *type + "\": RoPE scaling; " + kBothReaders);
-  } else if (const auto factor = f.number(a + "rope.scaling.factor"); factor && *factor != 0 && *factor != 1) {
-    read.insert(a + "rope.scaling.factor");
-    why.push_back(a + "rope.scaling.factor = " + json(*factor).dump() + ": RoPE scaling; " + kBothReaders);
-  }
-  if (f.tensor("rope_freqs.weight"))
+  const GgufRopeScaling scaling = gguf_rope_scaling(f, read);
+  const std::string named = f.string(a + "rope.scaling.type")
+                                ? a + "rope.scaling.type = \"" + scaling.type + "\""
+                                : a + "rope.scaling.factor = " + json(scaling.factor).dump();
+  if (scaling.scales() && !(llama_cpp && scaling.type == "linear"))
+    why.push_back(named + ": RoPE scaling; " +
+                  (llama_cpp ? "ptrain reads llama.cpp's linear scaling and Llama 3.1's rope_freqs, not this one "
+                               "(llama.cpp's YaRN takes factors from the run's own context settings); fine-tune the "
+                               "Hugging Face release instead"
+                             : std::string(kBothReaders) + "; " + kReadAsLlamaCpp));
+  if (f.tensor("rope_freqs.weight") && !llama_cpp)
     why.push_back(std::string("tensor rope_freqs.weight: Llama 3.1's RoPE scaling as frequency divisors; ") +
-                  kBothReaders);
+                  kBothReaders + "; " + kReadAsLlamaCpp);
   for (const char* k : {"attention.key_length", "attention.value_length", "rope.dimension_count"}) {
     const auto v = f.integer(a + k);
     if (!v) continue;
@@ -183,7 +208,133 @@ void refuse_dropped(const GgufFile& f, const LlamaShape& s, std::set<std::string
 
 std::string shape_str(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
 
+// Llama 3.1's scaling whose divisors are `file`'s (rope_freqs, within the float32 rounding of
+// llama.cpp's converter, which computes them in float32). Only the bands' wavelengths — original /
+// high_freq_factor and original / low_freq_factor — shape the network, so one original length
+// stands for any (8192, or a quarter of a shorter context), and the candidates are: the Llama 3.x
+// values (factor the largest divisor, low 1, high 4); low and high fitted to two divisors between
+// the bands; where no divisor lies between them, bands that split the file's divisors of 1 from
+// those of the factor. Empty where none gives the file's divisors.
+std::optional<RopeScaling> llama3_scaling_of(const std::vector<double>& file, LlamaShape s) {
+  const double factor = *std::max_element(file.begin(), file.end());
+  const auto matches = [&](const RopeScaling& r) {
+    if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor)) return false;
+    s.rope_scaling = r;
+    const at::Tensor mine = llama3_rope_divisors(s).to(at::kDouble);
+    for (size_t i = 0; i < file.size(); ++i)
+      if (std::abs(mine[static_cast<int64_t>(i)].item<double>() - file[i]) > 1e-5 * file[i]) return false;
+    return true;
+  };
+  RopeScaling r;
+  r.type = RopeType::llama3;
+  r.factor = factor;
+  if (matches(r) || factor <= 1) return r;
+  // any length stands for the original; one below the model's context, as transformers expects
+  if (s.max_seq_len <= r.original_max_seq_len) r.original_max_seq_len = std::max<int64_t>(1, s.max_seq_len / 4);
+  const double original = static_cast<double>(r.original_max_seq_len);
+  // original / wavelength of pair i, in which the ramp between the bands is linear
+  const auto x = [&](size_t i) {
+    const double freq = 1.0 / std::pow(s.rope_theta, 2.0 * static_cast<double>(i) / static_cast<double>(s.head_dim));
+    return original * freq / (2 * M_PI);
+  };
+  std::vector<size_t> between;
+  for (size_t i = 0; i < file.size(); ++i)
+    if (file[i] > 1 + 1e-5 && file[i] < factor * (1 - 1e-5)) between.push_back(i);
+  if (between.size() >= 2) {
+    // 1 / divisor = (1 - t) / factor + t, with t = (x - low) / (high - low)
+    const auto t = [&](size_t i) { return (1 / file[i] - 1 / factor) / (1 - 1 / factor); };
+    const size_t a = between.front(), b = between.back();
+    const double slope = (t(b) - t(a)) / (x(b) - x(a));
+    r.low_freq_factor = x(a) - t(a) / slope;
+    r.high_freq_factor = r.low_freq_factor + 1 / slope;
+    // the fit carries the divisors' float32 rounding: their nearest 6-digit values where those fit
+    const auto rounded = [](double v) {
+      const double scale = std::pow(10.0, 5 - std::floor(std::log10(std::abs(v))));
+      return std::round(v * scale) / scale;
+    };
+    RopeScaling round = r;
+    round.low_freq_factor = rounded(r.low_freq_factor);
+    round.high_freq_factor = rounded(r.high_freq_factor);
+    if (std::isfinite(round.low_freq_factor) && matches(round)) return round;
+  } else if (between.empty()) {
+    // the last pair of divisor 1 and the first of the factor (x falls along the pairs): both
+    // bands' edges between them, a third and two thirds of the way in x
+    size_t last_one = 0;
+    while (last_one + 1 < file.size() && file[last_one + 1] <= 1 + 1e-5) ++last_one;
+    if (last_one + 1 >= file.size() || file[0] > 1 + 1e-5) return std::nullopt;
+    const double x1 = x(last_one), xf = x(last_one + 1);
+    r.high_freq_factor = xf + (x1 - xf) * 2 / 3;
+    r.low_freq_factor = xf + (x1 - xf) / 3;
+  }
+  if (matches(r)) return r;
+  return std::nullopt;
+}
+
+// llama.cpp's reading (model.gguf_reader = "llama.cpp"): what transformers' loader drops and
+// llama.cpp computes with, added to `c` as config.json holds it where ptrain builds that network —
+// rope_freqs as Llama 3.1's scaling, linear scaling (`rope.scaling.type` linear, or a factor
+// without a type: llama.cpp's default type), Llama's attention biases (on q, k, v and o in every
+// layer). `s` is the shape transformers' config gives; refuse_dropped refuses the rest.
+void llama_cpp_config(const GgufFile& f, const LlamaShape& s, json& c, std::set<std::string>& read) {
+  const std::string& path = f.path();
+  const GgufRopeScaling scaling = gguf_rope_scaling(f, read);
+  const GgufTensorInfo* freqs = f.tensor("rope_freqs.weight");
+  if (freqs && scaling.scales())
+    throw UnsupportedInput(path + ": rope_freqs.weight and " + scaling.type + " RoPE scaling by " +
+                           json(scaling.factor).dump() + ": llama.cpp applies both, which no config.json describes");
+  if (freqs) {
+    if (s.family != Family::llama)
+      throw UnsupportedInput(path + ": tensor rope_freqs.weight: llama.cpp's " + traits(s.family).name +
+                             " architecture does not read it (llama.cpp refuses the file)");
+    if (freqs->shape != std::vector<int64_t>{s.head_dim / 2})
+      throw UnsupportedInput(path + ": tensor rope_freqs.weight has shape " + shape_str(freqs->shape) +
+                             "; llama.cpp reads one divisor per rotated pair, [" + std::to_string(s.head_dim / 2) +
+                             "]");
+    const at::Tensor d = f.dequantize(*freqs).to(at::kDouble).contiguous();
+    const std::vector<double> divisors(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+    for (double v : divisors)
+      if (!std::isfinite(v) || v < 1)
+        throw UnsupportedInput(path + ": tensor rope_freqs.weight holds " + json(v).dump() +
+                               ": Llama 3.1's divisors are finite and at least 1");
+    const auto r = llama3_scaling_of(divisors, s);
+    if (!r)
+      throw UnsupportedInput(path +
+                             ": tensor rope_freqs.weight: these frequency divisors are not Llama 3.1's scaling "
+                             "(1 at short wavelengths, the factor at long ones, a smooth ramp between), the one "
+                             "form ptrain builds");
+    if (r->factor > 1)
+      c["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", r->factor},
+                           {"low_freq_factor", r->low_freq_factor},
+                           {"high_freq_factor", r->high_freq_factor},
+                           {"original_max_position_embeddings", r->original_max_seq_len}};
+  } else if (scaling.scales() && scaling.type == "linear") {
+    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", scaling.factor}};
+  }
+  if (s.family == Family::llama && f.tensor("blk.0.attn_q.bias")) c["attention_bias"] = true;
+}
+
 }  // namespace
+
+at::Tensor llama3_rope_divisors(const LlamaShape& s) {
+  const RopeScaling& r = s.rope_scaling;
+  const double old_len = static_cast<double>(r.original_max_seq_len);
+  const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+  std::vector<float> f;
+  for (int64_t i = 0; i < s.head_dim; i += 2) {
+    const double freq = 1.0 / std::pow(s.rope_theta, static_cast<double>(i) / static_cast<double>(s.head_dim));
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < high_wavelen) {
+      f.push_back(1.0f);
+    } else if (wavelen > low_wavelen) {
+      f.push_back(static_cast<float>(r.factor));
+    } else {
+      const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      f.push_back(static_cast<float>(1.0 / ((1 - smooth) / r.factor + smooth)));
+    }
+  }
+  return at::tensor(f, at::kFloat);
+}
 
 std::string gguf_model_file(const std::string& hf_path) {
   return gguf_file_at(hf_path, "config.json", "model.hf_path");
@@ -227,11 +378,14 @@ at::Tensor permute_qk_rows(const at::Tensor& w, int64_t heads, bool inverse) {
   return w.reshape(split).transpose(1, 2).reshape(w.sizes());
 }
 
-GgufModel::GgufModel(const std::string& path)
-    : file_(std::make_unique<GgufFile>(path)), config_(std::make_unique<json>()) {
+GgufModel::GgufModel(const std::string& path, GgufReader reader)
+    : file_(std::make_unique<GgufFile>(path)), config_(std::make_unique<json>()), reader_(reader) {
   std::set<std::string> read{"general.alignment"};  // the file's layout, which the reader applies
   *config_ = transformers_config(*file_, read);
-  shape_ = hf_config_shape(*config_, path + " (its metadata as transformers' GGUF loader reads it)");
+  const std::string as_read =
+      path + (reader == GgufReader::llama_cpp ? " (its metadata as llama.cpp reads it)"
+                                              : " (its metadata as transformers' GGUF loader reads it)");
+  shape_ = hf_config_shape(*config_, as_read);
   // Bounds before anything is sized by the shape (the config's validation names them again).
   const std::string a = *file_->string("general.architecture") + ".";
   for (const auto& [value, key, bound] : {std::make_tuple(shape_.n_layers, a + "block_count", kMaxLayers),
@@ -244,7 +398,11 @@ GgufModel::GgufModel(const std::string& path)
     if (value < 1 || value > bound)
       throw UnsupportedInput(path + ": " + key + " = " + std::to_string(value) + " is outside [1, " +
                              std::to_string(bound) + "]");
-  refuse_dropped(*file_, shape_, read);
+  if (reader == GgufReader::llama_cpp) {
+    llama_cpp_config(*file_, shape_, *config_, read);
+    shape_ = hf_config_shape(*config_, as_read);
+  }
+  refuse_dropped(*file_, shape_, read, reader);
   for (const auto& [key, meta] : file_->metadata())
     if (!read.count(key) && !key.starts_with("tokenizer.")) ignored_.push_back(key);
   for (auto& n : gguf_tensor_names(shape_)) by_hf_[n.hf] = n;
@@ -257,11 +415,12 @@ const std::string& GgufModel::path() const { return file_->path(); }
 std::string GgufModel::ignored_note() const {
   std::string keys;
   for (const auto& k : ignored_) keys += (keys.empty() ? "" : ", ") + k;
-  return keys.empty() ? keys
-                      : path() +
-                            ": metadata transformers' GGUF loader does not read for the model, ignored as "
-                            "it ignores it: " +
-                            keys;
+  if (keys.empty()) return keys;
+  return path() +
+         (reader_ == GgufReader::llama_cpp
+              ? ": metadata neither llama.cpp nor transformers' GGUF loader shapes the model by, ignored: "
+              : ": metadata transformers' GGUF loader does not read for the model, ignored as it ignores it: ") +
+         keys;
 }
 
 at::Tensor GgufModel::tensor(const std::string& hf) const {
@@ -285,14 +444,19 @@ void GgufModel::verify() const {
   std::vector<std::string> problems;
   const std::string family = traits(shape_.family).name;
   for (const auto& t : file_->tensors()) {
+    if (t.name == "rope_freqs.weight" && reader_ == GgufReader::llama_cpp) continue;  // read as the config's scaling
     auto w = want.find(t.name);
     if (w == want.end()) {
       const bool llama_bias = shape_.family != Family::qwen2 && t.name.starts_with("blk.") &&
                               t.name.ends_with(".bias") && t.name.find(".attn_") != std::string::npos;
-      problems.push_back("tensor '" + t.name + "' is not part of a " + family + " model of this metadata" +
-                         (llama_bias ? " (attention biases: transformers' GGUF loader builds Llama without them and "
-                                       "drops the tensor, llama.cpp adds them)"
-                                     : " (transformers' GGUF loader would drop it; ptrain leaves nothing unused)"));
+      problems.push_back(
+          "tensor '" + t.name + "' is not part of a " + family + " model of this metadata" +
+          (llama_bias && reader_ == GgufReader::transformers
+               ? std::string(" (attention biases: transformers' GGUF loader builds Llama without them and drops "
+                             "the tensor, llama.cpp adds them; ") +
+                     kReadAsLlamaCpp + ")"
+           : llama_bias ? " (ptrain reads Llama's attention biases where q, k, v and o have them in every layer)"
+                        : " (transformers' GGUF loader would drop it; ptrain leaves nothing unused)"));
       continue;
     }
     if (t.shape != w->second)
@@ -314,14 +478,14 @@ void GgufModel::verify() const {
   throw UnsupportedInput(msg);
 }
 
-LlamaShape read_model_config(const std::string& hf_path) {
+LlamaShape read_model_config(const std::string& hf_path, GgufReader reader) {
   const std::string gguf = gguf_model_file(hf_path);
-  return gguf.empty() ? read_hf_config(hf_path) : GgufModel(gguf).shape();
+  return gguf.empty() ? read_hf_config(hf_path) : GgufModel(gguf, reader).shape();
 }
 
-std::string model_ignored_note(const std::string& hf_path) {
+std::string model_ignored_note(const std::string& hf_path, GgufReader reader) {
   const std::string gguf = gguf_model_file(hf_path);
-  return gguf.empty() ? hf_config_ignored_note(hf_path) : GgufModel(gguf).ignored_note();
+  return gguf.empty() ? hf_config_ignored_note(hf_path) : GgufModel(gguf, reader).ignored_note();
 }
 
 }  // namespace ptrain

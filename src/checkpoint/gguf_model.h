@@ -15,8 +15,11 @@
 // What transformers drops but llama.cpp computes with — RoPE scaling (`rope.scaling.*`,
 // `rope_freqs.weight`), Llama attention biases, heads of another width than the config's,
 // experts, logit / attention / embedding scales, soft-capping — is refused by name (UnsupportedInput): the two
-// readers of the file would run different networks. Metadata neither reads for the model (names,
-// licences, quantization notes, file type) is ignored and listed (gguf_ignored_keys).
+// readers of the file would run different networks. With llama.cpp's reading (GgufReader::llama_cpp,
+// model.gguf_reader = "llama.cpp") the network is the one llama.cpp runs where ptrain builds it:
+// rope_freqs as Llama 3.1's scaling (the parameters whose divisors they are), linear scaling,
+// Llama's attention biases; the rest is refused as before. Metadata neither reads for the model
+// (names, licences, quantization notes, file type) is ignored and listed (gguf_ignored_keys).
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "model/options.h"
 #include "model/shape.h"
 
 namespace ptrain {
@@ -48,6 +52,10 @@ struct GgufTensorName {
   int64_t permute_heads = 0;
 };
 std::vector<GgufTensorName> gguf_tensor_names(const LlamaShape& shape);
+// Llama 3.1's RoPE scaling of `s` as the frequency divisors llama.cpp reads from `rope_freqs.weight`
+// (one per rotated pair), by its converter's formula (in double, stored as float32).
+at::Tensor llama3_rope_divisors(const LlamaShape& s);
+
 // llama.cpp's q/k row order (each head's pairs interleaved, for its "normal" RoPE) from HF's
 // (each head's first half, then its second half) — and back (`inverse`).
 at::Tensor permute_qk_rows(const at::Tensor& w, int64_t heads, bool inverse = false);
@@ -55,14 +63,16 @@ at::Tensor permute_qk_rows(const at::Tensor& w, int64_t heads, bool inverse = fa
 // A GGUF model opened for loading: its shape, and its tensors by HF name.
 class GgufModel {
  public:
-  explicit GgufModel(const std::string& path);  // reads the header; refuses as described above
+  // Reads the header; refuses as described above.
+  explicit GgufModel(const std::string& path, GgufReader reader = GgufReader::transformers);
   ~GgufModel();
   GgufModel(const GgufModel&) = delete;
   GgufModel& operator=(const GgufModel&) = delete;
 
   const std::string& path() const;
   const LlamaShape& shape() const { return shape_; }
-  // config.json as transformers' GGUF loader builds it from the metadata (what tests compare).
+  // config.json as transformers' GGUF loader builds it from the metadata (what tests compare); with
+  // llama.cpp's reading, plus what llama.cpp computes with (rope_scaling, attention_bias).
   const nlohmann::json& config() const { return *config_; }
   // Metadata keys ignored, as transformers' loader ignores them for the model.
   const std::vector<std::string>& ignored_keys() const { return ignored_; }
@@ -83,12 +93,13 @@ class GgufModel {
   LlamaShape shape_;
   std::vector<std::string> ignored_;
   std::map<std::string, GgufTensorName> by_hf_;  // HF name -> its GGUF name and permutation
+  GgufReader reader_;
 };
 
 // The shape of `hf_path`'s model: a GGUF file's (GgufModel) or a Hugging Face directory's
 // config.json (read_hf_config).
-LlamaShape read_model_config(const std::string& hf_path);
+LlamaShape read_model_config(const std::string& hf_path, GgufReader reader = GgufReader::transformers);
 // The log line of metadata / config.json keys ignored ("" when none).
-std::string model_ignored_note(const std::string& hf_path);
+std::string model_ignored_note(const std::string& hf_path, GgufReader reader = GgufReader::transformers);
 
 }  // namespace ptrain

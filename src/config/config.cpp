@@ -74,6 +74,11 @@ const std::vector<std::string>& enum_names<QuantBase>() {
   return n;
 }
 template <>
+const std::vector<std::string>& enum_names<GgufReader>() {
+  static const std::vector<std::string> n{"transformers", "llama.cpp"};
+  return n;
+}
+template <>
 const std::vector<std::string>& enum_names<Objective>() {
   static const std::vector<std::string> n{"sft", "dpo", "simpo", "cpo", "orpo"};
   return n;
@@ -277,6 +282,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "model", "hf_path", model.hf_path, kFromStruct,
           R"(Hugging Face model directory of a supported family — `llama`, `mistral`, `qwen2`, `qwen3` (`docs/models.md`) — with `config.json` + `model.safetensors` or shards listed in `model.safetensors.index.json`; the shape comes from its `config.json` (setting shape keys too is an error); a key or tensor ptrain does not implement is refused by name; a bitsandbytes NF4 checkpoint (`*-bnb-4bit`) loads as the QLoRA base as stored (`docs/qlora.md`); or a GGUF file (or a directory holding one and no `config.json`), read as transformers' GGUF loader reads it: its weights dequantized (F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K), its config from the metadata with its tokenizer and chat template (`docs/export.md`, "GGUF as the base"))"),
+      PTRAIN_KEY(
+          "model", "gguf_reader", model.gguf_reader, kFromStruct,
+          R"(which network a GGUF `hf_path` holds: `transformers` (what its GGUF loader builds; a file with what that loader drops but llama.cpp computes with — RoPE scaling, Llama attention biases — is refused) or `llama.cpp` (those too, as llama.cpp computes with them: every Llama 3.x GGUF's `rope_freqs` as Llama 3.1's scaling; `docs/export.md`, "GGUF as the base"))"),
       PTRAIN_KEY(
           "model", "init_std", model.init_std, kFromStruct,
           R"(std of the normal init of matrices; `o_proj`/`down_proj` use `init_std / sqrt(2 * n_layers)`; norms start at 1)"),
@@ -790,15 +798,22 @@ void resolve_shape(const Assigner& a) {
   Config& config = a.config;
   if (!config.model.hf_path.empty()) {
     try {
-      config.model.shape = read_model_config(config.model.hf_path);
-      const HfStorage stored =
-          gguf_model_file(config.model.hf_path).empty() ? read_hf_storage(config.model.hf_path) : HfStorage{};
+      config.model.shape = read_model_config(config.model.hf_path, config.model.gguf_reader);
+      const bool gguf = !gguf_model_file(config.model.hf_path).empty();
+      const HfStorage stored = gguf ? HfStorage{} : read_hf_storage(config.model.hf_path);
       config.model.hf_nf4 = stored.nf4;
       config.model.hf_nf4_double_quant = stored.double_quant;
+      if (!gguf && config.model.gguf_reader != GgufReader::transformers)
+        a.problem("model.gguf_reader", "is read for a GGUF model.hf_path only, and " + config.model.hf_path +
+                                           " is a Hugging Face directory (its config.json decides); remove the key");
     } catch (const std::exception& e) {
       a.problem("model.hf_path", e.what());
     }
-  } else if (auto shape = preset_shape(config.model.preset)) {
+    return;
+  }
+  if (config.model.gguf_reader != GgufReader::transformers)
+    a.problem("model.gguf_reader", "is read for a GGUF model.hf_path only; set model.hf_path or remove the key");
+  if (auto shape = preset_shape(config.model.preset)) {
     config.model.shape = *shape;
   } else {
     std::string names;

@@ -41,9 +41,10 @@ struct Config {
     int64_t seed = 1234;          // init, data order and every RNG derive from it
   } run;
   struct Model {
-    std::string preset = "tiny";  // tiny | llama3_8b | llama3_70b (ignored with hf_path)
-    std::string hf_path;          // HF Llama directory (config.json + *.safetensors)
-    LlamaShape shape;             // resolved from preset / hf_path, then per-key overrides
+    std::string preset = "tiny";                        // tiny | llama3_8b | llama3_70b (ignored with hf_path)
+    std::string hf_path;                                // HF Llama directory (config.json + *.safetensors)
+    GgufReader gguf_reader = GgufReader::transformers;  // a GGUF hf_path's network: whose reading
+    LlamaShape shape;                                   // resolved from preset / hf_path, then per-key overrides
     // Read from hf_path's quantization_config (not a key): its projections are stored as
     // bitsandbytes NF4, with double-quantized statistics when hf_nf4_double_quant.
     bool hf_nf4 = false, hf_nf4_double_quant = false;

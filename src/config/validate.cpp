@@ -189,7 +189,7 @@ const std::vector<Rule>& rules() {
          if (c.model.hf_path.empty() || !env.local) return "";
          try {
            if (const std::string gguf = gguf_model_file(c.model.hf_path); !gguf.empty())
-             GgufModel(gguf).verify();
+             GgufModel(gguf, c.model.gguf_reader).verify();
            else
              verify_hf_tensors(HfCheckpoint(c.model.hf_path), c.model.shape,
                                HfStorage{c.model.hf_nf4, c.model.hf_nf4_double_quant}, false);

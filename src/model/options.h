@@ -23,6 +23,11 @@ struct LoraOptions {
   OptionProblems problems() const;             // rank, alpha, dropout
 };
 
+// model.gguf_reader: which of a GGUF file's two readers decides the network it holds (both read
+// its tensors alike): transformers' GGUF loader, which drops RoPE scaling and Llama attention
+// biases (ptrain refuses files that have them), or llama.cpp, which computes with them.
+enum class GgufReader { transformers, llama_cpp };  // "transformers", "llama.cpp"
+
 // [quant]: how the frozen base is stored.
 enum class QuantBase { none, nf4 };
 struct QuantOptions {

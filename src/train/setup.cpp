@@ -87,11 +87,12 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   auto model =
       std::make_unique<FsdpModel>(model_plan(c), precision_policy(c), device, std::move(comm), fsdp_options(c));
   if (!c.model.hf_path.empty()) {
-    if (const std::string note = model_ignored_note(c.model.hf_path); !note.empty() && model->comm().rank() == 0)
+    if (const std::string note = model_ignored_note(c.model.hf_path, c.model.gguf_reader);
+        !note.empty() && model->comm().rank() == 0)
       log::info(note);
     if (const std::string gguf = gguf_model_file(c.model.hf_path); !gguf.empty()) {
       MeterScope scope;
-      const GgufModel file(gguf);
+      const GgufModel file(gguf, c.model.gguf_reader);
       file.verify();
       load_weights(*model, file.by_name());  // each tensor dequantized to float32 as it is copied
       if (model->comm().rank() == 0)

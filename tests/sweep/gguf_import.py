@@ -19,6 +19,11 @@ For every file:
      the losses of the same runs from the directory transformers' `save_pretrained` writes of its
      GGUF model's weights — the dequantized weights are the base, as they are in transformers;
      its exports (--merge, --gguf) carry the file's tokenizer and chat template (transformers' ids);
+  1b. with model.gguf_reader = "llama.cpp", the files whose RoPE scaling or Llama attention biases
+     transformers' loader drops (Llama 3.1's rope_freqs; linear scaling with biases) evaluate as the
+     network of the directory they were written from: transformers' model of its config.json with
+     the weights transformers reads from the file (1e-6); YaRN and Qwen3's other head widths are
+     refused that way too;
   3. refusals, exit 2 naming the problem: what transformers' loader drops but llama.cpp computes
      with (Llama 3.1's rope_freqs, rope.scaling.type linear or yarn, a scaling factor without a
      type, Llama attention biases, Qwen3 heads other than 128 wide, keys wider than the heads,
@@ -69,10 +74,10 @@ def ptrain(cmd):
     return subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
 
 
-def config(work, name, model, extra=""):
+def config(work, name, model, extra="", model_keys=""):
     path = os.path.join(work, name + ".toml")
     with open(path, "w") as f:
-        f.write(f'[run]\noutput_dir = "{work}/{name}_run"\nseed = 3\n[model]\nhf_path = "{model}"\n'
+        f.write(f'[run]\noutput_dir = "{work}/{name}_run"\nseed = 3\n[model]\nhf_path = "{model}"\n{model_keys}'
                 f'[data]\npath = "{work}/train.bin"\nformat = "tokens"\nseq_len = {SEQ}\nmicro_batch_size = 2\n'
                 'val_fraction = 0.0\n[training]\nsteps = 3\nlog_every = 1\neval_every = 0\ndevice = "cpu"\n'
                 '[optimizer]\nlr = 1e-2\n[lr_schedule]\ndecay = "constant"\n' + extra)
@@ -91,6 +96,27 @@ def transformers_loss(path, ids):
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                  dtype=torch.float32).eval()
     return windows_loss(model, ids), model
+
+
+def source_network_loss(model_dir, path, ids, rope=None):
+    """The mean loss of the network llama.cpp runs from `path`, a GGUF file written from `model_dir`:
+    transformers' model of model_dir's config.json (its RoPE scaling and attention biases) with the
+    weights transformers' GGUF loader reads from the file; the biases, which that loader drops, are
+    model_dir's own (the file holds them in F32: the same values). `rope`: rope_parameters in place of
+    model_dir's."""
+    from_file = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                     dtype=torch.float32).state_dict()
+    source = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    cfg = source.config
+    if rope:
+        cfg = type(cfg).from_dict({**cfg.to_dict(), "rope_parameters": rope})
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    missing = model.load_state_dict(from_file, strict=False).missing_keys
+    assert all(k.endswith(".bias") for k in missing), missing
+    with torch.no_grad():
+        for k in missing:
+            model.get_parameter(k).copy_(source.get_parameter(k))
+    return windows_loss(model, ids)
 
 
 def close(a, b, tol=2e-5):
@@ -169,6 +195,12 @@ def main():
     refused = {"llama_bias_linear": "rope.scaling.type = \"linear\"", "llama3_scaling": "tensor rope_freqs.weight",
                "qwen2_yarn": "rope.scaling.type = \"yarn\"",
                "qwen3_hd": "Qwen3Config's default, 128"}
+    # What transformers' loader drops, read as llama.cpp computes with it (model.gguf_reader =
+    # "llama.cpp"): the network of the directory the file was written from.
+    llama_cpp = 'gguf_reader = "llama.cpp"\n'
+    read_as_llama_cpp = {"llama_bias_linear", "llama3_scaling"}
+    refused_as_llama_cpp = {"qwen2_yarn": "rope.scaling.type = \"yarn\": RoPE scaling; ptrain reads llama.cpp's",
+                            "qwen3_hd": "Qwen3Config's default, 128"}
     for name, tok_dir, cfg, _ in cases(src, work):
         if name == "llama_sentencepiece":
             continue  # a Llama of the same shape as "llama"; its tokenizer is realfiles.compare's (llama-spm)
@@ -183,10 +215,62 @@ def main():
             cfg_path = config(work, f"{name}_{gguf_type}", d if gguf_type == "f16" else path)
             if name in refused:
                 expect_refusal(binary, cfg_path, refused[name], f"{name} {gguf_type}")
+                as_llama_cpp = config(work, f"{name}_{gguf_type}_llama_cpp", path, model_keys=llama_cpp)
+                if name in refused_as_llama_cpp:
+                    expect_refusal(binary, as_llama_cpp, refused_as_llama_cpp[name],
+                                   f"{name} {gguf_type} as llama.cpp reads it")
+                if name in read_as_llama_cpp:
+                    got = ptrain_eval(binary, as_llama_cpp, f"{work}/eval.bin")
+                    want = source_network_loss(model_dir, path, eval_ids)
+                    # 1e-6: RoPE's scaling moves these random models' loss by ~1e-5 only
+                    check(close(got, want, 1e-6), f"{name} {gguf_type}, model.gguf_reader = \"llama.cpp\": ptrain "
+                          f"eval {got:.7f} = transformers' model of its source's config.json with the file's weights "
+                          f"{want:.7f} ({abs(got - want) / want:.1e})")
                 continue
             got = ptrain_eval(binary, cfg_path, f"{work}/eval.bin")
             want, _ = transformers_loss(path, eval_ids)
             check(close(got, want), f"{name} {gguf_type}: ptrain eval {got:.6f} = transformers' GGUF model {want:.6f}")
+
+    # Llama 3.1 scaling with other bands than Llama 3.x's (low 2, high 5 over 64 positions) and two
+    # divisors between them: llama.cpp's reading fits the bands to the file's rope_freqs.
+    bands = os.path.join(work, "llama3_bands")
+    make_model(bands, os.path.join(src, "tests/fixtures/hf_chat"),
+               dict(model_type="llama", tie_word_embeddings=False, hidden_size=64, intermediate_size=96,
+                    num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                    max_position_embeddings=256, rms_norm_eps=1e-5,
+                    rope_parameters={"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 2.0,
+                                     "high_freq_factor": 5.0, "original_max_position_embeddings": 64,
+                                     "rope_theta": 500000.0}))
+    path = export(binary, work, bands, "llama3_bands", "f32")
+    got = ptrain_eval(binary, config(work, "llama3_bands", path, model_keys=llama_cpp), f"{work}/eval.bin")
+    want = source_network_loss(bands, path, eval_ids)
+    check(close(got, want, 1e-6), f"llama3_bands f32 (low 2, high 5 over 64 positions), model.gguf_reader = "
+          f"\"llama.cpp\": ptrain eval {got:.7f} = its source's network {want:.7f} ({abs(got - want) / want:.1e})")
+
+    # Trained from that file, as from its source directory (the same network and weights: the losses
+    # within float32 rounding of RoPE's tables); its export's config.json gives transformers the
+    # source's RoPE frequencies.
+    losses = {}
+    for source, model_path, keys in (("gguf", path, llama_cpp), ("source", bands, "")):
+        run = f"train_llama3_bands_{source}"
+        p = ptrain([binary, "--config", config(work, run, model_path, '[precision]\nmode = "fp32"\n', keys)])
+        losses[source] = [json.loads(l)["loss"] for l in open(f"{work}/{run}_run/metrics.jsonl")
+                          if '"loss"' in l] if p.returncode == 0 else (p.stdout + p.stderr)[-1500:]
+    ok = isinstance(losses["gguf"], list) and len(losses["gguf"]) == 3 and all(
+        close(a, b, 1e-6) for a, b in zip(losses["gguf"], losses["source"]))
+    check(ok, f"llama3_bands: 3 fp32 steps from the GGUF file read as llama.cpp reads it = from its source "
+          f"directory: {losses['gguf']} / {losses['source']}")
+    exported = os.path.join(work, "llama3_bands_export")
+    p = ptrain([binary, "export", "--checkpoint", f"{work}/train_llama3_bands_gguf_run/checkpoints/step_3",
+                "--out", exported])
+    if check(p.returncode == 0, "llama3_bands: a run from the file exports" + ("" if p.returncode == 0 else
+                                                                               (p.stdout + p.stderr)[-1500:])):
+        theirs = AutoModelForCausalLM.from_pretrained(exported).model.rotary_emb.inv_freq
+        mine = AutoModelForCausalLM.from_pretrained(bands).model.rotary_emb.inv_freq
+        rel = ((theirs - mine).abs() / mine).max().item()
+        check(rel <= 1e-6, f"llama3_bands: transformers' RoPE frequencies of the export's config.json "
+              f"({json.load(open(os.path.join(exported, 'config.json')))['rope_scaling']}) = the source's "
+              f"(largest relative difference {rel:.1e})")
 
     # 2. A 256-wide model of each family in every type ptrain reads.
     wide = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, max_position_embeddings=256,
@@ -262,9 +346,9 @@ def main():
     bad = os.path.join(work, "bad")
     os.makedirs(bad)
 
-    def refusal(name, message, what, **kw):
-        expect_refusal(binary, config(work, "bad_" + name, requantize(base, os.path.join(bad, name + ".gguf"), **kw)),
-                       message, what)
+    def refusal(name, message, what, model_keys="", **kw):
+        expect_refusal(binary, config(work, "bad_" + name, requantize(base, os.path.join(bad, name + ".gguf"), **kw),
+                                      model_keys=model_keys), message, what)
 
     refusal("gemma", 'general.architecture "gemma"', "an architecture ptrain does not read", arch="gemma")
     iq = rng.integers(0, 256, size=(1006, 2 * 18), dtype=np.uint8)  # IQ4_NL: blocks of 32 in 18 bytes
@@ -295,6 +379,27 @@ def main():
         refusal(key.replace(".", "_"), f"llama.{key} = 0.5", message, meta={f"llama.{key}": (0.5, V.FLOAT32, None)})
     refusal("scaling_factor", "llama.rope.scaling.factor = 4.0: RoPE scaling", "a RoPE scaling factor without a type",
             meta={"llama.rope.scaling.factor": (4.0, V.FLOAT32, None)})
+    # As llama.cpp reads them: a factor without a type is its default, linear scaling.
+    p = requantize(base, os.path.join(bad, "linear_untyped.gguf"), meta={"llama.rope.scaling.factor": (4.0, V.FLOAT32, None)})
+    got = ptrain_eval(binary, config(work, "linear_untyped", p, model_keys=llama_cpp), f"{work}/eval.bin")
+    want = source_network_loss(os.path.join(work, "llama"), p, eval_ids,
+                               rope={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})
+    check(close(got, want, 1e-6), f"a RoPE scaling factor without a type, as llama.cpp reads it (linear): ptrain "
+          f"eval {got:.7f} = transformers with linear scaling by 4 {want:.7f} ({abs(got - want) / want:.1e})")
+    # ... and what ptrain does not build that way, refused naming it.
+    refusal("bias_q_only", "tensor 'blk.0.attn_k.bias' (model.layers.0.self_attn.k_proj.bias, [32]) is missing",
+            "as llama.cpp reads it: attention biases on q alone", model_keys=llama_cpp,
+            extra={"blk.0.attn_q.bias": (np.zeros(64, np.float32), Q.F32)})
+    refusal("rope_freqs_other", "these frequency divisors are not Llama 3.1's scaling",
+            "as llama.cpp reads it: rope_freqs of another form than Llama 3.1's", model_keys=llama_cpp,
+            extra={"rope_freqs.weight": (np.array([1, 3, 2, 5, 4, 8, 7, 6], np.float32), Q.F32)})
+    refusal("attn_factor", "llama.rope.scaling.attn_factor = 0.5: RoPE's cos and sin scaled",
+            "as llama.cpp reads it: RoPE's attention factor", model_keys=llama_cpp,
+            meta={"llama.rope.scaling.attn_factor": (0.5, V.FLOAT32, None)})
+    refusal("freqs_and_linear", "rope_freqs.weight and linear RoPE scaling by 2.0: llama.cpp applies both",
+            "as llama.cpp reads it: rope_freqs with linear scaling", model_keys=llama_cpp,
+            meta={"llama.rope.scaling.factor": (2.0, V.FLOAT32, None)},
+            extra={"rope_freqs.weight": (np.full(8, 4.0, np.float32), Q.F32)})
     refusal("key_length", "llama.attention.key_length = 32 but the config transformers builds has heads 16 wide",
             "keys wider than the heads transformers builds", meta={"llama.attention.key_length": (32, V.UINT32, None)})
     refusal("block_count", "llama.block_count = 100000 is outside [1, ", "a layer count past every model",
