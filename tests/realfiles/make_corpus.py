@@ -33,6 +33,9 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
   hf5-llama-r1,        hf5-llama's and hf5-qwen2's model and tokenizer with the special tokens
   hf5-qwen2-r1         DeepSeek-R1's distilled models rename in them (bos, eos, <｜User｜>,
                        <｜Assistant｜>; ids kept): that shape, not a released file
+  llamacpp-llama3.2    hf5-llama with Llama 3.2's RoPE scaling and context (source/) and the Q8_0
+                       GGUF llama.cpp's own converter (the sdist's convert_hf_to_gguf.py) writes of
+                       it, as every Llama 3.x GGUF release is made: the scaling as rope_freqs.weight
 The helper packages (gguf, sentencepiece, protobuf; transformers 4.57.6 and its pins; mistral-common
 1.13.1 and its dependencies) go into folders under OUT, never into the project's venv.
 """
@@ -304,6 +307,43 @@ def r1_set(out, family_set):
     make_set(out, family_set + "-r1", build)
 
 
+# Llama 3.2's RoPE (config.json as Meta releases it), on the hf5-llama model (the Llama 3.2 tokenizer).
+LLAMA32_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+
+
+def llama_cpp_converted(out, helpers):
+    """llama.cpp's own converter (the sdist's convert_hf_to_gguf.py) run on a Llama 3.2-shaped
+    directory (source/: hf5-llama with Llama 3.2's RoPE scaling and context), to Q8_0: a GGUF file
+    as every Llama 3.x GGUF release is made, its RoPE scaling as rope_freqs.weight."""
+    def build(d):
+        src = os.path.join(d, "source")
+        os.makedirs(src)
+        for f in ("generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(os.path.join(out, "hf5-llama", f), os.path.join(src, f))
+        with open(os.path.join(out, "hf5-llama", "config.json")) as fin:
+            cfg = json.load(fin)
+        cfg.update(rope_parameters=LLAMA32_ROPE, max_position_embeddings=131072)
+        with open(os.path.join(src, "config.json"), "w") as fout:
+            json.dump(cfg, fout, indent=2)
+        tool = os.path.join(d, "converter")
+        with sdist(out, "llama-cpp-python") as t:
+            prefix = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+            for member in t.getmembers():
+                rel = member.name[len(prefix):] if member.name.startswith(prefix) else None
+                if member.isfile() and rel and (rel == "convert_hf_to_gguf.py" or rel.startswith(("conversion/", "gguf-py/"))):
+                    dest = os.path.join(tool, rel)
+                    os.makedirs(os.path.dirname(dest), exist_ok=True)
+                    with t.extractfile(member) as fin, open(dest, "wb") as fout:
+                        shutil.copyfileobj(fin, fout)
+        env = dict(os.environ, PYTHONPATH=helpers)
+        subprocess.run([sys.executable, os.path.join(tool, "convert_hf_to_gguf.py"), src, "--outfile",
+                        os.path.join(d, "model.q8_0.gguf"), "--outtype", "q8_0"], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+        shutil.rmtree(tool)
+    make_set(out, "llamacpp-llama3.2", build)
+
+
 def main():
     out = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles"))
@@ -336,6 +376,7 @@ def main():
     make_set(out, "hf5-mistral-nemo", lambda d: run_py(FAMILY, "mistral-nemo", nemo_tok, d, path=[helpers]))
     for family_set in R1_RENAMES:
         r1_set(out, family_set)
+    llama_cpp_converted(out, helpers)
     say("corpus ready in", out)
 
 
