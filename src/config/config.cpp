@@ -476,6 +476,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY("preference", "discopop_tau", preference.discopop_tau, kFromStruct,
                  R"(`dpo` with the `discopop` loss: its temperature (> 0; the DiscoPOP paper's 0.05))"),
       PTRAIN_KEY(
+          "preference", "use_weighting", preference.use_weighting, kFromStruct,
+          R"(`dpo`: WPO's weighting (TRL's `use_weighting`) — each pair's loss times its two completions' weights, exp of the mean over a completion's tokens of log p(token) - log sum_v p_v^2 under the policy (no gradient through them); not with `aot` / `aot_unpaired` (they sort the pairs; TRL refuses them too) or `sft` (TRL weighs that batch mean by the batch's mean weight))"),
+      PTRAIN_KEY(
           "preference", "cpo_alpha", preference.cpo_alpha, R"(`1` (`cpo`), `0` (`simpo`))",
           R"(`cpo`, `simpo`: the weight (>= 0) of the chosen completions' negative log-likelihood, a mean over all their tokens of the step, added to the loss (TRL's `cpo_alpha`; SimPO with it > 0 is CPO-SimPO))"),
       PTRAIN_KEY(

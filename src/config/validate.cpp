@@ -598,6 +598,21 @@ const std::vector<Rule>& rules() {
                     ? "is read only by the discopop loss: add \"discopop\" to preference.loss_type or remove it"
                     : "";
        }},
+      {"preference.use_weighting",
+       [](const Config& c, const Environment&) -> std::string {
+         const PreferenceOptions& p = c.preference;
+         if (!p.use_weighting || !is_preference(c.training.objective)) return "";
+         if (c.training.objective != Objective::dpo)
+           return "is DPOTrainer's WPO weighting; " + name_of(c.training.objective) + " (TRL's " +
+                  (c.training.objective == Objective::orpo ? "ORPOTrainer" : "CPOTrainer") + ") reads none: remove it";
+         if (p.reads(PreferenceLoss::aot) || p.reads(PreferenceLoss::aot_unpaired))
+           return "cannot weigh aot / aot_unpaired, which sort the pairs apart from their weights (TRL refuses "
+                  "it too): use another loss or remove it";
+         if (p.reads(PreferenceLoss::sft))
+           return "with the sft loss TRL weighs the batch's mean NLL by the batch's mean pair weight, which no "
+                  "sum over pairs gives once a step spans several micro-batches or ranks: drop \"sft\" or this key";
+         return "";
+       }},
       {"preference.cpo_alpha",
        [](const Config& c, const Environment&) -> std::string {
          const double a = c.preference.cpo_alpha;
@@ -650,13 +665,14 @@ const std::vector<Rule>& rules() {
       if (key == "preference.cpo_alpha") return p.cpo_alpha != d.cpo_alpha;
       if (key == "preference.alpha") return p.alpha != d.alpha;
       if (key == "preference.precompute_ref_log_probs") return p.precompute_ref_log_probs;
+      if (key == "preference.use_weighting") return p.use_weighting;
       return p.max_length != d.max_length;
     };
     for (const char* key :
          {"preference.beta", "preference.loss_type", "preference.loss_weights", "preference.label_smoothing",
           "preference.ld_alpha", "preference.f_divergence_type", "preference.f_alpha_divergence_coef",
           "preference.discopop_tau", "preference.gamma", "preference.cpo_alpha", "preference.alpha",
-          "preference.max_length", "preference.precompute_ref_log_probs"})
+          "preference.max_length", "preference.precompute_ref_log_probs", "preference.use_weighting"})
       all.push_back({key, [key, differs](const Config& c, const Environment&) -> std::string {
                        return !is_preference(c.training.objective) && differs(key, c)
                                   ? "applies to the preference objectives (dpo, simpo, cpo, orpo); this run trains "

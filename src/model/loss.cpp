@@ -83,12 +83,25 @@ struct ChunkGrads {
   at::Tensor gh, gw, ga, gb;
 };
 
+// Rows of logits at a time in log_sum_sq_probs: its float32 temporary is this many rows of the
+// vocabulary (8 MiB at 128k), not a chunk's.
+constexpr int64_t kSumSqRows = 16;
+
+// log sum_v p_v^2 of each row of `logits` [n, vocab] (float32 [n]): logsumexp(2 x) - 2 logsumexp(x).
+void log_sum_sq_probs(const at::Tensor& logits, at::Tensor out) {
+  for (int64_t r = 0; r < logits.size(0); r += kSumSqRows) {
+    const at::Tensor x = logits.narrow(0, r, std::min(kSumSqRows, logits.size(0) - r)).to(at::kFloat);
+    out.narrow(0, r, x.size(0)).copy_(at::logsumexp(x * 2, 1) - at::logsumexp(x, 1) * 2);
+  }
+}
+
 // `row_scale` [N] float32 (when defined) multiplies each token's gradient, after `scale`;
-// `row_loss` (when non-null) receives each token's loss [N] float32.
+// `row_loss` (when non-null) receives each token's loss [N] float32; `row_log_sum_sq` (when
+// non-null) each token's log sum_v p_v^2 [N] float32 (WPO's weights).
 at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, const OutputAdapter* adapter,
                             const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype, double scale,
                             ChunkGrads* grads, bool fused, const at::Tensor& row_scale = at::Tensor(),
-                            at::Tensor* row_loss = nullptr) {
+                            at::Tensor* row_loss = nullptr, at::Tensor* row_log_sum_sq = nullptr) {
   const int64_t N = hidden.size(0);
   if (chunk <= 0) chunk = default_loss_chunk(weight.size(0));
   at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
@@ -111,6 +124,7 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
   if (grads)
     grad_dtype = (lr && (grads->hidden || grads->adapter)) || row_scale.defined() ? at::kFloat : hidden.scalar_type();
   if (row_loss) *row_loss = at::empty({N}, hidden.options().dtype(at::kFloat));
+  if (row_log_sum_sq) *row_log_sum_sq = at::empty({N}, hidden.options().dtype(at::kFloat));
   for (int64_t start = 0; start < N; start += chunk) {
     const int64_t n = std::min(chunk, N - start);
     at::Tensor h = hidden.narrow(0, start, n);
@@ -123,6 +137,7 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
     } else {
       logits = gemm::mm(h, weight.t(), logits_dtype);
     }
+    if (row_log_sum_sq) log_sum_sq_probs(logits, row_log_sum_sq->narrow(0, start, n));
     XentChunk x = softmax_xent(std::move(logits), targets.narrow(0, start, n), scale, grad_dtype, fused);
     total.add_(x.loss_sum);
     if (row_loss) row_loss->narrow(0, start, n).copy_(x.row_loss);
@@ -188,22 +203,25 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
 };
 
 // logp = -(row loss); backward recomputes the chunks with each row's gradient weight: d logp /
-// d logits = onehot - softmax, so the rows are scaled by minus the incoming gradient.
+// d logits = onehot - softmax, so the rows are scaled by minus the incoming gradient. The second
+// output (empty unless `sum_sq`) is each row's log sum_v p_v^2, without a gradient.
 class LinearTokenLogprobsFn : public torch::autograd::Function<LinearTokenLogprobsFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& a, const at::Tensor& b, double adapter_scale, const at::Tensor& targets,
-                            int64_t chunk, c10::ScalarType logits_dtype, bool fused) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                               const at::Tensor& a, const at::Tensor& b, double adapter_scale,
+                               const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype, bool fused,
+                               bool sum_sq) {
     const OutputAdapter adapter{a, b, adapter_scale};
-    at::Tensor rows;
+    at::Tensor rows, sq = at::empty({0}, hidden.options().dtype(at::kFloat));
     chunked_loss_sum(hidden, weight, a.numel() > 0 ? &adapter : nullptr, targets, chunk, logits_dtype, 1.0, nullptr,
-                     fused, at::Tensor(), &rows);
+                     fused, at::Tensor(), &rows, sum_sq ? &sq : nullptr);
     ctx->save_for_backward({hidden, weight, a, b, targets});
     ctx->saved_data["adapter_scale"] = adapter_scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["logits_dtype"] = static_cast<int64_t>(logits_dtype);
     ctx->saved_data["fused"] = fused;
-    return rows.neg_();
+    ctx->mark_non_differentiable({sq});
+    return {rows.neg_(), sq};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
@@ -219,7 +237,7 @@ class LinearTokenLogprobsFn : public torch::autograd::Function<LinearTokenLogpro
       chunked_loss_sum(hidden, weight, lr ? &adapter : nullptr, targets, ctx->saved_data["chunk"].toInt(),
                        static_cast<c10::ScalarType>(ctx->saved_data["logits_dtype"].toInt()), 1.0, &g,
                        ctx->saved_data["fused"].toBool(), grad_out[0].to(at::kFloat).neg());
-    return {g.gh, g.gw, g.ga, g.gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g.gh, g.gw, g.ga, g.gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -227,11 +245,14 @@ class LinearTokenLogprobsFn : public torch::autograd::Function<LinearTokenLogpro
 
 at::Tensor linear_token_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,
-                                 bool fused) {
+                                 bool fused, at::Tensor* log_sum_sq) {
   const bool lr = adapter && adapter->a.defined();
   const at::Tensor none = at::empty({0}, weight.options().requires_grad(false));
-  return LinearTokenLogprobsFn::apply(hidden, weight, lr ? adapter->a : none, lr ? adapter->b : none,
-                                      lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype, fused);
+  variable_list out = LinearTokenLogprobsFn::apply(hidden, weight, lr ? adapter->a : none, lr ? adapter->b : none,
+                                                   lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype,
+                                                   fused, log_sum_sq != nullptr);
+  if (log_sum_sq) *log_sum_sq = out[1];
+  return out[0];
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,

@@ -37,9 +37,13 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
 // objectives (DPO, SimPO) sum per sequence. Where linear_cross_entropy's incoming gradient is one
 // number, known in forward, each token's here arrives in backward: backward recomputes each
 // chunk's logits (one more pass of the output projection) rather than keeping them.
+// `log_sum_sq` (when non-null) receives each token's log sum_v p_v^2 [N] float32, without
+// autograd — WPO's weights (TRL's log_sum_sq_probs) — computed from the same logits, 16 rows of
+// them at a time (a float32 temporary of 16 x vocab, outside loss_chunk_bytes_per_logit).
 at::Tensor linear_token_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
-                                 const OutputAdapter* adapter = nullptr, bool fused = false);
+                                 const OutputAdapter* adapter = nullptr, bool fused = false,
+                                 at::Tensor* log_sum_sq = nullptr);
 
 // Summed loss and number of unmasked tokens, without autograd (evaluation).
 struct LossSum {

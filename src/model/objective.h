@@ -71,6 +71,10 @@ struct PreferenceOptions {
   FDivergence f_divergence_type = FDivergence::reverse_kl;  // dpo
   double f_alpha_divergence_coef = 0.5;                     // dpo, alpha_divergence: its alpha
   double discopop_tau = 0.05;                               // dpo, discopop: its temperature
+  // dpo: WPO's weighting (TRL's use_weighting): each pair's loss times the product of its two
+  // completions' weights, exp of the mean over each completion's tokens of log p(token) -
+  // log sum_v p_v^2 under the policy, without a gradient
+  bool use_weighting = false;
   // cpo, simpo: the weight of the chosen completions' negative log-likelihood (CPO's behaviour
   // cloning; TRL's cpo_alpha). The config resolves the default: 1 for cpo, 0 for simpo.
   double cpo_alpha = 0.0;

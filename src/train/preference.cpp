@@ -264,7 +264,7 @@ PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective
         break;
     }
   }
-  out.loss = loss;
+  out.loss = s.weights.defined() ? loss * s.weights : loss;  // WPO: each pair's losses times its weight
   out.rewards_chosen = chosen_ratio.detach() * beta;
   out.rewards_rejected = rejected_ratio.detach() * beta;
   return out;
@@ -276,6 +276,20 @@ at::Tensor reference_sums(FsdpModel& model, const Batch& b, int64_t loss_chunk, 
   at::NoGradGuard no_grad;
   ReferenceScope reference(model, objective.reference_adapter);
   return row_sums(model.token_logprobs(b.inputs, b.targets, loss_chunk), b.targets, objective.options.ld_alpha).logps;
+}
+}  // namespace
+
+namespace {
+// WPO's pair weights [P] (DPOTrainer with use_weighting): each completion's exp of the mean over
+// its tokens of log p(token) - log sum_v p_v^2, chosen times rejected; no autograd.
+at::Tensor wpo_weights(const at::Tensor& token_logps, const at::Tensor& sum_sq, const at::Tensor& targets) {
+  at::NoGradGuard no_grad;
+  const at::Tensor t = targets.reshape({targets.size(0), -1});
+  const at::Tensor scored = t.ne(kIgnoreIndex).to(at::kFloat);
+  const at::Tensor aligned = (token_logps.detach().reshape(t.sizes()) - sum_sq.reshape(t.sizes())) * scored;
+  const at::Tensor w = at::exp(aligned.sum(1) / scored.sum(1).clamp_min(1.0));
+  const int64_t P = t.size(0) / 2;
+  return w.slice(0, 0, P) * w.slice(0, P);
 }
 }  // namespace
 
@@ -297,7 +311,10 @@ PairScores pair_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, con
   const bool dpo = objective.objective == Objective::dpo, orpo = objective.objective == Objective::orpo;
   // ORPO scores every next token of a row for its NLL, the completion's for its odds ratio
   const at::Tensor nll = nll_targets(b, objective.objective);
-  at::Tensor token_logps = model.token_logprobs(inputs, nll, loss_chunk), whole;
+  const bool wpo = dpo && objective.options.use_weighting;
+  at::Tensor sum_sq;
+  at::Tensor token_logps = model.token_logprobs(inputs, nll, loss_chunk, wpo ? &sum_sq : nullptr), whole;
+  if (wpo) s.weights = wpo_weights(token_logps, sum_sq, targets);
   if (orpo) {
     token_logps = token_logps.reshape(nll.sizes());
     whole = token_logps.sum(1);

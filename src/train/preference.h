@@ -36,6 +36,9 @@ struct PairScores {
   // without ld_alpha's weighting; ORPO's of the whole chosen sequences, prompt included; and the
   // tokens they hold
   at::Tensor chosen_plain, nll_tokens;
+  // DPO with use_weighting: WPO's weight of each pair [P], the product of its completions' (no
+  // autograd); undefined otherwise
+  at::Tensor weights;
 };
 // Each pair's loss [P] (autograd through the policy's scores: the weighted sum of the objective's
 // losses but sft) and the pairs' rewards [P] each (no autograd), for the objective's losses (TRL's

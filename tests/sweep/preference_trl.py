@@ -2,7 +2,7 @@
 """ptrain's preference objectives against TRL, the reference (trl 1.16, run here):
 
   dpo    DPOTrainer (every loss_type of TRL 1.16, one a case, and weighted lists: RPO, MPO; the
-         f-divergences; LD-DPO's ld_alpha) over a PEFT LoRA adapter, whose reference is the base
+         f-divergences; LD-DPO's ld_alpha; WPO's use_weighting) over a PEFT LoRA adapter, whose reference is the base
          with the adapter off — what ptrain does — or TRL's "ref" copy of a loaded adapter;
          precompute_ref_log_probs, over an adapter or the full model;
   simpo  CPOTrainer(loss_type="simpo", cpo_alpha=0), a LoRA adapter or the full model; with
@@ -107,6 +107,12 @@ CASES = [
     ("llama3 chat dpo ld_alpha lora", "hf_chat", "chat", "dpo", {"ld_alpha": 0.5}, True, [1, 2]),
     ("llama3 chat dpo ld_alpha full precompute", "hf_chat", "chat", "dpo",
      {"ld_alpha": 0.3, "precompute_ref_log_probs": True}, False, [2]),
+    # WPO's weighting (use_weighting): each pair's loss times its completions' weights from the policy
+    ("llama3 chat dpo wpo sigmoid lora", "hf_chat", "chat", "dpo", {"use_weighting": True, "lr": 1e-2}, True,
+     [1, 3]),
+    ("qwen2 chat dpo wpo ipo + sigmoid_norm full precompute", "hf_qwen_chat", "chat", "dpo",
+     {"use_weighting": True, "loss_type": ["ipo", "sigmoid_norm"], "precompute_ref_log_probs": True, "lr": 1e-2},
+     False, [2]),
     ("qwen3 chat dpo sigmoid lora", "qwen3", "chat", "dpo", {}, True, [2]),
     ("mistral chat simpo lora", "mistral", "chat", "simpo", {}, True, [1]),
     # CPO (CPOTrainer's default: sigmoid, cpo_alpha 1 — the NLL a mean over all the step's chosen
@@ -266,7 +272,7 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
         from trl import DPOConfig, DPOTrainer
         loss_type = pref.get("loss_type", "sigmoid")
         extra = {k: pref[k] for k in ("loss_weights", "ld_alpha", "f_divergence_type", "f_alpha_divergence_coef",
-                                      "discopop_tau") if k in pref}
+                                      "discopop_tau", "use_weighting") if k in pref}
         args = DPOConfig(beta=pref.get("beta", 0.1),
                          loss_type=loss_type if isinstance(loss_type, list) else [loss_type],
                          label_smoothing=pref.get("label_smoothing", 0.0), **extra,
