@@ -277,9 +277,7 @@ at::Tensor reference_sums(FsdpModel& model, const Batch& b, int64_t loss_chunk, 
   ReferenceScope reference(model, objective.reference_adapter);
   return row_sums(model.token_logprobs(b.inputs, b.targets, loss_chunk), b.targets, objective.options.ld_alpha).logps;
 }
-}  // namespace
 
-namespace {
 // WPO's pair weights [P] (DPOTrainer with use_weighting): each completion's exp of the mean over
 // its tokens of log p(token) - log sum_v p_v^2, chosen times rejected; no autograd.
 at::Tensor wpo_weights(const at::Tensor& token_logps, const at::Tensor& sum_sq, const at::Tensor& targets) {
