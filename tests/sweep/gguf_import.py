@@ -400,6 +400,18 @@ def main():
             "as llama.cpp reads it: rope_freqs with linear scaling", model_keys=llama_cpp,
             meta={"llama.rope.scaling.factor": (2.0, V.FLOAT32, None)},
             extra={"rope_freqs.weight": (np.full(8, 4.0, np.float32), Q.F32)})
+    refusal("rope_freqs_below_one", "tensor rope_freqs.weight holds 0.5: Llama 3.1's divisors are finite and at "
+            "least 1", "as llama.cpp reads it: a divisor below 1", model_keys=llama_cpp,
+            extra={"rope_freqs.weight": (np.array([1, 1, 1, 0.5, 4, 4, 4, 4], np.float32), Q.F32)})
+    refusal("rope_freqs_shape", "tensor rope_freqs.weight has shape [4]; llama.cpp reads one divisor per rotated "
+            "pair, [8]", "as llama.cpp reads it: rope_freqs of the wrong length", model_keys=llama_cpp,
+            extra={"rope_freqs.weight": (np.full(4, 4.0, np.float32), Q.F32)})
+    qwen2 = os.path.join(work, "qwen2_f32", "qwen2.f32.gguf")
+    expect_refusal(binary, config(work, "bad_qwen2_rope_freqs", requantize(
+        qwen2, os.path.join(bad, "qwen2_rope_freqs.gguf"),
+        extra={"rope_freqs.weight": (np.full(8, 4.0, np.float32), Q.F32)}), model_keys=llama_cpp),
+        "tensor rope_freqs.weight: llama.cpp's qwen2 architecture does not read it",
+        "as llama.cpp reads it: rope_freqs on qwen2")
     refusal("key_length", "llama.attention.key_length = 32 but the config transformers builds has heads 16 wide",
             "keys wider than the heads transformers builds", meta={"llama.attention.key_length": (32, V.UINT32, None)})
     refusal("block_count", "llama.block_count = 100000 is outside [1, ", "a layer count past every model",
