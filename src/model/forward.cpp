@@ -29,13 +29,13 @@ at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeT
 
 at::Tensor llama_token_logprobs(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
                                 const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                                c10::ScalarType logits_dtype, bool fused_loss, at::Tensor* log_sum_sq) {
+                                c10::ScalarType logits_dtype, bool fused_loss, at::Tensor* stats) {
   at::Tensor logps;
-  llama_forward(source, shape, rope, inputs,
-                [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
-                  logps = linear_token_logprobs(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter,
-                                                fused_loss, log_sum_sq);
-                });
+  llama_forward(
+      source, shape, rope, inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+        logps =
+            linear_token_logprobs(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter, fused_loss, stats);
+      });
   return logps;
 }
 

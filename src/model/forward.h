@@ -46,12 +46,11 @@ at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeT
                       const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype,
                       bool fused_loss = false);
 // Per-token log-probabilities of targets [B, T] as float32 [B*T] (0 where masked), through the
-// chunked head (linear_token_logprobs; autograd when grad mode is on); `log_sum_sq` (when
-// non-null) receives each token's log sum_v p_v^2 [B*T] (no autograd).
+// chunked head (linear_token_logprobs; autograd when grad mode is on); `stats` (when
+// non-null) receives each token's TokenStat columns [B*T, TokenStat::count] (no autograd).
 at::Tensor llama_token_logprobs(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
                                 const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                                c10::ScalarType logits_dtype, bool fused_loss = false,
-                                at::Tensor* log_sum_sq = nullptr);
+                                c10::ScalarType logits_dtype, bool fused_loss = false, at::Tensor* stats = nullptr);
 // Summed loss and token count, no autograd.
 LossSum llama_loss_sum(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
                        const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype,

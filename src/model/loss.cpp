@@ -83,25 +83,44 @@ struct ChunkGrads {
   at::Tensor gh, gw, ga, gb;
 };
 
-// Rows of logits at a time in log_sum_sq_probs: its float32 temporary is this many rows of the
-// vocabulary (8 MiB at 128k), not a chunk's.
-constexpr int64_t kSumSqRows = 16;
+// Rows of logits at a time in token_stats: its float32 temporaries are this many rows of the
+// vocabulary (8 MiB each at 128k), not a chunk's.
+constexpr int64_t kStatRows = 16;
 
-// log sum_v p_v^2 of each row of `logits` [n, vocab] (float32 [n]): logsumexp(2 x) - 2 logsumexp(x).
-void log_sum_sq_probs(const at::Tensor& logits, at::Tensor out) {
-  for (int64_t r = 0; r < logits.size(0); r += kSumSqRows) {
-    const at::Tensor x = logits.narrow(0, r, std::min(kSumSqRows, logits.size(0) - r)).to(at::kFloat);
-    out.narrow(0, r, x.size(0)).copy_(at::logsumexp(x * 2, 1) - at::logsumexp(x, 1) * 2);
+// TokenStat's columns for the rows of `logits` [n, vocab] and their `targets` [n] into `out`
+// [n, TokenStat::count]. The entropy is sum_v p_v (lse - z_v), a sum of terms of one sign, not
+// lse - sum_v p_v z_v, which cancels where a distribution is peaked (the error then of the order
+// of the largest logit's rounding). Two float32 [16, vocab] temporaries at a time (lse - z and
+// p, or logsumexp's) and the float32 copy of logits held in another dtype: token_stats_bytes.
+void token_stats(const at::Tensor& logits, const at::Tensor& targets, at::Tensor out) {
+  const auto vocab = static_cast<double>(logits.size(1));
+  for (int64_t r = 0; r < logits.size(0); r += kStatRows) {
+    const int64_t n = std::min(kStatRows, logits.size(0) - r);
+    const at::Tensor x = logits.narrow(0, r, n).to(at::kFloat);
+    const at::Tensor surprise = at::logsumexp(x, 1).unsqueeze(1) - x;  // -log p_v
+    const at::Tensor p = surprise.neg().exp_();
+    const at::Tensor entropy = at::bmm(p.unsqueeze(1), surprise.unsqueeze(2)).view({n});
+    const at::Tensor log_sum_sq = at::linalg_vector_norm(p, 2, {1}).log_().mul_(2);
+    const at::Tensor top1 = x.argmax(1).eq(targets.narrow(0, r, n)).to(at::kFloat);  // argmax: the first largest
+    out.narrow(0, r, n).copy_(at::stack({entropy, log_sum_sq, x.sum(1) / vocab, top1}, 1));
   }
 }
 
+}  // namespace
+
+int64_t token_stats_bytes(int64_t vocab, int64_t logits_bytes) {
+  return (logits_bytes == 4 ? 2 : 3) * kStatRows * vocab * 4;
+}
+
+namespace {
+
 // `row_scale` [N] float32 (when defined) multiplies each token's gradient, after `scale`;
-// `row_loss` (when non-null) receives each token's loss [N] float32; `row_log_sum_sq` (when
-// non-null) each token's log sum_v p_v^2 [N] float32 (WPO's weights).
+// `row_loss` (when non-null) receives each token's loss [N] float32; `row_stats` (when non-null)
+// each token's TokenStat columns [N, TokenStat::count] float32.
 at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, const OutputAdapter* adapter,
                             const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype, double scale,
                             ChunkGrads* grads, bool fused, const at::Tensor& row_scale = at::Tensor(),
-                            at::Tensor* row_loss = nullptr, at::Tensor* row_log_sum_sq = nullptr) {
+                            at::Tensor* row_loss = nullptr, at::Tensor* row_stats = nullptr) {
   const int64_t N = hidden.size(0);
   if (chunk <= 0) chunk = default_loss_chunk(weight.size(0));
   at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
@@ -124,7 +143,7 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
   if (grads)
     grad_dtype = (lr && (grads->hidden || grads->adapter)) || row_scale.defined() ? at::kFloat : hidden.scalar_type();
   if (row_loss) *row_loss = at::empty({N}, hidden.options().dtype(at::kFloat));
-  if (row_log_sum_sq) *row_log_sum_sq = at::empty({N}, hidden.options().dtype(at::kFloat));
+  if (row_stats) *row_stats = at::empty({N, TokenStat::count}, hidden.options().dtype(at::kFloat));
   for (int64_t start = 0; start < N; start += chunk) {
     const int64_t n = std::min(chunk, N - start);
     at::Tensor h = hidden.narrow(0, start, n);
@@ -137,7 +156,7 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
     } else {
       logits = gemm::mm(h, weight.t(), logits_dtype);
     }
-    if (row_log_sum_sq) log_sum_sq_probs(logits, row_log_sum_sq->narrow(0, start, n));
+    if (row_stats) token_stats(logits, targets.narrow(0, start, n), row_stats->narrow(0, start, n));
     XentChunk x = softmax_xent(std::move(logits), targets.narrow(0, start, n), scale, grad_dtype, fused);
     total.add_(x.loss_sum);
     if (row_loss) row_loss->narrow(0, start, n).copy_(x.row_loss);
@@ -204,24 +223,24 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
 
 // logp = -(row loss); backward recomputes the chunks with each row's gradient weight: d logp /
 // d logits = onehot - softmax, so the rows are scaled by minus the incoming gradient. The second
-// output (empty unless `sum_sq`) is each row's log sum_v p_v^2, without a gradient.
+// output (empty unless `stats`) is each row's TokenStat columns, without a gradient.
 class LinearTokenLogprobsFn : public torch::autograd::Function<LinearTokenLogprobsFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                                const at::Tensor& a, const at::Tensor& b, double adapter_scale,
                                const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype, bool fused,
-                               bool sum_sq) {
+                               bool stats) {
     const OutputAdapter adapter{a, b, adapter_scale};
-    at::Tensor rows, sq = at::empty({0}, hidden.options().dtype(at::kFloat));
+    at::Tensor rows, per_row = at::empty({0}, hidden.options().dtype(at::kFloat));
     chunked_loss_sum(hidden, weight, a.numel() > 0 ? &adapter : nullptr, targets, chunk, logits_dtype, 1.0, nullptr,
-                     fused, at::Tensor(), &rows, sum_sq ? &sq : nullptr);
+                     fused, at::Tensor(), &rows, stats ? &per_row : nullptr);
     ctx->save_for_backward({hidden, weight, a, b, targets});
     ctx->saved_data["adapter_scale"] = adapter_scale;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["logits_dtype"] = static_cast<int64_t>(logits_dtype);
     ctx->saved_data["fused"] = fused;
-    ctx->mark_non_differentiable({sq});
-    return {rows.neg_(), sq};
+    ctx->mark_non_differentiable({per_row});
+    return {rows.neg_(), per_row};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
@@ -245,13 +264,13 @@ class LinearTokenLogprobsFn : public torch::autograd::Function<LinearTokenLogpro
 
 at::Tensor linear_token_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,
-                                 bool fused, at::Tensor* log_sum_sq) {
+                                 bool fused, at::Tensor* stats) {
   const bool lr = adapter && adapter->a.defined();
   const at::Tensor none = at::empty({0}, weight.options().requires_grad(false));
   variable_list out = LinearTokenLogprobsFn::apply(hidden, weight, lr ? adapter->a : none, lr ? adapter->b : none,
                                                    lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype,
-                                                   fused, log_sum_sq != nullptr);
-  if (log_sum_sq) *log_sum_sq = out[1];
+                                                   fused, stats != nullptr);
+  if (stats) *stats = out[1];
   return out[0];
 }
 

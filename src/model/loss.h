@@ -37,13 +37,21 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
 // objectives (DPO, SimPO) sum per sequence. Where linear_cross_entropy's incoming gradient is one
 // number, known in forward, each token's here arrives in backward: backward recomputes each
 // chunk's logits (one more pass of the output projection) rather than keeping them.
-// `log_sum_sq` (when non-null) receives each token's log sum_v p_v^2 [N] float32, without
-// autograd — WPO's weights (TRL's log_sum_sq_probs) — computed from the same logits, 16 rows of
-// them at a time (a float32 temporary of 16 x vocab, outside loss_chunk_bytes_per_logit).
+// `stats` (when non-null) receives per-token statistics of the head's distribution, without
+// autograd, as TRL's fused head returns them: [N, TokenStat::count] float32, columns below (the
+// targets' rows at masked positions hold the unmasked formulas' values; callers mask them). They
+// are computed from the same logits, 16 rows at a time (token_stats_bytes beside the chunk).
+struct TokenStat {
+  static constexpr int64_t entropy = 0;     // -sum_v p_v log p_v (nats)
+  static constexpr int64_t log_sum_sq = 1;  // log sum_v p_v^2 (WPO's weights)
+  static constexpr int64_t mean_logit = 2;  // sum_v z_v / vocab
+  static constexpr int64_t is_top1 = 3;     // 1 where the target is the first largest logit, else 0
+  static constexpr int64_t count = 4;
+};
 at::Tensor linear_token_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
                                  const OutputAdapter* adapter = nullptr, bool fused = false,
-                                 at::Tensor* log_sum_sq = nullptr);
+                                 at::Tensor* stats = nullptr);
 
 // Summed loss and number of unmasked tokens, without autograd (evaluation).
 struct LossSum {
@@ -82,5 +90,8 @@ int64_t default_loss_chunk(int64_t vocab_size);
 // log-sum-exp holds one temporary of the logits' size (measured: ChunkedLoss tests); the fused kernel writes the
 // gradient into the logits' buffer when the dtypes agree.
 int64_t loss_chunk_bytes_per_logit(int64_t logits, int64_t grad, int64_t compute, bool adapter, bool fused);
+// Bytes linear_token_logprobs' `stats` holds beside a chunk's logits (`logits_bytes` an element),
+// for the memory plan: float32 temporaries of 16 rows of the vocabulary.
+int64_t token_stats_bytes(int64_t vocab, int64_t logits_bytes);
 
 }  // namespace ptrain

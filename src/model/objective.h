@@ -4,6 +4,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace at {
@@ -107,6 +109,11 @@ struct PreferenceMetrics {
   double loss = 0.0;
   double rewards_chosen = 0.0, rewards_rejected = 0.0, accuracies = 0.0, margins = 0.0;
   double logps_chosen = 0.0, logps_rejected = 0.0;
+  // The objective's further metrics under TRL's names: DPO's token means over the completions
+  // (entropy, logits/chosen, logits/rejected, mean_token_accuracy), nll_loss where the NLL is
+  // part of the loss (CPO and SimPO with cpo_alpha, ORPO), ORPO's log_odds_ratio and
+  // log_odds_chosen (means over the pairs).
+  std::vector<std::pair<std::string, double>> more;
 };
 
 }  // namespace ptrain

@@ -65,10 +65,10 @@ class FsdpModel : public WeightSource {
   at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                           const at::Tensor& doc_ids = at::Tensor());
   // Per-token log-probabilities of targets [B, T] as float32 [B*T], 0 where masked (preference
-  // objectives; autograd when grad mode is on); `log_sum_sq` (when non-null) receives each
-  // token's log sum_v p_v^2 [B*T] (WPO; no autograd).
+  // objectives; autograd when grad mode is on); `stats` (when non-null) receives each
+  // token's TokenStat columns [B*T, TokenStat::count] (model/loss.h; no autograd).
   at::Tensor token_logprobs(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                            at::Tensor* log_sum_sq = nullptr);
+                            at::Tensor* stats = nullptr);
   // With LoRA: forwards run on the frozen base alone while false (the reference of DPO); only
   // without autograd. The adapters' units are not gathered meanwhile.
   void set_adapters_enabled(bool enabled);

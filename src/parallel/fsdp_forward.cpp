@@ -284,12 +284,12 @@ at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& t
 }
 
 at::Tensor FsdpModel::token_logprobs(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                                     at::Tensor* log_sum_sq) {
+                                     at::Tensor* stats) {
   head_backward_ = true;  // linear_token_logprobs' backward reads the head's weights
   at::Tensor logps;
   try {
     logps = llama_token_logprobs(*this, shape(), batch_rope(inputs, at::Tensor()), inputs, targets, loss_chunk,
-                                 policy_.logits_dtype, options_.kernels.fused_loss, log_sum_sq);
+                                 policy_.logits_dtype, options_.kernels.fused_loss, stats);
   } catch (...) {
     head_backward_ = false;
     throw;

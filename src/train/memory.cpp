@@ -258,7 +258,14 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   const int64_t logits_bytes = c10::elementSize(policy.logits_dtype);
   const int64_t per_logit =
       loss_chunk_bytes_per_logit(logits_bytes, in.lora_output ? 4 : cb, cb, in.lora_output, fused_loss);
-  const int64_t head_end = gathered_head + N * s.dim * cb + std::min(chunk, N) * s.vocab_size * per_logit;
+  // DPO's policy pass also computes each token's statistics (model/loss.h TokenStat) from a
+  // chunk's logits before scoring them, and keeps them through the step.
+  const int64_t chunk_logits = std::min(chunk, N) * s.vocab_size;
+  int64_t chunk_bytes = chunk_logits * per_logit;
+  if (c.training.objective == Objective::dpo)
+    chunk_bytes = std::max(chunk_bytes, chunk_logits * logits_bytes + token_stats_bytes(s.vocab_size, logits_bytes)) +
+                  N * TokenStat::count * 4;
+  const int64_t head_end = gathered_head + N * s.dim * cb + chunk_bytes;
   // A block's flat gradient in the compute dtype and the padded reduce-scatter buffer (trained
   // units only; reduce_grad copies the gradient only to pad it or to change its dtype).
   const bool copies = shard_numel(block, world_size) * world_size != block || cb != rb;

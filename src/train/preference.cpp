@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "data/rows.h"
+#include "model/loss.h"
 #include "parallel/collectives.h"
 #include "parallel/fsdp.h"
 #include "train/memory.h"
@@ -77,26 +78,98 @@ int64_t chosen_tokens(const Batch& b, Objective objective) {
   return t.slice(0, 0, t.size(0) / 2).ne(kIgnoreIndex).sum().item<int64_t>();
 }
 
-// Sums of the metrics over this batch's pairs (loss, rewards, accuracy, margins, logps), float64,
-// and the sft loss's sum and the chosen tokens it is the mean over.
-constexpr int kMetrics = 9;
-at::Tensor metric_sums(const PairLosses& l, const PairScores& s) {
+// Sums of the metrics over this batch's pairs, float64: the loss, rewards, accuracy, margins and
+// logps; the sft loss's sum and the chosen tokens the NLL is a mean over; the NLL itself; ORPO's
+// log-sigmoid of the log odds and the log odds; DPO's token sums over the completions (`targets`
+// [2P, T]): entropy and tokens of both sides, mean logits and tokens of each, the chosen tokens the
+// policy ranks first.
+enum MetricSum : int64_t {
+  kLoss,
+  kRewardsChosen,
+  kRewardsRejected,
+  kAccuracies,
+  kMargins,
+  kLogpsChosen,
+  kLogpsRejected,
+  kSftSum,
+  kNllTokens,
+  kNll,
+  kLogOddsRatio,
+  kLogOdds,
+  kEntropy,
+  kCompletionTokens,
+  kLogitsChosen,
+  kChosenTokens,
+  kLogitsRejected,
+  kRejectedTokens,
+  kTop1Chosen,
+  kMetrics
+};
+at::Tensor metric_sums(const PairLosses& l, const PairScores& s, const at::Tensor& targets) {
   at::NoGradGuard no_grad;
   const at::Tensor rc = l.rewards_chosen.to(at::kDouble), rr = l.rewards_rejected.to(at::kDouble);
-  const at::Tensor zero = at::zeros({}, rc.options());
-  const bool sft = l.sft_sum.defined();
-  return at::stack({l.loss.detach().to(at::kDouble).sum(), rc.sum(), rr.sum(), rc.gt(rr).to(at::kDouble).sum(),
-                    (rc - rr).sum(), s.chosen.detach().to(at::kDouble).sum(), s.rejected.detach().to(at::kDouble).sum(),
-                    sft ? l.sft_sum.detach().to(at::kDouble) : zero, sft ? s.nll_tokens.to(at::kDouble).sum() : zero});
+  const auto sum = [](const at::Tensor& x) { return x.detach().to(at::kDouble).sum(); };
+  std::vector<at::Tensor> v(kMetrics, at::zeros({}, rc.options()));
+  v[kLoss] = sum(l.loss);
+  v[kRewardsChosen] = rc.sum();
+  v[kRewardsRejected] = rr.sum();
+  v[kAccuracies] = rc.gt(rr).to(at::kDouble).sum();
+  v[kMargins] = (rc - rr).sum();
+  v[kLogpsChosen] = sum(s.chosen);
+  v[kLogpsRejected] = sum(s.rejected);
+  if (l.sft_sum.defined()) v[kSftSum] = sum(l.sft_sum);
+  v[kNllTokens] = sum(s.nll_tokens);
+  v[kNll] = -sum(s.chosen_plain);
+  if (l.log_odds.defined()) {
+    v[kLogOddsRatio] = sum(at::log_sigmoid(l.log_odds));
+    v[kLogOdds] = sum(l.log_odds);
+  }
+  if (s.stats.defined()) {  // masked by where: a masked position's statistics never reach a sum
+    const int64_t P = targets.size(0) / 2;
+    const at::Tensor scored = targets.ne(kIgnoreIndex);
+    const at::Tensor stats = s.stats.reshape({targets.size(0), targets.size(1), TokenStat::count}).to(at::kDouble);
+    const auto masked = [&](int64_t column, int64_t begin, int64_t end) {
+      return at::where(scored.slice(0, begin, end), stats.select(2, column).slice(0, begin, end), 0.0).sum();
+    };
+    v[kEntropy] = masked(TokenStat::entropy, 0, 2 * P);
+    v[kCompletionTokens] = scored.sum().to(at::kDouble);
+    v[kLogitsChosen] = masked(TokenStat::mean_logit, 0, P);
+    v[kChosenTokens] = scored.slice(0, 0, P).sum().to(at::kDouble);
+    v[kLogitsRejected] = masked(TokenStat::mean_logit, P, 2 * P);
+    v[kRejectedTokens] = scored.slice(0, P).sum().to(at::kDouble);
+    v[kTop1Chosen] = masked(TokenStat::is_top1, 0, P);
+  }
+  return at::stack(v);
 }
 
 // The metrics of `pairs` pairs from their sums: means over the pairs; the loss the pairs' mean
-// plus the sft loss's token mean.
-PreferenceMetrics metrics_of(const at::Tensor& sums, int64_t pairs) {
+// plus the sft loss's token mean; the token metrics means over their tokens.
+PreferenceMetrics metrics_of(const at::Tensor& sums, int64_t pairs, const PreferenceObjective& objective) {
   const at::Tensor m = sums.to(at::kCPU);
   const double* v = m.data_ptr<double>();
   const double n = static_cast<double>(std::max<int64_t>(pairs, 1));
-  return {pairs, v[0] / n + (v[8] > 0 ? v[7] / v[8] : 0.0), v[1] / n, v[2] / n, v[3] / n, v[4] / n, v[5] / n, v[6] / n};
+  const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };  // TRL's 0 for no tokens
+  PreferenceMetrics r{pairs,
+                      v[kLoss] / n + ratio(v[kSftSum], v[kNllTokens]),
+                      v[kRewardsChosen] / n,
+                      v[kRewardsRejected] / n,
+                      v[kAccuracies] / n,
+                      v[kMargins] / n,
+                      v[kLogpsChosen] / n,
+                      v[kLogpsRejected] / n,
+                      {}};
+  if (objective.objective == Objective::dpo)
+    r.more = {{"entropy", ratio(v[kEntropy], v[kCompletionTokens])},
+              {"logits/chosen", ratio(v[kLogitsChosen], v[kChosenTokens])},
+              {"logits/rejected", ratio(v[kLogitsRejected], v[kRejectedTokens])},
+              {"mean_token_accuracy", ratio(v[kTop1Chosen], v[kChosenTokens])}};
+  else if (has_nll(objective))
+    r.more = {{"nll_loss", ratio(v[kNll], v[kNllTokens])}};
+  if (objective.objective == Objective::orpo) {
+    r.more.emplace_back("log_odds_ratio", v[kLogOddsRatio] / n);
+    r.more.emplace_back("log_odds_chosen", v[kLogOdds] / n);
+  }
+  return r;
 }
 
 // The reference model for its lifetime: the base with the adapters off, or (a loaded adapter)
@@ -130,9 +203,12 @@ class ReferenceScope {
 }  // namespace
 
 std::vector<std::pair<std::string, double>> trl_metrics(const PreferenceMetrics& m, const std::string& prefix) {
-  return {{prefix + "rewards/chosen", m.rewards_chosen}, {prefix + "rewards/rejected", m.rewards_rejected},
-          {prefix + "rewards/accuracies", m.accuracies}, {prefix + "rewards/margins", m.margins},
-          {prefix + "logps/chosen", m.logps_chosen},     {prefix + "logps/rejected", m.logps_rejected}};
+  std::vector<std::pair<std::string, double>> out = {
+      {prefix + "rewards/chosen", m.rewards_chosen}, {prefix + "rewards/rejected", m.rewards_rejected},
+      {prefix + "rewards/accuracies", m.accuracies}, {prefix + "rewards/margins", m.margins},
+      {prefix + "logps/chosen", m.logps_chosen},     {prefix + "logps/rejected", m.logps_rejected}};
+  for (const auto& [name, value] : m.more) out.emplace_back(prefix + name, value);
+  return out;
 }
 
 namespace {
@@ -173,6 +249,7 @@ PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective
     };
     const at::Tensor log_odds = (s.chosen - s.rejected) - (log1mexp(s.chosen) - log1mexp(s.rejected));
     out.loss = -at::log_sigmoid(log_odds) * beta;
+    out.log_odds = log_odds.detach();
     out.sft_sum = -s.chosen_plain.sum();  // the chosen sequences' NLL, prompt included
     out.rewards_chosen = s.chosen.detach() * beta;
     out.rewards_rejected = s.rejected.detach() * beta;
@@ -279,12 +356,13 @@ at::Tensor reference_sums(FsdpModel& model, const Batch& b, int64_t loss_chunk, 
 }
 
 // WPO's pair weights [P] (DPOTrainer with use_weighting): each completion's exp of the mean over
-// its tokens of log p(token) - log sum_v p_v^2, chosen times rejected; no autograd.
-at::Tensor wpo_weights(const at::Tensor& token_logps, const at::Tensor& sum_sq, const at::Tensor& targets) {
+// its tokens of log p(token) - log sum_v p_v^2 (`stats`' column), chosen times rejected; no autograd.
+at::Tensor wpo_weights(const at::Tensor& token_logps, const at::Tensor& stats, const at::Tensor& targets) {
   at::NoGradGuard no_grad;
   const at::Tensor t = targets.reshape({targets.size(0), -1});
   const at::Tensor scored = t.ne(kIgnoreIndex).to(at::kFloat);
-  const at::Tensor aligned = (token_logps.detach().reshape(t.sizes()) - sum_sq.reshape(t.sizes())) * scored;
+  const at::Tensor sum_sq = stats.select(1, TokenStat::log_sum_sq).reshape(t.sizes());
+  const at::Tensor aligned = (token_logps.detach().reshape(t.sizes()) - sum_sq) * scored;
   const at::Tensor w = at::exp(aligned.sum(1) / scored.sum(1).clamp_min(1.0));
   const int64_t P = t.size(0) / 2;
   return w.slice(0, 0, P) * w.slice(0, P);
@@ -309,10 +387,9 @@ PairScores pair_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, con
   const bool dpo = objective.objective == Objective::dpo, orpo = objective.objective == Objective::orpo;
   // ORPO scores every next token of a row for its NLL, the completion's for its odds ratio
   const at::Tensor nll = nll_targets(b, objective.objective);
-  const bool wpo = dpo && objective.options.use_weighting;
-  at::Tensor sum_sq;
-  at::Tensor token_logps = model.token_logprobs(inputs, nll, loss_chunk, wpo ? &sum_sq : nullptr), whole;
-  if (wpo) s.weights = wpo_weights(token_logps, sum_sq, targets);
+  // DPO: the policy's token statistics, for WPO's weights and DPOTrainer's token metrics
+  at::Tensor token_logps = model.token_logprobs(inputs, nll, loss_chunk, dpo ? &s.stats : nullptr), whole;
+  if (dpo && objective.options.use_weighting) s.weights = wpo_weights(token_logps, s.stats, targets);
   if (orpo) {
     token_logps = token_logps.reshape(nll.sizes());
     whole = token_logps.sum(1);
@@ -366,10 +443,10 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
     loss.backward();
     model.finish_backward();
     r.peaks.backward = std::max(r.peaks.backward, backward.peak());
-    sums += metric_sums(losses, scores);
+    sums += metric_sums(losses, scores, b.targets);
   }
   comm.all_reduce_sum(sums);
-  r.preference = metrics_of(sums, static_cast<int64_t>(n));
+  r.preference = metrics_of(sums, static_cast<int64_t>(n), objective);
   r.loss = r.preference.loss;
   r.trained_tokens = static_cast<int64_t>(total[1].item<double>());
 }
@@ -414,9 +491,9 @@ PreferenceMetrics evaluate_preference(FsdpModel& model, const RowSource& data, i
   for (int64_t first = 0; first < n; first += batch) {
     const Batch b = data.val_batch(first, std::min(batch, n - first)).to(model.device());
     const PairScores scores = pair_scores(model, b, loss_chunk, objective);
-    sums += metric_sums(pair_losses(scores, objective), scores);
+    sums += metric_sums(pair_losses(scores, objective), scores, b.targets);
   }
-  return metrics_of(sums, n);
+  return metrics_of(sums, n, objective);
 }
 
 }  // namespace ptrain

@@ -23,7 +23,8 @@ class RowSource;
 
 // The metrics under TRL's names, each with `prefix` ("" while training, "eval_" for an
 // evaluation): rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
-// logps/chosen, logps/rejected (the loss and the pair count are the caller's to name).
+// logps/chosen, logps/rejected, then the objective's own (PreferenceMetrics::more; the loss and
+// the pair count are the caller's to name).
 std::vector<std::pair<std::string, double>> trl_metrics(const PreferenceMetrics& m, const std::string& prefix);
 
 // Sequence scores of P pairs, each [P] float32: the policy's (autograd) and, for DPO, the
@@ -39,6 +40,9 @@ struct PairScores {
   // DPO with use_weighting: WPO's weight of each pair [P], the product of its completions' (no
   // autograd); undefined otherwise
   at::Tensor weights;
+  // DPO: the policy's per-token statistics [2P * T, TokenStat::count] (model/loss.h; no autograd),
+  // the token metrics' source; undefined otherwise
+  at::Tensor stats;
 };
 // Each pair's loss [P] (autograd through the policy's scores: the weighted sum of the objective's
 // losses but sft) and the pairs' rewards [P] each (no autograd), for the objective's losses (TRL's
@@ -48,6 +52,7 @@ struct PairScores {
 struct PairLosses {
   at::Tensor loss, rewards_chosen, rewards_rejected;
   at::Tensor sft_sum;
+  at::Tensor log_odds;  // ORPO: each pair's log odds ratio [P] (no autograd)
 };
 PairLosses pair_losses(const PairScores& scores, const PreferenceObjective& objective);
 

@@ -48,6 +48,27 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 LORA_TARGETS = {"q": "q_proj", "v": "v_proj", "down": "down_proj"}
 METRICS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
            "logps/chosen", "logps/rejected"]
+# Each objective's further metrics, as TRL logs them: DPOTrainer's token means over the
+# completions, CPOTrainer's and ORPOTrainer's NLL (CPO's where cpo_alpha is not 0: TRL logs 0
+# there, ptrain nothing) and ORPO's log odds.
+TOKEN_MEANS = ["entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "nll_loss"]
+
+
+def own_metrics(objective, pref):
+    if objective == "dpo":
+        return ["entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy"]
+    if objective == "orpo":
+        return ["nll_loss", "log_odds_ratio", "log_odds_chosen"]
+    return ["nll_loss"] if pref.get("cpo_alpha", 0.0 if objective == "simpo" else 1.0) != 0 else []
+
+
+def compared(objective, pref):
+    """The metrics both sides mean alike: with gradient accumulation TRL averages its micro-batches'
+    token means, ptrain gives the token mean of the whole step (TRL's without accumulation)."""
+    own = own_metrics(objective, pref)
+    if pref.get("accum", 1) > 1:
+        own = [m for m in own if m not in TOKEN_MEANS]
+    return METRICS + own
 
 # name, model, data, objective, [preference] keys (and "accum": gradient accumulation steps,
 # "seq_len": ptrain's data.seq_len, TRL's max_length - 1; default 63; "lr": the learning rate,
@@ -350,20 +371,35 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
     return steps, json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def compare(name, np, ref, got, beta, rtol=RTOL):
+def floor_of(m, record, beta, prefix=""):
+    """The scale a metric's difference is relative to, at least: the rewards and margins are beta
+    times a difference of log-probabilities, the mean logits means of logits of either sign (their
+    float32 rounding is that of the log-probabilities and the logits they come from)."""
+    if m.startswith("rewards/") and m != "rewards/accuracies":
+        return beta * max(abs(record[prefix + "logps/chosen"]), abs(record[prefix + "logps/rejected"]))
+    if m.startswith("logits/"):
+        return 1e-3
+    return 1e-12
+
+
+def check_names(name, objective, pref, record, prefix=""):
+    """ptrain writes exactly its objective's metrics: the common ones and its own."""
+    want = {prefix + m for m in METRICS[1:] + own_metrics(objective, pref)}
+    have = {k for k in record if "/" in k or k in {prefix + m for m in TOKEN_MEANS} or "log_odds" in k}
+    have.discard(prefix + "loss")
+    if have != want:
+        sys.exit(f"FAIL {name}: ptrain's metrics {sorted(have)}, TRL's {sorted(want)}")
+
+
+def compare(name, np, ref, got, beta, rtol=RTOL, metrics=METRICS):
     """Largest relative difference over steps and metrics; exits on one over rtol."""
     if len(ref) != STEPS or len(got) != STEPS:
         sys.exit(f"FAIL {name} np {np}: {len(ref)} TRL steps, {len(got)} ptrain steps, expected {STEPS}")
     worst = (0.0, "")
     for step, (a, b) in enumerate(zip(ref, got), 1):
-        scale = max(abs(a["logps/chosen"]), abs(a["logps/rejected"]))
-        for m in METRICS:
+        for m in metrics:
             x, y = float(a[m]), float(b[m])
-            if m.startswith("rewards/") and m != "rewards/accuracies":
-                denom = max(abs(x), abs(y), beta * scale)
-            else:
-                denom = max(abs(x), abs(y), 1e-12)
-            rel = abs(x - y) / denom
+            rel = abs(x - y) / max(abs(x), abs(y), floor_of(m, a, beta))
             if rel > worst[0]:
                 worst = (rel, f"step {step} {m}: TRL {x!r}, ptrain {y!r}")
             if rel > rtol:
@@ -404,14 +440,12 @@ def check_fresh_adapter(binary, work):
               flush=True)
 
 
-def compare_eval(name, ref, got, beta, rtol=RTOL):
+def compare_eval(name, ref, got, beta, rtol=RTOL, metrics=METRICS):
     """TRL's evaluate() after the 10 steps against `ptrain eval` of the final checkpoint."""
-    scale = max(abs(ref["eval_logps/chosen"]), abs(ref["eval_logps/rejected"]))
     worst = 0.0
-    for m in METRICS:
+    for m in metrics:
         x, y = float(ref["eval_" + m]), float(got["eval_" + m])
-        floor = beta * scale if m.startswith("rewards/") and m != "rewards/accuracies" else 1e-12
-        rel = abs(x - y) / max(abs(x), abs(y), floor)
+        rel = abs(x - y) / max(abs(x), abs(y), floor_of(m, ref, beta, "eval_"))
         worst = max(worst, rel)
         if rel > rtol:
             sys.exit(f"FAIL {name} evaluation: eval_{m}: TRL {x!r}, ptrain eval {y!r} (relative {rel:.2e})")
@@ -489,10 +523,16 @@ def main():
                 got, got_eval = ptrain_run(binary, model_dir, data, objective, pref, lora, adapters.get(model_name), np,
                                            work)
                 rtol = pref.get("rtol", RTOL)
-                rel, where = compare(name, np, ref, got, pref.get("beta", 0.1), rtol)
+                for record in got:
+                    check_names(name, objective, pref, record)
+                metrics = compared(objective, pref)
+                rel, where = compare(name, np, ref, got, pref.get("beta", 0.1), rtol, metrics)
                 evaluated = ""
                 if np == nps[0]:  # each case's first run: its final checkpoint scored
-                    evaluated = f"; evaluation {compare_eval(name, ref_eval, got_eval, pref.get('beta', 0.1), rtol):.1e}"
+                    check_names(name, objective, pref, got_eval, "eval_")
+                    worst = compare_eval(name, ref_eval, got_eval, pref.get("beta", 0.1), rtol,
+                                         METRICS + own_metrics(objective, pref))
+                    evaluated = f"; evaluation {worst:.1e}"
                 print(f"ok  {name:40s} np {np}: loss {ref[0]['loss']:.5f} -> {ref[-1]['loss']:.5f}, "
                       f"worst relative difference {rel:.1e}{evaluated} ({where})", flush=True)
         if realfiles is None and only in "new adapter":

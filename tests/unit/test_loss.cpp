@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -229,6 +230,88 @@ TEST(ChunkedLoss, CudaFusedForwardAllocatesThePlannedBytesPerLogit) {
     const int64_t predicted = kept + N * V * per_logit;
     EXPECT_LE(used, predicted + N * 64) << "the plan under-counts";
     EXPECT_GE(used, predicted * 0.95) << "the plan over-counts: " << used << " of " << predicted << " bytes";
+  }
+}
+
+// The per-token statistics of linear_token_logprobs (TRL's fused head outputs: DPO's metrics,
+// WPO's weights) against their definitions in float64 over the whole logits: entropy, log sum
+// p^2, the mean logit and whether the target is the first largest logit (TRL's is_top1: the
+// target's logit at least the maximum and above every logit before it) — with exact ties, at
+// every chunk size, over a row count that is no multiple of the 16 rows they are taken at.
+TEST(ChunkedLoss, TokenStatsAreTheDistributionsEntropySquaresMeanAndTopOne) {
+  at::manual_seed(4);
+  const int64_t N = 37, D = 10, V = 61;
+  const at::Tensor h = at::randn({N, D}), w = at::randn({V, D});
+  w[40].copy_(w[9]);  // logits 9 and 40 equal in every row
+  w[9].mul_(6.0);
+  w[40].copy_(w[9]);  // ... and often the largest
+  const at::Tensor z = at::linear(h.to(at::kDouble), w.to(at::kDouble));
+  at::Tensor t = at::randint(V, {N}, at::kLong);
+  int64_t planted = 0;
+  for (int64_t i = 0; i < N; ++i) {  // where 9 and 40 are the largest: the target one of them, or the runner-up
+    if (z[i].argmax().item<int64_t>() != 9) continue;
+    const int64_t runner_up = std::get<1>(z[i].topk(3))[2].item<int64_t>();
+    t[i] = planted % 3 == 0 ? 9 : planted % 3 == 1 ? 40 : runner_up;
+    ++planted;
+  }
+  t[5] = kIgnoreIndex;
+  const at::Tensor logp = at::log_softmax(z, 1), p = logp.exp();
+  const at::Tensor want_entropy = -(p * logp).sum(1), want_sq = (p * p).sum(1).log(), want_mean = z.mean(1);
+  std::vector<double> want_top1;
+  int64_t ties = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t target = t[i].item<int64_t>();
+    if (target < 0) {
+      want_top1.push_back(0.0);
+      continue;
+    }
+    const double zt = z[i][target].item<double>(),
+                 before = target == 0 ? -1e300 : z[i].narrow(0, 0, target).max().item<double>();
+    want_top1.push_back(zt >= z[i].max().item<double>() && zt > before ? 1.0 : 0.0);
+    ties += target == 40 && want_top1.back() == 0.0;
+  }
+  ASSERT_GE(ties, 2) << "the fixture plants no tie the first-largest rule decides";
+  for (const int64_t chunk : {int64_t{1}, int64_t{7}, N}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    at::Tensor stats;
+    const at::Tensor logps = linear_token_logprobs(h, w, t, chunk, at::kFloat, nullptr, false, &stats);
+    ASSERT_EQ(stats.sizes(), (std::vector<int64_t>{N, TokenStat::count}));
+    EXPECT_FALSE(stats.requires_grad());
+    const at::Tensor s = stats.to(at::kDouble);
+    // the entropy within the rounding of the log-sum-exp it is taken against (float32 of the
+    // largest logits), the others within float32's
+    const double lse_rounding = 4 * std::ldexp(1.0, -24) * z.abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(s.select(1, TokenStat::entropy), want_entropy, 1e-5, lse_rounding));
+    EXPECT_TRUE(at::allclose(s.select(1, TokenStat::log_sum_sq), want_sq, 1e-5, 1e-6));
+    EXPECT_TRUE(at::allclose(s.select(1, TokenStat::mean_logit), want_mean, 1e-5, 1e-6));
+    const at::Tensor top1 = s.select(1, TokenStat::is_top1);
+    for (int64_t i = 0; i < N; ++i) EXPECT_EQ(top1[i].item<double>(), want_top1[i]) << "row " << i;
+  }
+}
+
+// The bytes the statistics take beside a chunk's logits, as the memory plan counts them
+// (token_stats_bytes; train/memory.cpp): the forward's allocator peak with them is at most the
+// chunk's without them, or the logits and token_stats_bytes where that is more.
+TEST(ChunkedLoss, TokenStatsAllocateAtMostThePlannedBytes) {
+  const int64_t D = 8, V = 4096;
+  for (const int64_t N : {int64_t{16}, int64_t{40}}) {
+    SCOPED_TRACE("tokens " + std::to_string(N));
+    at::manual_seed(6);
+    const at::Tensor h = at::randn({N, D}), w = at::randn({V, D}), t = at::randint(V, {N}, at::kLong);
+    int64_t peak = 0;
+    {
+      MeterScope scope;
+      at::Tensor stats;
+      const at::Tensor logps = linear_token_logprobs(h, w, t, N, at::kFloat, nullptr, false, &stats);
+      peak = scope.meter().peak.load();
+    }
+    const int64_t chunk = N * V * 4;
+    const int64_t planned =
+        std::max(N * V * loss_chunk_bytes_per_logit(4, 4, 4, false, false), chunk + token_stats_bytes(V, 4)) +
+        N * TokenStat::count * 4;
+    EXPECT_LE(peak, planned + N * 64) << "the plan under-counts";
+    EXPECT_GE(peak, planned - N * TokenStat::count * 4 - N * 64)
+        << "the plan over-counts: " << peak << " of " << planned;
   }
 }
 
