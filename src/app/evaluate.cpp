@@ -48,19 +48,21 @@ int run_eval(const EvalRequest& a) {
   const c10::Device device = resolve_device(c, env);
   const std::shared_ptr<Collectives> comm = connect(c, env, device);
   const RunData data = open_data(c, comm.get(), device, /*eval_only=*/true);
+  const bool ref_model = c.training.objective == Objective::dpo && !c.preference.ref_model.empty();
+  at::Tensor reference_logps;  // precompute_ref_log_probs: by the model as loaded, before the checkpoint
+  if (ref_model)               // or by preference.ref_model, freed before the policy is built
+    reference_logps = score_ref_model(c, device, comm, dynamic_cast<const PairRows&>(*data.rows));
   auto model = build_model(c, device, comm);
   const bool print = model->comm().rank() == 0;
   std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
   // before a checkpoint replaces it: DPO's reference keeps lora.adapter_path's adapter as loaded
   const std::vector<at::Tensor> reference =
-      reference_adapter(*model, c.training.objective, !c.lora.adapter_path.empty());
+      reference_adapter(*model, c.training.objective, !c.lora.adapter_path.empty() && !ref_model);
   PreferenceObjective objective{c.training.objective, c.preference, reference.empty() ? nullptr : &reference};
-  at::Tensor reference_logps;  // precompute_ref_log_probs: by the model as loaded, before the checkpoint
-  if (c.training.objective == Objective::dpo && c.preference.precompute_ref_log_probs) {
+  if (c.training.objective == Objective::dpo && c.preference.precompute_ref_log_probs && !ref_model)
     reference_logps = precompute_reference(*model, dynamic_cast<const PairRows&>(*data.rows), c.data.micro_batch_size,
                                            c.memory.loss_chunk_tokens, objective);
-    objective.reference_logps = &reference_logps;
-  }
+  if (reference_logps.defined()) objective.reference_logps = &reference_logps;
   if (!a.checkpoint.empty()) {
     TrainProgress progress;
     load_checkpoint(a.checkpoint, *model, nullptr, progress);

@@ -492,6 +492,9 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "preference", "precompute_ref_log_probs", preference.precompute_ref_log_probs, kFromStruct,
           R"(`dpo`: score the reference once, before training, on every pair (training and validation) and keep two numbers a pair (TRL's `precompute_ref_log_probs`): the model as loaded — the base, the loaded adapter, or for a full fine-tune the whole model, whose frozen copy would otherwise be needed — so each step saves the reference's forward. DPO of a full fine-tune sets it where the config does not (ptrain keeps no frozen copy of a whole model, and this gives its log-probabilities); `false` is refused there)"),
+      PTRAIN_KEY(
+          "preference", "ref_model", preference.ref_model, kFromStruct,
+          R"(`dpo`: another model as the reference (TRL's `ref_model`), a path as `model.hf_path` takes — a Hugging Face directory or a `.gguf` file of the policy's vocabulary, any shape —, built as the policy's base is (precision, `quant.base`, `model.gguf_reader`) and scored once before the policy is built (it sets `preference.precompute_ref_log_probs`: the same log-probabilities, one model in memory at a time; `false` is refused). Its tokenizer files are not read: the policy's tokenizer tokenizes the pairs for both, as TRL's `processing_class`. Empty: the model as loaded (the base with the adapters off, a loaded adapter as loaded, or a full fine-tune's starting weights))"),
       PTRAIN_KEY("lora", "enabled", lora.enabled, kFromStruct, R"(LoRA adapters over a frozen base)"),
       PTRAIN_KEY("lora", "rank", lora.rank, kFromStruct, R"(adapter rank (>= 1))"),
       PTRAIN_KEY("lora", "alpha", lora.alpha, kFromStruct, R"(scaling numerator (> 0))"),
@@ -871,6 +874,51 @@ void check_rope_scaling_keys(const Assigner& a) {
 
 }  // namespace
 
+namespace {
+
+// preference.ref_model: readable, of the policy's vocabulary, and valid as a config of its own.
+void check_reference(const Config& config, const Environment& env, std::vector<ConfigProblem>& problems) {
+  if (config.preference.ref_model.empty() || config.training.objective != Objective::dpo) return;
+  const auto o = config.origin("preference.ref_model");
+  const auto problem = [&](const std::string& what) {
+    problems.push_back({o.file, o.line, "preference.ref_model", what});
+  };
+  Config ref;
+  try {
+    ref = reference_config(config);
+  } catch (const std::exception& e) {
+    problem(e.what());
+    return;
+  }
+  if (ref.model.shape.vocab_size != config.model.shape.vocab_size) {
+    problem(config.preference.ref_model + " has a vocabulary of " + std::to_string(ref.model.shape.vocab_size) +
+            " ids, the policy " + std::to_string(config.model.shape.vocab_size) +
+            ": the policy's tokenizer tokenizes the pairs once and both models score those ids (as TRL does); use "
+            "a reference of the policy's vocabulary");
+    return;
+  }
+  std::vector<ConfigProblem> own;
+  validate(ref, env, own);
+  for (const auto& p : own) problem("the reference, built as the policy's base is, breaks " + p.key + ": " + p.reason);
+}
+
+}  // namespace
+
+Config reference_config(const Config& config) {
+  Config ref = config;
+  const std::string& path = config.preference.ref_model;
+  ref.model.hf_path = path;
+  ref.model.shape = read_model_config(path, config.model.gguf_reader);
+  const HfStorage stored = gguf_model_file(path).empty() ? read_hf_storage(path) : HfStorage{};
+  ref.model.hf_nf4 = stored.nf4;
+  ref.model.hf_nf4_double_quant = stored.double_quant;
+  ref.data.tokenizer = config.tokenizer_path();  // the policy's: it tokenizes the pairs for both
+  ref.lora.adapter_path.clear();                 // the adapters stay off: the reference is the base
+  ref.preference.ref_model.clear();
+  ref.preference.precompute_ref_log_probs = true;
+  return ref;
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, const Environment& env) {
   std::vector<ConfigProblem> problems;
   Config config;
@@ -899,7 +947,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   // CPO's behaviour-cloning weight: CPOConfig's default 1; SimPO is CPOTrainer's with 0.
   if (config.training.objective == Objective::cpo && !config.origins.count("preference.cpo_alpha"))
     config.preference.cpo_alpha = 1.0;
+  // DPO against another model: scored once, before training, as TRL's precompute_ref_log_probs
+  if (!config.preference.ref_model.empty() && config.training.objective == Objective::dpo &&
+      !config.origins.count("preference.precompute_ref_log_probs"))
+    config.preference.precompute_ref_log_probs = true;
   validate(config, env, problems);
+  if (problems.empty()) check_reference(config, env, problems);
   if (!problems.empty()) throw ConfigError(std::move(problems));
   return config;
 }

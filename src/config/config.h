@@ -114,6 +114,11 @@ struct Environment {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
                    const Environment& env = Environment::detect());
 
+// DPO's preference.ref_model as a config of its own: this one with the reference as model.hf_path,
+// its shape and NF4 storage read from it, no adapter loaded (LoRA's stay off: the reference is a
+// base), built as the policy's base is. Throws where the path is not a model ptrain reads.
+Config reference_config(const Config& config);
+
 // Collects rule violations (validate.cpp).
 void validate(const Config& config, const Environment& env, std::vector<ConfigProblem>& out);
 

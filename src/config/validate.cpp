@@ -666,13 +666,14 @@ const std::vector<Rule>& rules() {
       if (key == "preference.alpha") return p.alpha != d.alpha;
       if (key == "preference.precompute_ref_log_probs") return p.precompute_ref_log_probs;
       if (key == "preference.use_weighting") return p.use_weighting;
+      if (key == "preference.ref_model") return !p.ref_model.empty();
       return p.max_length != d.max_length;
     };
-    for (const char* key :
-         {"preference.beta", "preference.loss_type", "preference.loss_weights", "preference.label_smoothing",
-          "preference.ld_alpha", "preference.f_divergence_type", "preference.f_alpha_divergence_coef",
-          "preference.discopop_tau", "preference.gamma", "preference.cpo_alpha", "preference.alpha",
-          "preference.max_length", "preference.precompute_ref_log_probs", "preference.use_weighting"})
+    for (const char* key : {"preference.beta", "preference.loss_type", "preference.loss_weights",
+                            "preference.label_smoothing", "preference.ld_alpha", "preference.f_divergence_type",
+                            "preference.f_alpha_divergence_coef", "preference.discopop_tau", "preference.gamma",
+                            "preference.cpo_alpha", "preference.alpha", "preference.max_length",
+                            "preference.precompute_ref_log_probs", "preference.use_weighting", "preference.ref_model"})
       all.push_back({key, [key, differs](const Config& c, const Environment&) -> std::string {
                        return !is_preference(c.training.objective) && differs(key, c)
                                   ? "applies to the preference objectives (dpo, simpo, cpo, orpo); this run trains "
@@ -684,6 +685,16 @@ const std::vector<Rule>& rules() {
                                     c.preference.precompute_ref_log_probs
                                 ? name_of(c.training.objective) + " has no reference to score: remove it"
                                 : "";
+                   }});
+    all.push_back({"preference.ref_model", [](const Config& c, const Environment&) -> std::string {
+                     if (c.preference.ref_model.empty() || !is_preference(c.training.objective)) return "";
+                     if (c.training.objective != Objective::dpo)
+                       return name_of(c.training.objective) + " has no reference: remove it";
+                     if (!c.preference.precompute_ref_log_probs)
+                       return "is scored once, before the policy is built (ptrain keeps one model in memory at a "
+                              "time; the same log-probabilities as scoring it each step), and "
+                              "preference.precompute_ref_log_probs = false asks otherwise: remove that key";
+                     return "";
                    }});
     all.push_back({"preference.gamma", [differs](const Config& c, const Environment&) -> std::string {
                      return is_preference(c.training.objective) && c.training.objective != Objective::simpo &&

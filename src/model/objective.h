@@ -67,6 +67,9 @@ struct PreferenceOptions {
   double gamma = 0.5;            // simpo: the target reward margin (TRL's simpo_gamma)
   int64_t max_length = 0;        // ids per sequence, prompt + completion (TRL's max_length); 0: data.seq_len + 1
   bool precompute_ref_log_probs = false;  // dpo: the reference scored once before training (TRL's name)
+  // dpo: another model as the reference (TRL's ref_model), a path as model.hf_path takes; empty:
+  // the model as loaded
+  std::string ref_model;
   // dpo: LD-DPO's weight of the tokens past the shorter completion's length (TRL's ld_alpha;
   // 1: every token counts alike, TRL's None)
   double ld_alpha = 1.0;

@@ -37,6 +37,7 @@
 #include "parallel/precision.h"
 #include "parallel/weights.h"
 #include "tokenizer/tokenizer.h"
+#include "train/preference.h"
 
 namespace ptrain {
 
@@ -124,6 +125,25 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
   }
   if (!c.lora.adapter_path.empty()) load_adapters(*model, read_peft(c.lora.adapter_path, c.model.shape).tensors);
   return model;
+}
+
+at::Tensor score_ref_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm,
+                           const PairRows& data) {
+  const Config ref = reference_config(c);
+  const bool print = comm->rank() == 0;
+  if (print)
+    log::info("preference.ref_model: the reference is ", ref.model.hf_path, " (", ref.model.shape.n_layers,
+              " layers, width ", ref.model.shape.dim, "); its tokenizer files are not read (the policy's tokenizer ",
+              "tokenizes the pairs for both, as TRL's processing_class)");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto model = build_model(ref, device, std::move(comm));
+  const PreferenceObjective objective{Objective::dpo, c.preference, nullptr};
+  at::Tensor logps = precompute_reference(*model, data, c.data.micro_batch_size, c.memory.loss_chunk_tokens, objective);
+  if (print)
+    log::info("reference log-probabilities of ", logps.size(0), " pairs scored by ", ref.model.hf_path, " in ",
+              log::fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2),
+              " s (preference.ref_model); it is freed before the policy is built");
+  return logps;
 }
 
 namespace {

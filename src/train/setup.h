@@ -2,6 +2,7 @@
 // seeded init, a PEFT adapter on top) and the optimizer over its shards. Used by `train`, and
 // by `eval`, `check` and `export` where they need a model.
 #pragma once
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
@@ -15,6 +16,7 @@ struct Config;
 struct DistEnv;
 class Collectives;
 class FsdpModel;
+class PairRows;
 class Optimizer;
 class RowSource;
 struct OptimTarget;
@@ -41,6 +43,12 @@ ModelPlan model_plan(const Config& config);
 // model.hf_path is set, else the seeded init. (A checkpoint is loaded on top by the caller.)
 std::unique_ptr<FsdpModel> build_model(const Config& config, const c10::Device& device,
                                        std::shared_ptr<Collectives> comm);
+
+// DPO's preference.ref_model: builds the reference (config/config.h reference_config), scores
+// every pair of `data` with it (train/preference.h precompute_reference) and frees it before
+// returning: [pairs, 2] float32 on the host, as precompute_ref_log_probs keeps them.
+at::Tensor score_ref_model(const Config& config, const c10::Device& device, std::shared_ptr<Collectives> comm,
+                           const PairRows& data);
 
 // One optimizer target per trainable unit: its shard, the decayed prefix of the shard, and the
 // shard's first element in a model-wide numbering (stochastic-rounding bits).

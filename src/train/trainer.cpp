@@ -104,12 +104,16 @@ class Run {
       fs::create_directories(out_dir_);
       write_file_atomic(out_dir_ + "/config.resolved.toml", to_toml(c));
     }
+    const bool ref_model = c.training.objective == Objective::dpo && !c.preference.ref_model.empty();
+    if (ref_model)  // another model as DPO's reference: scored and freed before the policy is built
+      reference_logps_ = score_ref_model(c, device_, comm_, dynamic_cast<const PairRows&>(*data_.rows));
     model_ = build_model(c, device_, comm_);
     // before a resume replaces it: DPO's reference keeps lora.adapter_path's adapter as loaded
-    reference_adapter_ = reference_adapter(*model_, c.training.objective, !c.lora.adapter_path.empty());
+    reference_adapter_ = reference_adapter(*model_, c.training.objective, !c.lora.adapter_path.empty() && !ref_model);
     pairs_ = is_preference(c.training.objective);
     preference_ = {c.training.objective, c.preference, reference_adapter_.empty() ? nullptr : &reference_adapter_};
-    if (c.training.objective == Objective::dpo && c.preference.precompute_ref_log_probs) {
+    if (ref_model) preference_.reference_logps = &reference_logps_;
+    if (c.training.objective == Objective::dpo && c.preference.precompute_ref_log_probs && !ref_model) {
       const double t0 = now_s();  // the reference is the model as loaded: before a resume replaces it
       reference_logps_ = precompute_reference(*model_, dynamic_cast<const PairRows&>(*data_.rows),
                                               c.data.micro_batch_size, c.memory.loss_chunk_tokens, preference_);

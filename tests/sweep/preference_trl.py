@@ -81,6 +81,11 @@ CASES = [
     # TRL's default for a full fine-tune: a frozen copy of the model as loaded beside it; ptrain
     # scores that reference once (precompute_ref_log_probs turns itself on)
     ("llama3 chat dpo sigmoid full, TRL's frozen copy", "hf_chat", "chat", "dpo", {}, False, [2]),
+    # another model as the reference (TRL's ref_model): the model's weights moved by noise, or a
+    # shallower model of them; ptrain scores it once, before the policy is built
+    ("llama3 chat dpo sigmoid lora, ref_model", "hf_chat", "chat", "dpo", {"ref_model": "noisy"}, True, [1, 2]),
+    ("qwen2 chat dpo sigmoid full, shallower ref_model", "hf_qwen_chat", "chat", "dpo", {"ref_model": "shallow"},
+     False, [3]),
     ("qwen2 chat dpo sigmoid lora precompute", "hf_qwen_chat", "chat", "dpo",
      {"precompute_ref_log_probs": True, "beta": 0.5}, True, [3]),
     ("llama3 chat simpo full", "hf_chat", "chat", "simpo", {}, False, [1, 2, 3]),
@@ -263,6 +268,26 @@ def make_adapter(model_dir, out, zero_b=False):
     model.save_pretrained(out)
 
 
+def make_ref_model(model_dir, out, kind):
+    """Another model of the same vocabulary, as DPO's reference: the model's weights moved by noise
+    ("noisy"), or a model of one layer fewer made of them ("shallow"); saved by transformers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(model_dir)
+    source = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if kind == "shallow":
+        config.num_hidden_layers -= 1
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:config.num_hidden_layers]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    weights = source.state_dict()
+    model.load_state_dict({k: weights[k] for k in model.state_dict()})
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    model.save_pretrained(out)
+
+
 def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
     """TRL's logged metrics of each step: [{metric: value}]."""
     from datasets import Dataset
@@ -298,7 +323,10 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
                          loss_type=loss_type if isinstance(loss_type, list) else [loss_type],
                          label_smoothing=pref.get("label_smoothing", 0.0), **extra,
                          precompute_ref_log_probs=pref.get("precompute_ref_log_probs", False), **common)
-        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+        ref_model = None
+        if "ref_model" in pref:
+            ref_model = AutoModelForCausalLM.from_pretrained(pref["ref_model"], dtype=torch.float32)
+        trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=Dataset.from_list(rows),
                              eval_dataset=Dataset.from_list(rows), processing_class=tok)
     elif objective == "orpo":
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
@@ -373,12 +401,13 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
 
 def floor_of(m, record, beta, prefix=""):
     """The scale a metric's difference is relative to, at least: the rewards and margins are beta
-    times a difference of log-probabilities, the mean logits means of logits of either sign (their
-    float32 rounding is that of the log-probabilities and the logits they come from)."""
+    times a difference of log-probabilities, the mean logits means of logits of either sign, near 0
+    (their float32 rounding is that of the log-probabilities and of the logits, of order 0.1 to 1
+    here, they come from: 1e-2 at rtol 1e-5 is an absolute 1e-7)."""
     if m.startswith("rewards/") and m != "rewards/accuracies":
         return beta * max(abs(record[prefix + "logps/chosen"]), abs(record[prefix + "logps/rejected"]))
     if m.startswith("logits/"):
-        return 1e-3
+        return 1e-2
     return 1e-12
 
 
@@ -512,6 +541,11 @@ def main():
             if lora and model_name not in adapters:
                 adapters[model_name] = os.path.join(work, f"adapter_{len(adapters)}")
                 make_adapter(model_dir, adapters[model_name])
+            if "ref_model" in pref:  # the reference's directory in place of its kind
+                ref_dir = os.path.join(work, f"ref_{os.path.basename(model_dir)}_{pref['ref_model']}")
+                if not os.path.isdir(ref_dir):
+                    make_ref_model(model_dir, ref_dir, pref["ref_model"])
+                pref = dict(pref, ref_model=ref_dir)
             rows = pairs(kind)
             data = os.path.join(work, f"{kind}.jsonl")
             with open(data, "w") as f:

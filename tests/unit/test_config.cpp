@@ -227,6 +227,51 @@ TEST(Config, EveryPresetResolvesToItsShape) {
   }
 }
 
+// preference.ref_model (TRL's ref_model): it turns precompute_ref_log_probs on, and its config is
+// the policy's with the reference's path, shape and storage and the policy's tokenizer (a
+// reference without one is read); a reference of another vocabulary (the pairs are the policy
+// tokenizer's ids), one that is no model, an explicit precompute_ref_log_probs = false and a
+// reference-free objective are refused naming the key.
+TEST(Config, RefModelIsReadAsAModelOfItsOwnOfThePolicysVocabulary) {
+  const auto cwd = fs::current_path();
+  fs::current_path(test::source_dir());
+  const std::string cfg = "configs/tiny_dpo_qlora.toml";  // hf_chat: Llama, 2 layers, 1006 ids
+  test::TempDir dir;
+  fs::copy(test::fixture("hf_chat"), dir / "ref", fs::copy_options::recursive);  // (another depth: the sweep)
+  fs::remove(dir / "ref/tokenizer.json");  // the reference's tokenizer is not read
+  const auto problems = [&](const std::vector<std::string>& sets) {
+    try {
+      load_config(cfg, sets, Environment{});
+    } catch (const ConfigError& e) {
+      return e.problems;
+    }
+    return std::vector<ConfigProblem>{};
+  };
+  const Config c = load_config(cfg, {"preference.ref_model=\"" + (dir / "ref") + "\""}, Environment{});
+  const auto other_vocab = problems({"preference.ref_model=\"tests/fixtures/hf_qwen_chat\""});
+  const auto no_model = problems({"preference.ref_model=\"" + (dir / "none") + "\""});
+  const auto recompute =
+      problems({"preference.ref_model=\"" + (dir / "ref") + "\"", "preference.precompute_ref_log_probs=false"});
+  const auto simpo = problems({"preference.ref_model=\"" + (dir / "ref") + "\"", "training.objective=\"simpo\""});
+  fs::current_path(cwd);
+  EXPECT_TRUE(c.preference.precompute_ref_log_probs);
+  EXPECT_EQ(c.model.shape.n_layers, 2);
+  const Config ref = reference_config(c);
+  EXPECT_EQ(ref.model.hf_path, dir / "ref");
+  EXPECT_EQ(ref.model.shape.n_layers, 2);
+  EXPECT_EQ(ref.model.shape.vocab_size, c.model.shape.vocab_size);
+  EXPECT_EQ(ref.data.tokenizer, "tests/fixtures/hf_chat") << "the policy's tokenizer, not the reference's";
+  EXPECT_TRUE(ref.lora.adapter_path.empty());
+  for (const auto* refused : {&other_vocab, &no_model, &recompute, &simpo}) {
+    ASSERT_FALSE(refused->empty());
+    bool named = false;
+    for (const auto& p : *refused) named = named || p.key == "preference.ref_model";
+    EXPECT_TRUE(named) << refused->front().str();
+  }
+  ASSERT_EQ(other_vocab.size(), 1u);
+  EXPECT_NE(other_vocab[0].reason.find("563"), std::string::npos) << other_vocab[0].str();
+}
+
 // [preference] as TRL's DPOConfig reads it: loss_type one name or a list (the resolved TOML writes
 // the list and reloads to it); DPO of a full fine-tune scores its reference once unless the
 // config says otherwise — TRL's frozen copy gives the same log-probabilities; CPO's cpo_alpha
