@@ -289,6 +289,30 @@ TEST(ChunkedLoss, TokenStatsAreTheDistributionsEntropySquaresMeanAndTopOne) {
   }
 }
 
+// A real vocabulary's tail: a language model puts nearly all its mass on a few tokens and
+// ~1e-9 on each of tens of thousands of others, whose terms of the entropy's sum each lie below
+// half an ulp of the sum: a float32 running sum (a BLAS dot) loses all of them — measured 1.5e-4
+// of SmolLM2's entropy, low —; the statistics keep them, = float64's. The logits are exactly the
+// first column of the weight (h = [s, 0]), s scaling them per row.
+TEST(ChunkedLoss, TokenStatsKeepAWideVocabularysTail) {
+  at::manual_seed(8);
+  const int64_t V = int64_t{1} << 16;
+  at::Tensor w = at::zeros({V, 2});
+  w.select(1, 0).copy_(at::randn({V}) * 0.5 - 20.0);           // the tail
+  w.select(1, 0).narrow(0, 0, 8).copy_(at::randn({8}) * 1.5);  // the few likely tokens
+  const at::Tensor h = at::tensor({1.0f, 0.0f, 0.8f, 0.0f, 1.2f, 0.0f}).view({3, 2});
+  const at::Tensor t = at::tensor({int64_t{0}, int64_t{3}, V - 1});
+  at::Tensor stats;
+  linear_token_logprobs(h, w, t, 3, at::kFloat, nullptr, false, &stats);
+  const at::Tensor z = at::linear(h.to(at::kDouble), w.to(at::kDouble));
+  const at::Tensor logp = at::log_softmax(z, 1);
+  const at::Tensor want = -(logp.exp() * logp).sum(1);
+  const at::Tensor got = stats.select(1, TokenStat::entropy).to(at::kDouble);
+  const double lse_rounding = 4 * std::ldexp(1.0, -24) * z.abs().max().item<double>();
+  EXPECT_TRUE(at::allclose(got, want, 1e-6, lse_rounding))
+      << "largest difference " << (got - want).abs().max().item<double>() << " of " << want;
+}
+
 // The bytes the statistics take beside a chunk's logits, as the memory plan counts them
 // (token_stats_bytes; train/memory.cpp): the forward's allocator peak with them is at most the
 // chunk's without them, or the logits and token_stats_bytes where that is more.
