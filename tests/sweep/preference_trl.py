@@ -401,13 +401,16 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
 
 def floor_of(m, record, beta, prefix=""):
     """The scale a metric's difference is relative to, at least: the rewards and margins are beta
-    times a difference of log-probabilities, the mean logits means of logits of either sign, near 0
+    times a difference of log-probabilities, ORPO's log_odds_chosen a difference of log-odds of the
+    (mean) log-probabilities, the mean logits means of logits of either sign, near 0
     (their float32 rounding is that of the log-probabilities and of the logits, of order 0.1 to 1
     here, they come from: 1e-2 at rtol 1e-5 is an absolute 1e-7)."""
     if m.startswith("rewards/") and m != "rewards/accuracies":
         return beta * max(abs(record[prefix + "logps/chosen"]), abs(record[prefix + "logps/rejected"]))
     if m.startswith("logits/"):
         return 1e-2
+    if m == "log_odds_chosen":  # ORPO's: a difference of the log-odds of mean log-probabilities, near 0
+        return max(abs(record[prefix + "logps/chosen"]), abs(record[prefix + "logps/rejected"]))
     return 1e-12
 
 
