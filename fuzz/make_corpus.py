@@ -85,6 +85,13 @@ def jsonl_seeds():
                           "rejected": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}]},
         "pair_text": {"chosen": "Q: 2+2? A: 4 é", "rejected": "Q: 2+2? A: 5"},
         "not_an_object": [1, 2, 3],
+        "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": [1.5e-05, -0.0, 1e16]}}}],
+                  "messages": [{"role": "user", "content": "Call f"},
+                               {"role": "assistant", "content": None, "tool_calls": [
+                                   {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+                                   {"name": "f", "arguments": "{\"x\": 2}"}]},
+                               {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                               {"role": "assistant", "content": "Done."}]},
     }
     for name, r in records.items():
         put("jsonl_record", name, json.dumps(r, ensure_ascii=False))

@@ -28,7 +28,7 @@
 namespace ptrain {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
+using ojson = nlohmann::ordered_json;  // records keep their key order (tool arguments), answers too
 
 namespace {
 
@@ -103,7 +103,7 @@ class Session {
     return ptrain::complete(*model_, prompt, eos_, o, tok, stream);
   }
   // A record of --in: {"prompt": text}, {"messages": chat} or {"ids": [...]}.
-  std::vector<int32_t> record_prompt(const json& record) {
+  std::vector<int32_t> record_prompt(const ojson& record) {
     if (!record.is_object()) throw RuntimeError("a record must be a JSON object");
     const int kinds = static_cast<int>(record.contains("ids")) + static_cast<int>(record.contains("messages")) +
                       static_cast<int>(record.contains("prompt"));
@@ -172,12 +172,12 @@ void answer_file(const GenerateRequest& r, Session& session) {
   for (std::string text; std::getline(in, text);) {
     ++line;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json record;
+    ojson record;
     std::vector<int32_t> prompt;
     try {
-      record = json::parse(text);
+      record = ojson::parse(text);
       prompt = session.record_prompt(record);
-    } catch (const json::exception& e) {
+    } catch (const ojson::exception& e) {
       throw UsageError(r.in + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
     } catch (const RuntimeError& e) {
       throw UsageError(r.in + ":" + std::to_string(line) + ": " + e.what());
@@ -186,7 +186,7 @@ void answer_file(const GenerateRequest& r, Session& session) {
     const bool text_out = !record.contains("ids") || tok;
     const Completion done = session.complete(prompt, r.sampling, text_out ? tok : nullptr);
     report(done);
-    json answer = record;
+    ojson answer = record;
     answer["prompt_ids"] = prompt;
     answer["ids"] = done.ids;
     if (text_out && tok) answer["text"] = done.text;

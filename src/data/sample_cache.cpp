@@ -35,7 +35,7 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'T', 'S', 'A', 'M', 'P', 'L', 'E'};
 // Bumped whenever the layout changes or rendering changes what it makes of the same input.
-constexpr uint32_t kCacheVersion = 2;  // 2: stats hold reasoning_dropped
+constexpr uint32_t kCacheVersion = 3;  // 2: stats hold reasoning_dropped; 3: chats with tools render (Qwen2.5)
 
 struct Trailer {
   char magic[8];
@@ -106,6 +106,7 @@ json key_parts(const std::string& data_path, DataFormat file_format, const Token
        {{"template", chat_template_names()[static_cast<size_t>(format.kind)]},
         {"date", format.date},
         {"default_system", format.default_system},
+        {"tools", format.tools},
         {"bos", format.bos},
         {"eos", format.eos}}},
       {"max_ids", o.max_ids},

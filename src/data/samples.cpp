@@ -12,18 +12,20 @@
 #include "common/fs_util.h"
 #include "data/json_array.h"
 #include "data/parquet.h"
+#include "data/python_json.h"
 #include "data/rows.h"
 #include "data/sample_writer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptrain {
 
-using nlohmann::json;
+// Records keep their keys' order: a chat's tools and tool arguments render as written (python_json).
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
-const std::string& string_field(const json& j, const char* key) {
-  const json& v = j.at(key);
+const std::string& string_field(const ojson& j, const char* key) {
+  const ojson& v = j.at(key);
   if (!v.is_string()) throw RuntimeError(std::string("\"") + key + "\" must be a string");
   return v.get_ref<const std::string&>();
 }
@@ -35,7 +37,7 @@ const std::string& string_field(const json& j, const char* key) {
 // templates other than Qwen3's refuse it when they render.) `what` names the object, with its
 // 1-based `number` among its kind where it has one (a message, a turn): the label is built only
 // for a refusal, as every turn of every record is asked.
-void only_fields(const json& o, std::initializer_list<const char*> read, const char* what, size_t number = 0) {
+void only_fields(const ojson& o, std::initializer_list<const char*> read, const char* what, size_t number = 0) {
   for (auto it = o.begin(); it != o.end(); ++it) {
     bool known = false;
     for (const char* r : read) known = known || it.key() == r;
@@ -50,23 +52,90 @@ void only_fields(const json& o, std::initializer_list<const char*> read, const c
   }
 }
 
-std::vector<ChatMessage> messages_of(const json& j) {
-  only_fields(j, {"messages"}, "a \"messages\" record");
-  return chat_turns(j.at("messages"));
+// A chat's "tools" (null or a list of tool definitions, each an object) as the template's
+// `tojson` renders each.
+std::vector<std::string> tools_of(const ojson& j) {
+  std::vector<std::string> out;
+  if (!j.contains("tools") || j.at("tools").is_null()) return out;
+  const ojson& tools = j.at("tools");
+  if (!tools.is_array()) throw RuntimeError("\"tools\" must be a list of tool definitions (JSON objects)");
+  for (const ojson& t : tools) {
+    if (!t.is_object()) throw RuntimeError("each of \"tools\" must be a tool definition (a JSON object)");
+    out.push_back(python_json(t));
+  }
+  return out;
+}
+
+// A reply's "tool_calls" (null or a list) as the released Qwen2.5 and Qwen3 templates read each:
+// the call's "function" where it has one, its "name" (a string) and "arguments" (an object, or a
+// string: Qwen2.5's `tojson` quotes it, Qwen3's renders it as given). A call's "id" and "type",
+// which the templates do not render, are read and left out.
+std::vector<ToolCall> tool_calls_of(const ojson& m, size_t number) {
+  std::vector<ToolCall> out;
+  const ojson& calls = m.at("tool_calls");
+  if (calls.is_null()) return out;
+  const std::string where = "message " + std::to_string(number) + "'s tool call ";
+  if (!calls.is_array()) throw RuntimeError("message " + std::to_string(number) + "'s \"tool_calls\" must be a list");
+  for (const ojson& call : calls) {
+    const std::string at = where + std::to_string(out.size() + 1);
+    if (!call.is_object()) throw RuntimeError(at + " must be a JSON object");
+    const bool wrapped = call.contains("function");
+    only_fields(call,
+                wrapped ? std::initializer_list<const char*>{"function", "id", "type"}
+                        : std::initializer_list<const char*>{"name", "arguments", "id", "type"},
+                at.c_str());
+    const ojson& f = wrapped ? call.at("function") : call;
+    if (!f.is_object()) throw RuntimeError(at + "'s \"function\" must be a JSON object");
+    if (wrapped) only_fields(f, {"name", "arguments"}, (at + "'s function").c_str());
+    if (!f.contains("name") || !f.at("name").is_string() || !f.contains("arguments"))
+      throw RuntimeError(at + " needs \"name\" (a string) and \"arguments\"");
+    if (!f.at("arguments").is_object() && !f.at("arguments").is_string())
+      throw RuntimeError(at + "'s \"arguments\" must be a JSON object (or a string holding one)");
+    out.push_back({f.at("name").get<std::string>(), python_json(f.at("arguments"))});
+    if (f.at("arguments").is_string()) out.back().text = f.at("arguments").get<std::string>();
+  }
+  return out;
+}
+
+struct Chat {
+  std::vector<ChatMessage> messages;
+  std::vector<std::string> tools;  // python_json of each
+};
+
+Chat messages_of(const ojson& j) {
+  only_fields(j, {"messages", "tools"}, "a \"messages\" record");
+  return {chat_turns(j.at("messages")), tools_of(j)};
 }
 
 }  // namespace
 
-std::vector<ChatMessage> chat_turns(const json& list) {
+std::vector<ChatMessage> chat_turns(const ojson& list) {
   if (!list.is_array() || list.empty())
     throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
   std::vector<ChatMessage> out;
-  for (const json& m : list) {
-    if (!m.is_object() || !m.contains("role") || !m.contains("content"))
+  for (const ojson& m : list) {
+    const size_t number = out.size() + 1;
+    if (m.is_object() && m.contains("tool_calls") && !m.at("tool_calls").is_null() && !m.at("tool_calls").is_array())
+      throw RuntimeError("message " + std::to_string(number) + "'s \"tool_calls\" must be a list");
+    const bool calls =
+        m.is_object() && m.contains("tool_calls") && m.at("tool_calls").is_array() && !m.at("tool_calls").empty();
+    // a reply that calls tools may have no content (null, or none at all)
+    if (!m.is_object() || !m.contains("role") || (!m.contains("content") && !calls))
       throw RuntimeError("each message needs \"role\" and \"content\"");
-    only_fields(m, {"role", "content", "reasoning_content"}, "message", out.size() + 1);
-    out.push_back({string_field(m, "role"), string_field(m, "content"), std::nullopt});
+    const std::string& role = string_field(m, "role");
+    if (role == "tool")  // a tool's result: the call's id and the tool's name are not rendered
+      only_fields(m, {"role", "content", "tool_call_id", "name"}, "message", number);
+    else
+      only_fields(m, {"role", "content", "reasoning_content", "tool_calls"}, "message", number);
+    const bool no_content = !m.contains("content") || m.at("content").is_null();
+    out.push_back({role, calls && no_content ? std::string() : string_field(m, "content"), std::nullopt});
+    out.back().content_null = calls && no_content;
     if (m.contains("reasoning_content")) out.back().reasoning = string_field(m, "reasoning_content");
+    if (m.contains("tool_calls")) {
+      if (role != "assistant")
+        throw RuntimeError("message " + std::to_string(number) + " holds \"tool_calls\", which only a reply may");
+      out.back().tool_calls = tool_calls_of(m, number);
+    }
   }
   return out;
 }
@@ -74,13 +143,13 @@ std::vector<ChatMessage> chat_turns(const json& list) {
 namespace {
 
 // ShareGPT's {"from", "value"} turns; "human" / "gpt" are user / assistant.
-std::vector<ChatMessage> sharegpt_of(const json& j) {
-  const json& list = j.at("conversations");
+std::vector<ChatMessage> sharegpt_of(const ojson& j) {
+  const ojson& list = j.at("conversations");
   if (!list.is_array() || list.empty())
     throw RuntimeError("\"conversations\" must be a non-empty array of {\"from\", \"value\"}");
   only_fields(j, {"conversations"}, "a \"conversations\" record");
   std::vector<ChatMessage> out;
-  for (const json& m : list) {
+  for (const ojson& m : list) {
     if (!m.is_object() || !m.contains("from") || !m.contains("value"))
       throw RuntimeError("each turn of \"conversations\" needs \"from\" and \"value\"");
     only_fields(m, {"from", "value"}, "turn", out.size() + 1);
@@ -94,16 +163,16 @@ std::vector<ChatMessage> sharegpt_of(const json& j) {
 
 // Alpaca's instruction / input / output (and an optional system) as a conversation; "history"
 // (as LLaMA-Factory writes it: [[instruction, output], ...]) is the turns before it.
-std::vector<ChatMessage> alpaca_of(const json& j) {
+std::vector<ChatMessage> alpaca_of(const ojson& j) {
   if (!j.contains("output"))
     throw RuntimeError("an Alpaca record needs \"instruction\" and \"output\" (\"input\" is optional)");
   only_fields(j, {"instruction", "input", "output", "system", "history"}, "an Alpaca record");
   std::vector<ChatMessage> out;
   if (j.contains("system") && !string_field(j, "system").empty()) out.push_back({"system", string_field(j, "system")});
   if (j.contains("history")) {
-    const json& history = j.at("history");
+    const ojson& history = j.at("history");
     if (!history.is_array()) throw RuntimeError("\"history\" must be a list of [instruction, output] pairs");
-    for (const json& turn : history) {
+    for (const ojson& turn : history) {
       if (!turn.is_array() || turn.size() != 2 || !turn[0].is_string() || !turn[1].is_string())
         throw RuntimeError("each turn of \"history\" must be [instruction, output], two strings");
       out.push_back({"user", turn[0].get<std::string>()});
@@ -128,7 +197,7 @@ const std::vector<std::string>& record_fields() {
 
 namespace {
 // Leaves out the fields data.ignore_fields names, in the record and in its turns.
-void drop_ignored(json& j, const std::vector<std::string>& ignored) {
+void drop_ignored(ojson& j, const std::vector<std::string>& ignored) {
   if (ignored.empty() || !j.is_object()) return;
   for (const auto& f : ignored) j.erase(f);
   for (auto& [key, list] : j.items())
@@ -139,9 +208,9 @@ void drop_ignored(json& j, const std::vector<std::string>& ignored) {
 }
 
 // Renames a dataset's own field names to the canonical ones, in the record and in its turns.
-void canonical_names(json& j, const FieldNames& fields) {
+void canonical_names(ojson& j, const FieldNames& fields) {
   if (fields.empty() || !j.is_object()) return;
-  auto rename = [&](json& o) {
+  auto rename = [&](ojson& o) {
     for (const auto& [canonical, theirs] : fields)
       if (o.is_object() && o.contains(theirs) && !o.contains(canonical)) {
         o[canonical] = std::move(o[theirs]);
@@ -154,18 +223,18 @@ void canonical_names(json& j, const FieldNames& fields) {
       for (auto& turn : j[list]) rename(turn);
 }
 // The record's fields, "a, b" ("nothing" when it has none).
-std::string field_list(const json& j) {
+std::string field_list(const ojson& j) {
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
   return keys.empty() ? "nothing" : keys;
 }
 
 // One line as a record object: its fields renamed to the canonical ones, the ignored ones gone.
-json parsed_record(const std::string& line, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
-  json j;
+ojson parsed_record(const std::string& line, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
+  ojson j;
   try {
-    j = json::parse(line);
-  } catch (const json::exception& e) {
+    j = ojson::parse(line);
+  } catch (const ojson::exception& e) {
     throw RuntimeError(std::string("not valid JSON (") + e.what() + ")");
   }
   if (!j.is_object()) throw RuntimeError("a record must be a JSON object");
@@ -177,14 +246,26 @@ json parsed_record(const std::string& line, const FieldNames& fields, const std:
 
 Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
                      SampleStats& stats, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
-  json j = parsed_record(line, fields, ignore_fields);
-  const auto chat = [&](const std::vector<ChatMessage>& messages) {
-    Sample s = render_chat(tok, format, messages, train_on_prompt);
+  ojson j = parsed_record(line, fields, ignore_fields);
+  const auto chat = [&](const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools = {}) {
+    Sample s = render_chat(tok, format, messages, train_on_prompt, tools);
     ++stats.chat;  // counted once rendered: a record skipped as bad is counted there
     stats.reasoning_dropped += replies_losing_reasoning(format, messages);
     return s;
   };
-  if (j.contains("messages")) return chat(messages_of(j));
+  if (j.contains("messages")) {
+    const Chat c = messages_of(j);
+    const bool calls =
+        std::any_of(c.messages.begin(), c.messages.end(), [](const ChatMessage& m) { return !m.tool_calls.empty(); });
+    if (!c.tools.empty() || calls) {  // numbers render (python_json): Python keeps a wide integer one
+      const std::string wide = wide_json_integer(line);
+      if (!wide.empty())
+        throw RuntimeError("the integer " + wide.substr(0, 40) +
+                           " is too large for 64 bits, and ptrain cannot render it as transformers does (as "
+                           "written): write it as a string");
+    }
+    return chat(c.messages, c.tools);
+  }
   if (j.contains("conversations")) return chat(sharegpt_of(j));
   if (j.contains("instruction")) return chat(alpaca_of(j));
   if (j.contains("prompt") || j.contains("completion")) {
@@ -251,8 +332,8 @@ namespace {
 // prompt's rendering (with the generation prompt) shares with both whole chats, and the rest of
 // each (Python's characters: the cut is on a UTF-8 character boundary).
 std::array<std::string, 3> chat_pair_text(const ChatFormat& format, const std::vector<ChatMessage>& turns,
-                                          const json& chosen, const json& rejected) {
-  const auto whole = [&](const json& completion) {
+                                          const ojson& chosen, const ojson& rejected) {
+  const auto whole = [&](const ojson& completion) {
     std::vector<ChatMessage> all = turns;
     for (auto& m : chat_turns(completion)) all.push_back(std::move(m));
     return chat_text(format, all, /*generation_prompt=*/false);
@@ -330,7 +411,7 @@ PreferencePair cpo_pair(const Tokenizer& tok, const PairTokenization& how, const
 PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format, const PairTokenization& how,
                                  const std::string& line, const FieldNames& fields,
                                  const std::vector<std::string>& ignore_fields) {
-  json j = parsed_record(line, fields, ignore_fields);
+  ojson j = parsed_record(line, fields, ignore_fields);
   if (!j.contains("chosen") || !j.contains("rejected")) {
     const std::string keys = field_list(j);
     throw RuntimeError(
@@ -339,8 +420,8 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
         keys + ")");
   }
   only_fields(j, {"prompt", "chosen", "rejected"}, "a preference record");
-  json prompt = j.contains("prompt") ? j.at("prompt") : json();
-  json chosen = j.at("chosen"), rejected = j.at("rejected");
+  ojson prompt = j.contains("prompt") ? j.at("prompt") : ojson();
+  ojson chosen = j.at("chosen"), rejected = j.at("rejected");
   const bool conversational = chosen.is_array();
   for (const auto* part : {&prompt, &chosen, &rejected}) {
     if (part->is_null() && part == &prompt) continue;
@@ -351,11 +432,15 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
     size_t idx = 0;
     const size_t n = std::min(chosen.size(), rejected.size());
     if (n == 0) throw RuntimeError("\"chosen\" or \"rejected\" is empty and there is no \"prompt\"");
-    while (idx < n && chosen[idx] == rejected[idx]) ++idx;
+    // equal as Python's dicts are: whatever the order of their keys
+    const auto same = [](const ojson& a, const ojson& b) {
+      return nlohmann::json::parse(a.dump()) == nlohmann::json::parse(b.dump());
+    };
+    while (idx < n && same(chosen[idx], rejected[idx])) ++idx;
     if (idx == n) idx = n - 1;  // as TRL's loop leaves its index
-    prompt = json(std::vector<json>(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(idx)));
-    chosen = json(std::vector<json>(chosen.begin() + static_cast<std::ptrdiff_t>(idx), chosen.end()));
-    rejected = json(std::vector<json>(rejected.begin() + static_cast<std::ptrdiff_t>(idx), rejected.end()));
+    prompt = ojson(std::vector<ojson>(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(idx)));
+    chosen = ojson(std::vector<ojson>(chosen.begin() + static_cast<std::ptrdiff_t>(idx), chosen.end()));
+    rejected = ojson(std::vector<ojson>(rejected.begin() + static_cast<std::ptrdiff_t>(idx), rejected.end()));
   } else if (prompt.is_null()) {  // the text they share
     const std::string c = chosen.get<std::string>(), r = rejected.get<std::string>();
     const size_t cut = shared_text_prompt(c, r);
@@ -365,6 +450,13 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
   }
   const std::vector<ChatMessage> turns =
       conversational && !prompt.empty() ? chat_turns(prompt) : std::vector<ChatMessage>{};
+  if (conversational)  // not yet compared with TRL's trainers: refused rather than rendered untested
+    for (const ojson* part : {&prompt, &chosen, &rejected})
+      for (const ChatMessage& m : part->empty() ? std::vector<ChatMessage>{} : chat_turns(*part))
+        if (m.role == "tool" || !m.tool_calls.empty())
+          throw RuntimeError(
+              "a preference record with tool calls or tool results, which ptrain reads only in SFT chats (\"messages\" "
+              "records) so far");
   if (how.cpo) {
     PreferencePair out;
     if (conversational) {
@@ -381,7 +473,7 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
   std::vector<int32_t> prompt_ids, with_chosen, with_rejected;
   if (conversational) {
     prompt_ids = render_prompt(tok, format, turns);
-    auto whole = [&](const json& completion) {
+    auto whole = [&](const ojson& completion) {
       std::vector<ChatMessage> all = turns;
       for (auto& m : chat_turns(completion)) all.push_back(std::move(m));
       return render_chat(tok, format, all, /*train_on_prompt=*/true).ids;

@@ -3,7 +3,8 @@
 //   {"text": "..."}                        BOS text EOS (the tokenizer's document markers), all
 //                                          trained
 //   {"messages": [{"role", "content"}..]}   the model's chat template (chat.h); only the
-//                                          assistant replies are trained
+//   (and "tools": [...])                   assistant replies are trained; tools, tool calls and
+//                                          tool results with Qwen2.5's and Qwen3's templates
 //   {"conversations": [{"from", "value"}..]} ShareGPT: from human / gpt / system (or user /
 //                                          assistant), rendered as "messages"
 //   {"instruction", "input", "output"}     Alpaca: one user turn (the instruction, then a blank
@@ -36,8 +37,10 @@ using FieldNames = std::vector<std::pair<std::string, std::string>>;
 const std::vector<std::string>& record_fields();
 
 // A "messages" list as chat turns: each {"role", "content"} (and a reply's "reasoning_content"),
-// strings; any other field of a turn is refused by name (RuntimeError, without location).
-std::vector<ChatMessage> chat_turns(const nlohmann::json& messages);
+// strings; a reply's "tool_calls" (its content then may be null or absent) and "tool" messages
+// (tool results; their "tool_call_id" and "name" are not rendered); any other field of a turn is
+// refused by name (RuntimeError, without location). Keys in their order (tool arguments render as written).
+std::vector<ChatMessage> chat_turns(const nlohmann::ordered_json& messages);
 
 // How preference records are tokenized: as TRL's DPOTrainer does (training.objective dpo), or
 // as its CPOTrainer does (`cpo`: simpo and cpo, TRL's CPOTrainer), with the tokenizer's bos_token and

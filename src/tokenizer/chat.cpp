@@ -176,7 +176,155 @@ struct KnownTemplate {
   const char* model;
   std::string text;
   std::string think_prompt = {};  // deepseek-r1 / qwq: what its generation prompt adds after the assistant header
+  bool tools = false;             // ptrain renders its tool branches too (chat_parts)
 };
+
+// Qwen2.5 Instruct's template as released (Qwen2.5-7B-Instruct's tokenizer_config.json), tool
+// branches and all: its tools, tool calls and tool results render too.
+constexpr const char* kQwen25Released = R"({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)";
+
+// Qwen3's template as first released (Qwen3-0.6B's tokenizer_config.json), tool branches and all:
+// its tools, tool calls and tool results render too.
+constexpr const char* kQwen3FirstRelease = R"({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set content = message.content %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in message.content %}
+                {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
+                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+)";
 
 constexpr const char* kDefaultSystemSlot = "<|im_start|>system\n\x01<|im_end|>\n";
 constexpr const char* kNamedSystemSlot =
@@ -955,18 +1103,6 @@ You are a helpful assistant.<|im_end|>
 {%- endif %}
 {%- if messages[0]['role'] == 'system' %})"},
                                {llama_plain_loop, llama_released_loop}};
-    const Edits qwen25_released{
-        {R"(or (message.role == "assistant") %})", R"(or (message.role == "assistant" and not message.tool_calls) %})"},
-        {R"('<|im_end|>' + '\n' }}
-    {%- endif %})",
-         R"('<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- endif %})"}};
     const Edits mistral_released{{R"({%- for message in loop_messages %}
     {%- if (message["role"] == "user") != (loop.index0 % 2 == 0) %})",
                                   R"({%- if not tools is defined %}
@@ -988,38 +1124,14 @@ You are a helpful assistant.<|im_end|>
 {{- bos_token }})"}};
     // Some releases of Mistral v0.3's template put the system message with the first user turn.
     const Edits system_first{{"loop.last and system_message", "loop.first and system_message"}};
-    // Qwen3's first release: no `content is string` guard, reasoning_content tested `is defined`,
-    // the content split off before the reasoning.
-    const Edits qwen3_first{
-        {" and message.content is string and not(", " and not("},
-        {R"(    {%- if message.content is string %}
-        {%- set content = message.content %}
-    {%- else %}
-        {%- set content = '' %}
-    {%- endif %}
-)",
-         ""},
-        {R"('\n' + content + '<|im_end|>' + '\n' }})", R"('\n' + message.content + '<|im_end|>' + '\n' }})"},
-        {R"(        {%- set reasoning_content = '' %}
-        {%- if message.reasoning_content is string %})",
-         R"(        {%- set content = message.content %}
-        {%- set reasoning_content = '' %}
-        {%- if message.reasoning_content is defined and message.reasoning_content is not none %})"},
-        {R"(            {%- if '</think>' in content %}
-                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-                {%- set content = content.split('</think>')[-1].lstrip('\n') %})",
-         R"(            {%- if '</think>' in message.content %}
-                {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
-                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %})"}};
     std::vector<KnownTemplate> more{
         {ChatTemplate::llama3_2, "Llama 3.2 Instruct", llama32},
         {ChatTemplate::llama3_1, "Llama 3.1 / 3.3 Instruct (as released)",
          edited(text_of("Llama 3.1 Instruct"), llama_released, "Llama 3.1 (as released)")},
         {ChatTemplate::llama3_2, "Llama 3.2 Instruct (as released)",
          edited(llama32, llama_released, "Llama 3.2 (as released)")},
-        {ChatTemplate::qwen2_5, "Qwen2.5 / Qwen2 Instruct (as released)",
-         edited(text_of("Qwen2.5 Instruct"), qwen25_released, "Qwen2.5 (as released)")},
-        {ChatTemplate::qwen3, "Qwen3 (first release)", edited(text_of("Qwen3"), qwen3_first, "Qwen3 (first release)")},
+        {ChatTemplate::qwen2_5, "Qwen2.5 / Qwen2 Instruct (as released)", kQwen25Released, "", true},
+        {ChatTemplate::qwen3, "Qwen3 (first release)", kQwen3FirstRelease, "", true},
         {ChatTemplate::mistral, "Mistral v0.3 (as released)",
          edited(text_of("Mistral v0.3"), mistral_released, "Mistral v0.3 (as released)")},
         {ChatTemplate::mistral_system_first, "Mistral v0.3 with the system message first",
@@ -1055,6 +1167,10 @@ struct Profile {
   std::map<std::string, int> features;
   std::vector<TemplateScan::Tag> tags;
   std::string default_system;
+  // Every tag, tool branches included (literals slotted alike, and a bare default system message
+  // — the tool branch's — too), and where a tool branch renders text outside its tags (0: none).
+  std::vector<TemplateScan::Tag> every_tag;
+  int tool_text_line = 0;
 };
 
 // `literal`, or a slot for a default system message (then stored in `message`): ChatML's
@@ -1102,6 +1218,16 @@ Profile profile_of(TemplateScan scan) {
         code += literal;
       }
   p.tags = std::move(scan.tags);
+  for (auto& tag : scan.every_tag)
+    for (std::string& code : tag.code)
+      if (!code.empty() && code[0] == '\'') {
+        std::string message;
+        const std::string literal = slotted(code.substr(1), named, message);
+        code.resize(1);
+        code += !p.default_system.empty() && literal == p.default_system ? std::string("\x01") : literal;
+      }
+  p.every_tag = std::move(scan.every_tag);
+  if (!scan.tool_output_text.empty()) p.tool_text_line = scan.tool_output_text.front().line;
   return p;
 }
 
@@ -1145,17 +1271,25 @@ std::string shown_tag(const std::string& source) {
 }
 
 // The first tag where `p` and `k` differ, or "" where every tag is the same.
-std::string tag_difference(const Profile& p, const Profile& k, const std::string& name) {
-  const size_t n = std::min(p.tags.size(), k.tags.size());
+std::string tag_difference(const std::vector<TemplateScan::Tag>& p, const std::vector<TemplateScan::Tag>& k,
+                           const std::string& name) {
+  const size_t n = std::min(p.size(), k.size());
   for (size_t i = 0; i < n; ++i)
-    if (p.tags[i].code != k.tags[i].code)
-      return "line " + std::to_string(p.tags[i].line) + ": the tag " + shown_tag(p.tags[i].source) + " is not " + name +
-             "'s " + shown_tag(k.tags[i].source);
-  if (p.tags.size() > n)
-    return "line " + std::to_string(p.tags[n].line) + ": the tag " + shown_tag(p.tags[n].source) +
-           " is past the end of " + name + "'s template";
-  if (k.tags.size() > n) return "it ends where " + name + "'s template goes on with " + shown_tag(k.tags[n].source);
+    if (p[i].code != k[i].code)
+      return "line " + std::to_string(p[i].line) + ": the tag " + shown_tag(p[i].source) + " is not " + name + "'s " +
+             shown_tag(k[i].source);
+  if (p.size() > n)
+    return "line " + std::to_string(p[n].line) + ": the tag " + shown_tag(p[n].source) + " is past the end of " + name +
+           "'s template";
+  if (k.size() > n) return "it ends where " + name + "'s template goes on with " + shown_tag(k[n].source);
   return "";
+}
+
+// Why a template's tool branches are not those of `released` ("" where they are).
+std::string tool_difference(const Profile& p, const Profile& released, const std::string& name) {
+  if (p.tool_text_line)
+    return "line " + std::to_string(p.tool_text_line) + ": a tool branch renders text outside its tags";
+  return tag_difference(p.every_tag, released.every_tag, name);
 }
 
 }  // namespace
@@ -1188,8 +1322,19 @@ RecognizedTemplate recognize_chat_template(const std::string& text, const std::s
   for (size_t i = 0; i < profiles.size(); ++i) {
     const KnownTemplate& k = known_templates()[i];
     std::string diff = difference(p, profiles[i], k.model);
-    if (diff.empty()) diff = tag_difference(p, profiles[i], k.model);
-    if (diff.empty()) return {k.kind, k.model, p.default_system, k.think_prompt};
+    if (diff.empty()) diff = tag_difference(p.tags, profiles[i].tags, k.model);
+    if (diff.empty()) {
+      RecognizedTemplate r{k.kind, k.model, p.default_system, k.think_prompt};
+      // its tools render where its tool branches are those of its family's release ptrain renders them for
+      const auto released = std::find_if(known_templates().begin(), known_templates().end(),
+                                         [&](const KnownTemplate& t) { return t.tools && t.kind == k.kind; });
+      if (released != known_templates().end()) {
+        const size_t at = static_cast<size_t>(released - known_templates().begin());
+        r.no_tools = tool_difference(p, profiles[at], released->model);
+        r.tools = r.no_tools.empty();
+      }
+      return r;
+    }
     size_t missing = 0;  // how far apart: literals on one side only
     for (const auto& l : p.literals) missing += profiles[i].literals.count(l.first) ? 0 : 1;
     for (const auto& l : profiles[i].literals) missing += p.literals.count(l.first) ? 0 : 1;
@@ -1319,6 +1464,9 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
       f.default_system = known.default_system;
       f.source = where + ", " + known.model + "'s template";
       f.think_prompt = known.think_prompt;
+      f.tools = known.tools;
+      if (!known.no_tools.empty())
+        f.no_tools = where + ": its tool branches are not the released ones ptrain renders (" + known.no_tools + ")";
       check_template_tokens(tok, f.kind, where);
     }
   }
@@ -1326,7 +1474,10 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
   if (f.kind == ChatTemplate::deepseek_r1) {
     f.bos_token = deepseek_bos(tok, f.source);
   }
-  if (requested == ChatTemplate::qwen2_5) f.default_system = kQwenSystem;
+  if (requested == ChatTemplate::qwen2_5) {  // the released template, tool branches and all
+    f.default_system = kQwenSystem;
+    f.tools = true;
+  }
   if (requested == ChatTemplate::devstral) f.default_system = devstral_system();
   if (f.kind == ChatTemplate::llama3_1) f.date = "26 Jul 2024";
   if (f.kind == ChatTemplate::llama3_2) {  // the template's strftime_now("%d %b %Y"), as transformers renders it
@@ -1426,16 +1577,87 @@ std::string after_reasoning(const std::string& content) {
   return end == std::string::npos ? content : content.substr(end + std::string("</think>").size());
 }
 
-std::vector<Part> chatml_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+// The tools as Qwen2.5's and Qwen3's released templates list them in the system turn: one `tojson`
+// line each, between their instructions.
+std::string tools_block(const std::vector<std::string>& tools) {
+  std::string text =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+      "function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const std::string& tool : tools) text += "\n" + tool;
+  return text +
+         "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+         "<args-json-object>}\n</tool_call>";
+}
+
+// Qwen2.5's released template with tools: the system turn holds the chat's system message, else the
+// default one, then the tools.
+std::string qwen25_tools_system(const ChatFormat& f, const std::vector<ChatMessage>& messages,
+                                const std::vector<std::string>& tools) {
+  return "system\n" + (!messages.empty() && messages[0].role == "system" ? messages[0].content : f.default_system) +
+         "\n\n" + tools_block(tools);
+}
+
+// Qwen2.5's and Qwen3's released templates: a run of tool results as one user turn of
+// <tool_response> blocks.
+void tool_result_parts(const std::vector<ChatMessage>& messages, size_t i, std::vector<Part>& parts) {
+  if (i == 0 || messages[i - 1].role != "tool") {
+    parts.push_back({"<|im_start|>", false});
+    parts.push_back({"user", false});
+  }
+  parts.push_back({"\n<tool_response>\n" + messages[i].content + "\n</tool_response>", false});
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") {
+    parts.push_back({"<|im_end|>", false});
+    parts.push_back({"\n", false});
+  }
+}
+
+// A tool call as both templates write it: {"name": "NAME", "arguments": ARGS}, ARGS as `tojson`
+// renders them (Qwen2.5's), or a string given as is where Qwen3's renders it so.
+std::string tool_call_text(const ToolCall& call, bool string_as_is) {
+  return "<tool_call>\n{\"name\": \"" + call.name +
+         "\", \"arguments\": " + (string_as_is && call.text ? *call.text : call.arguments) + "}\n</tool_call>";
+}
+
+// Qwen2.5's released template: a reply's tool calls after its role header and content, and a run of
+// tool results as one user turn.
+void qwen25_tool_parts(const std::vector<ChatMessage>& messages, size_t i, std::vector<Part>& parts) {
+  const ChatMessage& m = messages[i];
+  if (m.role == "assistant") {
+    parts.push_back({"<|im_start|>", false});
+    parts.push_back({"assistant\n", false});
+    std::string text = m.content.empty() ? "" : m.content + "\n";  // the template's '\n' + content
+    for (size_t c = 0; c < m.tool_calls.size(); ++c)
+      text += std::string(c ? "\n" : "") + tool_call_text(m.tool_calls[c], false);
+    parts.push_back({text, true});
+    parts.push_back({"<|im_end|>", true});
+    parts.push_back({"\n", true});
+    return;
+  }
+  tool_result_parts(messages, i, parts);
+}
+
+std::vector<Part> chatml_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages,
+                               const std::vector<std::string>& tools) {
   std::vector<Part> parts;
-  if (!f.default_system.empty() && (messages.empty() || messages[0].role != "system")) {
+  const bool system_first = !messages.empty() && messages[0].role == "system";
+  if (!tools.empty()) {  // Qwen2.5's: the system message goes into the tools' system turn
+    parts.push_back({"<|im_start|>", false});
+    parts.push_back({qwen25_tools_system(f, messages, tools), false});
+    parts.push_back({"<|im_end|>", false});
+    parts.push_back({"\n", false});
+  } else if (!f.default_system.empty() && !system_first) {
     parts.push_back({"<|im_start|>", false});
     parts.push_back({"system\n" + f.default_system, false});
     parts.push_back({"<|im_end|>", false});
     parts.push_back({"\n", false});
   }
-  for (size_t i = 0; i < messages.size(); ++i) {
+  for (size_t i = !tools.empty() && system_first ? 1 : 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
+    if (f.tools && (m.role == "tool" || !m.tool_calls.empty())) {
+      qwen25_tool_parts(messages, i, parts);
+      continue;
+    }
     check_role(f, m, {"system", "user", "assistant"});
     const bool reply = m.role == "assistant";
     // QwQ: a reply before the chat's last message loses its reasoning (and the newlines after it).
@@ -1476,11 +1698,30 @@ std::pair<std::string, std::string> qwen3_reasoning_and_content(const ChatMessag
   return {reasoning, content};
 }
 
-std::vector<Part> qwen3_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+// Qwen3's first release with tools: the system turn holds the chat's system message (and a blank
+// line) where it has one — no default —, then the tools.
+std::string qwen3_tools_system(const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools) {
+  const bool system = !messages.empty() && messages[0].role == "system";
+  return "system\n" + (system ? messages[0].content + "\n\n" : std::string()) + tools_block(tools);
+}
+
+std::vector<Part> qwen3_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages,
+                              const std::vector<std::string>& tools) {
   std::vector<Part> parts;
+  const bool system_first = !messages.empty() && messages[0].role == "system";
+  if (!tools.empty()) {
+    parts.push_back({"<|im_start|>", false});
+    parts.push_back({qwen3_tools_system(messages, tools), false});
+    parts.push_back({"<|im_end|>", false});
+    parts.push_back({"\n", false});
+  }
   const size_t last_query = qwen3_last_query(messages);
-  for (size_t i = 0; i < messages.size(); ++i) {
+  for (size_t i = !tools.empty() && system_first ? 1 : 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
+    if (f.tools && m.role == "tool") {
+      tool_result_parts(messages, i, parts);
+      continue;
+    }
     check_role(f, m, {"system", "user", "assistant"});
     parts.push_back({"<|im_start|>", false});
     if (m.role != "assistant") {
@@ -1498,6 +1739,16 @@ std::vector<Part> qwen3_parts(const ChatFormat& f, const std::vector<ChatMessage
       parts.push_back({"\n\n" + strip_newlines(content, true, false), true});
     } else {
       parts.push_back({content, true});
+    }
+    if (!m.tool_calls.empty()) {  // a newline before each but a first one after no content
+      if (m.content_null)
+        throw RuntimeError("message " + std::to_string(i + 1) +
+                           " calls tools without a content (null), which Qwen3's template (first release) cannot "
+                           "render (transformers raises): give it \"content\": \"\"");
+      std::string calls;
+      for (size_t c = 0; c < m.tool_calls.size(); ++c)
+        calls += std::string(c || !content.empty() ? "\n" : "") + tool_call_text(m.tool_calls[c], true);
+      parts.push_back({calls, true});
     }
     parts.push_back({"<|im_end|>", true});
     parts.push_back({"\n", true});
@@ -1650,9 +1901,26 @@ std::vector<Part> deepseek_r1_parts(const ChatFormat& f, const std::vector<ChatM
   return parts;
 }
 
+// A chat with tools, tool calls or tool results is rendered only by a format with `tools`.
+void check_tools(const ChatFormat& f, const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools) {
+  if (f.tools) return;
+  std::string what = tools.empty() ? "" : "the chat's tools";
+  for (size_t i = 0; i < messages.size() && what.empty(); ++i)
+    if (!messages[i].tool_calls.empty() || messages[i].role == "tool")
+      what = "message " + std::to_string(i + 1) + (messages[i].role == "tool" ? "'s tool result" : "'s tool calls");
+  if (what.empty()) return;
+  throw RuntimeError(what +
+                     ": ptrain renders tools, tool calls and tool results only with the released templates of Qwen2.5 "
+                     "and of Qwen3 (its first release), " +
+                     (f.no_tools.empty() ? "and these chats render as " + template_name(f) : f.no_tools) +
+                     " (set data.chat_template = \"qwen2.5\" if the data was made for it)");
+}
+
 // The chat as its template renders it, in parts: template text and message text, each with
 // whether it is trained (a reply's).
-std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages,
+                             const std::vector<std::string>& tools = {}) {
+  check_tools(f, messages, tools);
   switch (f.kind) {
     case ChatTemplate::llama3:
     case ChatTemplate::llama3_1:
@@ -1661,9 +1929,9 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
     case ChatTemplate::qwen2_5:
     case ChatTemplate::chatml:
     case ChatTemplate::qwq:
-      return chatml_parts(f, messages);
+      return chatml_parts(f, messages, tools);
     case ChatTemplate::qwen3:
-      return qwen3_parts(f, messages);
+      return qwen3_parts(f, messages, tools);
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2:
@@ -1700,20 +1968,21 @@ int64_t replies_losing_reasoning(const ChatFormat& f, const std::vector<ChatMess
 }
 
 Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<ChatMessage>& messages,
-                   bool train_on_prompt) {
+                   bool train_on_prompt, const std::vector<std::string>& tools) {
   require_template(f);
   check_reasoning(f, messages);
-  return tokenize_parts(tok, chat_parts(f, messages), train_on_prompt);
+  return tokenize_parts(tok, chat_parts(f, messages, tools), train_on_prompt);
 }
 
 namespace {
 // A prompt's chat, checked (it ends with a user message), and the template's generation prompt.
-std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages,
+                               const std::vector<std::string>& tools = {}) {
   require_template(f);
   if (messages.empty() || messages.back().role != "user")
     throw RuntimeError("a prompt to answer must end with a user message");
   check_reasoning(f, messages);
-  std::vector<Part> parts = chat_parts(f, messages);
+  std::vector<Part> parts = chat_parts(f, messages, tools);
   switch (f.kind) {
     case ChatTemplate::llama3:
     case ChatTemplate::llama3_1:
@@ -1759,11 +2028,12 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
   return tokenize_parts(tok, prompt_parts(f, messages), true).ids;
 }
 
-std::string chat_text(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool generation_prompt) {
-  if (generation_prompt) return joined(prompt_parts(f, messages));
+std::string chat_text(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool generation_prompt,
+                      const std::vector<std::string>& tools) {
+  if (generation_prompt) return joined(prompt_parts(f, messages, tools));
   require_template(f);
   check_reasoning(f, messages);
-  return joined(chat_parts(f, messages));
+  return joined(chat_parts(f, messages, tools));
 }
 
 std::string end_of_turn(const ChatFormat& f) {

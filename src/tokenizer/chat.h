@@ -59,12 +59,24 @@ namespace ptrain {
 
 class Tokenizer;
 
+// A reply's call of a tool: the function's name and its arguments as the template's `tojson`
+// renders them (python_json: an object, or a string as given).
+struct ToolCall {
+  std::string name;
+  std::string arguments;
+  std::optional<std::string> text = std::nullopt;  // arguments given as a string: it (Qwen3 renders it as is)
+};
+
 struct ChatMessage {
-  std::string role;  // system, user, assistant (llama3 also ipython)
-  std::string content;
+  std::string role;     // system, user, assistant, tool (a tool's result; llama3 also ipython)
+  std::string content;  // a reply with tool calls may have none ("", content_null)
   // A reply's reasoning given apart ("reasoning_content"): Qwen3's template renders it as the
   // reply's <think> block instead of splitting the content; every other template is refused it.
   std::optional<std::string> reasoning = std::nullopt;
+  // A reply's tool calls ("tool_calls"): rendered only by a format with `tools` (Qwen2.5's
+  // and Qwen3's released templates), refused by every other.
+  std::vector<ToolCall> tool_calls = {};
+  bool content_null = false;  // a reply with tool calls whose "content" is null or absent
 };
 
 struct Sample {
@@ -101,6 +113,11 @@ struct ChatFormat {
   std::string default_system;  // qwen2.5 / chatml / devstral: the system message of a chat that has none ("": none)
   std::string bos_token;       // deepseek-r1: the template's bos_token, as the directory's files resolve it
   std::string think_prompt;    // deepseek-r1 / qwq: what the generation prompt adds after the assistant header
+  // Renders a chat's tools, tool calls and tool results: Qwen2.5's released template or Qwen3's
+  // first release (their tool branches token for token), or data.chat_template = "qwen2.5". Where
+  // false, `no_tools` says why.
+  bool tools = false;
+  std::string no_tools;
   std::string source;  // how it was chosen, for the log: "data.chat_template", "<dir>/tokenizer_config.json", ...
   // Document markers of text and prompt/completion records ("" where the tokenizer has none):
   // Llama 3's <|begin_of_text|> / <|end_of_text|>, Qwen's <|endoftext|>, else the
@@ -143,6 +160,8 @@ struct RecognizedTemplate {
   std::string model;           // "Llama 3.1 / 3.3 Instruct (as released)", ...
   std::string default_system;  // ChatML's / Devstral's, read from the template ("" where it has none)
   std::string think_prompt;    // deepseek-r1 / qwq: the generation prompt after the assistant header
+  bool tools = false;          // its tool branches are its family's released ones ptrain renders, token for token
+  std::string no_tools;        // else why not, where its family has such a release (Qwen2.5, Qwen3; "" otherwise)
 };
 RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where);
 
@@ -155,8 +174,13 @@ std::string default_chat_template(const std::string& dir, std::string& where);
 // A conversation as the format's template renders it. Throws RuntimeError for a role the
 // template does not take, a conversation it refuses (Mistral: roles must alternate), or a reply
 // whose text merges with the template text around it into one token.
+//
+// `tools`: the chat's tool definitions, each as the template's `tojson` renders it (python_json);
+// a chat with tools, tool calls or tool results is refused by a format without `tools`. A reply
+// with tool calls is trained from after its role header ("<|im_start|>assistant") through its end
+// of turn, as a plain reply; tool results are not trained.
 Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::vector<ChatMessage>& messages,
-                   bool train_on_prompt);
+                   bool train_on_prompt, const std::vector<std::string>& tools = {});
 
 // How many replies of the conversation lose their reasoning — the text before a "</think>", or a
 // Qwen3 reply's reasoning_content — as the format's template renders them: Qwen3's before the last
@@ -175,7 +199,8 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& forma
 // The text a chat renders to, as apply_chat_template(tokenize=False) gives it (with the
 // generation prompt when asked, the chat then ending with a user message): the text whose
 // encoding render_chat's / render_prompt's ids are.
-std::string chat_text(const ChatFormat& format, const std::vector<ChatMessage>& messages, bool generation_prompt);
+std::string chat_text(const ChatFormat& format, const std::vector<ChatMessage>& messages, bool generation_prompt,
+                      const std::vector<std::string>& tools = {});
 // The token that ends a reply in this format: <|eot_id|>, <|im_end|> or </s>.
 std::string end_of_turn(const ChatFormat& format);
 

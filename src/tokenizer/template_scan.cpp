@@ -295,7 +295,7 @@ class Scanner {
           rendered_text(t_.substr(pos, open - pos), prev_block, prev_dash, block && open < t_.size(),
                         open < t_.size() && mark == '-', mark == '+', !prev_any);
       // Text inside a tool branch renders for no chat without tools, like the branch's tags.
-      if (!out.empty() && !in_tool()) scan_.output_text.push_back({out, line_at(pos)});
+      if (!out.empty()) (in_tool() ? scan_.tool_output_text : scan_.output_text).push_back({out, line_at(pos)});
       if (open >= t_.size()) break;
       const int line = line_at(open);
       pos = open + 2 + ((mark == '-' || mark == '+') ? 1 : 0);
@@ -308,8 +308,11 @@ class Scanner {
       const bool statement = t_[open + 1] == '%';
       const std::vector<Token> toks = lex_tag(t_, pos, statement, line, prev_dash);
       TemplateScan::Tag tag{{statement ? "{%" : "{{"}, collapsed(t_.substr(open, pos - open)), line};
+      TemplateScan::Tag whole = tag;
       bool shown = true;  // whether the tag goes into scan.tags (given it is outside tool branches)
       if (statement) shown = read_statement(toks, line, tag);
+      count_tokens(toks, 0, line, whole, /*count=*/false);
+      scan_.every_tag.push_back(std::move(whole));
       // A tool branch's own condition counts no more than its body: without tools it is false.
       if (in_tool()) continue;
       count_tokens(toks, statement ? 1 : 0, line, tag);
@@ -427,9 +430,9 @@ class Scanner {
       ++scan_.features[tok.text];
   }
 
-  // The tag's code from token `from` on: its literals and features counted; a raise_exception's
-  // message (which renders nothing) left out.
-  void count_tokens(const std::vector<Token>& toks, size_t from, int line, TemplateScan::Tag& tag) {
+  // The tag's code from token `from` on, with its literals and features counted where `count`; a
+  // raise_exception's message (which renders nothing) left out.
+  void count_tokens(const std::vector<Token>& toks, size_t from, int line, TemplateScan::Tag& tag, bool count = true) {
     bool last_other = false;
     for (size_t i = from; i < toks.size(); ++i) {
       const Token& tok = toks[i];
@@ -445,6 +448,7 @@ class Scanner {
         continue;
       }
       append_code(tag.code, last_other, tok);
+      if (!count) continue;
       if (tok.kind == Token::string)
         scan_.literals.push_back({tok.text, line});
       else if (tok.kind == Token::name)

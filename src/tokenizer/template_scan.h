@@ -41,6 +41,11 @@ struct TemplateScan {
     int line = 0;
   };
   std::vector<Tag> tags;
+  // Every tag, tool branches included, as tags are written (no branch folded into its `if`), and
+  // the text tool branches render outside their tags: what a chat with tools meets, for
+  // comparing a template's tool branches too (chat.cpp renders tools for one template).
+  std::vector<Tag> every_tag;
+  std::vector<Literal> tool_output_text;
   std::vector<std::string> unsupported;  // {% raw %}, {% call %}, {% set x %}...{% endset %}, ...: "line N: {% raw %}"
 };
 

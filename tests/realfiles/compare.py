@@ -36,6 +36,11 @@ For every set of the corpus:
               ptrain refuses the template naming its file; the templates of Llama 3.1 / 3.2 / 3.3
               Instruct, Qwen2.5, Qwen3, QwQ, Mistral Nemo, Devstral Small 2507 and DeepSeek-R1's
               distills, and the one transformers attaches to a converted Tekken vocabulary, must render
+  tool-chats  chats with tools, tool calls and tool results (tests/fixtures/make_tool_chat_fixtures.py's
+              records) as JSONL: with Qwen2.5's released template over hf5-qwen2 (the real Qwen2.5
+              tokenizer) and Qwen3's first release over hf5-qwen3 `ptrain eval` = transformers' loss
+              over the replies as apply_chat_template(messages, tools=...) renders them, each chat the
+              template raises on refused; Llama 3.1's refuses them
 Prints one table row per set and per template; exit 1 on any refusal or difference.
 """
 import json
@@ -57,6 +62,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
 from make_chat_template_fixtures import labels_of  # noqa: E402  (the chat fixtures' reference mask)
+from make_tool_chat_fixtures import QWEN3_RECORDS, RECORDS as TOOL_RECORDS  # noqa: E402  (chats with tools)
 
 CHATS = [
     [{"role": "user", "content": "What is 12 × 34?"}, {"role": "assistant", "content": "12 × 34 = 408."}],
@@ -182,16 +188,24 @@ def chat_check(binary, d, tok, tmp, gguf_file=None):
     if result is None:
         return error
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf_file, dtype=torch.float32)
+    loss, tokens = chatml_replies_loss(tok, model, [(chat, None) for chat in CHATS])
+    return result["mean_loss"], loss, result["tokens"], tokens
+
+
+def chatml_replies_loss(tok, model, chats):
+    """transformers' mean loss over the replies of `chats` ((messages, tools) pairs) as
+    apply_chat_template renders them — labels -100 but for each reply through its <|im_end|> and
+    newline — and the number of trained tokens."""
     total, tokens = 0.0, 0
-    for chat in CHATS:
-        out = tok.apply_chat_template(chat, tokenize=True)
+    for messages, tools in chats:
+        out = tok.apply_chat_template(messages, tools=tools, tokenize=True)
         ids = list(out["input_ids"]) if hasattr(out, "keys") else list(out)
         labels = labels_of(tok, ids, "<|im_start|>assistant\n", ["<|im_end|>", "\n"])
         n = sum(1 for label in labels[1:] if label != -100)
         with torch.no_grad():
             total += model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.item() * n
         tokens += n
-    return result["mean_loss"], total / tokens, result["tokens"], tokens
+    return total / tokens, tokens
 
 
 # Model sets whose `ptrain export --gguf` (f32) is read back: transformers' GGUF tokenizer (from
@@ -365,6 +379,79 @@ def templates(binary, corpus):
     return failures + len(missing)
 
 
+# Chats with tools under the released templates: Qwen2.5's and Qwen3's (first release) render them
+# (the real tokenizers of hf5-qwen2 / hf5-qwen3, whose <tool_call> tokens are as released), with the
+# records each template raises on refused; Llama 3.1's refuses them. name: (corpus model, the records).
+TOOL_TEMPLATES = {"Qwen-Qwen2.5-7B-Instruct": ("hf5-qwen2", TOOL_RECORDS),
+                  "Qwen-Qwen3-0.6B": ("hf5-qwen3", TOOL_RECORDS + QWEN3_RECORDS),
+                  "meta-llama-Llama-3.1-8B-Instruct": ("hf5-llama", None)}
+
+
+def tool_chats(binary, corpus):
+    """`ptrain eval` of chats with tools (JSONL) with each of TOOL_TEMPLATES = transformers' loss over
+    the replies as apply_chat_template(messages, tools=...) renders them (the same trained tokens,
+    the loss within 1e-4), and each record the template raises on refused alone; Llama 3.1's refuses
+    them all. The number that failed."""
+    failures = 0
+    print("\nchats with tools (tools, tool calls, tool results): ptrain = apply_chat_template, or refused")
+    for name, (base, records) in TOOL_TEMPLATES.items():
+        template = os.path.join(corpus, "chat-templates", name + ".jinja")
+        if not os.path.exists(template):
+            print(f"  {name:40} FAIL missing from the corpus")
+            failures += 1
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            d = os.path.join(tmp, "model")
+            with_template(os.path.join(corpus, base), template, d)
+            # the chats are longer than the corpus models' 256 positions (RoPE reaches past them)
+            with open(os.path.join(d, "config.json")) as f:
+                config = json.load(f)
+            config["max_position_embeddings"] = 1024
+            os.remove(os.path.join(d, "config.json"))
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(config, f, indent=2)
+
+            def ptrain_on(lines, tag):
+                path = os.path.join(tmp, tag + ".jsonl")
+                with open(path, "w") as f:
+                    f.write("\n".join(lines) + "\n")
+                return ptrain_eval(binary, d, path, tmp, fmt="jsonl", seq=1024)[:2]
+
+            if records is None:
+                result, error = ptrain_on(TOOL_RECORDS, "all")
+                ok = result is None and "ptrain renders tools, tool calls and tool results only with" in error
+                failures += not ok
+                print(f"  {name:40} {'ok' if ok else 'FAIL':4} {base}: "
+                      + (f"refused: {error[:150]}" if result is None else "RENDERED"))
+                continue
+            tok = AutoTokenizer.from_pretrained(d)
+            rendered, raised = [], []
+            for line in records:
+                record = json.loads(line)
+                try:
+                    tok.apply_chat_template(record["messages"], tools=record.get("tools"), tokenize=False)
+                    rendered.append(line)
+                except Exception:  # noqa: BLE001  (the template raises on it: ptrain must refuse it)
+                    raised.append(line)
+            not_refused = sum(ptrain_on([line], f"raised{i}")[0] is not None for i, line in enumerate(raised))
+            result, error = ptrain_on(rendered, "rendered")
+            if result is None:
+                print(f"  {name:40} FAIL {base}: refused: {error}")
+                failures += 1
+                continue
+            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+            parsed = [json.loads(line) for line in rendered]
+            loss, tokens = chatml_replies_loss(tok, model, [(r["messages"], r.get("tools")) for r in parsed])
+            rel = abs(result["mean_loss"] - loss) / abs(loss)
+            ok = result["tokens"] == tokens and rel <= 1e-4 and not not_refused
+            failures += not ok
+            print(f"  {name:40} {'ok' if ok else 'FAIL':4} {base}: {len(rendered)} chats, {result['tokens']} trained "
+                  f"tokens (transformers {tokens}), loss {result['mean_loss']:.6f} / {loss:.6f}, rel. diff "
+                  f"{rel:.1e}" + ("" if ok else "  DIFFER") + f"; {len(raised)} the template raises on, "
+                  f"{len(raised) - not_refused} refused")
+    return failures
+
+
 def main():
     hf_logging.disable_progress_bar()
     binary = os.path.abspath(sys.argv[1])
@@ -433,6 +520,8 @@ def main():
     print(f"{len(sets)} sets, {failures} with a refusal or a difference")
     if os.path.exists(os.path.join(corpus, "chat-templates", "DONE")) and (not only or "chat-templates" in only):
         failures += templates(binary, corpus)
+    if os.path.exists(os.path.join(corpus, "chat-templates", "DONE")) and (not only or "tool-chats" in only):
+        failures += tool_chats(binary, corpus)
     sys.exit(1 if failures else 0)
 
 

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "data/parquet.h"
+#include "data/python_json.h"
 #include "data/rows.h"
 #include "data/sample_cache.h"
 #include "data/samples.h"
@@ -302,7 +303,7 @@ TEST(Samples, FieldsNoRecordKindReadsAreRefusedOrLeftOutKnowingly) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "hi", "weight": 0}]})",
        "message 2 holds \"weight\", which ptrain does not read (it reads \"role\", \"content\", "
-       "\"reasoning_content\")"},
+       "\"reasoning_content\", \"tool_calls\")"},
       {R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "hi", "reasoning_content": "r"}]})",
        "message 2 holds reasoning_content, which only Qwen3's template renders, and only in a reply (these "
        "chats render as llama3)"},
@@ -589,6 +590,9 @@ TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
     others[name] = key(tok(), format(), changed);
   }
   others["chatml"] = key(tok(), chat_format(tok(), ChatTemplate::chatml), o);
+  ChatFormat with_tools = format();  // the same template, its tool branches rendered (Qwen2.5's) or not
+  with_tools.tools = true;
+  others["tools"] = key(tok(), with_tools, o);
   // The same tokenizer with one more byte in its tokenizer.json.
   std::filesystem::create_directory(dir / "tok");
   test::write_text(dir / "tok/tokenizer.json", read_text_file(tok().path()) + "\n");
@@ -856,6 +860,27 @@ TEST(Preference, RecordsPtrainCannotReadAreRefusedByName) {
   EXPECT_NE(why(R"({"prompt": [{"role": "assistant", "content": "a"}], "chosen": [], "rejected": []})")
                 .find("must end with a user message"),
             std::string::npos);
+  EXPECT_NE(why(R"({"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "assistant", "content": null,
+                 "tool_calls": [{"name": "f", "arguments": {}}]}], "rejected": [{"role": "assistant", "content": "b"}]})")
+                .find("a preference record with tool calls or tool results"),
+            std::string::npos);
+}
+
+// Without a prompt, the turns chosen and rejected share are the prompt — compared as Python's
+// dicts are (TRL's extract_prompt), whatever the order of their keys.
+TEST(Preference, TheSharedTurnsAreFoundWhateverTheOrderOfTheirKeys) {
+  const PairTokenization how{false, "", "<|eot_id|>"};
+  const PreferencePair a =
+      render_preference(tok(), format(), how,
+                        R"({"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "yes"}],
+          "rejected": [{"content": "q", "role": "user"}, {"role": "assistant", "content": "no"}]})");
+  const PreferencePair b = render_preference(
+      tok(), format(), how,
+      R"({"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "yes"}],
+          "rejected": [{"role": "assistant", "content": "no"}]})");
+  EXPECT_EQ(a.chosen.ids, b.chosen.ids);
+  EXPECT_EQ(a.rejected.ids, b.rejected.ids);
+  EXPECT_EQ(a.prompt_ids, b.prompt_ids);
 }
 
 TEST(Preference, PairsAreCutAsTrlCutsThemAndRowsHoldChosenThenRejected) {
@@ -907,4 +932,182 @@ TEST(Preference, PairsAreCutAsTrlCutsThemAndRowsHoldChosenThenRejected) {
     EXPECT_EQ(b.targets[4 + r].ne(kIgnoreIndex).sum().item<int64_t>(), set->trained_count(2 * pair + 1));
   }
   EXPECT_EQ(seen.size(), 4u);
+}
+
+namespace {
+
+// The qwen2.5-tools fixture tokenizer (Qwen2.5's <tool_call> flags) in `dir` with `tmpl` as its chat template.
+Tokenizer qwen_with_template(const test::TempDir& dir, const std::string& tmpl) {
+  const std::string src = test::fixture("chat_templates/qwen2.5-tools");
+  std::filesystem::copy_file(src + "/tokenizer.json", dir / "tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto config = nlohmann::json::parse(read_text_file(src + "/tokenizer_config.json"));
+  config["chat_template"] = tmpl;
+  test::write_text(dir / "tokenizer_config.json", config.dump());
+  return Tokenizer(dir.path);
+}
+
+const nlohmann::json& tool_fixture() {
+  static const nlohmann::json f = nlohmann::json::parse(read_text_file(test::fixture("tool_chats_expected.json")));
+  return f;
+}
+
+}  // namespace
+
+// Python's json.dumps (the `tojson` a template renders tools and arguments with) on awkward values
+// (tests/fixtures/make_tool_chat_fixtures.py): key order and a repeated key as json.loads keeps
+// them, every float form (1e-05, 1e+16, 1000000000000000.0, -0.0, 5e-324), 64-bit integers,
+// escapes, non-ASCII written as is.
+TEST(PythonJson, WritesWhatJsonDumpsWrites) {
+  for (const auto& c : tool_fixture().at("json"))
+    EXPECT_EQ(python_json(nlohmann::ordered_json::parse(c[0].get<std::string>())), c[1].get<std::string>())
+        << c[0].get<std::string>();
+  // an integer past 64 bits parses as a float, which Python would write as an integer: found
+  EXPECT_EQ(wide_json_integer(R"({"a": [1e30, 18446744073709551615, -9223372036854775809]})"), "-9223372036854775809");
+  EXPECT_EQ(wide_json_integer(R"({"a": [1e30, 1.0, 18446744073709551615, -9223372036854775808]})"), "");
+}
+
+// Chats with tools, tool calls and tool results render as transformers' apply_chat_template renders
+// them with Qwen2.5's released template and Qwen3's first release (tests/fixtures/
+// make_tool_chat_fixtures.py): the ids, and a loss on each reply — tool calls included — from after
+// its "<|im_start|>assistant\n" through its "<|im_end|>\n"; tool results and the tools' system turn
+// are not trained; a chat the template raises on (Qwen3's on a call without content) is refused.
+// Qwen2.5's the same with data.chat_template = "qwen2.5" over a directory whose template has no tool branches.
+TEST(ToolChats, RenderAsTransformersWithQwen25sAndQwen3sReleasedTemplates) {
+  test::TempDir plain_dir;
+  const Tokenizer plain = qwen_with_template(plain_dir, "{{ 'no tools' }}");
+  const ChatFormat named = chat_format(plain, ChatTemplate::qwen2_5);
+  int rendered = 0, refused = 0;
+  for (const auto& [name, fixture] : tool_fixture().at("templates").items()) {
+    const Tokenizer tok(test::fixture(fixture.at("tokenizer").get<std::string>()));  // the released template
+    const ChatFormat automatic = chat_format(tok, ChatTemplate::automatic);
+    ASSERT_TRUE(automatic.tools) << automatic.no_tools;
+    EXPECT_NE(
+        automatic.source.find(name == "qwen3" ? "Qwen3 (first release)" : "Qwen2.5 / Qwen2 Instruct (as released)"),
+        std::string::npos)
+        << automatic.source;
+    for (const auto& r : fixture.at("records")) {
+      const std::string line = r.at("line");
+      SampleStats stats;
+      if (r.contains("error")) {
+        EXPECT_THROW(render_record(tok, automatic, line, false, stats), RuntimeError) << name << ": " << line;
+        ++refused;
+        continue;
+      }
+      const auto labels = r.at("labels").get<std::vector<int64_t>>();
+      for (const auto* f : {&automatic, &named}) {
+        if (f == &named && name != "qwen2.5") continue;
+        const Sample s = render_record(f == &automatic ? tok : plain, *f, line, false, stats);
+        EXPECT_EQ(s.ids, r.at("ids").get<std::vector<int32_t>>()) << name << ": " << line;
+        ASSERT_EQ(s.trained.size(), labels.size()) << line;
+        for (size_t t = 0; t < labels.size(); ++t)
+          EXPECT_EQ(static_cast<bool>(s.trained[t]), labels[t] != -100) << name << ": " << line << " at " << t;
+      }
+      ++rendered;
+    }
+    for (const auto& p : fixture.at("prompts")) {
+      const auto record = nlohmann::ordered_json::parse(p.at("line").get<std::string>());
+      std::vector<std::string> tools;
+      for (const auto& t : record.at("tools")) tools.push_back(python_json(t));
+      const std::string text = chat_text(automatic, chat_turns(record.at("messages")), true, tools);
+      EXPECT_EQ(tok.encode(text), p.at("ids").get<std::vector<int32_t>>()) << name;
+    }
+  }
+  EXPECT_EQ(rendered, 12);  // Qwen2.5's 6, Qwen3's 6 (2 of its 8 are refused: a call with no content)
+  EXPECT_EQ(refused, 2);
+}
+
+// A chat with tools is rendered only by a template whose tool branches are the released Qwen2.5 or
+// Qwen3 ones, token for token; anywhere else it is refused naming why (the chat's plain turns still
+// render): Qwen3's later template (`content is string` guards) too, whose tool branches ptrain has
+// not compared.
+// Records whose tool parts ptrain does not read are refused naming the field.
+TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByName) {
+  const auto& qwen25 = tool_fixture().at("templates").at("qwen2.5");
+  const std::string tool_chat = qwen25.at("records")[1].at("line");
+  const std::string plain_chat =
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})";
+  const std::string released = qwen25.at("template");
+  auto edit = [&](const std::string& from, const std::string& to) {
+    std::string t = released;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return t.replace(at, from.size(), to);
+  };
+  test::TempDir edited_dir, moved_dir;
+  const Tokenizer qwen3_later(test::fixture("chat_templates/qwen3"));  // ptrain's Qwen3 template, guarded
+  const Tokenizer plain(test::fixture("chat_templates/qwen2.5"));      // Qwen2.5's template without tool branches
+  const Tokenizer edited = qwen_with_template(edited_dir, edit("'\\n</tool_response>'", "'\\n</tool_result>'"));
+  const Tokenizer moved = qwen_with_template(moved_dir, edit("(loop.index0 == 0) or", "(loop.index0 == 1) or"));
+  SampleStats stats;
+  for (const auto& [name, t, why] : std::vector<std::tuple<std::string, const Tokenizer*, std::string>>{
+           {"llama3", &tok(), "and these chats render as llama3"},
+           {"Qwen2.5 plain", &plain, "its tool branches are not the released ones ptrain renders (line 1: the tag"},
+           {"Qwen3's later template", &qwen3_later, "its tool branches are not the released ones ptrain renders"},
+           {"a tool literal edited", &edited, "(line 46: the tag \"{{- '\\n</tool_result>' }}\""},
+           {"a tool tag's number moved", &moved, "the tag \"{%- if (loop.index0 == 1) or"}}) {
+    const ChatFormat f = chat_format(*t, ChatTemplate::automatic);
+    EXPECT_FALSE(f.tools) << name;
+    EXPECT_NO_THROW(render_record(*t, f, plain_chat, false, stats)) << name;  // a chat without tools renders
+    try {
+      render_record(*t, f, tool_chat, false, stats);
+      ADD_FAILURE() << name << ": a chat with tools rendered";
+    } catch (const RuntimeError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("ptrain renders tools, tool calls and tool results only with the released templates of "
+                         "Qwen2.5 and of Qwen3 (its first release)"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find(why), std::string::npos) << name << ": " << msg;
+    }
+  }
+  {  // a tokenizer whose <tool_call> takes the whitespace before it (lstrip): no boundary after the header
+    const ChatFormat lstrip = chat_format(plain, ChatTemplate::qwen2_5);
+    try {
+      render_record(plain, lstrip, qwen25.at("records")[0].at("line").get<std::string>(), false, stats);
+      ADD_FAILURE() << "rendered with an lstrip <tool_call>";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("the tokenizer merges the start of \"<tool_call>"), std::string::npos)
+          << e.what();
+    }
+  }
+  test::TempDir dir;
+  const Tokenizer qwen = qwen_with_template(dir, released);
+  const ChatFormat f = chat_format(qwen, ChatTemplate::automatic);
+  const std::string user = R"({"role": "user", "content": "hi"})";
+  for (
+      const auto& [line, why] : std::vector<std::pair<std::string, std::string>>{
+          {R"({"messages": [)" + user + R"(, {"role": "assistant", "content": null}]})",
+           "\"content\" must be a string"},
+          {R"({"messages": [)" + user + R"(, {"role": "assistant", "content": null, "tool_calls": []}]})",
+           "\"content\" must be a string"},
+          {R"({"messages": [{"role": "user", "content": "x", "tool_calls": [{"name": "f", "arguments": {}}]}]})",
+           "message 1 holds \"tool_calls\", which only a reply may"},
+          {R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": [{"arguments": {}}]}]})",
+           "message 2's tool call 1 needs \"name\" (a string) and \"arguments\""},
+          {R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": [{"name": "f", "arguments": 3}]}]})",
+           "message 2's tool call 1's \"arguments\" must be a JSON object"},
+          {R"({"messages": [)" + user +
+               R"(, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}, "strict": true}}]}]})",
+           "message 2's tool call 1's function holds \"strict\""},
+          {R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": {"name": "f"}}]})",
+           "message 2's \"tool_calls\" must be a list"},
+          {R"({"messages": [)" + user + R"(, {"role": "tool", "content": "1", "weight": 0}]})",
+           "message 2 holds \"weight\""},
+          {R"({"messages": [)" + user + R"(], "tools": {"name": "f"}})", "\"tools\" must be a list"},
+          {R"({"messages": [)" + user + R"(], "tools": ["f"]})", "each of \"tools\" must be a tool definition"},
+          {R"({"messages": [)" + user + R"(], "tools": [{"x": 18446744073709551616}]})", "too large for 64 bits"},
+      }) {
+    try {
+      render_record(qwen, f, line, false, stats);
+      ADD_FAILURE() << "rendered " << line;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << line << ": " << e.what();
+    }
+  }
+  // the control: a well-formed call renders
+  EXPECT_NO_THROW(render_record(
+      qwen, f,
+      R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": [{"name": "f", "arguments": {"n": 1}}]}]})",
+      false, stats));
 }

@@ -11,12 +11,14 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "data/samples.h"
 #include "model/forward.h"
 #include "test_util.h"
 #include "tokenizer/chat.h"
@@ -826,7 +828,8 @@ TEST(Chat, EveryTemplateVariantIsRenderedAsTransformersOrRefused) {
       if (m.contains("reasoning_content")) chats.back().back().reasoning = m.at("reasoning_content").get<std::string>();
     }
   }
-  int read = 0, refused = 0, compared = 0, both_refuse = 0;
+  int read = 0, refused = 0, compared = 0, both_refuse = 0, tools_compared = 0, tools_refused = 0;
+  std::set<std::string> tools_read;          // the variants that rendered a chat with tools
   std::map<std::string, int> refusals;       // why, by the start of the message after the file name
   std::map<std::string, std::string> bases;  // a one-edit variant is its base's template with a splice
   for (const auto& v : fixture.at("variants"))
@@ -889,9 +892,36 @@ TEST(Chat, EveryTemplateVariantIsRenderedAsTransformersOrRefused) {
           << name << " (read as " << chat_template_names()[static_cast<size_t>(format.kind)] << "): chat " << chat
           << (prompt ? " + prompt" : "");
     }
+    if (!v.contains("tool_renders")) continue;
+    // chats with tools (JSONL records): rendered as transformers renders them, or refused
+    const auto& tool_renders = v.at("tool_renders");
+    ASSERT_EQ(tool_renders.size(), fixture.at("tool_records").size()) << name;
+    for (size_t k = 0; k < tool_renders.size(); ++k) {
+      const auto& r = tool_renders[k];
+      std::vector<int32_t> ids;
+      try {
+        SampleStats stats;
+        ids = render_record(tok, format, fixture.at("tool_records")[k].get<std::string>(), false, stats).ids;
+      } catch (const RuntimeError&) {
+        ++tools_refused;
+        continue;
+      }
+      if (r.is_string()) {
+        ADD_FAILURE() << name << ": tool record " << k << " rendered, but transformers refuses it: " << r;
+        continue;
+      }
+      ++tools_compared;
+      tools_read.insert(name);
+      EXPECT_EQ(ids, fixture.at("ids").at(r.get<size_t>()).get<std::vector<int32_t>>())
+          << name << ": tool record " << k;
+    }
   }
+  // the released templates' tool branches are read
+  EXPECT_TRUE(tools_read.count("qwen2.5 released") && tools_read.count("qwen2 released") &&
+              tools_read.count("qwen3 first release"));
   std::cout << fixture.at("variants").size() << " template variants: " << read << " read, each render equal to "
-            << "transformers' (" << compared << " renders compared, " << both_refuse << " refused by both); " << refused
-            << " refused:\n";
+            << "transformers' (" << compared << " renders compared, " << both_refuse
+            << " refused by both); chats with tools: " << tools_compared << " renders equal (" << tools_read.size()
+            << " variants), " << tools_refused << " refused; " << refused << " refused:\n";
   for (const auto& [why, n] : refusals) std::cout << "  " << n << " x " << why << "\n";
 }
