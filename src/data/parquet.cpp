@@ -21,19 +21,20 @@ namespace ptrain {
 
 namespace {
 
-using nlohmann::json;
+// Struct fields keep their schema's order (a chat's tools render with their keys as stored).
+using ojson = nlohmann::ordered_json;
 
 template <class ListType>
-json list_value(const arrow::Array& a, int64_t i, const std::function<json(const arrow::Array&, int64_t)>& value) {
+ojson list_value(const arrow::Array& a, int64_t i, const std::function<ojson(const arrow::Array&, int64_t)>& value) {
   const auto& list = static_cast<const ListType&>(a);
-  json out = json::array();
+  ojson out = ojson::array();
   const auto begin = list.value_offset(i), n = list.value_length(i);
   for (int64_t k = 0; k < n; ++k) out.push_back(value(*list.values(), begin + k));
   return out;
 }
 
 // The JSON value of row i of `a`; `column` names it in errors.
-json value_of(const arrow::Array& a, int64_t i, const std::string& column) {
+ojson value_of(const arrow::Array& a, int64_t i, const std::string& column) {
   if (a.IsNull(i)) return nullptr;
   const auto recurse = [&](const arrow::Array& child, int64_t k) { return value_of(child, k, column); };
   switch (a.type_id()) {
@@ -72,7 +73,7 @@ json value_of(const arrow::Array& a, int64_t i, const std::string& column) {
       return list_value<arrow::LargeListArray>(a, i, recurse);
     case arrow::Type::STRUCT: {
       const auto& s = static_cast<const arrow::StructArray&>(a);
-      json out = json::object();
+      ojson out = ojson::object();
       for (int f = 0; f < s.num_fields(); ++f)
         out[s.struct_type()->field(f)->name()] = value_of(*s.field(f), i, column);
       return out;
@@ -140,7 +141,7 @@ void parquet_records(const std::string& path, const ParquetBlock& block, const s
     // every buffer is checked before a value is read.
     if (const arrow::Status valid = table->ValidateFull(); !valid.ok())
       throw RuntimeError(path + ": row group " + std::to_string(g + 1) + " is damaged: " + valid.ToString());
-    std::vector<json> rows(static_cast<size_t>(table->num_rows()), json::object());
+    std::vector<ojson> rows(static_cast<size_t>(table->num_rows()), ojson::object());
     for (int c = 0; c < table->num_columns(); ++c) {
       const std::string name = table->schema()->field(c)->name();
       if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
@@ -158,7 +159,7 @@ void parquet_records(const std::string& path, const ParquetBlock& block, const s
     out.reserve(rows.size());
     for (auto& r : rows) {
       out.push_back(r.dump());
-      r = json();  // the group's JSON values go as their text is made
+      r = ojson();  // the group's JSON values go as their text is made
     }
     block(std::move(out), first, total);
     first += table->num_rows();

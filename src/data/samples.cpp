@@ -113,8 +113,18 @@ std::vector<ChatMessage> chat_turns(const ojson& list) {
   if (!list.is_array() || list.empty())
     throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
   std::vector<ChatMessage> out;
-  for (const ojson& m : list) {
+  for (const ojson& given : list) {
     const size_t number = out.size() + 1;
+    // A field that is null holds nothing: absent, as for the templates (a Parquet column of turns
+    // has every field of every turn, null where a turn lacks it) — but a null content, which is read.
+    const auto absent = [](const auto& field) { return field.value().is_null() && field.key() != "content"; };
+    ojson cleaned;
+    const bool nulls = given.is_object() && std::any_of(given.items().begin(), given.items().end(), absent);
+    if (nulls) {
+      cleaned = given;
+      for (auto it = cleaned.begin(); it != cleaned.end();) it = absent(it) ? cleaned.erase(it) : std::next(it);
+    }
+    const ojson& m = nulls ? cleaned : given;
     if (m.is_object() && m.contains("tool_calls") && !m.at("tool_calls").is_null() && !m.at("tool_calls").is_array())
       throw RuntimeError("message " + std::to_string(number) + "'s \"tool_calls\" must be a list");
     const bool calls =

@@ -1017,6 +1017,26 @@ TEST(ToolChats, RenderAsTransformersWithQwen25sAndQwen3sReleasedTemplates) {
   EXPECT_EQ(refused, 2);
 }
 
+// Chats with tools in Parquet (written by pyarrow): struct columns hold every field of every turn,
+// call and argument object, null where a record lacks it; the rows render as transformers renders
+// them as pyarrow (HF datasets) reads them — the struct fields in their schema's order, a null
+// turn field absent, a null argument rendered.
+TEST(ToolChats, ParquetRowsRenderAsTheirStructsSpell) {
+  if (!parquet_supported()) GTEST_SKIP() << "built without Parquet support (no pyarrow in the venv)";
+  const Tokenizer tok(test::fixture("chat_templates/qwen2.5-tools"));
+  const SampleSet got = SampleSet::from_parquet(test::fixture("parquet/tools.parquet"), tok,
+                                                chat_format(tok, ChatTemplate::automatic), {});
+  const auto& want = tool_fixture().at("parquet");
+  ASSERT_EQ(got.size(), static_cast<int64_t>(want.size()));
+  for (int64_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(ids_of(got, i), want[static_cast<size_t>(i)].at("ids").get<std::vector<int32_t>>()) << "row " << i + 1;
+    const auto labels = want[static_cast<size_t>(i)].at("labels").get<std::vector<int64_t>>();
+    const std::vector<uint8_t> trained = trained_of(got, i);
+    ASSERT_EQ(trained.size(), labels.size());
+    for (size_t t = 0; t < labels.size(); ++t) EXPECT_EQ(static_cast<bool>(trained[t]), labels[t] != -100) << t;
+  }
+}
+
 // A chat with tools is rendered only by a template whose tool branches are the released Qwen2.5 or
 // Qwen3 ones, token for token; anywhere else it is refused naming why (the chat's plain turns still
 // render): Qwen3's later template (`content is string` guards) too, whose tool branches ptrain has
