@@ -109,7 +109,8 @@ expect 2 "text prompts need the model's tokenizer: no --tokenizer, data.tokenize
 expect 2 "text prompts need the model's tokenizer: .*no tokenizer file" -- "$bin" generate --config "$tmp/ok.toml" --prompt hi --tokenizer "$tmp"
 echo '{"ids": [1, 2, 3]}' > "$tmp/ids.jsonl"; echo '{"prompt": 7}' > "$tmp/bad_prompt.jsonl"
 expect 0 "wrote 1 answers" -- "$bin" generate --config "$tmp/ok.toml" --in "$tmp/ids.jsonl" --out "$tmp/ids_out.jsonl" --max-new-tokens 3
-expect 0 "\"finish\":\"length\".*\"ids\":\[[0-9]+,[0-9]+,[0-9]+\]" -- cat "$tmp/ids_out.jsonl"
+expect 0 "\"ids\":\[[0-9]+,[0-9]+,[0-9]+\]" -- cat "$tmp/ids_out.jsonl"
+expect 0 "\"finish\":\"length\"" -- cat "$tmp/ids_out.jsonl"
 expect 2 "bad_prompt.jsonl:1: a record needs \"prompt\" \(text\), \"messages\" \(a chat\) or \"ids\"" -- "$bin" "${gen[@]}" --in "$tmp/bad_prompt.jsonl" --out "$tmp/b.jsonl"
 expect 1 "not a complete checkpoint" -- "$bin" "${gen[@]}" --prompt hi --checkpoint "$tmp/nowhere"
 echo '{"ids": [1, 5000]}' > "$tmp/big_id.jsonl"
