@@ -1054,7 +1054,9 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
     EXPECT_NE(at, std::string::npos) << from;
     return t.replace(at, from.size(), to);
   };
-  test::TempDir edited_dir, moved_dir;
+  test::TempDir edited_dir, moved_dir, text_dir;
+  const Tokenizer texted =
+      qwen_with_template(text_dir, edit("{%- for tool in tools %}", "Tools:\n{%- for tool in tools %}"));
   const Tokenizer qwen3_later(test::fixture("chat_templates/qwen3"));  // ptrain's Qwen3 template, guarded
   const Tokenizer plain(test::fixture("chat_templates/qwen2.5"));      // Qwen2.5's template without tool branches
   const Tokenizer edited = qwen_with_template(edited_dir, edit("'\\n</tool_response>'", "'\\n</tool_result>'"));
@@ -1064,6 +1066,7 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
            {"llama3", &tok(), "and these chats render as llama3"},
            {"Qwen2.5 plain", &plain, "its tool branches are not the released ones ptrain renders (line 1: the tag"},
            {"Qwen3's later template", &qwen3_later, "its tool branches are not the released ones ptrain renders"},
+           {"text in a tool branch", &texted, "a tool branch renders text outside its tags"},
            {"a tool literal edited", &edited, "(line 46: the tag \"{{- '\\n</tool_result>' }}\""},
            {"a tool tag's number moved", &moved, "the tag \"{%- if (loop.index0 == 1) or"}}) {
     const ChatFormat f = chat_format(*t, ChatTemplate::automatic);
@@ -1110,6 +1113,11 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
           {R"({"messages": [)" + user +
                R"(, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}, "strict": true}}]}]})",
            "message 2's tool call 1's function holds \"strict\""},
+          {R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": [{"function": null}]}]})",
+           "message 2's tool call 1's \"function\" must be a JSON object"},
+          {R"({"messages": [)" + user +
+               R"(, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}, "name": null}]}]})",
+           "message 2's tool call 1 holds \"name\""},
           {R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": {"name": "f"}}]})",
            "message 2's \"tool_calls\" must be a list"},
           {R"({"messages": [)" + user + R"(, {"role": "tool", "content": "1", "weight": 0}]})",
