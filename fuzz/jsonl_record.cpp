@@ -14,8 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto tok = std::make_unique<ptrain::Tokenizer>(PTRAIN_SOURCE_DIR "/tests/fixtures/hf_chat");
   static const auto formats = [] {
     std::vector<ptrain::ChatFormat> f;
-    for (auto t : {ptrain::ChatTemplate::llama3, ptrain::ChatTemplate::qwen2_5, ptrain::ChatTemplate::qwen3,
-                   ptrain::ChatTemplate::chatml, ptrain::ChatTemplate::mistral}) {
+    for (auto t : {ptrain::ChatTemplate::llama3, ptrain::ChatTemplate::llama3_1, ptrain::ChatTemplate::qwen2_5,
+                   ptrain::ChatTemplate::qwen3, ptrain::ChatTemplate::chatml, ptrain::ChatTemplate::mistral}) {
       try {
         f.push_back(ptrain::chat_format(*tok, t));
       } catch (const std::exception&) {  // a template this tokenizer cannot render

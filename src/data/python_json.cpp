@@ -81,28 +81,44 @@ void python_string(const std::string& s, std::string& out) {
   out += '"';
 }
 
-void dump(const nlohmann::ordered_json& v, std::string& out) {
+// indent < 0: one line, ", " and ": " between items (json.dumps' default); else each item on a line
+// of its own, `indent` spaces deeper per level, "," and ": " between them (json.dumps(indent=N)).
+void dump(const nlohmann::ordered_json& v, std::string& out, int indent, int depth) {
+  const auto item = [&](size_t i) {
+    if (indent < 0) {
+      if (i) out += ", ";
+      return;
+    }
+    out += i ? ",\n" : "\n";
+    out.append(static_cast<size_t>(indent) * static_cast<size_t>(depth + 1), ' ');
+  };
+  const auto close = [&](char c) {
+    if (indent >= 0 && !v.empty()) {
+      out += '\n';
+      out.append(static_cast<size_t>(indent) * static_cast<size_t>(depth), ' ');
+    }
+    out += c;
+  };
   switch (v.type()) {
     case nlohmann::json::value_t::object: {
       out += '{';
-      bool first = true;
+      size_t i = 0;
       for (auto it = v.begin(); it != v.end(); ++it) {
-        if (!first) out += ", ";
-        first = false;
+        item(i++);
         python_string(it.key(), out);
         out += ": ";
-        dump(it.value(), out);
+        dump(it.value(), out, indent, depth + 1);
       }
-      out += '}';
+      close('}');
       return;
     }
     case nlohmann::json::value_t::array: {
       out += '[';
       for (size_t i = 0; i < v.size(); ++i) {
-        if (i) out += ", ";
-        dump(v[i], out);
+        item(i);
+        dump(v[i], out, indent, depth + 1);
       }
-      out += ']';
+      close(']');
       return;
     }
     case nlohmann::json::value_t::string:
@@ -152,9 +168,9 @@ std::string wide_json_integer(const std::string& text) {
   return sax.found;
 }
 
-std::string python_json(const nlohmann::ordered_json& value) {
+std::string python_json(const nlohmann::ordered_json& value, int indent) {
   std::string out;
-  dump(value, out);
+  dump(value, out, indent, 0);
   return out;
 }
 

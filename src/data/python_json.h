@@ -11,8 +11,9 @@
 namespace ptrain {
 
 // A JSON integer past 64 bits parses as a float, which Python would write back as an integer:
-// callers refuse such input first (wide_json_integer).
-std::string python_json(const nlohmann::ordered_json& value);
+// callers refuse such input first (wide_json_integer). `indent` >= 0: json.dumps(value,
+// ensure_ascii=False, indent=indent) — each item on its own line, "," and ": " between.
+std::string python_json(const nlohmann::ordered_json& value, int indent = -1);
 
 // The first integer literal of `text` (a JSON text) too large for 64 bits, which a parse turns into
 // a float; "" where there is none (or the text does not parse).

@@ -35,7 +35,8 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'T', 'S', 'A', 'M', 'P', 'L', 'E'};
 // Bumped whenever the layout changes or rendering changes what it makes of the same input.
-constexpr uint32_t kCacheVersion = 3;  // 2: stats hold reasoning_dropped; 3: chats with tools render (Qwen2.5)
+// 2: stats hold reasoning_dropped; 3: chats with tools render (Qwen2.5); 4: with Llama 3.1 too, call_text_dropped
+constexpr uint32_t kCacheVersion = 4;
 
 struct Trailer {
   char magic[8];
@@ -131,6 +132,7 @@ json stats_json(const SampleStats& s) {
               {"first_bad", s.first_bad},
               {"dropped_untrained", s.dropped_untrained},
               {"reasoning_dropped", s.reasoning_dropped},
+              {"call_text_dropped", s.call_text_dropped},
               {"pairs", s.pairs},
               {"dropped_prompt_fills", s.dropped_prompt_fills},
               {"prompt_diverged", s.prompt_diverged}};
@@ -148,6 +150,7 @@ SampleStats stats_of(const json& j) {
   s.first_bad = j.at("first_bad").get<std::string>();
   s.dropped_untrained = j.at("dropped_untrained").get<int64_t>();
   s.reasoning_dropped = j.at("reasoning_dropped").get<int64_t>();
+  s.call_text_dropped = j.at("call_text_dropped").get<int64_t>();
   s.pairs = j.value("pairs", int64_t{0});
   s.dropped_prompt_fills = j.value("dropped_prompt_fills", int64_t{0});
   s.prompt_diverged = j.value("prompt_diverged", int64_t{0});

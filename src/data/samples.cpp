@@ -54,9 +54,9 @@ void only_fields(const ojson& o, std::initializer_list<const char*> read, const 
 
 // A chat's "tools" (null or a list of tool definitions, each an object) as the template's
 // `tojson` renders each.
-std::vector<std::string> tools_of(const ojson& j) {
+ChatTools tools_of(const ojson& j) {
+  if (!j.contains("tools") || j.at("tools").is_null()) return std::nullopt;
   std::vector<std::string> out;
-  if (!j.contains("tools") || j.at("tools").is_null()) return out;
   const ojson& tools = j.at("tools");
   if (!tools.is_array()) throw RuntimeError("\"tools\" must be a list of tool definitions (JSON objects)");
   for (const ojson& t : tools) {
@@ -66,10 +66,11 @@ std::vector<std::string> tools_of(const ojson& j) {
   return out;
 }
 
-// A reply's "tool_calls" (null or a list) as the released Qwen2.5 and Qwen3 templates read each:
-// the call's "function" where it has one, its "name" (a string) and "arguments" (an object, or a
-// string: Qwen2.5's `tojson` quotes it, Qwen3's renders it as given). A call's "id" and "type",
-// which the templates do not render, are read and left out.
+// A reply's "tool_calls" (null or a list) as the released Qwen2.5, Qwen3 and Llama 3.1 templates
+// read each: the call's "function" where it has one (Llama 3.1's reads only that form), its "name"
+// (a string) and "arguments" (an object, or a string: Qwen2.5's and Llama 3.1's `tojson` quote it,
+// Qwen3's renders it as given). A call's "id" and "type", which the templates do not render, are
+// read and left out.
 std::vector<ToolCall> tool_calls_of(const ojson& m, size_t number) {
   std::vector<ToolCall> out;
   const ojson& calls = m.at("tool_calls");
@@ -93,13 +94,14 @@ std::vector<ToolCall> tool_calls_of(const ojson& m, size_t number) {
       throw RuntimeError(at + "'s \"arguments\" must be a JSON object (or a string holding one)");
     out.push_back({f.at("name").get<std::string>(), python_json(f.at("arguments"))});
     if (f.at("arguments").is_string()) out.back().text = f.at("arguments").get<std::string>();
+    out.back().in_function = wrapped;
   }
   return out;
 }
 
 struct Chat {
   std::vector<ChatMessage> messages;
-  std::vector<std::string> tools;  // python_json of each
+  ChatTools tools;
 };
 
 Chat messages_of(const ojson& j) {
@@ -145,6 +147,7 @@ std::vector<ChatMessage> chat_turns(const ojson& list) {
       if (role != "assistant")
         throw RuntimeError("message " + std::to_string(number) + " holds \"tool_calls\", which only a reply may");
       out.back().tool_calls = tool_calls_of(m, number);
+      out.back().tool_calls_listed = true;
     }
   }
   return out;
@@ -257,17 +260,18 @@ ojson parsed_record(const std::string& line, const FieldNames& fields, const std
 Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
                      SampleStats& stats, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
   ojson j = parsed_record(line, fields, ignore_fields);
-  const auto chat = [&](const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools = {}) {
+  const auto chat = [&](const std::vector<ChatMessage>& messages, const ChatTools& tools = std::nullopt) {
     Sample s = render_chat(tok, format, messages, train_on_prompt, tools);
     ++stats.chat;  // counted once rendered: a record skipped as bad is counted there
     stats.reasoning_dropped += replies_losing_reasoning(format, messages);
+    stats.call_text_dropped += replies_losing_call_text(format, messages);
     return s;
   };
   if (j.contains("messages")) {
     const Chat c = messages_of(j);
     const bool calls =
         std::any_of(c.messages.begin(), c.messages.end(), [](const ChatMessage& m) { return !m.tool_calls.empty(); });
-    if (!c.tools.empty() || calls) {  // numbers render (python_json): Python keeps a wide integer one
+    if ((c.tools && !c.tools->empty()) || calls) {  // numbers render (python_json): Python keeps a wide integer one
       const std::string wide = wide_json_integer(line);
       if (!wide.empty())
         throw RuntimeError("the integer " + wide.substr(0, 40) +
@@ -630,6 +634,7 @@ void add_stats(SampleStats& to, const SampleStats& from) {
   to.skipped_bad += from.skipped_bad;
   to.dropped_untrained += from.dropped_untrained;
   to.reasoning_dropped += from.reasoning_dropped;
+  to.call_text_dropped += from.call_text_dropped;
   to.pairs += from.pairs;
   to.dropped_prompt_fills += from.dropped_prompt_fills;
   to.prompt_diverged += from.prompt_diverged;

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "data/python_json.h"
 #include "tokenizer/template_scan.h"
 #include "tokenizer/tokenizer.h"
 
@@ -162,15 +163,15 @@ std::string config_token(const fs::path& dir, const char* key) {
 }
 
 // The templates ptrain renders, as their models ship them (tool-call branches aside: a chat
-// without tools never enters them, and ptrain's chats have none). A directory's template is
-// recognized as one of these when it renders no text outside its tags and has the same tags in
-// the same order outside tool branches (TemplateScan::tags: every operator, name and literal but
-// raise_exception's message); anything else is refused, naming the first difference — in its
-// string literals, filters, methods, token variables or loop / namespace attributes (counted), else
-// the first tag that differs (an edit of logic alone: `!=` for `==`, a moved slice bound).
-// ChatML's default system message ("<|im_start|>system\n...<|im_end|>\n") and the one a template
-// sets default_system_message to (Devstral's) may be any text: it is read from the template and
-// rendered when a chat has no system message.
+// without tools never enters them; those marked `tools` are the releases whose tool branches
+// ptrain renders too, and a template's tool branches must be theirs, every tag, for a chat with
+// tools to render with it: tool_difference). A directory's template is recognized as one of these when it renders no
+// text outside its tags and has the same tags in the same order outside tool branches (TemplateScan::tags: every
+// operator, name and literal but raise_exception's message); anything else is refused, naming the first difference — in
+// its string literals, filters, methods, token variables or loop / namespace attributes (counted), else the first tag
+// that differs (an edit of logic alone: `!=` for `==`, a moved slice bound). ChatML's default system message
+// ("<|im_start|>system\n...<|im_end|>\n") and the one a template sets default_system_message to (Devstral's) may be any
+// text: it is read from the template and rendered when a chat has no system message.
 struct KnownTemplate {
   ChatTemplate kind;
   const char* model;
@@ -326,6 +327,217 @@ constexpr const char* kQwen3FirstRelease = R"({%- if tools %}
 {%- endif %}
 )";
 
+// Llama 3.1 Instruct's template as released (Llama 3.1 8B's and Llama 3.3 70B's
+// tokenizer_config.json, the same text), tool branches and all: its tools, tool calls and tool
+// results render too (with builtin_tools undefined, as apply_chat_template leaves it).
+constexpr const char* kLlama31Released = R"TPL({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)TPL";
+
+// Llama 3.2 Instruct's template as released (Llama 3.2 3B's): 3.1's with today's date and without
+// builtin_tools.
+constexpr const char* kLlama32Released = R"TPL({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)TPL";
+
 constexpr const char* kDefaultSystemSlot = "<|im_start|>system\n\x01<|im_end|>\n";
 constexpr const char* kNamedSystemSlot =
     "\x01"
@@ -346,16 +558,6 @@ std::string edited(std::string text, const Edits& edits, const char* model) {
 }
 
 const std::vector<KnownTemplate>& known_templates() {
-  // The released templates route tool messages and tool calls past the plain message path; their
-  // tool branches are left out here (they do not count).
-  static const std::string llama_plain_loop = R"({%- for message in messages %}
-    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
-{%- endfor %})";
-  static const std::string llama_released_loop = R"({%- for message in messages %}
-    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
-        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
-    {%- endif %}
-{%- endfor %})";
   static const std::vector<KnownTemplate> known{
       {ChatTemplate::llama3, "Llama 3 Instruct",
        R"({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>
@@ -1088,21 +1290,6 @@ You are a helpful assistant.<|im_end|>
     {%- endif %}
 {%- endif %})"}},
                                        "Llama 3.2 Instruct");
-    // The releases set their tool inputs' defaults first (statements no chat without tools reads
-    // afterwards, but tags all the same) and route tool messages past the plain loop.
-    const Edits llama_released{{"{{- bos_token }}\n", R"({{- bos_token }}
-{%- if custom_tools is defined %}
-    {%- set tools = custom_tools %}
-{%- endif %}
-{%- if not tools_in_user_message is defined %}
-    {%- set tools_in_user_message = true %}
-{%- endif %}
-)"},
-                               {"{%- if messages[0]['role'] == 'system' %}", R"({%- if not tools is defined %}
-    {%- set tools = none %}
-{%- endif %}
-{%- if messages[0]['role'] == 'system' %})"},
-                               {llama_plain_loop, llama_released_loop}};
     const Edits mistral_released{{R"({%- for message in loop_messages %}
     {%- if (message["role"] == "user") != (loop.index0 % 2 == 0) %})",
                                   R"({%- if not tools is defined %}
@@ -1126,10 +1313,8 @@ You are a helpful assistant.<|im_end|>
     const Edits system_first{{"loop.last and system_message", "loop.first and system_message"}};
     std::vector<KnownTemplate> more{
         {ChatTemplate::llama3_2, "Llama 3.2 Instruct", llama32},
-        {ChatTemplate::llama3_1, "Llama 3.1 / 3.3 Instruct (as released)",
-         edited(text_of("Llama 3.1 Instruct"), llama_released, "Llama 3.1 (as released)")},
-        {ChatTemplate::llama3_2, "Llama 3.2 Instruct (as released)",
-         edited(llama32, llama_released, "Llama 3.2 (as released)")},
+        {ChatTemplate::llama3_1, "Llama 3.1 / 3.3 Instruct (as released)", kLlama31Released, "", true},
+        {ChatTemplate::llama3_2, "Llama 3.2 Instruct (as released)", kLlama32Released, "", true},
         {ChatTemplate::qwen2_5, "Qwen2.5 / Qwen2 Instruct (as released)", kQwen25Released, "", true},
         {ChatTemplate::qwen3, "Qwen3 (first release)", kQwen3FirstRelease, "", true},
         {ChatTemplate::mistral, "Mistral v0.3 (as released)",
@@ -1324,7 +1509,7 @@ RecognizedTemplate recognize_chat_template(const std::string& text, const std::s
     std::string diff = difference(p, profiles[i], k.model);
     if (diff.empty()) diff = tag_difference(p.tags, profiles[i].tags, k.model);
     if (diff.empty()) {
-      RecognizedTemplate r{k.kind, k.model, p.default_system, k.think_prompt};
+      RecognizedTemplate r{k.kind, k.model, p.default_system, k.think_prompt, false, ""};
       // its tools render where its tool branches are those of its family's release ptrain renders them for
       const auto released = std::find_if(known_templates().begin(), known_templates().end(),
                                          [&](const KnownTemplate& t) { return t.tools && t.kind == k.kind; });
@@ -1474,10 +1659,10 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
   if (f.kind == ChatTemplate::deepseek_r1) {
     f.bos_token = deepseek_bos(tok, f.source);
   }
-  if (requested == ChatTemplate::qwen2_5) {  // the released template, tool branches and all
-    f.default_system = kQwenSystem;
+  if (requested == ChatTemplate::qwen2_5) f.default_system = kQwenSystem;
+  // the released templates, tool branches and all
+  if (requested == ChatTemplate::qwen2_5 || requested == ChatTemplate::llama3_1 || requested == ChatTemplate::llama3_2)
     f.tools = true;
-  }
   if (requested == ChatTemplate::devstral) f.default_system = devstral_system();
   if (f.kind == ChatTemplate::llama3_1) f.date = "26 Jul 2024";
   if (f.kind == ChatTemplate::llama3_2) {  // the template's strftime_now("%d %b %Y"), as transformers renders it
@@ -1530,32 +1715,96 @@ void check_reasoning(const ChatFormat& f, const std::vector<ChatMessage>& messag
                          "): write it into the content, or list it in data.ignore_fields to leave it out knowingly");
 }
 
-// Llama 3 / 3.1 / 3.2: 3.1 and 3.2 open with a dated system header holding the system message.
-std::vector<Part> llama3_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+// The tool instructions Llama 3.1 / 3.2's released templates put before the first user message's
+// content (tools_in_user_message, their default): each tool as `tojson(indent=4)` renders it.
+std::string llama_tools_text(const std::vector<std::string>& tools) {
+  std::string text =
+      "Given the following functions, please respond with a JSON for a function call with its proper arguments "
+      "that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+      "dictionary of argument name and its value}.Do not use variables.\n\n";
+  for (const std::string& tool : tools) text += python_json(nlohmann::ordered_json::parse(tool), 4) + "\n\n";
+  return text;
+}
+
+// Llama 3.1 / 3.2's released templates: a reply with a tool call renders the call alone —
+// {"name": "NAME", "parameters": ARGUMENTS} — and a tool result (role "tool" or "ipython") as an
+// "ipython" turn holding its content as `tojson` quotes a string.
+void llama_tool_parts(const std::vector<ChatMessage>& messages, size_t i, std::vector<Part>& parts) {
+  const ChatMessage& m = messages[i];
+  const std::string number = "message " + std::to_string(i + 1);
+  const bool reply = m.tool_calls_listed;
+  if (reply && m.tool_calls.size() != 1)
+    throw RuntimeError(number + " lists " + std::to_string(m.tool_calls.size()) +
+                       " tool calls, and Llama 3.1's template renders one call per reply (it raises \"This model "
+                       "only supports single tool-calls at once!\"): give each call a reply of its own, its result "
+                       "after it" +
+                       (m.tool_calls.empty() ? std::string(", or drop the empty \"tool_calls\"") : std::string()));
+  if (reply && !m.tool_calls[0].in_function)
+    throw RuntimeError(number +
+                       "'s tool call is not inside \"function\" ({\"function\": {\"name\", \"arguments\"}}), " +
+                       "the only form Llama 3.1's template reads (it raises on another)");
+  parts.push_back({"<|start_header_id|>", false});
+  parts.push_back({reply ? "assistant" : "ipython", false});
+  parts.push_back({"<|end_header_id|>", false});
+  parts.push_back({"\n\n", false});
+  if (reply) {
+    const ToolCall& call = m.tool_calls[0];
+    parts.push_back({"{\"name\": \"" + call.name + "\", \"parameters\": " + call.arguments + "}", true});
+  } else {
+    parts.push_back({python_json(nlohmann::ordered_json(m.content)), false});
+  }
+  parts.push_back({"<|eot_id|>", reply});
+}
+
+// Llama 3 / 3.1 / 3.2: 3.1 and 3.2 open with a dated system header holding the system message;
+// with tools, the first user message holds them.
+std::vector<Part> llama3_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages, const ChatTools& tools) {
   std::vector<Part> parts{{"<|begin_of_text|>", false}};
+  const auto header = [&](const std::string& role) {
+    parts.push_back({"<|start_header_id|>", false});
+    parts.push_back({role, false});
+    parts.push_back({"<|end_header_id|>", false});
+  };
   size_t first = 0;
   if (f.kind != ChatTemplate::llama3) {  // the dated system header, the system message in it
     const bool system = !messages.empty() && messages[0].role == "system";
-    parts.push_back({"<|start_header_id|>", false});
-    parts.push_back({"system", false});
-    parts.push_back({"<|end_header_id|>", false});
-    parts.push_back({"\n\nCutting Knowledge Date: December 2023\nToday Date: " + f.date + "\n\n" +
+    header("system");
+    parts.push_back({"\n\n" + std::string(tools ? "Environment: ipython\n" : "") +
+                         "Cutting Knowledge Date: December 2023\nToday Date: " + f.date + "\n\n" +
                          (system ? trim(messages[0].content) : std::string()),
                      false});
     parts.push_back({"<|eot_id|>", false});
     first = system ? 1 : 0;
   }
+  if (tools) {  // check_tools: a format that renders tools, so Llama 3.1 / 3.2's released templates
+    if (first == messages.size())
+      throw RuntimeError(
+          "a chat with tools needs a user message after the system message: Llama 3.1's template puts "
+          "the tools in it (it raises on a chat without one)");
+    const ChatMessage& u = messages[first];
+    if (u.role != "user")
+      throw RuntimeError("message " + std::to_string(first + 1) + " is the " + u.role +
+                         "'s, where Llama 3.1's template takes the chat's first message after the system message as "
+                         "the user message holding the tools (it would render this one's text as the user's): "
+                         "start the chat with a user turn");
+    header("user");
+    parts.push_back({"\n\n" + llama_tools_text(*tools) + trim(u.content), false});
+    parts.push_back({"<|eot_id|>", false});
+    ++first;
+  }
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    // Llama 3.1 / 3.2's templates render tool results (ipython) through their tool branch.
+    // Llama 3.1 / 3.2's templates render tool calls and results (tool, ipython) through their tool branch.
+    if (f.tools && (m.role == "tool" || m.role == "ipython" || m.tool_calls_listed)) {
+      llama_tool_parts(messages, i, parts);
+      continue;
+    }
     if (f.kind == ChatTemplate::llama3)
       check_role(f, m, {"system", "user", "assistant", "ipython"});
     else
       check_role(f, m, {"system", "user", "assistant"});
     const bool reply = m.role == "assistant";
-    parts.push_back({"<|start_header_id|>", false});
-    parts.push_back({m.role, false});
-    parts.push_back({"<|end_header_id|>", false});
+    header(m.role);
     parts.push_back({"\n\n", false});
     parts.push_back({trim(m.content), reply});
     parts.push_back({"<|eot_id|>", reply});
@@ -1901,37 +2150,42 @@ std::vector<Part> deepseek_r1_parts(const ChatFormat& f, const std::vector<ChatM
   return parts;
 }
 
-// A chat with tools, tool calls or tool results is rendered only by a format with `tools`.
-void check_tools(const ChatFormat& f, const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools) {
+// A chat with tools, tool calls or tool results is rendered only by a format with `tools`. Qwen's
+// templates render no tools for an empty list (`if tools`); Llama 3.1's do (`tools is not none`).
+void check_tools(const ChatFormat& f, const std::vector<ChatMessage>& messages, const ChatTools& tools) {
   if (f.tools) return;
-  std::string what = tools.empty() ? "" : "the chat's tools";
-  for (size_t i = 0; i < messages.size() && what.empty(); ++i)
-    if (!messages[i].tool_calls.empty() || messages[i].role == "tool")
-      what = "message " + std::to_string(i + 1) + (messages[i].role == "tool" ? "'s tool result" : "'s tool calls");
+  const bool llama = f.kind == ChatTemplate::llama3_1 || f.kind == ChatTemplate::llama3_2;
+  std::string what = tools && (!tools->empty() || llama) ? "the chat's tools" : "";
+  for (size_t i = 0; i < messages.size() && what.empty(); ++i) {
+    const bool result = messages[i].role == "tool" || (llama && messages[i].role == "ipython");
+    if (!messages[i].tool_calls.empty() || result)
+      what = "message " + std::to_string(i + 1) + (result ? "'s tool result" : "'s tool calls");
+  }
   if (what.empty()) return;
   throw RuntimeError(what +
-                     ": ptrain renders tools, tool calls and tool results only with the released templates of Qwen2.5 "
-                     "and of Qwen3 (its first release), " +
+                     ": ptrain renders tools, tool calls and tool results only with the released templates of "
+                     "Qwen2.5, of Qwen3 (its first release) and of Llama 3.1 / 3.2 / 3.3, " +
                      (f.no_tools.empty() ? "and these chats render as " + template_name(f) : f.no_tools) +
-                     " (set data.chat_template = \"qwen2.5\" if the data was made for it)");
+                     " (set data.chat_template to \"qwen2.5\", \"llama3.1\" or \"llama3.2\" if the data was made "
+                     "for one of them)");
 }
 
 // The chat as its template renders it, in parts: template text and message text, each with
 // whether it is trained (a reply's).
 std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages,
-                             const std::vector<std::string>& tools = {}) {
+                             const ChatTools& tools = std::nullopt) {
   check_tools(f, messages, tools);
   switch (f.kind) {
     case ChatTemplate::llama3:
     case ChatTemplate::llama3_1:
     case ChatTemplate::llama3_2:
-      return llama3_parts(f, messages);
+      return llama3_parts(f, messages, tools);
     case ChatTemplate::qwen2_5:
     case ChatTemplate::chatml:
     case ChatTemplate::qwq:
-      return chatml_parts(f, messages, tools);
+      return chatml_parts(f, messages, tools.value_or(std::vector<std::string>{}));
     case ChatTemplate::qwen3:
-      return qwen3_parts(f, messages, tools);
+      return qwen3_parts(f, messages, tools.value_or(std::vector<std::string>{}));
     case ChatTemplate::mistral:
     case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2:
@@ -1967,8 +2221,14 @@ int64_t replies_losing_reasoning(const ChatFormat& f, const std::vector<ChatMess
   return n;
 }
 
+int64_t replies_losing_call_text(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+  if (!f.tools || (f.kind != ChatTemplate::llama3_1 && f.kind != ChatTemplate::llama3_2)) return 0;
+  return std::count_if(messages.begin(), messages.end(),
+                       [](const ChatMessage& m) { return m.tool_calls_listed && !m.content.empty(); });
+}
+
 Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<ChatMessage>& messages,
-                   bool train_on_prompt, const std::vector<std::string>& tools) {
+                   bool train_on_prompt, const ChatTools& tools) {
   require_template(f);
   check_reasoning(f, messages);
   return tokenize_parts(tok, chat_parts(f, messages, tools), train_on_prompt);
@@ -1977,7 +2237,7 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
 namespace {
 // A prompt's chat, checked (it ends with a user message), and the template's generation prompt.
 std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages,
-                               const std::vector<std::string>& tools = {}) {
+                               const ChatTools& tools = std::nullopt) {
   require_template(f);
   if (messages.empty() || messages.back().role != "user")
     throw RuntimeError("a prompt to answer must end with a user message");
@@ -2029,7 +2289,7 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
 }
 
 std::string chat_text(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool generation_prompt,
-                      const std::vector<std::string>& tools) {
+                      const ChatTools& tools) {
   if (generation_prompt) return joined(prompt_parts(f, messages, tools));
   require_template(f);
   check_reasoning(f, messages);

@@ -8,6 +8,11 @@
 //   llama3.1  Llama 3.1 Instruct: llama3 plus a system header first, "Cutting Knowledge Date:
 //             December 2023\nToday Date: 26 Jul 2024\n\n" + the system message (trimmed)
 //   llama3.2  Llama 3.2 Instruct: llama3.1 with today's date (the template's strftime_now)
+//             With tools (the released 3.1 / 3.2 / 3.3 templates): "Environment: ipython\n" first in
+//             the system header; the tool instructions and each tool (json.dumps indent 4) before the
+//             first user message's content (trimmed); a reply's one tool call as
+//             {"name": NAME, "parameters": ARGUMENTS} (its text dropped, as the template drops it);
+//             tool results as "ipython" turns holding the content as a JSON string
 //   qwen2.5   ChatML with a default system message when the chat has none — Qwen2.5's, or the one
 //             the model's template holds (Qwen2 / Qwen1.5: "You are a helpful assistant."):
 //             <|im_start|>ROLE\n CONTENT <|im_end|>\n
@@ -65,7 +70,13 @@ struct ToolCall {
   std::string name;
   std::string arguments;
   std::optional<std::string> text = std::nullopt;  // arguments given as a string: it (Qwen3 renders it as is)
+  bool in_function = false;  // given inside "function" (OpenAI's form), the only one Llama 3.1's template reads
 };
+
+// A chat's tool definitions ("tools"), each as the template's `tojson` renders it (python_json):
+// none where the record has none (absent or null); a list, even an empty one, where it has one
+// (Llama 3.1's template renders its tool instructions for any list).
+using ChatTools = std::optional<std::vector<std::string>>;
 
 struct ChatMessage {
   std::string role;     // system, user, assistant, tool (a tool's result; llama3 also ipython)
@@ -76,7 +87,8 @@ struct ChatMessage {
   // A reply's tool calls ("tool_calls"): rendered only by a format with `tools` (Qwen2.5's
   // and Qwen3's released templates), refused by every other.
   std::vector<ToolCall> tool_calls = {};
-  bool content_null = false;  // a reply with tool calls whose "content" is null or absent
+  bool content_null = false;       // a reply with tool calls whose "content" is null or absent
+  bool tool_calls_listed = false;  // "tool_calls" given as a list, even an empty one (not null)
 };
 
 struct Sample {
@@ -113,9 +125,9 @@ struct ChatFormat {
   std::string default_system;  // qwen2.5 / chatml / devstral: the system message of a chat that has none ("": none)
   std::string bos_token;       // deepseek-r1: the template's bos_token, as the directory's files resolve it
   std::string think_prompt;    // deepseek-r1 / qwq: what the generation prompt adds after the assistant header
-  // Renders a chat's tools, tool calls and tool results: Qwen2.5's released template or Qwen3's
-  // first release (their tool branches token for token), or data.chat_template = "qwen2.5". Where
-  // false, `no_tools` says why.
+  // Renders a chat's tools, tool calls and tool results: the released templates of Qwen2.5, of
+  // Qwen3 (its first release) and of Llama 3.1 / 3.2 / 3.3 (their tool branches token for token),
+  // or data.chat_template = "qwen2.5", "llama3.1" or "llama3.2". Where false, `no_tools` says why.
   bool tools = false;
   std::string no_tools;
   std::string source;  // how it was chosen, for the log: "data.chat_template", "<dir>/tokenizer_config.json", ...
@@ -161,7 +173,7 @@ struct RecognizedTemplate {
   std::string default_system;  // ChatML's / Devstral's, read from the template ("" where it has none)
   std::string think_prompt;    // deepseek-r1 / qwq: the generation prompt after the assistant header
   bool tools = false;          // its tool branches are its family's released ones ptrain renders, token for token
-  std::string no_tools;        // else why not, where its family has such a release (Qwen2.5, Qwen3; "" otherwise)
+  std::string no_tools;        // else why not, where its family has such a release (Qwen2.5, Qwen3, Llama 3.1 / 3.2)
 };
 RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where);
 
@@ -175,18 +187,22 @@ std::string default_chat_template(const std::string& dir, std::string& where);
 // template does not take, a conversation it refuses (Mistral: roles must alternate), or a reply
 // whose text merges with the template text around it into one token.
 //
-// `tools`: the chat's tool definitions, each as the template's `tojson` renders it (python_json);
-// a chat with tools, tool calls or tool results is refused by a format without `tools`. A reply
-// with tool calls is trained from after its role header ("<|im_start|>assistant") through its end
-// of turn, as a plain reply; tool results are not trained.
+// `tools`: the chat's tool definitions; a chat with tools, tool calls or tool results is refused by
+// a format without `tools`. A reply with tool calls is trained from after its role header
+// ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>\n\n") through its end
+// of turn, as a plain reply; tool results and the tool definitions are not trained. Llama 3.1's
+// template renders a reply with a tool call as the call alone (replies_losing_call_text).
 Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::vector<ChatMessage>& messages,
-                   bool train_on_prompt, const std::vector<std::string>& tools = {});
+                   bool train_on_prompt, const ChatTools& tools = std::nullopt);
 
 // How many replies of the conversation lose their reasoning — the text before a "</think>", or a
 // Qwen3 reply's reasoning_content — as the format's template renders them: Qwen3's before the last
 // user turn, QwQ's before the last message, every DeepSeek-R1 reply; none in other formats, which
 // render a reply's text as written. For the dataset report: the template drops it, so ptrain does.
 int64_t replies_losing_reasoning(const ChatFormat& format, const std::vector<ChatMessage>& messages);
+// How many replies with a tool call lose their text as the format's template renders them: Llama
+// 3.1 / 3.2's render the call alone. For the dataset report, as above.
+int64_t replies_losing_call_text(const ChatFormat& format, const std::vector<ChatMessage>& messages);
 
 // A prompt for the model to answer: the conversation (ending with a user turn) followed by the
 // template's generation prompt — what apply_chat_template(add_generation_prompt=True) renders:
@@ -200,7 +216,7 @@ std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& forma
 // generation prompt when asked, the chat then ending with a user message): the text whose
 // encoding render_chat's / render_prompt's ids are.
 std::string chat_text(const ChatFormat& format, const std::vector<ChatMessage>& messages, bool generation_prompt,
-                      const std::vector<std::string>& tools = {});
+                      const ChatTools& tools = std::nullopt);
 // The token that ends a reply in this format: <|eot_id|>, <|im_end|> or </s>.
 std::string end_of_turn(const ChatFormat& format);
 

@@ -406,6 +406,9 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
       n(st.dropped_too_long) + " dropped | nothing to train: " + n(st.dropped_untrained) + " dropped" +
       (st.reasoning_dropped ? " | replies whose reasoning the template leaves out: " + n(st.reasoning_dropped)
                             : std::string()) +
+      (st.call_text_dropped
+           ? " | replies whose text beside a tool call the template leaves out: " + n(st.call_text_dropped)
+           : std::string()) +
       (st.skipped_bad
            ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
            : std::string()));

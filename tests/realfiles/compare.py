@@ -38,9 +38,10 @@ For every set of the corpus:
               distills, and the one transformers attaches to a converted Tekken vocabulary, must render
   tool-chats  chats with tools, tool calls and tool results (tests/fixtures/make_tool_chat_fixtures.py's
               records) as JSONL: with Qwen2.5's released template over hf5-qwen2 (the real Qwen2.5
-              tokenizer) and Qwen3's first release over hf5-qwen3 `ptrain eval` = transformers' loss
-              over the replies as apply_chat_template(messages, tools=...) renders them, each chat the
-              template raises on refused; Llama 3.1's refuses them
+              tokenizer), Qwen3's first release over hf5-qwen3 and Llama 3.1's, 3.2's and 3.3's over
+              hf5-llama (the Llama 3.2 tokenizer) `ptrain eval` = transformers' loss over the replies
+              as apply_chat_template(messages, tools=...) renders them, each chat the template raises
+              on (or ptrain refuses knowingly) refused; Mistral Nemo's refuses them
 Prints one table row per set and per template; exit 1 on any refusal or difference.
 """
 import json
@@ -62,7 +63,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
 from make_chat_template_fixtures import labels_of  # noqa: E402  (the chat fixtures' reference mask)
-from make_tool_chat_fixtures import QWEN3_RECORDS, RECORDS as TOOL_RECORDS  # noqa: E402  (chats with tools)
+from make_tool_chat_fixtures import (  # noqa: E402  (chats with tools)
+    LLAMA_RECORDS, LLAMA_REFUSED, LLAMA_REPLY, QWEN3_RECORDS, QWEN_REPLY, RECORDS as TOOL_RECORDS)
 
 CHATS = [
     [{"role": "user", "content": "What is 12 × 34?"}, {"role": "assistant", "content": "12 × 34 = 408."}],
@@ -188,19 +190,20 @@ def chat_check(binary, d, tok, tmp, gguf_file=None):
     if result is None:
         return error
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf_file, dtype=torch.float32)
-    loss, tokens = chatml_replies_loss(tok, model, [(chat, None) for chat in CHATS])
+    loss, tokens = replies_loss(tok, model, [(chat, None) for chat in CHATS])
     return result["mean_loss"], loss, result["tokens"], tokens
 
 
-def chatml_replies_loss(tok, model, chats):
+def replies_loss(tok, model, chats, reply=QWEN_REPLY):
     """transformers' mean loss over the replies of `chats` ((messages, tools) pairs) as
-    apply_chat_template renders them — labels -100 but for each reply through its <|im_end|> and
-    newline — and the number of trained tokens."""
+    apply_chat_template renders them — labels -100 but for each reply, from after its header through
+    its end of turn (`reply`: ChatML's <|im_end|> and newline by default) — and the number of trained
+    tokens."""
     total, tokens = 0.0, 0
     for messages, tools in chats:
         out = tok.apply_chat_template(messages, tools=tools, tokenize=True)
         ids = list(out["input_ids"]) if hasattr(out, "keys") else list(out)
-        labels = labels_of(tok, ids, "<|im_start|>assistant\n", ["<|im_end|>", "\n"])
+        labels = labels_of(tok, ids, *reply)
         n = sum(1 for label in labels[1:] if label != -100)
         with torch.no_grad():
             total += model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.item() * n
@@ -379,22 +382,28 @@ def templates(binary, corpus):
     return failures + len(missing)
 
 
-# Chats with tools under the released templates: Qwen2.5's and Qwen3's (first release) render them
-# (the real tokenizers of hf5-qwen2 / hf5-qwen3, whose <tool_call> tokens are as released), with the
-# records each template raises on refused; Llama 3.1's refuses them. name: (corpus model, the records).
-TOOL_TEMPLATES = {"Qwen-Qwen2.5-7B-Instruct": ("hf5-qwen2", TOOL_RECORDS),
-                  "Qwen-Qwen3-0.6B": ("hf5-qwen3", TOOL_RECORDS + QWEN3_RECORDS),
-                  "meta-llama-Llama-3.1-8B-Instruct": ("hf5-llama", None)}
+# Chats with tools under the released templates: Qwen2.5's, Qwen3's (first release) and Llama 3.1's,
+# 3.2's and 3.3's render them (the real tokenizers of hf5-qwen2 / hf5-qwen3, whose <tool_call> tokens
+# are as released, and Llama 3.2's of hf5-llama), with the records each template raises on refused
+# (and those ptrain refuses knowingly: LLAMA_REFUSED); Mistral Nemo's refuses them all.
+# name: (corpus model, the records, a reply's header and end).
+LLAMA_TOOL_RECORDS = TOOL_RECORDS + LLAMA_RECORDS
+TOOL_TEMPLATES = {"Qwen-Qwen2.5-7B-Instruct": ("hf5-qwen2", TOOL_RECORDS, QWEN_REPLY),
+                  "Qwen-Qwen3-0.6B": ("hf5-qwen3", TOOL_RECORDS + QWEN3_RECORDS, QWEN_REPLY),
+                  "meta-llama-Llama-3.1-8B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REPLY),
+                  "meta-llama-Llama-3.2-3B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REPLY),
+                  "meta-llama-Llama-3.3-70B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REPLY),
+                  "mistralai-Mistral-Nemo-Instruct-2407": ("hf5-mistral-nemo", None, None)}
 
 
 def tool_chats(binary, corpus):
     """`ptrain eval` of chats with tools (JSONL) with each of TOOL_TEMPLATES = transformers' loss over
     the replies as apply_chat_template(messages, tools=...) renders them (the same trained tokens,
-    the loss within 1e-4), and each record the template raises on refused alone; Llama 3.1's refuses
-    them all. The number that failed."""
+    the loss within 1e-4), and each record the template raises on refused alone; Mistral Nemo's
+    refuses them all. The number that failed."""
     failures = 0
     print("\nchats with tools (tools, tool calls, tool results): ptrain = apply_chat_template, or refused")
-    for name, (base, records) in TOOL_TEMPLATES.items():
+    for name, (base, records, reply) in TOOL_TEMPLATES.items():
         template = os.path.join(corpus, "chat-templates", name + ".jinja")
         if not os.path.exists(template):
             print(f"  {name:40} FAIL missing from the corpus")
@@ -430,7 +439,7 @@ def tool_chats(binary, corpus):
                 record = json.loads(line)
                 try:
                     tok.apply_chat_template(record["messages"], tools=record.get("tools"), tokenize=False)
-                    rendered.append(line)
+                    (raised if reply == LLAMA_REPLY and line in LLAMA_REFUSED else rendered).append(line)
                 except Exception:  # noqa: BLE001  (the template raises on it: ptrain must refuse it)
                     raised.append(line)
             not_refused = sum(ptrain_on([line], f"raised{i}")[0] is not None for i, line in enumerate(raised))
@@ -441,14 +450,14 @@ def tool_chats(binary, corpus):
                 continue
             model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
             parsed = [json.loads(line) for line in rendered]
-            loss, tokens = chatml_replies_loss(tok, model, [(r["messages"], r.get("tools")) for r in parsed])
+            loss, tokens = replies_loss(tok, model, [(r["messages"], r.get("tools")) for r in parsed], reply)
             rel = abs(result["mean_loss"] - loss) / abs(loss)
             ok = result["tokens"] == tokens and rel <= 1e-4 and not not_refused
             failures += not ok
             print(f"  {name:40} {'ok' if ok else 'FAIL':4} {base}: {len(rendered)} chats, {result['tokens']} trained "
                   f"tokens (transformers {tokens}), loss {result['mean_loss']:.6f} / {loss:.6f}, rel. diff "
-                  f"{rel:.1e}" + ("" if ok else "  DIFFER") + f"; {len(raised)} the template raises on, "
-                  f"{len(raised) - not_refused} refused")
+                  f"{rel:.1e}" + ("" if ok else "  DIFFER") + f"; {len(raised)} the template raises on "
+                  f"(or ptrain refuses knowingly), {len(raised) - not_refused} refused")
     return failures
 
 

@@ -957,10 +957,14 @@ const nlohmann::json& tool_fixture() {
 // Python's json.dumps (the `tojson` a template renders tools and arguments with) on awkward values
 // (tests/fixtures/make_tool_chat_fixtures.py): key order and a repeated key as json.loads keeps
 // them, every float form (1e-05, 1e+16, 1000000000000000.0, -0.0, 5e-324), 64-bit integers,
-// escapes, non-ASCII written as is.
+// escapes, non-ASCII written as is; on one line and with indent=4 (Llama 3.1's `tojson(indent=4)`:
+// empty containers stay "[]" and "{}").
 TEST(PythonJson, WritesWhatJsonDumpsWrites) {
   for (const auto& c : tool_fixture().at("json"))
     EXPECT_EQ(python_json(nlohmann::ordered_json::parse(c[0].get<std::string>())), c[1].get<std::string>())
+        << c[0].get<std::string>();
+  for (const auto& c : tool_fixture().at("json_indent"))
+    EXPECT_EQ(python_json(nlohmann::ordered_json::parse(c[0].get<std::string>()), 4), c[1].get<std::string>())
         << c[0].get<std::string>();
   // an integer past 64 bits parses as a float, which Python would write as an integer: found
   EXPECT_EQ(wide_json_integer(R"({"a": [1e30, 18446744073709551615, -9223372036854775809]})"), "-9223372036854775809");
@@ -968,42 +972,74 @@ TEST(PythonJson, WritesWhatJsonDumpsWrites) {
 }
 
 // Chats with tools, tool calls and tool results render as transformers' apply_chat_template renders
-// them with Qwen2.5's released template and Qwen3's first release (tests/fixtures/
-// make_tool_chat_fixtures.py): the ids, and a loss on each reply — tool calls included — from after
-// its "<|im_start|>assistant\n" through its "<|im_end|>\n"; tool results and the tools' system turn
-// are not trained; a chat the template raises on (Qwen3's on a call without content) is refused.
-// Qwen2.5's the same with data.chat_template = "qwen2.5" over a directory whose template has no tool branches.
-TEST(ToolChats, RenderAsTransformersWithQwen25sAndQwen3sReleasedTemplates) {
+// them with Qwen2.5's released template, Qwen3's first release and Llama 3.1's and 3.2's released
+// templates (tests/fixtures/make_tool_chat_fixtures.py): the ids, and a loss on each reply — tool
+// calls included — from after its "<|im_start|>assistant\n" through its "<|im_end|>\n" (Llama's:
+// after its assistant header through its "<|eot_id|>"); tool results and the tool definitions are
+// not trained; a chat the template raises on (Qwen3's on a call without content, Llama's on two
+// calls in a reply, an empty list of them, a call outside "function", tools and no user message) is
+// refused, and so is the one Llama's renders a tool result of as the user message holding the tools.
+// Llama's drops a reply's text beside its call: counted in the dataset report. Qwen2.5's, Llama
+// 3.1's and 3.2's the same with data.chat_template naming them over a directory whose template has
+// no tool branches.
+TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
   test::TempDir plain_dir;
-  const Tokenizer plain = qwen_with_template(plain_dir, "{{ 'no tools' }}");
-  const ChatFormat named = chat_format(plain, ChatTemplate::qwen2_5);
-  int rendered = 0, refused = 0;
+  const Tokenizer plain_qwen = qwen_with_template(plain_dir, "{{ 'no tools' }}");
+  const Tokenizer plain_llama31(test::fixture("chat_templates/llama3.1"));  // ptrain's, without tool branches
+  const Tokenizer plain_llama32(test::fixture("chat_templates/llama3.2"));
+  const std::map<std::string, std::pair<std::string, const Tokenizer*>> released{
+      {"qwen2.5", {"Qwen2.5 / Qwen2 Instruct (as released)", &plain_qwen}},
+      {"qwen3", {"Qwen3 (first release)", nullptr}},
+      {"llama3.1", {"Llama 3.1 / 3.3 Instruct (as released)", &plain_llama31}},
+      {"llama3.2", {"Llama 3.2 Instruct (as released)", &plain_llama32}}};
+  std::map<std::string, int> rendered, refused, call_text_dropped;
   for (const auto& [name, fixture] : tool_fixture().at("templates").items()) {
     const Tokenizer tok(test::fixture(fixture.at("tokenizer").get<std::string>()));  // the released template
-    const ChatFormat automatic = chat_format(tok, ChatTemplate::automatic);
+    ChatFormat automatic = chat_format(tok, ChatTemplate::automatic);
     ASSERT_TRUE(automatic.tools) << automatic.no_tools;
-    EXPECT_NE(
-        automatic.source.find(name == "qwen3" ? "Qwen3 (first release)" : "Qwen2.5 / Qwen2 Instruct (as released)"),
-        std::string::npos)
-        << automatic.source;
+    EXPECT_NE(automatic.source.find(released.at(name).first), std::string::npos) << automatic.source;
+    const Tokenizer* plain = released.at(name).second;
+    std::optional<ChatFormat> named;
+    if (plain) {
+      ChatFormat f = chat_format(*plain, chat_format(tok, ChatTemplate::automatic).kind);
+      if (name != "qwen2.5") {  // its own template, recognized without tool branches (Qwen's is none ptrain knows)
+        EXPECT_FALSE(chat_format(*plain, ChatTemplate::automatic).tools) << name;
+      }
+      named = f;
+    }
+    automatic.date = "26 Jul 2024";  // Llama 3.2's strftime_now, as the fixture's date_string
+    if (named) named->date = automatic.date;
     for (const auto& r : fixture.at("records")) {
       const std::string line = r.at("line");
       SampleStats stats;
-      if (r.contains("error")) {
-        EXPECT_THROW(render_record(tok, automatic, line, false, stats), RuntimeError) << name << ": " << line;
-        ++refused;
+      if (r.contains("error") || r.contains("ptrain_refuses")) {
+        for (const ChatFormat* f : {&automatic, named ? &*named : nullptr}) {
+          if (!f) continue;
+          try {
+            render_record(f == &automatic ? tok : *plain, *f, line, false, stats);
+            ADD_FAILURE() << name << ": rendered " << line;
+          } catch (const RuntimeError& e) {
+            if (r.contains("ptrain_refuses")) {
+              EXPECT_NE(std::string(e.what()).find(r.at("ptrain_refuses").get<std::string>()), std::string::npos)
+                  << e.what();
+            }
+          }
+        }
+        ++refused[name];
         continue;
       }
       const auto labels = r.at("labels").get<std::vector<int64_t>>();
-      for (const auto* f : {&automatic, &named}) {
-        if (f == &named && name != "qwen2.5") continue;
-        const Sample s = render_record(f == &automatic ? tok : plain, *f, line, false, stats);
+      for (const ChatFormat* f : {&automatic, named ? &*named : nullptr}) {
+        if (!f) continue;
+        SampleStats one;
+        const Sample s = render_record(f == &automatic ? tok : *plain, *f, line, false, one);
         EXPECT_EQ(s.ids, r.at("ids").get<std::vector<int32_t>>()) << name << ": " << line;
         ASSERT_EQ(s.trained.size(), labels.size()) << line;
         for (size_t t = 0; t < labels.size(); ++t)
           EXPECT_EQ(static_cast<bool>(s.trained[t]), labels[t] != -100) << name << ": " << line << " at " << t;
+        if (f == &automatic) call_text_dropped[name] += static_cast<int>(one.call_text_dropped);
       }
-      ++rendered;
+      ++rendered[name];
     }
     for (const auto& p : fixture.at("prompts")) {
       const auto record = nlohmann::ordered_json::parse(p.at("line").get<std::string>());
@@ -1013,8 +1049,13 @@ TEST(ToolChats, RenderAsTransformersWithQwen25sAndQwen3sReleasedTemplates) {
       EXPECT_EQ(tok.encode(text), p.at("ids").get<std::vector<int32_t>>()) << name;
     }
   }
-  EXPECT_EQ(rendered, 12);  // Qwen2.5's 6, Qwen3's 6 (2 of its 8 are refused: a call with no content)
-  EXPECT_EQ(refused, 2);
+  // Qwen3's 2 refusals: a call with no content; Llama's 5: two calls, an empty list, a call outside
+  // "function", no user message, a tool result first (ptrain_refuses)
+  EXPECT_EQ(rendered, (std::map<std::string, int>{{"qwen2.5", 6}, {"qwen3", 6}, {"llama3.1", 7}, {"llama3.2", 7}}));
+  EXPECT_EQ(refused, (std::map<std::string, int>{{"qwen3", 2}, {"llama3.1", 5}, {"llama3.2", 5}}));
+  // one reply with text beside its call ("Checking."), in each Llama template's chats
+  EXPECT_EQ(call_text_dropped,
+            (std::map<std::string, int>{{"qwen2.5", 0}, {"qwen3", 0}, {"llama3.1", 1}, {"llama3.2", 1}}));
 }
 
 // Chats with tools in Parquet (written by pyarrow): struct columns hold every field of every turn,
@@ -1078,7 +1119,7 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
     } catch (const RuntimeError& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find("ptrain renders tools, tool calls and tool results only with the released templates of "
-                         "Qwen2.5 and of Qwen3 (its first release)"),
+                         "Qwen2.5, of Qwen3 (its first release) and of Llama 3.1 / 3.2 / 3.3"),
                 std::string::npos)
           << msg;
       EXPECT_NE(msg.find(why), std::string::npos) << name << ": " << msg;
