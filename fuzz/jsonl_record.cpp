@@ -15,7 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto formats = [] {
     std::vector<ptrain::ChatFormat> f;
     for (auto t : {ptrain::ChatTemplate::llama3, ptrain::ChatTemplate::llama3_1, ptrain::ChatTemplate::qwen2_5,
-                   ptrain::ChatTemplate::qwen3, ptrain::ChatTemplate::chatml, ptrain::ChatTemplate::mistral}) {
+                   ptrain::ChatTemplate::qwen3, ptrain::ChatTemplate::chatml, ptrain::ChatTemplate::mistral,
+                   ptrain::ChatTemplate::mistral_nemo}) {
       try {
         f.push_back(ptrain::chat_format(*tok, t));
       } catch (const std::exception&) {  // a template this tokenizer cannot render

@@ -336,7 +336,7 @@ const std::vector<Key>& keys() {
           R"(jsonl/json/parquet: a malformed record stops with its `FILE:LINE` and field (`error`), or is left out, counted and reported with the first one's location (`skip`))"),
       PTRAIN_KEY(
           "data", "chat_template", data.chat_template, kFromStruct,
-          R"(jsonl chats (messages, ShareGPT, Alpaca): `auto` recognizes the template in the tokenizer's directory (`tokenizer_config.json` / `chat_template.jinja`; a GGUF file's `tokenizer.chat_template`) and refuses one it does not know; or `llama3`, `llama3.1`, `llama3.2`, `qwen2.5`, `qwen3`, `chatml`, `mistral`, `mistral-system-first`, `mistral-v0.2`, `mistral-v0.1`, `mistral-nemo`, `mistral-tekken`, `devstral`, `deepseek-r1`, `qwq` (docs/data.md; `qwen2.5`, `llama3.1` and `llama3.2` render chats with tools as their released templates do))"),
+          R"(jsonl chats (messages, ShareGPT, Alpaca): `auto` recognizes the template in the tokenizer's directory (`tokenizer_config.json` / `chat_template.jinja`; a GGUF file's `tokenizer.chat_template`) and refuses one it does not know; or `llama3`, `llama3.1`, `llama3.2`, `qwen2.5`, `qwen3`, `chatml`, `mistral`, `mistral-system-first`, `mistral-v0.2`, `mistral-v0.1`, `mistral-nemo`, `mistral-tekken`, `devstral`, `deepseek-r1`, `qwq` (docs/data.md; `qwen2.5`, `llama3.1`, `llama3.2` and `mistral-nemo` render chats with tools as their released templates do))"),
       PTRAIN_KEY(
           "data", "packing", data.packing, kFromStruct,
           R"(jsonl: pack several samples into each row (attention and positions stay inside each sample); `false` pads one sample per row)"),

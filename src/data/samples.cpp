@@ -66,11 +66,11 @@ ChatTools tools_of(const ojson& j) {
   return out;
 }
 
-// A reply's "tool_calls" (null or a list) as the released Qwen2.5, Qwen3 and Llama 3.1 templates
-// read each: the call's "function" where it has one (Llama 3.1's reads only that form), its "name"
-// (a string) and "arguments" (an object, or a string: Qwen2.5's and Llama 3.1's `tojson` quote it,
-// Qwen3's renders it as given). A call's "id" and "type", which the templates do not render, are
-// read and left out.
+// A reply's "tool_calls" (null or a list) as the released Qwen2.5, Qwen3, Llama 3.1 and Mistral
+// Nemo templates read each: the call's "function" where it has one (Llama 3.1's and Nemo's read
+// only that form; Nemo's renders it whole), its "name" (a string) and "arguments" (an object, or a
+// string: Qwen2.5's and Llama 3.1's `tojson` quote it, Qwen3's renders it as given), its "id"
+// (Nemo's renders it). A call's "type", which no template renders, is read and left out.
 std::vector<ToolCall> tool_calls_of(const ojson& m, size_t number) {
   std::vector<ToolCall> out;
   const ojson& calls = m.at("tool_calls");
@@ -92,9 +92,13 @@ std::vector<ToolCall> tool_calls_of(const ojson& m, size_t number) {
       throw RuntimeError(at + " needs \"name\" (a string) and \"arguments\"");
     if (!f.at("arguments").is_object() && !f.at("arguments").is_string())
       throw RuntimeError(at + "'s \"arguments\" must be a JSON object (or a string holding one)");
-    out.push_back({f.at("name").get<std::string>(), python_json(f.at("arguments"))});
-    if (f.at("arguments").is_string()) out.back().text = f.at("arguments").get<std::string>();
-    out.back().in_function = wrapped;
+    ToolCall& c = out.emplace_back();
+    c.name = f.at("name").get<std::string>();
+    c.arguments = python_json(f.at("arguments"));
+    if (f.at("arguments").is_string()) c.text = f.at("arguments").get<std::string>();
+    c.in_function = wrapped;
+    if (wrapped) c.function_json = python_json(f);
+    if (call.contains("id") && call.at("id").is_string()) c.id = call.at("id").get<std::string>();
   }
   return out;
 }
@@ -143,6 +147,8 @@ std::vector<ChatMessage> chat_turns(const ojson& list) {
     out.push_back({role, calls && no_content ? std::string() : string_field(m, "content"), std::nullopt});
     out.back().content_null = calls && no_content;
     if (m.contains("reasoning_content")) out.back().reasoning = string_field(m, "reasoning_content");
+    if (role == "tool" && m.contains("tool_call_id") && m.at("tool_call_id").is_string())
+      out.back().tool_call_id = m.at("tool_call_id").get<std::string>();
     if (m.contains("tool_calls")) {
       if (role != "assistant")
         throw RuntimeError("message " + std::to_string(number) + " holds \"tool_calls\", which only a reply may");

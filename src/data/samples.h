@@ -74,7 +74,7 @@ struct SampleStats {
   std::string first_bad;                              // the first one's location and problem
   int64_t dropped_untrained = 0;                      // nothing trained (e.g. a chat without a reply, or cut before it)
   int64_t reasoning_dropped = 0;  // chat replies whose reasoning the template leaves out (replies_losing_reasoning)
-  int64_t call_text_dropped = 0;  // replies whose text beside a tool call the template leaves out (Llama 3.1's)
+  int64_t call_text_dropped = 0;  // replies whose text beside a tool call the template leaves out (Llama 3.1's, Nemo's)
   // Preference records (pairs): truncated / dropped_too_long count pairs; these count the pairs
   // whose prompt alone fills max_ids (dropped, as TRL drops them) and whose tokenized prompt is
   // not a prefix of prompt + completion (the completion starts where they part, as in TRL).

@@ -806,7 +806,8 @@ You are a helpful assistant.<|im_end|>
         {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
     {%- endif %}
 {%- endfor %}
-)TPL"},
+)TPL",
+       "", true},
       // QwQ-32B's as llama.cpp keeps it: its generation prompt closes the reasoning unless enable_thinking is passed.
       // Unsloth's release of Devstral Small 2507's, as llama.cpp keeps it (its default system message
       // is devstral_system()).
@@ -1661,7 +1662,8 @@ ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
   }
   if (requested == ChatTemplate::qwen2_5) f.default_system = kQwenSystem;
   // the released templates, tool branches and all
-  if (requested == ChatTemplate::qwen2_5 || requested == ChatTemplate::llama3_1 || requested == ChatTemplate::llama3_2)
+  if (requested == ChatTemplate::qwen2_5 || requested == ChatTemplate::llama3_1 ||
+      requested == ChatTemplate::llama3_2 || requested == ChatTemplate::mistral_nemo)
     f.tools = true;
   if (requested == ChatTemplate::devstral) f.default_system = devstral_system();
   if (f.kind == ChatTemplate::llama3_1) f.date = "26 Jul 2024";
@@ -2005,21 +2007,108 @@ std::vector<Part> qwen3_parts(const ChatFormat& f, const std::vector<ChatMessage
   return parts;
 }
 
+// Python's len() of a string: its code points.
+size_t code_points(const std::string& s) {
+  return static_cast<size_t>(
+      std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+// A tool call's or result's id as Mistral Nemo's template checks it: 9 characters.
+const std::string& nemo_id(const std::optional<std::string>& id, const std::string& what) {
+  if (!id || code_points(*id) != 9)
+    throw RuntimeError(what +
+                       " needs an id of 9 characters (a string), which Mistral Nemo's template writes (it "
+                       "raises otherwise: \"Tool call IDs should be alphanumeric strings with length 9!\")");
+  return *id;
+}
+
+// Mistral Nemo's released template: the tools as it lists them before the last user message, each
+// tool's "function" item by item ("return" left out) — a string written as is between quotes, any
+// other value as `tojson` renders it —, "[" and no "]" for an empty list, as there.
+std::string nemo_tools_text(const std::vector<std::string>& tools) {
+  std::string text = "[";
+  for (size_t t = 0; t < tools.size(); ++t) {
+    const auto tool = nlohmann::ordered_json::parse(tools[t]);
+    if (!tool.contains("function") || !tool.at("function").is_object())
+      throw RuntimeError("tool " + std::to_string(t + 1) +
+                         " has no \"function\" object, which Mistral Nemo's template lists (it raises on a tool "
+                         "without one)");
+    text += "{\"type\": \"function\", \"function\": {";
+    bool first = true;
+    for (auto it = tool.at("function").begin(); it != tool.at("function").end(); ++it) {
+      if (it.key() == "return") continue;
+      text += first ? "\"" : ", \"";
+      text += it.key() + "\": ";
+      if (it.value().is_string())
+        text.append(1, '"').append(it.value().get_ref<const std::string&>()).append(1, '"');
+      else
+        text += python_json(it.value());
+      first = false;
+    }
+    text += t + 1 < tools.size() ? "}}, " : "}}]";
+  }
+  return text;
+}
+
+// Mistral Nemo's released template: a reply's calls as "[TOOL_CALLS][" + each call's "function"
+// as `tojson` renders it with its id added + "]" and the end of turn (its text dropped, as the
+// template drops it); a tool result as "[TOOL_RESULTS]{"content": RESULT, "call_id": ID}[/TOOL_RESULTS]".
+void nemo_tool_parts(const ChatMessage& m, size_t i, std::vector<Part>& parts) {
+  const std::string number = "message " + std::to_string(i + 1);
+  if (m.role == "tool") {
+    parts.push_back({"[TOOL_RESULTS]", false});
+    parts.push_back({"{\"content\": " + m.content + ", \"call_id\": \"" +
+                         nemo_id(m.tool_call_id, number + " (a tool result; its \"tool_call_id\")") + "\"}",
+                     false});
+    parts.push_back({"[/TOOL_RESULTS]", false});
+    return;
+  }
+  if (m.tool_calls.empty())
+    throw RuntimeError(number +
+                       "'s \"tool_calls\" is an empty list, which Mistral Nemo's template renders as "
+                       "\"[TOOL_CALLS][\" with no end of turn: drop it");
+  std::string calls = "[";
+  for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+    const ToolCall& call = m.tool_calls[c];
+    const std::string which = number + "'s tool call " + std::to_string(c + 1);
+    if (!call.in_function)
+      throw RuntimeError(which + " is not inside \"function\" ({\"function\": {\"name\", \"arguments\"}}), the " +
+                         "only form Mistral Nemo's template reads (it raises on another)");
+    const std::string& id = nemo_id(call.id, which);
+    calls += call.function_json.substr(0, call.function_json.rfind('}')) + ", \"id\": \"" + id + "\"}" +
+             (c + 1 < m.tool_calls.size() ? ", " : "]");
+  }
+  parts.push_back({"[TOOL_CALLS]", true});
+  parts.push_back({calls, true});
+  parts.push_back({"</s>", true});
+}
+
 // Mistral v0.3: "[INST] (system before the last user turn) CONTENT[/INST]", replies trimmed (the
 // system message before the first user turn with mistral-system-first);
 // v0.2: " [INST] (system before the first user turn) CONTENT [/INST]", replies as written;
-// Nemo: "[INST](system before the last user turn)CONTENT[/INST]", replies as written, no space before.
-std::vector<Part> mistral_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
+// Nemo: "[INST](system before the last user turn)CONTENT[/INST]", replies as written, no space before;
+// with its released template's tools (f.tools), "[AVAILABLE_TOOLS]...[/AVAILABLE_TOOLS]" before the
+// last user message (and any equal to it) and tool calls and results (nemo_tool_parts), which the
+// turns' alternation skips.
+std::vector<Part> mistral_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages, const ChatTools& tools) {
   const bool v3 = f.kind != ChatTemplate::mistral_v0_2;
   const bool nemo = f.kind == ChatTemplate::mistral_nemo;
   const bool system_last = f.kind == ChatTemplate::mistral || nemo;
   const bool system = !messages.empty() && messages[0].role == "system";
   const size_t first = system ? 1 : 0;
+  const std::string* last_user = nullptr;  // the template's user_messages[-1], compared by value
+  for (size_t i = first; i < messages.size(); ++i)
+    if (messages[i].role == "user") last_user = &messages[i].content;
   std::vector<Part> parts{{"<s>", false}};
+  size_t turn = 0;  // the alternation's index: tool calls and results are not counted
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
+    if (nemo && f.tools && (m.role == "tool" || m.tool_calls_listed)) {
+      nemo_tool_parts(m, i, parts);
+      continue;
+    }
     check_role(f, m, {"user", "assistant"});
-    if ((m.role == "user") != ((i - first) % 2 == 0))
+    if ((m.role == "user") != (turn++ % 2 == 0))
       throw RuntimeError(template_name(f) +
                          "'s template takes an optional system message, then user and assistant turns "
                          "alternating, starting with user");
@@ -2030,6 +2119,11 @@ std::vector<Part> mistral_parts(const ChatFormat& f, const std::vector<ChatMessa
     }
     const bool with_system = system && (system_last ? i + 1 == messages.size() : i == first);
     const std::string text = (with_system ? messages[0].content + "\n\n" : std::string()) + m.content;
+    if (nemo && tools && m.content == *last_user) {
+      parts.push_back({"[AVAILABLE_TOOLS]", false});
+      parts.push_back({nemo_tools_text(*tools), false});
+      parts.push_back({"[/AVAILABLE_TOOLS]", false});
+    }
     if (v3) {
       parts.push_back({"[INST]", false});
       parts.push_back({nemo ? text : " " + text, false});
@@ -2151,23 +2245,26 @@ std::vector<Part> deepseek_r1_parts(const ChatFormat& f, const std::vector<ChatM
 }
 
 // A chat with tools, tool calls or tool results is rendered only by a format with `tools`. Qwen's
-// templates render no tools for an empty list (`if tools`); Llama 3.1's do (`tools is not none`).
+// templates render no tools for an empty list (`if tools`); Llama 3.1's and Nemo's do (`tools is
+// not none`).
 void check_tools(const ChatFormat& f, const std::vector<ChatMessage>& messages, const ChatTools& tools) {
   if (f.tools) return;
   const bool llama = f.kind == ChatTemplate::llama3_1 || f.kind == ChatTemplate::llama3_2;
-  std::string what = tools && (!tools->empty() || llama) ? "the chat's tools" : "";
+  const bool any_list = llama || f.kind == ChatTemplate::mistral_nemo;
+  std::string what = tools && (!tools->empty() || any_list) ? "the chat's tools" : "";
   for (size_t i = 0; i < messages.size() && what.empty(); ++i) {
     const bool result = messages[i].role == "tool" || (llama && messages[i].role == "ipython");
-    if (!messages[i].tool_calls.empty() || result)
+    // an empty list too where the template routes on the key ('tool_calls' in message), as Llama 3.1's and Nemo's
+    if (!messages[i].tool_calls.empty() || (any_list && messages[i].tool_calls_listed) || result)
       what = "message " + std::to_string(i + 1) + (result ? "'s tool result" : "'s tool calls");
   }
   if (what.empty()) return;
   throw RuntimeError(what +
                      ": ptrain renders tools, tool calls and tool results only with the released templates of "
-                     "Qwen2.5, of Qwen3 (its first release) and of Llama 3.1 / 3.2 / 3.3, " +
+                     "Qwen2.5, of Qwen3 (its first release), of Llama 3.1 / 3.2 / 3.3 and of Mistral Nemo, " +
                      (f.no_tools.empty() ? "and these chats render as " + template_name(f) : f.no_tools) +
-                     " (set data.chat_template to \"qwen2.5\", \"llama3.1\" or \"llama3.2\" if the data was made "
-                     "for one of them)");
+                     " (set data.chat_template to \"qwen2.5\", \"llama3.1\", \"llama3.2\" or \"mistral-nemo\" if "
+                     "the data was made for one of them)");
 }
 
 // The chat as its template renders it, in parts: template text and message text, each with
@@ -2190,7 +2287,7 @@ std::vector<Part> chat_parts(const ChatFormat& f, const std::vector<ChatMessage>
     case ChatTemplate::mistral_system_first:
     case ChatTemplate::mistral_v0_2:
     case ChatTemplate::mistral_nemo:
-      return mistral_parts(f, messages);
+      return mistral_parts(f, messages, tools);
     case ChatTemplate::devstral:
       return devstral_parts(f, messages);
     case ChatTemplate::mistral_tekken:
@@ -2222,7 +2319,9 @@ int64_t replies_losing_reasoning(const ChatFormat& f, const std::vector<ChatMess
 }
 
 int64_t replies_losing_call_text(const ChatFormat& f, const std::vector<ChatMessage>& messages) {
-  if (!f.tools || (f.kind != ChatTemplate::llama3_1 && f.kind != ChatTemplate::llama3_2)) return 0;
+  if (!f.tools ||
+      (f.kind != ChatTemplate::llama3_1 && f.kind != ChatTemplate::llama3_2 && f.kind != ChatTemplate::mistral_nemo))
+    return 0;
   return std::count_if(messages.begin(), messages.end(),
                        [](const ChatMessage& m) { return m.tool_calls_listed && !m.content.empty(); });
 }

@@ -31,7 +31,10 @@
 //   mistral-v0.1  Mistral 7B Instruct v0.1 (first release): <s>, user turns "[INST] CONTENT [/INST]",
 //             replies "CONTENT</s> " (the space after </s> is not trained); no system message
 //   mistral-nemo  Mistral Nemo Instruct 2407: <s>, user turns "[INST]CONTENT[/INST]" (the system
-//             message before the last user turn's content, as mistral), replies "CONTENT</s>" as written
+//             message before the last user turn's content, as mistral), replies "CONTENT</s>" as written;
+//             with tools (its released template), "[AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS]" before the
+//             last user turn, "[TOOL_CALLS][calls with their ids]</s>" replies (text dropped) and
+//             "[TOOL_RESULTS]{"content": ..., "call_id": ...}[/TOOL_RESULTS]" results
 //   devstral  Devstral Small 2507 (Unsloth's release): <s>, "[SYSTEM_PROMPT]" + the chat's first
 //             message if it is a system message, else the template's default one +
 //             "[/SYSTEM_PROMPT]", then every message in order: "[INST]CONTENT[/INST]",
@@ -70,7 +73,9 @@ struct ToolCall {
   std::string name;
   std::string arguments;
   std::optional<std::string> text = std::nullopt;  // arguments given as a string: it (Qwen3 renders it as is)
-  bool in_function = false;  // given inside "function" (OpenAI's form), the only one Llama 3.1's template reads
+  bool in_function = false;   // given inside "function" (OpenAI's form), the only one Llama 3.1's and Nemo's read
+  std::string function_json;  // in_function: the "function" object as `tojson` renders it
+  std::optional<std::string> id = std::nullopt;  // the call's "id" where it is a string (Mistral Nemo renders it)
 };
 
 // A chat's tool definitions ("tools"), each as the template's `tojson` renders it (python_json):
@@ -87,8 +92,9 @@ struct ChatMessage {
   // A reply's tool calls ("tool_calls"): rendered only by a format with `tools` (Qwen2.5's
   // and Qwen3's released templates), refused by every other.
   std::vector<ToolCall> tool_calls = {};
-  bool content_null = false;       // a reply with tool calls whose "content" is null or absent
-  bool tool_calls_listed = false;  // "tool_calls" given as a list, even an empty one (not null)
+  bool content_null = false;                               // a reply with tool calls whose "content" is null or absent
+  bool tool_calls_listed = false;                          // "tool_calls" given as a list, even an empty one (not null)
+  std::optional<std::string> tool_call_id = std::nullopt;  // a tool result's, where it is a string (Nemo renders it)
 };
 
 struct Sample {
@@ -126,8 +132,9 @@ struct ChatFormat {
   std::string bos_token;       // deepseek-r1: the template's bos_token, as the directory's files resolve it
   std::string think_prompt;    // deepseek-r1 / qwq: what the generation prompt adds after the assistant header
   // Renders a chat's tools, tool calls and tool results: the released templates of Qwen2.5, of
-  // Qwen3 (its first release) and of Llama 3.1 / 3.2 / 3.3 (their tool branches token for token),
-  // or data.chat_template = "qwen2.5", "llama3.1" or "llama3.2". Where false, `no_tools` says why.
+  // Qwen3 (its first release), of Llama 3.1 / 3.2 / 3.3 and of Mistral Nemo (their tool branches
+  // token for token), or data.chat_template = "qwen2.5", "llama3.1", "llama3.2" or "mistral-nemo".
+  // Where false, `no_tools` says why.
   bool tools = false;
   std::string no_tools;
   std::string source;  // how it was chosen, for the log: "data.chat_template", "<dir>/tokenizer_config.json", ...
@@ -173,7 +180,7 @@ struct RecognizedTemplate {
   std::string default_system;  // ChatML's / Devstral's, read from the template ("" where it has none)
   std::string think_prompt;    // deepseek-r1 / qwq: the generation prompt after the assistant header
   bool tools = false;          // its tool branches are its family's released ones ptrain renders, token for token
-  std::string no_tools;        // else why not, where its family has such a release (Qwen2.5, Qwen3, Llama 3.1 / 3.2)
+  std::string no_tools;  // else why not, where its family has such a release (Qwen2.5, Qwen3, Llama 3.1 / 3.2, Nemo)
 };
 RecognizedTemplate recognize_chat_template(const std::string& text, const std::string& where);
 
@@ -189,9 +196,10 @@ std::string default_chat_template(const std::string& dir, std::string& where);
 //
 // `tools`: the chat's tool definitions; a chat with tools, tool calls or tool results is refused by
 // a format without `tools`. A reply with tool calls is trained from after its role header
-// ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>\n\n") through its end
-// of turn, as a plain reply; tool results and the tool definitions are not trained. Llama 3.1's
-// template renders a reply with a tool call as the call alone (replies_losing_call_text).
+// ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>\n\n"; Nemo's from its
+// "[TOOL_CALLS]") through its end of turn, as a plain reply; tool results and the tool definitions
+// are not trained. Llama 3.1's and Nemo's templates render a reply with tool calls as the calls
+// alone (replies_losing_call_text).
 Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::vector<ChatMessage>& messages,
                    bool train_on_prompt, const ChatTools& tools = std::nullopt);
 
@@ -201,7 +209,7 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& format, const std::ve
 // render a reply's text as written. For the dataset report: the template drops it, so ptrain does.
 int64_t replies_losing_reasoning(const ChatFormat& format, const std::vector<ChatMessage>& messages);
 // How many replies with a tool call lose their text as the format's template renders them: Llama
-// 3.1 / 3.2's render the call alone. For the dataset report, as above.
+// 3.1 / 3.2's and Mistral Nemo's render the calls alone. For the dataset report, as above.
 int64_t replies_losing_call_text(const ChatFormat& format, const std::vector<ChatMessage>& messages);
 
 // A prompt for the model to answer: the conversation (ending with a user turn) followed by the

@@ -39,9 +39,10 @@ For every set of the corpus:
   tool-chats  chats with tools, tool calls and tool results (tests/fixtures/make_tool_chat_fixtures.py's
               records) as JSONL: with Qwen2.5's released template over hf5-qwen2 (the real Qwen2.5
               tokenizer), Qwen3's first release over hf5-qwen3 and Llama 3.1's, 3.2's and 3.3's over
-              hf5-llama (the Llama 3.2 tokenizer) `ptrain eval` = transformers' loss over the replies
-              as apply_chat_template(messages, tools=...) renders them, each chat the template raises
-              on (or ptrain refuses knowingly) refused; Mistral Nemo's refuses them
+              hf5-llama (the Llama 3.2 tokenizer) and Mistral Nemo's over hf5-mistral-nemo (its Tekken
+              tokenizer) `ptrain eval` = transformers' loss over the replies as
+              apply_chat_template(messages, tools=...) renders them, each chat the template raises on
+              (or ptrain refuses knowingly) refused; QwQ's refuses them
 Prints one table row per set and per template; exit 1 on any refusal or difference.
 """
 import json
@@ -64,7 +65,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
 from make_chat_template_fixtures import labels_of  # noqa: E402  (the chat fixtures' reference mask)
 from make_tool_chat_fixtures import (  # noqa: E402  (chats with tools)
-    LLAMA_RECORDS, LLAMA_REFUSED, LLAMA_REPLY, QWEN3_RECORDS, QWEN_REPLY, RECORDS as TOOL_RECORDS)
+    LLAMA_RECORDS, LLAMA_REFUSED, LLAMA_REPLY, NEMO_RECORDS, NEMO_REFUSED, NEMO_REPLY, QWEN3_RECORDS, QWEN_REPLY,
+    RECORDS as TOOL_RECORDS, reply_labels)
 
 CHATS = [
     [{"role": "user", "content": "What is 12 × 34?"}, {"role": "assistant", "content": "12 × 34 = 408."}],
@@ -196,15 +198,17 @@ def chat_check(binary, d, tok, tmp, gguf_file=None):
 
 def replies_loss(tok, model, chats, reply=QWEN_REPLY):
     """transformers' mean loss over the replies of `chats` ((messages, tools) pairs) as
-    apply_chat_template renders them — labels -100 but for each reply, from after its header through
-    its end of turn (`reply`: ChatML's <|im_end|> and newline by default) — and the number of trained
-    tokens."""
+    apply_chat_template renders them — labels -100 but for each reply, from after the last of its
+    headers before its end of turn through that end (`reply`: ChatML's <|im_end|> and newline by
+    default) — and the number of trained tokens."""
     total, tokens = 0.0, 0
     for messages, tools in chats:
         out = tok.apply_chat_template(messages, tools=tools, tokenize=True)
         ids = list(out["input_ids"]) if hasattr(out, "keys") else list(out)
-        labels = labels_of(tok, ids, *reply)
+        labels = reply_labels(tok, ids, *reply)
         n = sum(1 for label in labels[1:] if label != -100)
+        if n == 0:  # a chat without a reply: nothing to train (ptrain leaves it out), and a loss of nan
+            continue
         with torch.no_grad():
             total += model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss.item() * n
         tokens += n
@@ -382,28 +386,32 @@ def templates(binary, corpus):
     return failures + len(missing)
 
 
-# Chats with tools under the released templates: Qwen2.5's, Qwen3's (first release) and Llama 3.1's,
-# 3.2's and 3.3's render them (the real tokenizers of hf5-qwen2 / hf5-qwen3, whose <tool_call> tokens
-# are as released, and Llama 3.2's of hf5-llama), with the records each template raises on refused
-# (and those ptrain refuses knowingly: LLAMA_REFUSED); Mistral Nemo's refuses them all.
-# name: (corpus model, the records, a reply's header and end).
+# Chats with tools under the released templates: Qwen2.5's, Qwen3's (first release), Llama 3.1's,
+# 3.2's and 3.3's and Mistral Nemo's render them (the real tokenizers of hf5-qwen2 / hf5-qwen3, whose
+# <tool_call> tokens are as released, Llama 3.2's of hf5-llama and Nemo's Tekken one of
+# hf5-mistral-nemo), with the records each template raises on refused (and those ptrain refuses
+# knowingly: LLAMA_REFUSED, NEMO_REFUSED); QwQ's refuses them all.
+# name: (corpus model, the records, those ptrain refuses knowingly, a reply's headers and end).
 LLAMA_TOOL_RECORDS = TOOL_RECORDS + LLAMA_RECORDS
-TOOL_TEMPLATES = {"Qwen-Qwen2.5-7B-Instruct": ("hf5-qwen2", TOOL_RECORDS, QWEN_REPLY),
-                  "Qwen-Qwen3-0.6B": ("hf5-qwen3", TOOL_RECORDS + QWEN3_RECORDS, QWEN_REPLY),
-                  "meta-llama-Llama-3.1-8B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REPLY),
-                  "meta-llama-Llama-3.2-3B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REPLY),
-                  "meta-llama-Llama-3.3-70B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REPLY),
-                  "mistralai-Mistral-Nemo-Instruct-2407": ("hf5-mistral-nemo", None, None)}
+TOOL_TEMPLATES = {
+    "Qwen-Qwen2.5-7B-Instruct": ("hf5-qwen2", TOOL_RECORDS, {}, QWEN_REPLY),
+    "Qwen-Qwen3-0.6B": ("hf5-qwen3", TOOL_RECORDS + QWEN3_RECORDS, {}, QWEN_REPLY),
+    "meta-llama-Llama-3.1-8B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REFUSED, LLAMA_REPLY),
+    "meta-llama-Llama-3.2-3B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REFUSED, LLAMA_REPLY),
+    "meta-llama-Llama-3.3-70B-Instruct": ("hf5-llama", LLAMA_TOOL_RECORDS, LLAMA_REFUSED, LLAMA_REPLY),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("hf5-mistral-nemo", TOOL_RECORDS + NEMO_RECORDS, NEMO_REFUSED,
+                                             NEMO_REPLY),
+    "Qwen-QwQ-32B": ("hf5-qwen2", None, None, None)}
 
 
 def tool_chats(binary, corpus):
     """`ptrain eval` of chats with tools (JSONL) with each of TOOL_TEMPLATES = transformers' loss over
     the replies as apply_chat_template(messages, tools=...) renders them (the same trained tokens,
-    the loss within 1e-4), and each record the template raises on refused alone; Mistral Nemo's
-    refuses them all. The number that failed."""
+    the loss within 1e-4), and each record the template raises on refused alone; QwQ's refuses them
+    all. The number that failed."""
     failures = 0
     print("\nchats with tools (tools, tool calls, tool results): ptrain = apply_chat_template, or refused")
-    for name, (base, records, reply) in TOOL_TEMPLATES.items():
+    for name, (base, records, refused, reply) in TOOL_TEMPLATES.items():
         template = os.path.join(corpus, "chat-templates", name + ".jinja")
         if not os.path.exists(template):
             print(f"  {name:40} FAIL missing from the corpus")
@@ -439,7 +447,7 @@ def tool_chats(binary, corpus):
                 record = json.loads(line)
                 try:
                     tok.apply_chat_template(record["messages"], tools=record.get("tools"), tokenize=False)
-                    (raised if reply == LLAMA_REPLY and line in LLAMA_REFUSED else rendered).append(line)
+                    (raised if line in refused else rendered).append(line)
                 except Exception:  # noqa: BLE001  (the template raises on it: ptrain must refuse it)
                     raised.append(line)
             not_refused = sum(ptrain_on([line], f"raised{i}")[0] is not None for i, line in enumerate(raised))

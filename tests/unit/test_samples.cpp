@@ -991,21 +991,23 @@ TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
       {"qwen2.5", {"Qwen2.5 / Qwen2 Instruct (as released)", &plain_qwen}},
       {"qwen3", {"Qwen3 (first release)", nullptr}},
       {"llama3.1", {"Llama 3.1 / 3.3 Instruct (as released)", &plain_llama31}},
-      {"llama3.2", {"Llama 3.2 Instruct (as released)", &plain_llama32}}};
+      {"llama3.2", {"Llama 3.2 Instruct (as released)", &plain_llama32}},
+      {"mistral-nemo", {"Mistral Nemo Instruct 2407", nullptr}}};
   std::map<std::string, int> rendered, refused, call_text_dropped;
   for (const auto& [name, fixture] : tool_fixture().at("templates").items()) {
     const Tokenizer tok(test::fixture(fixture.at("tokenizer").get<std::string>()));  // the released template
     ChatFormat automatic = chat_format(tok, ChatTemplate::automatic);
     ASSERT_TRUE(automatic.tools) << automatic.no_tools;
     EXPECT_NE(automatic.source.find(released.at(name).first), std::string::npos) << automatic.source;
-    const Tokenizer* plain = released.at(name).second;
+    // data.chat_template naming the template: over a tokenizer whose own template has no tool
+    // branches (Nemo's fixture tokenizer with its control tokens has only the released one)
+    const Tokenizer* plain = name == "mistral-nemo" ? &tok : released.at(name).second;
     std::optional<ChatFormat> named;
     if (plain) {
-      ChatFormat f = chat_format(*plain, chat_format(tok, ChatTemplate::automatic).kind);
-      if (name != "qwen2.5") {  // its own template, recognized without tool branches (Qwen's is none ptrain knows)
+      named = chat_format(*plain, automatic.kind);
+      if (name != "qwen2.5" && name != "mistral-nemo") {  // recognized, without tool branches (Qwen's: none known)
         EXPECT_FALSE(chat_format(*plain, ChatTemplate::automatic).tools) << name;
       }
-      named = f;
     }
     automatic.date = "26 Jul 2024";  // Llama 3.2's strftime_now, as the fixture's date_string
     if (named) named->date = automatic.date;
@@ -1050,12 +1052,15 @@ TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
     }
   }
   // Qwen3's 2 refusals: a call with no content; Llama's 5: two calls, an empty list, a call outside
-  // "function", no user message, a tool result first (ptrain_refuses)
-  EXPECT_EQ(rendered, (std::map<std::string, int>{{"qwen2.5", 6}, {"qwen3", 6}, {"llama3.1", 7}, {"llama3.2", 7}}));
-  EXPECT_EQ(refused, (std::map<std::string, int>{{"qwen3", 2}, {"llama3.1", 5}, {"llama3.2", 5}}));
-  // one reply with text beside its call ("Checking."), in each Llama template's chats
+  // "function", no user message, a tool result first (ptrain_refuses); Nemo's 8: ids not of 9
+  // characters, a tool without "function", a call outside it, an empty list (ptrain_refuses)
+  EXPECT_EQ(rendered, (std::map<std::string, int>{
+                          {"qwen2.5", 6}, {"qwen3", 6}, {"llama3.1", 7}, {"llama3.2", 7}, {"mistral-nemo", 5}}));
+  EXPECT_EQ(refused, (std::map<std::string, int>{{"qwen3", 2}, {"llama3.1", 5}, {"llama3.2", 5}, {"mistral-nemo", 8}}));
+  // one reply with text beside its call ("Checking."), in each Llama template's chats and Nemo's
   EXPECT_EQ(call_text_dropped,
-            (std::map<std::string, int>{{"qwen2.5", 0}, {"qwen3", 0}, {"llama3.1", 1}, {"llama3.2", 1}}));
+            (std::map<std::string, int>{
+                {"qwen2.5", 0}, {"qwen3", 0}, {"llama3.1", 1}, {"llama3.2", 1}, {"mistral-nemo", 1}}));
 }
 
 // Chats with tools in Parquet (written by pyarrow): struct columns hold every field of every turn,
@@ -1119,7 +1124,7 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
     } catch (const RuntimeError& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find("ptrain renders tools, tool calls and tool results only with the released templates of "
-                         "Qwen2.5, of Qwen3 (its first release) and of Llama 3.1 / 3.2 / 3.3"),
+                         "Qwen2.5, of Qwen3 (its first release), of Llama 3.1 / 3.2 / 3.3 and of Mistral Nemo"),
                 std::string::npos)
           << msg;
       EXPECT_NE(msg.find(why), std::string::npos) << name << ": " << msg;
