@@ -52,13 +52,38 @@ void only_fields(const ojson& o, std::initializer_list<const char*> read, const 
   }
 }
 
+// Refuses JSON text holding an integer wider than 64 bits: its numbers render (python_json), and
+// Python keeps such an integer exact where a parse here turns it into a float.
+void refuse_wide_integers(const std::string& json_text) {
+  const std::string wide = wide_json_integer(json_text);
+  if (!wide.empty())
+    throw RuntimeError("the integer " + wide.substr(0, 40) +
+                       " is too large for 64 bits, and ptrain cannot render it as transformers does (as "
+                       "written): write it as a string");
+}
+
 // A chat's "tools" (null or a list of tool definitions, each an object) as the template's
-// `tojson` renders each.
+// `tojson` renders each; or a string holding that JSON, which TRL's SFTTrainer decodes
+// (json.loads) before rendering — datasets such as xlam-function-calling store their tools so.
 ChatTools tools_of(const ojson& j) {
   if (!j.contains("tools") || j.at("tools").is_null()) return std::nullopt;
   std::vector<std::string> out;
-  const ojson& tools = j.at("tools");
-  if (!tools.is_array()) throw RuntimeError("\"tools\" must be a list of tool definitions (JSON objects)");
+  ojson decoded;
+  if (j.at("tools").is_string()) {
+    const std::string& text = j.at("tools").get_ref<const std::string&>();
+    try {
+      decoded = ojson::parse(text);
+    } catch (const ojson::parse_error& e) {
+      throw RuntimeError(std::string("\"tools\" is a string that does not hold JSON (a string is decoded as TRL "
+                                     "decodes it, with json.loads): ") +
+                         e.what());
+    }
+    refuse_wide_integers(text);
+    if (decoded.is_null()) return std::nullopt;
+  }
+  const ojson& tools = j.at("tools").is_string() ? decoded : j.at("tools");
+  if (!tools.is_array())
+    throw RuntimeError("\"tools\" must be a list of tool definitions (JSON objects), or a string holding one");
   for (const ojson& t : tools) {
     if (!t.is_object()) throw RuntimeError("each of \"tools\" must be a tool definition (a JSON object)");
     out.push_back(python_json(t));
@@ -277,13 +302,7 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
     const Chat c = messages_of(j);
     const bool calls =
         std::any_of(c.messages.begin(), c.messages.end(), [](const ChatMessage& m) { return !m.tool_calls.empty(); });
-    if ((c.tools && !c.tools->empty()) || calls) {  // numbers render (python_json): Python keeps a wide integer one
-      const std::string wide = wide_json_integer(line);
-      if (!wide.empty())
-        throw RuntimeError("the integer " + wide.substr(0, 40) +
-                           " is too large for 64 bits, and ptrain cannot render it as transformers does (as "
-                           "written): write it as a string");
-    }
+    if ((c.tools && !c.tools->empty()) || calls) refuse_wide_integers(line);
     return chat(c.messages, c.tools);
   }
   if (j.contains("conversations")) return chat(sharegpt_of(j));

@@ -1051,12 +1051,15 @@ TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
       EXPECT_EQ(tok.encode(text), p.at("ids").get<std::vector<int32_t>>()) << name;
     }
   }
-  // Qwen3's 2 refusals: a call with no content; Llama's 5: two calls, an empty list, a call outside
-  // "function", no user message, a tool result first (ptrain_refuses); Nemo's 8: ids not of 9
-  // characters, a tool without "function", a call outside it, an empty list (ptrain_refuses)
+  // each template renders the 2 records whose tools are a string holding JSON (TRL decodes it) and
+  // refuses the one whose string is not JSON; Qwen3's 2 more refusals: a call with no content;
+  // Llama's 5: two calls, an empty list, a call outside "function", no user message, a tool result
+  // first (ptrain_refuses); Nemo's 8: ids not of 9 characters, a tool without "function", a call
+  // outside it, an empty list (ptrain_refuses)
   EXPECT_EQ(rendered, (std::map<std::string, int>{
-                          {"qwen2.5", 6}, {"qwen3", 6}, {"llama3.1", 7}, {"llama3.2", 7}, {"mistral-nemo", 5}}));
-  EXPECT_EQ(refused, (std::map<std::string, int>{{"qwen3", 2}, {"llama3.1", 5}, {"llama3.2", 5}, {"mistral-nemo", 8}}));
+                          {"qwen2.5", 8}, {"qwen3", 8}, {"llama3.1", 9}, {"llama3.2", 9}, {"mistral-nemo", 7}}));
+  EXPECT_EQ(refused, (std::map<std::string, int>{
+                         {"qwen2.5", 1}, {"qwen3", 3}, {"llama3.1", 6}, {"llama3.2", 6}, {"mistral-nemo", 9}}));
   // one reply with text beside its call ("Checking."), in each Llama template's chats and Nemo's
   EXPECT_EQ(call_text_dropped,
             (std::map<std::string, int>{
