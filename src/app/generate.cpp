@@ -95,19 +95,24 @@ class Session {
   std::vector<int32_t> plain_prompt(const std::string& text) const {
     return tokenizer().encode_with_special_tokens(text);
   }
-  std::vector<int32_t> chat_prompt(const std::vector<ChatMessage>& messages) {
-    return render_prompt(tokenizer(), chat_format_of(), messages);
+  std::vector<int32_t> chat_prompt(const std::vector<ChatMessage>& messages, const ChatTools& tools = std::nullopt) {
+    return render_prompt(tokenizer(), chat_format_of(), messages, tools);
   }
   Completion complete(const std::vector<int32_t>& prompt, const SamplingOptions& o, const Tokenizer* tok,
                       const std::function<void(const std::string&)>& stream = {}) {
     return ptrain::complete(*model_, prompt, eos_, o, tok, stream);
   }
-  // A record of --in: {"prompt": text}, {"messages": chat} or {"ids": [...]}.
-  std::vector<int32_t> record_prompt(const ojson& record) {
+  // A record of --in: {"prompt": text}, {"messages": chat, and its "tools"} or {"ids": [...]}; `line`
+  // is its JSON text.
+  std::vector<int32_t> record_prompt(const ojson& record, const std::string& line) {
     if (!record.is_object()) throw RuntimeError("a record must be a JSON object");
     const int kinds = static_cast<int>(record.contains("ids")) + static_cast<int>(record.contains("messages")) +
                       static_cast<int>(record.contains("prompt"));
     if (kinds > 1) throw RuntimeError("a record holds one of \"prompt\", \"messages\" and \"ids\", not several");
+    if (record.contains("tools") && !record["tools"].is_null() && !record.contains("messages"))
+      throw RuntimeError(
+          "\"tools\" go with a \"messages\" chat, whose template renders them; a \"prompt\" text or "
+          "\"ids\" cannot hold them");
     if (record.contains("ids")) {
       std::vector<int32_t> prompt;
       const int64_t vocab = c_.model.shape.vocab_size;
@@ -122,7 +127,7 @@ class Session {
       std::vector<ChatMessage> messages = chat_turns(record["messages"]);
       if (!r_.system.empty() && messages.front().role != "system")
         messages.insert(messages.begin(), {"system", r_.system});
-      return chat_prompt(messages);
+      return chat_prompt(messages, chat_tools(record, line));  // the tools the chat's template renders
     }
     if (record.contains("prompt") && record["prompt"].is_string())
       return plain_prompt(record["prompt"].get<std::string>());
@@ -176,7 +181,7 @@ void answer_file(const GenerateRequest& r, Session& session) {
     std::vector<int32_t> prompt;
     try {
       record = ojson::parse(text);
-      prompt = session.record_prompt(record);
+      prompt = session.record_prompt(record, text);
     } catch (const ojson::exception& e) {
       throw UsageError(r.in + ":" + std::to_string(line) + ": not valid JSON (" + e.what() + ")");
     } catch (const RuntimeError& e) {

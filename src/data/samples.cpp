@@ -140,6 +140,12 @@ Chat messages_of(const ojson& j) {
 
 }  // namespace
 
+ChatTools chat_tools(const ojson& record, const std::string& line) {
+  ChatTools tools = tools_of(record);
+  if (tools && !tools->empty()) refuse_wide_integers(line);
+  return tools;
+}
+
 std::vector<ChatMessage> chat_turns(const ojson& list) {
   if (!list.is_array() || list.empty())
     throw RuntimeError("\"messages\" must be a non-empty array of {\"role\", \"content\"}");

@@ -41,6 +41,10 @@ const std::vector<std::string>& record_fields();
 // (tool results; their "tool_call_id" and "name" are not rendered); any other field of a turn is
 // refused by name (RuntimeError, without location). Keys in their order (tool arguments render as written).
 std::vector<ChatMessage> chat_turns(const nlohmann::ordered_json& messages);
+// A record's "tools" (absent, null, a list of tool definitions or a string holding one, as TRL
+// decodes it), each as the template's `tojson` renders it; `line` is the record's JSON text, checked
+// for integers wider than 64 bits where there are tools. RuntimeError for anything else.
+ChatTools chat_tools(const nlohmann::ordered_json& record, const std::string& line);
 
 // How preference records are tokenized: as TRL's DPOTrainer does (training.objective dpo), or
 // as its CPOTrainer does (`cpo`: simpo and cpo, TRL's CPOTrainer), with the tokenizer's bos_token and

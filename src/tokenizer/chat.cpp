@@ -2382,9 +2382,9 @@ std::string joined(const std::vector<Part>& parts) {
 }
 }  // namespace
 
-std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f,
-                                   const std::vector<ChatMessage>& messages) {
-  return tokenize_parts(tok, prompt_parts(f, messages), true).ids;
+std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& f, const std::vector<ChatMessage>& messages,
+                                   const ChatTools& tools) {
+  return tokenize_parts(tok, prompt_parts(f, messages, tools), true).ids;
 }
 
 std::string chat_text(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool generation_prompt,

@@ -219,7 +219,7 @@ int64_t replies_losing_call_text(const ChatFormat& format, const std::vector<Cha
 // "<｜Assistant｜><think>\n" and QwQ's "<|im_start|>assistant\n<think>\n" (each with "</think>"
 // where the template closes it).
 std::vector<int32_t> render_prompt(const Tokenizer& tok, const ChatFormat& format,
-                                   const std::vector<ChatMessage>& messages);
+                                   const std::vector<ChatMessage>& messages, const ChatTools& tools = std::nullopt);
 // The text a chat renders to, as apply_chat_template(tokenize=False) gives it (with the
 // generation prompt when asked, the chat then ending with a user message): the text whose
 // encoding render_chat's / render_prompt's ids are.

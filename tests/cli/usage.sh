@@ -117,6 +117,11 @@ echo '{"ids": [1, 5000]}' > "$tmp/big_id.jsonl"
 expect 2 "big_id.jsonl:1: \"ids\" must be token ids in \[0, 1006\)" -- "$bin" "${gen[@]}" --in "$tmp/big_id.jsonl" --out "$tmp/d.jsonl"
 echo '{"prompt": "hi", "ids": [1]}' > "$tmp/two_kinds.jsonl"
 expect 2 "two_kinds.jsonl:1: a record holds one of \"prompt\", \"messages\" and \"ids\", not several" -- "$bin" "${gen[@]}" --in "$tmp/two_kinds.jsonl" --out "$tmp/c.jsonl"
+# a record's tools go into its chat's prompt (generate_parity.py compares them), never left out
+echo '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}' > "$tmp/tools.jsonl"
+expect 2 "tools.jsonl:1: the chat's tools: ptrain renders tools, tool calls and tool results only with" -- "$bin" "${gen[@]}" --in "$tmp/tools.jsonl" --out "$tmp/e.jsonl"
+echo '{"prompt": "hi", "tools": []}' > "$tmp/text_tools.jsonl"
+expect 2 "text_tools.jsonl:1: \"tools\" go with a \"messages\" chat" -- "$bin" "${gen[@]}" --in "$tmp/text_tools.jsonl" --out "$tmp/f.jsonl"
 cp -r "$src/tests/fixtures/hf_chat" "$tmp/hf_gen"; echo '{"do_sample": true, "temperature": 0.6, "eos_token_id": [2, 1004]}' > "$tmp/hf_gen/generation_config.json"
 expect 0 "generation_config.json sets do_sample = true, temperature = 0.6; ptrain generate decodes as its own flags say" -- "$bin" "${gen[@]}" --prompt hi --set model.hf_path="$tmp/hf_gen"
 # A damaged generation_config.json, or eos ids that are not the model's tokens: refused by name,

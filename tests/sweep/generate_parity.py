@@ -10,6 +10,9 @@
   - chats rendered with the model's template (Llama 3 in hf_chat, Qwen2.5 in hf_qwen_chat; with
     and without a system message) against apply_chat_template(add_generation_prompt=True), and
     plain text prompts against the tokenizer's own ids, with the decoded text compared too;
+  - chats with tools (a record's "tools", earlier tool calls and results) under the released
+    templates of Qwen2.5 (hf_qwen_chat's model) and Llama 3.1 (hf_chat's) against
+    apply_chat_template(messages, tools=..., add_generation_prompt=True);
   - and a seeded sampled run repeats itself (and another seed differs).
 
 transformers stops at the ids ptrain reports it stopped at (each answer's "eos").
@@ -162,6 +165,41 @@ def main():
             text_ids = want[:-1] if want and want[-1] in a["eos"] else want
             if a["text"] != tok.decode(text_ids, skip_special_tokens=False):
                 t.failures.append(f"{what}: text {a['text']!r} != {tok.decode(text_ids)!r}")
+
+    # 4b. Chats with tools: the record's tools in the prompt, as the released templates render them.
+    sys.path.insert(0, fx)
+    import make_tool_chat_fixtures as tools_fx  # noqa: E402  (the released templates, the records)
+    for name, base, template, tool_tok in (("qwen2.5 tools", "hf_qwen_chat", tools_fx.QWEN25_RELEASED, "qwen2.5-tools"),
+                                           ("llama3.1 tools", "hf_chat", tools_fx.LLAMA31_RELEASED, None)):
+        model_dir = os.path.join(work, name.replace(" ", "_"))
+        shutil.rmtree(model_dir, ignore_errors=True)
+        shutil.copytree(os.path.join(fx, base), model_dir)
+        if tool_tok:  # the same vocabulary with <tool_call> as released
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(fx, "chat_templates", tool_tok, f), model_dir)
+        with open(os.path.join(model_dir, "config.json")) as f:
+            model_cfg = json.load(f)
+        model_cfg["max_position_embeddings"] = 2048  # the tool definitions make long prompts
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(model_cfg, f)
+        if os.path.exists(os.path.join(model_dir, "chat_template.jinja")):
+            os.remove(os.path.join(model_dir, "chat_template.jinja"))
+        with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
+            cfg = json.load(f)
+        cfg["chat_template"] = template
+        with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
+            json.dump(cfg, f)
+        config = write_config(os.path.join(work, name.replace(" ", "_") + ".toml"), work, model_dir)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        records = [json.loads(line) for line in tools_fx.PROMPTS]
+        answers = ptrain_answers(binary, config, records, work, name.replace(" ", "_"))
+        for i, (record, a) in enumerate(zip(records, answers)):
+            want_prompt = tok.apply_chat_template(record["messages"], tools=record["tools"], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False, date_string="26 Jul 2024")
+            what = f"{name} chat {i + 1}"
+            t.same(what + " (prompt ids)", a["prompt_ids"], list(want_prompt))
+            t.same(what, a["ids"], hf_generate(model, list(want_prompt), a["eos"]))
 
     # 5. Seeded sampling repeats; another seed draws otherwise.
     config = os.path.join(work, "hf_chat.toml")
