@@ -294,6 +294,33 @@ ojson parsed_record(const std::string& line, const FieldNames& fields, const std
 }
 }  // namespace
 
+namespace {
+// A conversational prompt/completion record ({"prompt": [turns], "completion": [turns], "tools"?})
+// as TRL's SFTTrainer tokenizes it: the prompt with the generation prompt, the whole chat, and a loss
+// on every token after their common prefix (its completion_mask; all of them with train_on_prompt).
+Sample completion_chat(const Tokenizer& tok, const ChatFormat& format, const ojson& j, const std::string& line,
+                       bool train_on_prompt) {
+  only_fields(j, {"prompt", "completion", "tools"}, "a conversational prompt/completion record");
+  if (!j.at("prompt").is_array() || !j.at("completion").is_array())
+    throw RuntimeError(
+        "\"prompt\" and \"completion\" must both be message lists (a conversational record) or both "
+        "strings");
+  const ChatTools tools = chat_tools(j, line);
+  const std::vector<ChatMessage> prompt = chat_turns(j.at("prompt"));
+  std::vector<ChatMessage> all = prompt;
+  for (ChatMessage& m : chat_turns(j.at("completion"))) all.push_back(std::move(m));
+  if (std::any_of(all.begin(), all.end(), [](const ChatMessage& m) { return !m.tool_calls.empty(); }))
+    refuse_wide_integers(line);
+  const std::vector<int32_t> prompt_ids = render_prompt(tok, format, prompt, tools);
+  Sample s = render_chat(tok, format, all, /*train_on_prompt=*/true, tools);
+  const auto shared = std::mismatch(prompt_ids.begin(), prompt_ids.end(), s.ids.begin(), s.ids.end()).first;
+  const auto n = shared - prompt_ids.begin();
+  std::fill(s.trained.begin(), s.trained.begin() + n, train_on_prompt ? 1 : 0);
+  std::fill(s.trained.begin() + n, s.trained.end(), 1);
+  return s;
+}
+}  // namespace
+
 Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
                      SampleStats& stats, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
   ojson j = parsed_record(line, fields, ignore_fields);
@@ -316,6 +343,15 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
   if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion"))
       throw RuntimeError("a prompt/completion record needs both \"prompt\" and \"completion\"");
+    if (j.at("prompt").is_array() || j.at("completion").is_array()) {
+      Sample s = completion_chat(tok, format, j, line, train_on_prompt);
+      ++stats.chat;
+      std::vector<ChatMessage> all = chat_turns(j.at("prompt"));
+      for (ChatMessage& m : chat_turns(j.at("completion"))) all.push_back(std::move(m));
+      stats.call_text_dropped += replies_losing_call_text(format, all);
+      stats.reasoning_dropped += replies_losing_reasoning(format, all);
+      return s;
+    }
     only_fields(j, {"prompt", "completion"}, "a prompt/completion record");
     Sample s = render_document(tok, format, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}},
                                train_on_prompt);

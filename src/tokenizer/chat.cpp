@@ -2334,12 +2334,14 @@ Sample render_chat(const Tokenizer& tok, const ChatFormat& f, const std::vector<
 }
 
 namespace {
-// A prompt's chat, checked (it ends with a user message), and the template's generation prompt.
+// A prompt's chat, checked (it ends with a user message or a tool result), and the template's
+// generation prompt.
 std::vector<Part> prompt_parts(const ChatFormat& f, const std::vector<ChatMessage>& messages,
                                const ChatTools& tools = std::nullopt) {
   require_template(f);
-  if (messages.empty() || messages.back().role != "user")
-    throw RuntimeError("a prompt to answer must end with a user message");
+  const std::string last = messages.empty() ? "" : messages.back().role;
+  if (last != "user" && last != "tool" && last != "ipython")
+    throw RuntimeError("a prompt to answer must end with a user message or a tool result");
   check_reasoning(f, messages);
   std::vector<Part> parts = chat_parts(f, messages, tools);
   switch (f.kind) {

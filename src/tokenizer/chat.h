@@ -212,7 +212,7 @@ int64_t replies_losing_reasoning(const ChatFormat& format, const std::vector<Cha
 // 3.1 / 3.2's and Mistral Nemo's render the calls alone. For the dataset report, as above.
 int64_t replies_losing_call_text(const ChatFormat& format, const std::vector<ChatMessage>& messages);
 
-// A prompt for the model to answer: the conversation (ending with a user turn) followed by the
+// A prompt for the model to answer: the conversation (ending with a user turn or a tool result) followed by the
 // template's generation prompt — what apply_chat_template(add_generation_prompt=True) renders:
 // Llama 3's "<|start_header_id|>assistant<|end_header_id|>\n\n", ChatML's / Qwen's
 // "<|im_start|>assistant\n", nothing for Mistral (its last [/INST] is the cue), DeepSeek-R1's

@@ -1066,6 +1066,59 @@ TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
                 {"qwen2.5", 0}, {"qwen3", 0}, {"llama3.1", 1}, {"llama3.2", 1}, {"mistral-nemo", 1}}));
 }
 
+// Conversational prompt/completion records ({"prompt": [turns], "completion": [turns]}, "tools" too)
+// as TRL's SFTTrainer tokenizes them (tests/fixtures/make_trl_sft_fixtures.py, trl 1.16): the whole
+// chat's ids and a loss on every token after the prompt's rendering with the generation prompt
+// (where the two part: DeepSeek-R1's prompt ends "<think>\n", its replies do not) — a completion's
+// user turn and tool results included, as TRL's completion_mask has them — over the released
+// templates of Qwen2.5, Qwen3, Llama 3.1, Mistral Nemo, DeepSeek-R1's and Mistral v0.3's.
+TEST(Samples, ConversationalPromptCompletionRecordsAsTrlsSftTrainerTokenizesThem) {
+  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("trl_sft_expected.json")));
+  int compared = 0;
+  for (const auto& [name, t] : fixture.at("templates").items()) {
+    const Tokenizer tok(test::fixture(t.at("tokenizer").get<std::string>()));
+    const ChatFormat f = chat_format(tok, ChatTemplate::automatic);
+    for (const auto& r : t.at("records")) {
+      const std::string line = r.at("line");
+      SampleStats stats;
+      if (r.contains("error")) {
+        EXPECT_THROW(render_record(tok, f, line, false, stats), RuntimeError) << name << ": " << line;
+        continue;
+      }
+      const Sample s = render_record(tok, f, line, false, stats);
+      EXPECT_EQ(s.ids, r.at("ids").get<std::vector<int32_t>>()) << name << ": " << line;
+      const auto labels = r.at("labels").get<std::vector<int64_t>>();
+      ASSERT_EQ(s.trained.size(), labels.size()) << name << ": " << line;
+      for (size_t i = 0; i < labels.size(); ++i)
+        EXPECT_EQ(static_cast<bool>(s.trained[i]), labels[i] != -100) << name << ": " << line << " at " << i;
+      EXPECT_EQ(stats.chat, 1);
+      const Sample all = render_record(tok, f, line, /*train_on_prompt=*/true, stats);
+      EXPECT_EQ(std::count(all.trained.begin(), all.trained.end(), 1), static_cast<std::ptrdiff_t>(all.ids.size()));
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 34);
+  // both lists or both strings; no other field
+  SampleStats stats;
+  const Tokenizer tok(test::fixture("chat_templates/qwen2.5-tools"));
+  const ChatFormat f = chat_format(tok, ChatTemplate::automatic);
+  for (const auto& [line, why] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt": [{"role": "user", "content": "hi"}], "completion": "yo"})", "must both be message lists"},
+           {R"({"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}],
+               "id": 3})",
+            "a conversational prompt/completion record holds \"id\""},
+           {R"({"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+               "completion": [{"role": "assistant", "content": "yo"}]})",
+            "a prompt to answer must end with a user message or a tool result"}}) {
+    try {
+      render_record(tok, f, line, false, stats);
+      ADD_FAILURE() << "rendered " << line;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Chats with tools in Parquet (written by pyarrow): struct columns hold every field of every turn,
 // call and argument object, null where a record lacks it; the rows render as transformers renders
 // them as pyarrow (HF datasets) reads them — the struct fields in their schema's order, a null
