@@ -917,9 +917,8 @@ TEST(Chat, EveryTemplateVariantIsRenderedAsTransformersOrRefused) {
     }
   }
   // the released templates' tool branches are read
-  for (const char* released :
-       {"qwen2.5 released", "qwen2 released", "qwen3 first release", "llama3.1 released", "llama3.2 released",
-        "mistral nemo"})
+  for (const char* released : {"qwen2.5 released", "qwen2 released", "qwen3 first release", "llama3.1 released",
+                               "llama3.2 released", "mistral nemo"})
     EXPECT_TRUE(tools_read.count(released)) << released;
   std::cout << fixture.at("variants").size() << " template variants: " << read << " read, each render equal to "
             << "transformers' (" << compared << " renders compared, " << both_refuse
