@@ -500,7 +500,7 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
         "share) (it has: " +
         keys + ")");
   }
-  only_fields(j, {"prompt", "chosen", "rejected"}, "a preference record");
+  only_fields(j, {"prompt", "chosen", "rejected", "tools"}, "a preference record");
   ojson prompt = j.contains("prompt") ? j.at("prompt") : ojson();
   ojson chosen = j.at("chosen"), rejected = j.at("rejected");
   const bool conversational = chosen.is_array();
@@ -531,13 +531,24 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
   }
   const std::vector<ChatMessage> turns =
       conversational && !prompt.empty() ? chat_turns(prompt) : std::vector<ChatMessage>{};
-  if (conversational)  // not yet compared with TRL's trainers: refused rather than rendered untested
-    for (const ojson* part : {&prompt, &chosen, &rejected})
-      for (const ChatMessage& m : part->empty() ? std::vector<ChatMessage>{} : chat_turns(*part))
-        if (m.role == "tool" || !m.tool_calls.empty())
-          throw RuntimeError(
-              "a preference record with tool calls or tool results, which ptrain reads only in SFT chats (\"messages\" "
-              "records) so far");
+  // A pair's tools and tool calls render as TRL's DPOTrainer renders them (the record's "tools" passed
+  // to the template, a string decoded); its CPOTrainer and ORPOTrainer pass no tools, and ptrain has
+  // not compared their pairs with tool calls: refused there.
+  const bool tools_given = j.contains("tools") && !j.at("tools").is_null();
+  if (tools_given && !conversational)
+    throw RuntimeError("\"tools\" go with a conversational pair (message lists), whose template renders them");
+  bool calls = false;
+  for (const ojson* part : {&prompt, &chosen, &rejected})
+    for (const ChatMessage& m : conversational && !part->empty() ? chat_turns(*part) : std::vector<ChatMessage>{})
+      calls = calls || m.role == "tool" || !m.tool_calls.empty();
+  if (how.cpo && (tools_given || calls))
+    throw RuntimeError(std::string(tools_given ? "\"tools\"" : "tool calls or tool results") +
+                       " in a CPO / SimPO / ORPO pair: TRL's CPOTrainer and ORPOTrainer render a pair without the "
+                       "record's tools, and ptrain renders tools, tool calls and results in DPO pairs only (as "
+                       "TRL's DPOTrainer does)" +
+                       (tools_given ? "; list \"tools\" in data.ignore_fields to train without them knowingly" : ""));
+  const ChatTools tools = conversational ? chat_tools(j, line) : std::nullopt;
+  if (calls) refuse_wide_integers(line);
   if (how.cpo) {
     PreferencePair out;
     if (conversational) {
@@ -553,11 +564,11 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
   out.conversational = conversational;
   std::vector<int32_t> prompt_ids, with_chosen, with_rejected;
   if (conversational) {
-    prompt_ids = render_prompt(tok, format, turns);
+    prompt_ids = render_prompt(tok, format, turns, tools);
     auto whole = [&](const ojson& completion) {
       std::vector<ChatMessage> all = turns;
       for (auto& m : chat_turns(completion)) all.push_back(std::move(m));
-      return render_chat(tok, format, all, /*train_on_prompt=*/true).ids;
+      return render_chat(tok, format, all, /*train_on_prompt=*/true, tools).ids;
     };
     with_chosen = whole(chosen);
     with_rejected = whole(rejected);

@@ -860,9 +860,8 @@ TEST(Preference, RecordsPtrainCannotReadAreRefusedByName) {
   EXPECT_NE(why(R"({"prompt": [{"role": "assistant", "content": "a"}], "chosen": [], "rejected": []})")
                 .find("must end with a user message"),
             std::string::npos);
-  EXPECT_NE(why(R"({"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "assistant", "content": null,
-                 "tool_calls": [{"name": "f", "arguments": {}}]}], "rejected": [{"role": "assistant", "content": "b"}]})")
-                .find("a preference record with tool calls or tool results"),
+  EXPECT_NE(why(R"({"prompt": "a", "chosen": "b", "rejected": "c", "tools": []})")
+                .find("\"tools\" go with a conversational pair"),
             std::string::npos);
 }
 
@@ -1067,15 +1066,15 @@ TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
 }
 
 // Conversational prompt/completion records ({"prompt": [turns], "completion": [turns]}, "tools" too)
-// as TRL's SFTTrainer tokenizes them (tests/fixtures/make_trl_sft_fixtures.py, trl 1.16): the whole
+// as TRL's SFTTrainer tokenizes them (tests/fixtures/make_trl_fixtures.py, trl 1.16): the whole
 // chat's ids and a loss on every token after the prompt's rendering with the generation prompt
 // (where the two part: DeepSeek-R1's prompt ends "<think>\n", its replies do not) — a completion's
 // user turn and tool results included, as TRL's completion_mask has them — over the released
 // templates of Qwen2.5, Qwen3, Llama 3.1, Mistral Nemo, DeepSeek-R1's and Mistral v0.3's.
 TEST(Samples, ConversationalPromptCompletionRecordsAsTrlsSftTrainerTokenizesThem) {
-  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("trl_sft_expected.json")));
+  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("trl_tokenized_expected.json")));
   int compared = 0;
-  for (const auto& [name, t] : fixture.at("templates").items()) {
+  for (const auto& [name, t] : fixture.at("sft").items()) {
     const Tokenizer tok(test::fixture(t.at("tokenizer").get<std::string>()));
     const ChatFormat f = chat_format(tok, ChatTemplate::automatic);
     for (const auto& r : t.at("records")) {
@@ -1117,6 +1116,43 @@ TEST(Samples, ConversationalPromptCompletionRecordsAsTrlsSftTrainerTokenizesThem
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   }
+}
+
+// DPO pairs with tools, tool calls and tool results as TRL's DPOTrainer tokenizes them
+// (tests/fixtures/make_trl_fixtures.py, trl 1.16): the record's tools rendered (a list, or a JSON
+// string decoded), a call chosen over a guess, answers after a call and its result in the prompt,
+// the prompt left implicit — over the released templates of Qwen2.5, Qwen3, Llama 3.1 and Mistral
+// Nemo: each side = TRL's prompt_ids + its completion's ids, trained after the prompt. CPO / SimPO /
+// ORPO pairs with tools are refused (TRL's CPOTrainer and ORPOTrainer pass no tools).
+TEST(Preference, DpoPairsWithToolsAsTrlsDpoTrainerTokenizesThem) {
+  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("trl_tokenized_expected.json")));
+  int compared = 0;
+  for (const auto& [name, t] : fixture.at("dpo").items()) {
+    const Tokenizer tok(test::fixture(t.at("tokenizer").get<std::string>()));
+    const ChatFormat f = chat_format(tok, ChatTemplate::automatic);
+    for (const auto& r : t.at("records")) {
+      const std::string line = r.at("line");
+      const PreferencePair p = render_preference(tok, f, {}, line);
+      const auto prompt = r.at("prompt_ids").get<std::vector<int32_t>>();
+      for (const auto& [side, sample] : {std::pair{"chosen_ids", &p.chosen}, std::pair{"rejected_ids", &p.rejected}}) {
+        std::vector<int32_t> want = prompt;
+        for (int32_t id : r.at(side).get<std::vector<int32_t>>()) want.push_back(id);
+        EXPECT_EQ(sample->ids, want) << name << " " << side << ": " << line;
+        for (size_t i = 0; i < sample->trained.size(); ++i)
+          EXPECT_EQ(sample->trained[i], i >= prompt.size() ? 1 : 0) << name << " " << side << " at " << i;
+      }
+      EXPECT_EQ(p.prompt_ids, static_cast<int64_t>(prompt.size())) << name << ": " << line;
+      ++compared;
+      if (line.find("tool") == std::string::npos) continue;
+      try {
+        render_preference(tok, f, {true, "", "<|im_end|>"}, line);
+        ADD_FAILURE() << "a CPO pair with tools rendered: " << line;
+      } catch (const RuntimeError& e) {
+        EXPECT_NE(std::string(e.what()).find("in a CPO / SimPO / ORPO pair"), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_EQ(compared, 16);
 }
 
 // Chats with tools in Parquet (written by pyarrow): struct columns hold every field of every turn,
