@@ -1025,7 +1025,8 @@ std::string config_reference() {
             << (d ? d->prose : "") << "| key | default | meaning |\n|---|---|---|\n";
       }
     }
-    const std::string def = k.default_doc.empty() ? "`" + doc_value(k.get(Config{})) + "`" : k.default_doc;
+    std::string def = k.default_doc;
+    if (def.empty()) def.append(1, '`').append(doc_value(k.get(Config{}))).append(1, '`');
     out << "| `" << k.full() << "` | " << def << " | " << k.doc << " |\n";
   }
   return out.str();

@@ -10,9 +10,9 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/python_json.h"
 #include "data/json_array.h"
 #include "data/parquet.h"
-#include "data/python_json.h"
 #include "data/rows.h"
 #include "data/sample_writer.h"
 #include "tokenizer/tokenizer.h"

@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
-#include "data/python_json.h"
+#include "common/python_json.h"
 #include "tokenizer/template_scan.h"
 #include "tokenizer/tokenizer.h"
 

@@ -16,8 +16,8 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/python_json.h"
 #include "data/parquet.h"
-#include "data/python_json.h"
 #include "data/rows.h"
 #include "data/sample_cache.h"
 #include "data/samples.h"

@@ -1,4 +1,4 @@
-#include "data/python_json.h"
+#include "common/python_json.h"
 
 #include <charconv>
 #include <cmath>
