@@ -297,9 +297,10 @@ ojson parsed_record(const std::string& line, const FieldNames& fields, const std
 namespace {
 // A conversational prompt/completion record ({"prompt": [turns], "completion": [turns], "tools"?})
 // as TRL's SFTTrainer tokenizes it: the prompt with the generation prompt, the whole chat, and a loss
-// on every token after their common prefix (its completion_mask; all of them with train_on_prompt).
+// on every token after their common prefix (its completion_mask; all of them with train_on_prompt);
+// counted in `stats` as a chat.
 Sample completion_chat(const Tokenizer& tok, const ChatFormat& format, const ojson& j, const std::string& line,
-                       bool train_on_prompt) {
+                       bool train_on_prompt, SampleStats& stats) {
   only_fields(j, {"prompt", "completion", "tools"}, "a conversational prompt/completion record");
   if (!j.at("prompt").is_array() || !j.at("completion").is_array())
     throw RuntimeError(
@@ -317,6 +318,9 @@ Sample completion_chat(const Tokenizer& tok, const ChatFormat& format, const ojs
   const auto n = shared - prompt_ids.begin();
   std::fill(s.trained.begin(), s.trained.begin() + n, train_on_prompt ? 1 : 0);
   std::fill(s.trained.begin() + n, s.trained.end(), 1);
+  ++stats.chat;
+  stats.call_text_dropped += replies_losing_call_text(format, all);
+  stats.reasoning_dropped += replies_losing_reasoning(format, all);
   return s;
 }
 }  // namespace
@@ -343,15 +347,8 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
   if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion"))
       throw RuntimeError("a prompt/completion record needs both \"prompt\" and \"completion\"");
-    if (j.at("prompt").is_array() || j.at("completion").is_array()) {
-      Sample s = completion_chat(tok, format, j, line, train_on_prompt);
-      ++stats.chat;
-      std::vector<ChatMessage> all = chat_turns(j.at("prompt"));
-      for (ChatMessage& m : chat_turns(j.at("completion"))) all.push_back(std::move(m));
-      stats.call_text_dropped += replies_losing_call_text(format, all);
-      stats.reasoning_dropped += replies_losing_reasoning(format, all);
-      return s;
-    }
+    if (j.at("prompt").is_array() || j.at("completion").is_array())
+      return completion_chat(tok, format, j, line, train_on_prompt, stats);
     only_fields(j, {"prompt", "completion"}, "a prompt/completion record");
     Sample s = render_document(tok, format, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}},
                                train_on_prompt);
