@@ -812,14 +812,14 @@ TEST(Chat, HugeAndDeeplyNestedTemplatesAreRefusedWithoutCrashing) {
 }
 
 // `auto` never renders a template differently than the template itself: each variant of
-// tests/fixtures/chat_template_variants.json (make_chat_template_variants.py: the family templates
+// chat_template_variants.json (generated into the build tree by make_chat_template_variants.py: the family templates
 // with one edit each — a literal changed, a trim / strip / bos_token / eos_token dropped or added —,
 // other families' templates, and templates with tool-call branches and comments added) is either
 // refused or renders every chat, with and without the generation prompt, as transformers'
 // apply_chat_template does; a chat transformers' template refuses is refused too. The family
 // templates and those with only tool branches or comments added must be recognized.
 TEST(Chat, EveryTemplateVariantIsRenderedAsTransformersOrRefused) {
-  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("chat_template_variants.json")));
+  const auto fixture = nlohmann::json::parse(read_text_file(test::kChatVariantsPath));
   std::vector<std::vector<ChatMessage>> chats;
   for (const auto& chat : fixture.at("chats")) {
     chats.emplace_back();
