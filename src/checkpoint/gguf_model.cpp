@@ -463,9 +463,8 @@ void GgufModel::verify() const {
       problems.push_back("tensor '" + t.name + "' (" + hf_of[t.name] + ") has shape " + shape_str(t.shape) +
                          ", the metadata gives " + shape_str(w->second));
     else if (!ggml_type_info(t.type))
-      problems.push_back("tensor '" + t.name + "' is " + t.type_name() +
-                         ", which ptrain does not dequantize (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
-                         "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+      problems.push_back("tensor '" + t.name + "' is " + t.type_name() + ", which ptrain does not dequantize (" +
+                         kGgmlTypesRead + ")");
   }
   for (const auto& [name, dims] : want)
     if (!file_->tensor(name))

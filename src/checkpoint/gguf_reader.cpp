@@ -326,8 +326,7 @@ at::Tensor GgufFile::dequantize(const GgufTensorInfo& t) const {
   const GgmlTypeInfo* info = ggml_type_info(t.type);
   if (!info)
     throw RuntimeError("GGUF file " + path_ + ": tensor " + t.name + " is " + t.type_name() +
-                       ", which ptrain does not read (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
-                       "Q3_K, Q4_K, Q5_K, Q6_K)");
+                       ", which ptrain does not read (" + kGgmlTypesRead + ")");
   at::Tensor out = at::empty(t.shape, at::kFloat);
   const uint8_t* src = data(t);
   float* dst = out.data_ptr<float>();

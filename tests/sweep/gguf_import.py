@@ -7,7 +7,8 @@ exported by `ptrain export --gguf` in f32, f16, bf16 and q8_0; and one 256-wide 
 llama.cpp architecture (llama, qwen2, qwen3) whose
 exported tensors gguf-py re-encodes in every type ptrain reads, one type after another across the
 tensors (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and BF16 / F16 quantized from the weights by gguf-py; the
-K-quants Q2_K ... Q6_K, which gguf-py cannot quantize, as random blocks with small scales).
+K-quants Q2_K ... Q6_K, the i-quants IQ1_S ... IQ4_XS, TQ1_0, TQ2_0, MXFP4 and NVFP4, which gguf-py
+cannot quantize, as random blocks with small scales).
 
 For every file:
   1. `ptrain eval` with model.hf_path = the file equals, on the mean next-token loss of random
@@ -56,9 +57,35 @@ from gguf_roundtrip import TEXT, TYPES, cases, export, make_model  # noqa: E402
 from shape_sweep import SEQ, windows_loss, write_tokens  # noqa: E402
 
 rng = np.random.default_rng(7)
-CYCLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.BF16, Q.F16, Q.F32]
-# Byte offsets of each K-quant block's float16 scales (d, dmin), set small so the model stays sane.
-K_SCALES = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+CYCLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.BF16, Q.F16, Q.F32,
+         Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M, Q.IQ4_NL, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0,
+         Q.MXFP4, Q.NVFP4]
+# Byte offsets of the float16 scales of each type gguf-py cannot quantize (IQ1_M's d is spread over
+# its last four uint16's top nibbles; MXFP4 and NVFP4 have 8-bit scales), set small so the model
+# stays sane; such tensors are random blocks.
+RANDOM_BLOCKS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
+                 Q.IQ2_XXS: [0], Q.IQ2_XS: [0], Q.IQ2_S: [0], Q.IQ3_XXS: [0], Q.IQ3_S: [0], Q.IQ1_S: [0],
+                 Q.IQ1_M: [], Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.TQ1_0: [52], Q.TQ2_0: [64], Q.MXFP4: [], Q.NVFP4: []}
+
+
+def random_blocks(q, n):
+    """n random blocks of type q with small scales: [n, bytes per block]."""
+    block, size = gguf.GGML_QUANT_SIZES[q]
+    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    small = lambda: (rng.standard_normal(n) * 3e-5).astype(np.float16)  # noqa: E731
+    for off in RANDOM_BLOCKS[q]:
+        raw[:, off:off + 2] = small().view(np.uint8).reshape(n, 2)
+    if q == Q.IQ1_M:
+        bits = small().view(np.uint16)
+        words = raw[:, size - 8:].copy().view(np.uint16)
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12).astype(np.uint16)
+        raw[:, size - 8:] = words.view(np.uint8)
+    elif q == Q.MXFP4:
+        raw[:, 0] = rng.integers(127 - 16, 127 - 12, size=n)  # E8M0: 2^-17 ... 2^-14
+    elif q == Q.NVFP4:
+        raw[:, :4] = rng.integers(1, 8, size=(n, 4))  # unsigned E4M3 subnormals: 2^-10 ... 7 * 2^-10
+    return raw
 PAD = 5  # the wide models' padding token id
 passed = failed = 0
 
@@ -150,12 +177,8 @@ def requantize(src, dst, type_of=lambda name, i: None, meta=None, drop=(), extra
             w.add_tensor(t.name, values)
         elif q == Q.F16:
             w.add_tensor(t.name, values.astype(np.float16))
-        elif q in K_SCALES:
-            block, size = gguf.GGML_QUANT_SIZES[q]
-            n = values.size // block
-            raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
-            for off in K_SCALES[q]:
-                raw[:, off:off + 2] = (rng.standard_normal(n) * 3e-5).astype(np.float16).view(np.uint8).reshape(n, 2)
+        elif q in RANDOM_BLOCKS:
+            raw = random_blocks(q, values.size // gguf.GGML_QUANT_SIZES[q][0])
             w.add_tensor(t.name, raw.reshape(shape[0], -1), raw_dtype=q)
         else:
             w.add_tensor(t.name, gguf.quants.quantize(values, q), raw_dtype=q)
@@ -297,6 +320,9 @@ def main():
               f"wide {name} ({type(model).__name__}; {', '.join(types_in(path))}): ptrain eval {got:.6f} = "
               f"transformers' GGUF model {want:.6f}")
         every_type[name] = (path, model)
+    covered = set().union(*(types_in(path) for path, _ in every_type.values()))
+    check(covered >= {q.name for q in CYCLE}, f"the wide models hold every type ptrain reads ({len(covered)}: "
+          f"missing {sorted({q.name for q in CYCLE} - covered)})")
 
     # 3. Training from the GGUF file = from transformers' save_pretrained of its GGUF model: every
     # family in fp32, Llama's QLoRA too.
@@ -351,9 +377,10 @@ def main():
                                       model_keys=model_keys), message, what)
 
     refusal("gemma", 'general.architecture "gemma"', "an architecture ptrain does not read", arch="gemma")
-    iq = rng.integers(0, 256, size=(1006, 2 * 18), dtype=np.uint8)  # IQ4_NL: blocks of 32 in 18 bytes
-    refusal("iq4_nl", "IQ4_NL, which ptrain does not dequantize", "a tensor type it does not read",
-            drop={"output.weight"}, extra={"output.weight": (iq, Q.IQ4_NL)})
+    # Q8_1 (two blocks of 32 a row): ggml's dot-product intermediate, which gguf-py cannot dequantize
+    q8_1 = rng.integers(0, 256, size=(1006, 2 * gguf.GGML_QUANT_SIZES[Q.Q8_1][1]), dtype=np.uint8)
+    refusal("q8_1", "Q8_1, which ptrain does not dequantize", "a tensor type it does not read",
+            drop={"output.weight"}, extra={"output.weight": (q8_1, Q.Q8_1)})
     refusal("extra", "tensor 'blk.0.extra.weight' is not part of", "a tensor left over",
             extra={"blk.0.extra.weight": (np.zeros((4, 64), np.float32), Q.F32)})
     refusal("attn_bias", "(attention biases: transformers' GGUF loader builds Llama without them",

@@ -146,7 +146,7 @@ TEST(GgufReader, DequantizesEveryBlockTypeAsGgufPy) {
     EXPECT_TRUE(at::equal(got, expected)) << "max difference " << (got - expected).abs().max().item<float>();
     types.insert(t.type_name());
   }
-  EXPECT_EQ(types.size(), 13u);  // every type ptrain reads
+  EXPECT_EQ(types.size(), 26u);  // every type ptrain reads
   // The header ends where the data begins, up to the alignment (what a tokenizer cache keys on).
   uint64_t first = UINT64_MAX;
   for (const auto& t : f.tensors()) first = std::min(first, t.offset);
@@ -227,9 +227,9 @@ TEST(GgufReader, CorruptFieldsAreRefusedByName) {
   expect(tensor(1, {48}, 12, 0).b, "rows of 48 elements are not whole Q4_K blocks of 256");
   expect(tensor(1, {32}, 0, 4).b, "offset 4 is not a multiple of the alignment 32");
   expect(tensor(1, {32}, 0, 0).b, "lies past the end of the file");
-  Builder iq = tensor(1, {256}, 23, 0);
-  iq.b.resize(iq.b.size() + 136);
-  expect(iq.b, "tensor t is IQ4_XS, which ptrain does not read");
+  Builder q8_1 = tensor(1, {32}, 9, 0);  // Q8_1: ggml's dot-product intermediate, which gguf-py does not read
+  q8_1.b.resize(q8_1.b.size() + 36);
+  expect(q8_1.b, "tensor t is Q8_1, which ptrain does not read");
   Builder twice;
   twice.header(3, 2, 0);
   for (int i = 0; i < 2; ++i) twice.str("t").put<uint32_t>(1).put<uint64_t>(8).put<uint32_t>(0).put<uint64_t>(0);
