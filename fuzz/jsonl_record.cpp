@@ -41,6 +41,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } catch (const std::exception&) {
         }
       }
+      // training.objective = "kto": unpaired and paired records
+      try {
+        (void)ptrain::render_kto(*tok, format, {false, "", train_on_prompt ? "<|eot_id|>" : "", true}, line);
+      } catch (const std::exception&) {
+      }
     }
   return 0;
 }

@@ -48,10 +48,10 @@ int run_eval(const EvalRequest& a) {
   const c10::Device device = resolve_device(c, env);
   const std::shared_ptr<Collectives> comm = connect(c, env, device);
   const RunData data = open_data(c, comm.get(), device, /*eval_only=*/true);
-  const bool ref_model = c.training.objective == Objective::dpo && !c.preference.ref_model.empty();
+  const bool ref_model = has_reference(c.training.objective) && !c.preference.ref_model.empty();
   at::Tensor reference_logps;  // precompute_ref_log_probs: by the model as loaded, before the checkpoint
   if (ref_model)               // or by preference.ref_model, freed before the policy is built
-    reference_logps = score_ref_model(c, device, comm, dynamic_cast<const PairRows&>(*data.rows));
+    reference_logps = score_ref_model(c, device, comm, dynamic_cast<const PairedRows&>(*data.rows));
   auto model = build_model(c, device, comm);
   const bool print = model->comm().rank() == 0;
   std::string source = c.model.hf_path.empty() ? "init(seed=" + std::to_string(c.run.seed) + ")" : c.model.hf_path;
@@ -59,8 +59,8 @@ int run_eval(const EvalRequest& a) {
   const std::vector<at::Tensor> reference =
       reference_adapter(*model, c.training.objective, !c.lora.adapter_path.empty() && !ref_model);
   PreferenceObjective objective{c.training.objective, c.preference, reference.empty() ? nullptr : &reference};
-  if (c.training.objective == Objective::dpo && c.preference.precompute_ref_log_probs && !ref_model)
-    reference_logps = precompute_reference(*model, dynamic_cast<const PairRows&>(*data.rows), c.data.micro_batch_size,
+  if (has_reference(c.training.objective) && c.preference.precompute_ref_log_probs && !ref_model)
+    reference_logps = precompute_reference(*model, dynamic_cast<const PairedRows&>(*data.rows), c.data.micro_batch_size,
                                            c.memory.loss_chunk_tokens, objective);
   if (reference_logps.defined()) objective.reference_logps = &reference_logps;
   if (!a.checkpoint.empty()) {
@@ -76,10 +76,14 @@ int run_eval(const EvalRequest& a) {
       nlohmann::ordered_json j = {{"data", path},
                                   {"model", source},
                                   {"objective", name_of(c.training.objective)},
-                                  {"pairs", m.pairs},
+                                  {m.kto ? "examples" : "pairs", m.pairs},
                                   {"eval_loss", m.loss}};
       for (const auto& [name, value] : trl_metrics(m, "eval_")) j[name] = value;
       std::cout << j.dump() << "\n";
+    } else if (m.kto) {  // KTOTrainer's metrics
+      std::cout << "eval " << path << " with " << source << " (kto): loss " << log::fixed(m.loss, 6);
+      for (const auto& [name, value] : m.more) std::cout << " | " << name << " " << log::fixed(value, 6);
+      std::cout << " | " << m.pairs << " examples\n";
     } else {
       std::cout << "eval " << path << " with " << source << " (" << name_of(c.training.objective) << "): loss "
                 << log::fixed(m.loss, 6) << " | rewards chosen " << log::fixed(m.rewards_chosen, 6) << ", rejected "

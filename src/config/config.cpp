@@ -80,14 +80,15 @@ const std::vector<std::string>& enum_names<GgufReader>() {
 }
 template <>
 const std::vector<std::string>& enum_names<Objective>() {
-  static const std::vector<std::string> n{"sft", "dpo", "simpo", "cpo", "orpo"};
+  static const std::vector<std::string> n{"sft", "dpo", "simpo", "cpo", "orpo", "kto"};
   return n;
 }
 template <>
 const std::vector<std::string>& enum_names<PreferenceLoss>() {
-  static const std::vector<std::string> n{"sigmoid",  "hinge",    "ipo",       "exo_pair", "nca_pair",
-                                          "robust",   "bco_pair", "sppo_hard", "aot",      "aot_unpaired",
-                                          "apo_zero", "apo_down", "discopop",  "sft",      "sigmoid_norm"};
+  static const std::vector<std::string> n{
+      "sigmoid",  "hinge",     "ipo",          "exo_pair",     "nca_pair",         "robust",
+      "bco_pair", "sppo_hard", "aot",          "aot_unpaired", "apo_zero",         "apo_down",
+      "discopop", "sft",       "sigmoid_norm", "kto",          "apo_zero_unpaired"};
   return n;
 }
 template <>
@@ -359,7 +360,7 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY("training", "steps", training.steps, kFromStruct, R"(optimizer steps (>= 1))"),
       PTRAIN_KEY(
           "training", "objective", training.objective, kFromStruct,
-          R"(`sft`: next-token cross-entropy on the trained tokens; `dpo`: DPO on preference pairs against the base with the LoRA adapters off (TRL's `DPOTrainer`); `simpo`: SimPO, reference-free (TRL's `CPOTrainer` with `loss_type = "simpo"`, `cpo_alpha = 0`); `cpo`: CPO, reference-free (TRL's `CPOTrainer`: `loss_type` `sigmoid`, `hinge` or `ipo`, plus `cpo_alpha` times the chosen completions' NLL); `orpo`: ORPO, reference-free (TRL's `ORPOTrainer`: the chosen sequences' NLL, prompt included, minus `beta` times log sigma of the log odds ratio). Preference objectives read `{prompt, chosen, rejected}` records (docs/preference.md))"),
+          R"(`sft`: next-token cross-entropy on the trained tokens; `dpo`: DPO on preference pairs against the base with the LoRA adapters off (TRL's `DPOTrainer`); `simpo`: SimPO, reference-free (TRL's `CPOTrainer` with `loss_type = "simpo"`, `cpo_alpha = 0`); `cpo`: CPO, reference-free (TRL's `CPOTrainer`: `loss_type` `sigmoid`, `hinge` or `ipo`, plus `cpo_alpha` times the chosen completions' NLL); `orpo`: ORPO, reference-free (TRL's `ORPOTrainer`: the chosen sequences' NLL, prompt included, minus `beta` times log sigma of the log odds ratio); `kto`: KTO against the same reference as `dpo`, on completions each desirable or not (TRL's `KTOTrainer`). Preference objectives read `{prompt, chosen, rejected}` records, `kto` also unpaired `{prompt, completion, label}` ones (docs/preference.md))"),
       PTRAIN_KEY("training", "grad_accum_steps", training.grad_accum_steps, kFromStruct,
                  R"(micro-batches accumulated per optimizer step)"),
       PTRAIN_KEY("training", "max_grad_norm", training.max_grad_norm, kFromStruct,
@@ -455,10 +456,10 @@ const std::vector<Key>& keys() {
           R"(`""` fresh start, `"auto"` newest complete checkpoint in `checkpoint.dir` (fresh if none), or a `step_N` directory)"),
       PTRAIN_KEY("checkpoint", "save_final", checkpoint.save_final, kFromStruct, R"(save after the last step)"),
       PTRAIN_KEY("preference", "beta", preference.beta, kFromStruct,
-                 R"(`dpo`: how far the policy may move from the reference (higher: less; IPO's tau); `simpo`: the reward scale (> 0))"),
+                 R"(`dpo`, `kto`: how far the policy may move from the reference (higher: less; IPO's tau); `simpo`: the reward scale (> 0))"),
       PTRAIN_KEY(
-          "preference", "loss_type", preference.loss_type, kFromStruct,
-          R"(`dpo`'s loss, one name or a list (their sum, each times its `loss_weights` entry), as TRL's `DPOConfig.loss_type` names them: `sigmoid` (DPO), `hinge` (SLiC), `ipo` (IPO, log-ratios averaged over each completion's tokens), `exo_pair` (EXO; `label_smoothing` its epsilon, > 0), `nca_pair` (NCA), `robust` (rDPO: `label_smoothing` is the chance a label is flipped), `bco_pair` (BCO), `sppo_hard` (SPPO), `aot` / `aot_unpaired` (AOT: log-ratios sorted within each micro-batch of a rank), `apo_zero` / `apo_down` (APO), `discopop` (DiscoPOP, `discopop_tau`), `sft` (the chosen completions' negative log-likelihood, a mean over all their tokens of the step), `sigmoid_norm` (`sigmoid` on per-token averages); e.g. `["sigmoid", "sft"]` is RPO (docs/preference.md))"),
+          "preference", "loss_type", preference.loss_type, R"(`"sigmoid"` (`"kto"` for `kto`))",
+          R"(`kto`: `kto` (KTO, its KL term estimated from mismatched completions of each micro-batch) or `apo_zero_unpaired` (APO-zero on unpaired completions, no KL), as TRL's `KTOConfig.loss_type`; `dpo`'s loss, one name or a list (their sum, each times its `loss_weights` entry), as TRL's `DPOConfig.loss_type` names them: `sigmoid` (DPO), `hinge` (SLiC), `ipo` (IPO, log-ratios averaged over each completion's tokens), `exo_pair` (EXO; `label_smoothing` its epsilon, > 0), `nca_pair` (NCA), `robust` (rDPO: `label_smoothing` is the chance a label is flipped), `bco_pair` (BCO), `sppo_hard` (SPPO), `aot` / `aot_unpaired` (AOT: log-ratios sorted within each micro-batch of a rank), `apo_zero` / `apo_down` (APO), `discopop` (DiscoPOP, `discopop_tau`), `sft` (the chosen completions' negative log-likelihood, a mean over all their tokens of the step), `sigmoid_norm` (`sigmoid` on per-token averages); e.g. `["sigmoid", "sft"]` is RPO (docs/preference.md))"),
       PTRAIN_KEY(
           "preference", "loss_weights", preference.loss_weights, kFromStruct,
           R"(`dpo`: one weight (>= 0) for each `loss_type` entry, in its order; `[]`: 1 each (TRL's `loss_weights`))"),
@@ -484,6 +485,10 @@ const std::vector<Key>& keys() {
       PTRAIN_KEY(
           "preference", "alpha", preference.alpha, kFromStruct,
           R"(`cpo`, `simpo`: AlphaPO's reward shape — each completion's reward (1 - p^-alpha) / alpha of its probability p (SimPO and `ipo`: of its per-token mean) in place of log p; 0: log p (TRL's `CPOConfig.alpha`))"),
+      PTRAIN_KEY("preference", "desirable_weight", preference.desirable_weight, kFromStruct,
+                 R"(`kto`: the weight (> 0) of the desirable completions' losses (TRL's `desirable_weight`; with unbalanced data, about undesirable / desirable examples))"),
+      PTRAIN_KEY("preference", "undesirable_weight", preference.undesirable_weight, kFromStruct,
+                 R"(`kto`: the weight (> 0) of the undesirable completions' losses (TRL's `undesirable_weight`))"),
       PTRAIN_KEY("preference", "gamma", preference.gamma, kFromStruct,
                  R"(`simpo`: the target reward margin (TRL's `simpo_gamma`))"),
       PTRAIN_KEY(
@@ -491,10 +496,10 @@ const std::vector<Key>& keys() {
           R"(ids per sequence, prompt + completion (TRL's `max_length`); a longer sequence keeps its first `max_length` ids (`data.truncation = "truncate"`) or its pair is left out (`"drop"`); a pair whose prompt alone fills it is left out, as TRL does. 0: `data.seq_len + 1`; at most that)"),
       PTRAIN_KEY(
           "preference", "precompute_ref_log_probs", preference.precompute_ref_log_probs, kFromStruct,
-          R"(`dpo`: score the reference once, before training, on every pair (training and validation) and keep two numbers a pair (TRL's `precompute_ref_log_probs`): the model as loaded — the base, the loaded adapter, or for a full fine-tune the whole model, whose frozen copy would otherwise be needed — so each step saves the reference's forward. DPO of a full fine-tune sets it where the config does not (ptrain keeps no frozen copy of a whole model, and this gives its log-probabilities); `false` is refused there)"),
+          R"(`dpo`, `kto`: score the reference once, before training, on every pair (KTO: every completion and its KL completion) (training and validation) and keep two numbers a pair (TRL's `precompute_ref_log_probs`): the model as loaded — the base, the loaded adapter, or for a full fine-tune the whole model, whose frozen copy would otherwise be needed — so each step saves the reference's forward. DPO of a full fine-tune sets it where the config does not (ptrain keeps no frozen copy of a whole model, and this gives its log-probabilities); `false` is refused there)"),
       PTRAIN_KEY(
           "preference", "ref_model", preference.ref_model, kFromStruct,
-          R"(`dpo`: another model as the reference (TRL's `ref_model`), a path as `model.hf_path` takes — a Hugging Face directory or a `.gguf` file of the policy's vocabulary, any shape —, built as the policy's base is (precision, `quant.base`, `model.gguf_reader`) and scored once before the policy is built (it sets `preference.precompute_ref_log_probs`: the same log-probabilities, one model in memory at a time; `false` is refused). Its tokenizer files are not read: the policy's tokenizer tokenizes the pairs for both, as TRL's `processing_class`. Empty: the model as loaded (the base with the adapters off, a loaded adapter as loaded, or a full fine-tune's starting weights))"),
+          R"(`dpo`, `kto`: another model as the reference (TRL's `ref_model`), a path as `model.hf_path` takes — a Hugging Face directory or a `.gguf` file of the policy's vocabulary, any shape —, built as the policy's base is (precision, `quant.base`, `model.gguf_reader`) and scored once before the policy is built (it sets `preference.precompute_ref_log_probs`: the same log-probabilities, one model in memory at a time; `false` is refused). Its tokenizer files are not read: the policy's tokenizer tokenizes the pairs for both, as TRL's `processing_class`. Empty: the model as loaded (the base with the adapters off, a loaded adapter as loaded, or a full fine-tune's starting weights))"),
       PTRAIN_KEY("lora", "enabled", lora.enabled, kFromStruct, R"(LoRA adapters over a frozen base)"),
       PTRAIN_KEY("lora", "rank", lora.rank, kFromStruct, R"(adapter rank (>= 1))"),
       PTRAIN_KEY("lora", "alpha", lora.alpha, kFromStruct, R"(scaling numerator (> 0))"),
@@ -878,7 +883,7 @@ namespace {
 
 // preference.ref_model: readable, of the policy's vocabulary, and valid as a config of its own.
 void check_reference(const Config& config, const Environment& env, std::vector<ConfigProblem>& problems) {
-  if (config.preference.ref_model.empty() || config.training.objective != Objective::dpo) return;
+  if (config.preference.ref_model.empty() || !has_reference(config.training.objective)) return;
   const auto o = config.origin("preference.ref_model");
   const auto problem = [&](const std::string& what) {
     problems.push_back({o.file, o.line, "preference.ref_model", what});
@@ -941,14 +946,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     s.head_dim = s.dim / s.n_heads;
   // DPO of a full fine-tune: TRL keeps a frozen copy of the model as loaded; ptrain scores that
   // reference once instead (the same log-probabilities), unless the config says otherwise.
-  if (config.training.objective == Objective::dpo && !config.lora.enabled &&
+  if (has_reference(config.training.objective) && !config.lora.enabled &&
       !config.origins.count("preference.precompute_ref_log_probs"))
     config.preference.precompute_ref_log_probs = true;
+  // KTO's loss: KTOConfig's default "kto"
+  if (config.training.objective == Objective::kto && !config.origins.count("preference.loss_type"))
+    config.preference.loss_type = {PreferenceLoss::kto};
   // CPO's behaviour-cloning weight: CPOConfig's default 1; SimPO is CPOTrainer's with 0.
   if (config.training.objective == Objective::cpo && !config.origins.count("preference.cpo_alpha"))
     config.preference.cpo_alpha = 1.0;
   // DPO against another model: scored once, before training, as TRL's precompute_ref_log_probs
-  if (!config.preference.ref_model.empty() && config.training.objective == Objective::dpo &&
+  if (!config.preference.ref_model.empty() && has_reference(config.training.objective) &&
       !config.origins.count("preference.precompute_ref_log_probs"))
     config.preference.precompute_ref_log_probs = true;
   validate(config, env, problems);

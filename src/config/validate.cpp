@@ -491,12 +491,22 @@ const std::vector<Rule>& rules() {
          if (c.data.packing) return name + " scores each sequence whole, one a row: set data.packing = false";
          if (c.data.train_on_prompt)
            return name + " scores the completions only (TRL's completion mask): set data.train_on_prompt = false";
+         if (c.training.objective == Objective::kto && c.data.truncation == Truncation::drop)
+           return "kto cuts each example and KL sequence to max_length (TRL's collator); it drops none but those "
+                  "whose prompt alone fills it: set data.truncation = \"truncate\"";
+         if (c.training.objective == Objective::kto && c.preference.reads(PreferenceLoss::kto) &&
+             c.data.micro_batch_size < 2)
+           return "kto estimates its KL term from the other completions of each micro-batch, and a micro-batch of " +
+                  std::to_string(c.data.micro_batch_size) +
+                  " has none (TRL refuses it too): set data.micro_batch_size >= 2, or preference.loss_type = "
+                  "\"apo_zero_unpaired\"";
          return "";
        }},
       {"preference.precompute_ref_log_probs",
        [](const Config& c, const Environment&) -> std::string {
-         if (c.training.objective == Objective::dpo && !c.lora.enabled && !c.preference.precompute_ref_log_probs)
-           return "DPO of a full fine-tune compares it with the model as loaded, and ptrain keeps no frozen copy of "
+         if (has_reference(c.training.objective) && !c.lora.enabled && !c.preference.precompute_ref_log_probs)
+           return name_of(c.training.objective) +
+                  " of a full fine-tune compares it with the model as loaded, and ptrain keeps no frozen copy of "
                   "a whole model to run beside it each step: remove the key (the reference is then scored once, "
                   "before training — the same log-probabilities, two numbers a pair), or set lora.enabled = true "
                   "(the reference is the base with the adapters off), or use the reference-free "
@@ -514,6 +524,13 @@ const std::vector<Rule>& rules() {
              l != PreferenceOptions{}.loss_type)
            return "is DPO's or CPO's loss; " + name_of(c.training.objective) + " has its own: remove it";
          if (l.empty()) return "names no loss: give one, e.g. \"sigmoid\"";
+         const bool kto_loss = std::any_of(l.begin(), l.end(), [](PreferenceLoss x) {
+           return x == PreferenceLoss::kto || x == PreferenceLoss::apo_zero_unpaired;
+         });
+         if (c.training.objective == Objective::kto && (l.size() != 1 || !kto_loss))
+           return "KTO (TRL's KTOTrainer) takes one loss: \"kto\" or \"apo_zero_unpaired\"";
+         if (c.training.objective != Objective::kto && kto_loss)
+           return "\"kto\" and \"apo_zero_unpaired\" are KTO's losses: set training.objective = \"kto\"";
          if (c.training.objective == Objective::cpo &&
              (l.size() != 1 ||
               (l[0] != PreferenceLoss::sigmoid && l[0] != PreferenceLoss::hinge && l[0] != PreferenceLoss::ipo)))
@@ -549,8 +566,9 @@ const std::vector<Rule>& rules() {
          if (dpo && !read)
            return "no DPO loss of preference.loss_type reads label smoothing (TRL's ignore it); use \"robust\" "
                   "for noisy labels, or remove it";
-         if (c.training.objective == Objective::orpo)
-           return "ORPO reads no label smoothing (TRL's ORPOTrainer has none): remove it";
+         if (c.training.objective == Objective::orpo || c.training.objective == Objective::kto)
+           return name_of(c.training.objective) + " reads no label smoothing (TRL's " +
+                  (c.training.objective == Objective::orpo ? "ORPOTrainer" : "KTOTrainer") + " has none): remove it";
          if (c.training.objective == Objective::cpo && (p.reads(PreferenceLoss::hinge) || p.reads(PreferenceLoss::ipo)))
            return "CPO's " + name_of(p.loss_type.at(0)) +
                   " loss reads no label smoothing (TRL's ignores it): use loss_type \"sigmoid\", or remove it";
@@ -561,8 +579,7 @@ const std::vector<Rule>& rules() {
          const double a = c.preference.ld_alpha;
          if (!(a >= 0.0 && a <= 1.0)) return "must be in [0, 1] (1: no weighting)";
          if (c.training.objective != Objective::dpo && a != 1.0)
-           return "weighs DPO's log-probabilities; " + name_of(c.training.objective) +
-                  " (TRL's CPOTrainer) reads none: remove it";
+           return "weighs DPO's log-probabilities; " + name_of(c.training.objective) + " reads none: remove it";
          return "";
        }},
       {"preference.f_divergence_type",
@@ -570,7 +587,7 @@ const std::vector<Rule>& rules() {
          const PreferenceOptions& p = c.preference;
          if (p.f_divergence_type == FDivergence::reverse_kl) return "";
          if (c.training.objective != Objective::dpo)
-           return "is DPO's; " + name_of(c.training.objective) + " has no reference: remove it";
+           return "is DPO's; " + name_of(c.training.objective) + " reads none: remove it";
          for (PreferenceLoss l : p.loss_type)
            if (l == PreferenceLoss::nca_pair || l == PreferenceLoss::bco_pair || l == PreferenceLoss::sppo_hard ||
                l == PreferenceLoss::aot || l == PreferenceLoss::aot_unpaired || l == PreferenceLoss::apo_zero ||
@@ -603,8 +620,7 @@ const std::vector<Rule>& rules() {
          const PreferenceOptions& p = c.preference;
          if (!p.use_weighting || !is_preference(c.training.objective)) return "";
          if (c.training.objective != Objective::dpo)
-           return "is DPOTrainer's WPO weighting; " + name_of(c.training.objective) + " (TRL's " +
-                  (c.training.objective == Objective::orpo ? "ORPOTrainer" : "CPOTrainer") + ") reads none: remove it";
+           return "is DPOTrainer's WPO weighting; " + name_of(c.training.objective) + " reads none: remove it";
          if (p.reads(PreferenceLoss::aot) || p.reads(PreferenceLoss::aot_unpaired))
            return "cannot weigh aot / aot_unpaired, which sort the pairs apart from their weights (TRL refuses "
                   "it too): use another loss or remove it";
@@ -620,6 +636,8 @@ const std::vector<Rule>& rules() {
          if (c.training.objective == Objective::orpo && a != 0.0)
            return "is CPOTrainer's; ORPO's NLL has no weight (ORPOTrainer's is 1; beta weighs the odds ratio): "
                   "remove it";
+         if (c.training.objective == Objective::kto && a != 0.0)
+           return "is CPOTrainer's behaviour-cloning weight; KTO reads none: remove it";
          return c.training.objective == Objective::dpo && a != 0.0
                     ? "is CPOTrainer's behaviour-cloning weight; DPO's is the \"sft\" loss: add it to "
                       "preference.loss_type (with loss_weights) and remove this key"
@@ -633,6 +651,23 @@ const std::vector<Rule>& rules() {
                     ? "is AlphaPO's reward shape, which TRL's CPOTrainer reads (training.objective = \"cpo\" or "
                       "\"simpo\"); " +
                           name_of(c.training.objective) + " reads none: remove it"
+                    : "";
+       }},
+      {"preference.desirable_weight",
+       [](const Config& c, const Environment&) -> std::string {
+         const double w = c.preference.desirable_weight;
+         if (!(w > 0) || !std::isfinite(w)) return "must be finite and > 0";
+         return is_preference(c.training.objective) && c.training.objective != Objective::kto && w != 1.0
+                    ? "weighs KTO's desirable completions; " + name_of(c.training.objective) + " reads none: remove it"
+                    : "";
+       }},
+      {"preference.undesirable_weight",
+       [](const Config& c, const Environment&) -> std::string {
+         const double w = c.preference.undesirable_weight;
+         if (!(w > 0) || !std::isfinite(w)) return "must be finite and > 0";
+         return is_preference(c.training.objective) && c.training.objective != Objective::kto && w != 1.0
+                    ? "weighs KTO's undesirable completions; " + name_of(c.training.objective) +
+                          " reads none: remove it"
                     : "";
        }},
       {"preference.max_length",
@@ -667,28 +702,32 @@ const std::vector<Rule>& rules() {
       if (key == "preference.precompute_ref_log_probs") return p.precompute_ref_log_probs;
       if (key == "preference.use_weighting") return p.use_weighting;
       if (key == "preference.ref_model") return !p.ref_model.empty();
+      if (key == "preference.desirable_weight") return p.desirable_weight != d.desirable_weight;
+      if (key == "preference.undesirable_weight") return p.undesirable_weight != d.undesirable_weight;
       return p.max_length != d.max_length;
     };
-    for (const char* key : {"preference.beta", "preference.loss_type", "preference.loss_weights",
-                            "preference.label_smoothing", "preference.ld_alpha", "preference.f_divergence_type",
-                            "preference.f_alpha_divergence_coef", "preference.discopop_tau", "preference.gamma",
-                            "preference.cpo_alpha", "preference.alpha", "preference.max_length",
-                            "preference.precompute_ref_log_probs", "preference.use_weighting", "preference.ref_model"})
-      all.push_back({key, [key, differs](const Config& c, const Environment&) -> std::string {
-                       return !is_preference(c.training.objective) && differs(key, c)
-                                  ? "applies to the preference objectives (dpo, simpo, cpo, orpo); this run trains "
-                                    "\"sft\": set the objective or remove the key"
-                                  : "";
-                     }});
+    for (const char* key :
+         {"preference.beta", "preference.loss_type", "preference.loss_weights", "preference.label_smoothing",
+          "preference.ld_alpha", "preference.f_divergence_type", "preference.f_alpha_divergence_coef",
+          "preference.discopop_tau", "preference.gamma", "preference.cpo_alpha", "preference.alpha",
+          "preference.max_length", "preference.precompute_ref_log_probs", "preference.use_weighting",
+          "preference.ref_model", "preference.desirable_weight", "preference.undesirable_weight"})
+      all.push_back(
+          {key, [key, differs](const Config& c, const Environment&) -> std::string {
+             return !is_preference(c.training.objective) && differs(key, c)
+                        ? "applies to the preference objectives (dpo, simpo, cpo, orpo, kto); this run trains "
+                          "\"sft\": set the objective or remove the key"
+                        : "";
+           }});
     all.push_back({"preference.precompute_ref_log_probs", [](const Config& c, const Environment&) -> std::string {
-                     return is_preference(c.training.objective) && c.training.objective != Objective::dpo &&
+                     return is_preference(c.training.objective) && !has_reference(c.training.objective) &&
                                     c.preference.precompute_ref_log_probs
                                 ? name_of(c.training.objective) + " has no reference to score: remove it"
                                 : "";
                    }});
     all.push_back({"preference.ref_model", [](const Config& c, const Environment&) -> std::string {
                      if (c.preference.ref_model.empty() || !is_preference(c.training.objective)) return "";
-                     if (c.training.objective != Objective::dpo)
+                     if (!has_reference(c.training.objective))
                        return name_of(c.training.objective) + " has no reference: remove it";
                      if (!c.preference.precompute_ref_log_probs)
                        return "is scored once, before the policy is built (ptrain keeps one model in memory at a "

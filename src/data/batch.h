@@ -12,6 +12,7 @@ struct Batch {
   at::Tensor targets;  // [B, T] the id each position predicts, -100 where nothing is trained
   at::Tensor doc_ids;  // [B, T] document of each position (packed rows), or undefined
   at::Tensor pairs;    // preference rows (PairRows): [B / 2] int64 on the host, the pair of each chosen row
+  at::Tensor labels;   // KTO rows (KtoRows): [B / 2] bool on the host, whether each example is desirable
   // Positions whose target is trained (not -100).
   int64_t trained_tokens() const;
   Batch to(const c10::Device& device) const;

@@ -158,7 +158,7 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
     tg.push_back(p.targets);
     if (p.doc_ids.defined()) dc.push_back(p.doc_ids);
   }
-  return {at::cat(in), at::cat(tg), dc.empty() ? at::Tensor() : at::cat(dc), at::Tensor()};
+  return {at::cat(in), at::cat(tg), dc.empty() ? at::Tensor() : at::cat(dc), at::Tensor(), at::Tensor()};
 }
 
 std::string SampleRows::fingerprint() const {
@@ -197,7 +197,7 @@ Batch SampleRows::rows(const std::vector<int64_t>& samples, const std::vector<in
     if (dc)
       for (; pos < (b + 1) * T; ++pos) dc[pos] = doc;  // padding: a document of its own
   }
-  return {inputs, targets, docs, at::Tensor()};
+  return {inputs, targets, docs, at::Tensor(), at::Tensor()};
 }
 
 PairRows::PairRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed)
@@ -259,13 +259,147 @@ Batch PairRows::pair_batch(const std::vector<int64_t>& pairs) const {
       if (trained[t + 1]) tg[b * T + t] = ids[t + 1];
     }
   }
-  return {inputs, targets, at::Tensor(), at::tensor(pairs, at::kLong)};
+  return {inputs, targets, at::Tensor(), at::tensor(pairs, at::kLong), at::Tensor()};
 }
 
 std::string PairRows::fingerprint() const {
   const int64_t shape[] = {seq_len_, 2, static_cast<int64_t>(split_.train.size()), set_->size()};
   const uint64_t content = set_->content_hash();
   return hex_fingerprint("pairs", hash_values(hash_values(0, shape, 4), &content, 1));
+}
+
+namespace {
+constexpr int64_t kUnpairBlock = 1000;  // the records TRL's unpair_preference_dataset maps at a time
+}  // namespace
+
+int64_t kto_records(const SampleSet& set) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < set.size(); ++i) n += i == 0 || set.line(i) != set.line(i - 1) ? 1 : 0;
+  return n;
+}
+
+KtoRows::KtoRows(std::shared_ptr<const SampleSet> set, const SampleSplit& split, int64_t seq_len, int64_t max_ids,
+                 int64_t micro_batch)
+    : set_(std::move(set)), seq_len_(seq_len), max_ids_(max_ids), micro_batch_(std::max<int64_t>(micro_batch, 1)) {
+  if (max_ids_ - 1 > seq_len_)
+    throw RuntimeError("KTO rows of " + std::to_string(max_ids_) + " ids do not fit seq_len " +
+                       std::to_string(seq_len_));
+  for (int64_t i = 0; i < set_->size(); ++i) {
+    if (!records_.empty() && set_->line(records_.back().first) == set_->line(i))
+      ++records_.back().second;
+    else
+      records_.emplace_back(i, 1);
+  }
+  train_ = examples_of(split.train);
+  val_ = examples_of(split.val);
+  for (const Example& e : train_) {
+    const int64_t prompt = prompt_ids(e.sample);
+    train_desirable_ += set_->trained(e.sample)[prompt] == kDesirable ? 1 : 0;
+    for (int64_t ids : {set_->length(e.sample), prompt + set_->length(e.kl) - prompt_ids(e.kl)}) {
+      const int64_t n = std::min(ids, max_ids_);
+      ++train_fill_.rows;
+      train_fill_.positions += n - 1;
+      train_fill_.trained += n - prompt;
+    }
+  }
+}
+
+int64_t KtoRows::prompt_ids(int64_t sample) const {
+  const uint8_t* trained = set_->trained(sample);
+  int64_t n = 1;
+  while (n < set_->length(sample) && trained[n] == 0) ++n;
+  return n;
+}
+
+std::vector<KtoRows::Example> KtoRows::examples_of(const std::vector<int64_t>& records) {
+  std::vector<int64_t> samples;  // in TRL's order: paired records unpaired a thousand at a time
+  for (size_t first = 0; first < records.size(); first += kUnpairBlock) {
+    const size_t end = std::min(records.size(), first + kUnpairBlock);
+    for (int64_t side = 0; side < 2; ++side)
+      for (size_t r = first; r < end; ++r) {
+        const auto [sample, count] = records_[static_cast<size_t>(records[r])];
+        if (side < count) samples.push_back(sample + side);
+      }
+  }
+  std::vector<Example> out;
+  for (int64_t s : samples) {
+    if (prompt_ids(s) >= max_ids_) {
+      ++dropped_;
+      continue;
+    }
+    out.push_back({s, s});
+  }
+  // the KL completions: each block's completions rotated by one
+  const auto n = static_cast<int64_t>(out.size());
+  std::vector<int64_t> own(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) own[static_cast<size_t>(i)] = out[static_cast<size_t>(i)].sample;
+  for (int64_t block = 0; block < n; block += micro_batch_) {
+    const int64_t end = std::min(n, block + micro_batch_);
+    for (int64_t i = block; i < end; ++i)
+      out[static_cast<size_t>(i)].kl = own[static_cast<size_t>(i == block ? end - 1 : i - 1)];
+  }
+  for (const Example& e : out) {
+    truncated_ += set_->length(e.sample) > max_ids_ ? 1 : 0;
+    truncated_ += prompt_ids(e.sample) + set_->length(e.kl) - prompt_ids(e.kl) > max_ids_ ? 1 : 0;
+  }
+  return out;
+}
+
+Batch KtoRows::train_rows(uint64_t first, int64_t count) {
+  const auto n = static_cast<int64_t>(train_.size());
+  if (n == 0) throw RuntimeError(set_->source() + ": no training examples");
+  if (count != micro_batch_ || first % static_cast<uint64_t>(count) != 0)
+    throw RuntimeError("KTO reads whole micro-batches of " + std::to_string(micro_batch_) + " examples");
+  // micro-batch g is KL block g mod blocks: an epoch's last block may hold fewer examples
+  const int64_t blocks = (n + micro_batch_ - 1) / micro_batch_;
+  const int64_t block = static_cast<int64_t>((first / static_cast<uint64_t>(count)) % static_cast<uint64_t>(blocks));
+  std::vector<int64_t> examples;
+  for (int64_t k = block * micro_batch_; k < std::min(n, (block + 1) * micro_batch_); ++k) examples.push_back(k);
+  return pair_batch(examples);
+}
+
+Batch KtoRows::val_batch(int64_t first, int64_t count) const {
+  std::vector<int64_t> examples;
+  for (int64_t r = first; r < std::min(first + count, val_rows()); ++r)
+    examples.push_back(static_cast<int64_t>(train_.size()) + r);
+  return pair_batch(examples);
+}
+
+Batch KtoRows::pair_batch(const std::vector<int64_t>& examples) const {
+  const auto B = static_cast<int64_t>(examples.size());
+  const int64_t T = seq_len_;
+  at::Tensor inputs = at::zeros({2 * B, T}, at::kLong), targets = at::full({2 * B, T}, kIgnoreIndex, at::kLong);
+  at::Tensor labels = at::zeros({B}, at::kBool);
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* tg = targets.data_ptr<int64_t>();
+  bool* label = labels.data_ptr<bool>();
+  const auto n_train = static_cast<int64_t>(train_.size());
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t k = examples[static_cast<size_t>(b)];
+    const Example& e = k < n_train ? train_[static_cast<size_t>(k)] : val_[static_cast<size_t>(k - n_train)];
+    const int64_t prompt = prompt_ids(e.sample);
+    label[b] = set_->trained(e.sample)[prompt] == kDesirable;
+    // row b: the example; row B + b: its prompt and the KL completion; the first max_ids ids
+    for (int64_t side = 0; side < 2; ++side) {
+      std::vector<int32_t> ids;
+      ids.insert(ids.end(), set_->ids(e.sample), set_->ids(e.sample) + prompt);
+      const int64_t from = side == 0 ? e.sample : e.kl, start = side == 0 ? prompt : prompt_ids(e.kl);
+      ids.insert(ids.end(), set_->ids(from) + start, set_->ids(from) + set_->length(from));
+      const auto n = std::min<int64_t>(static_cast<int64_t>(ids.size()), max_ids_);
+      const int64_t row = side * B + b;
+      for (int64_t t = 0; t + 1 < n; ++t) {
+        in[row * T + t] = ids[static_cast<size_t>(t)];
+        if (t + 1 >= prompt) tg[row * T + t] = ids[static_cast<size_t>(t + 1)];
+      }
+    }
+  }
+  return {inputs, targets, at::Tensor(), at::tensor(examples, at::kLong), labels};
+}
+
+std::string KtoRows::fingerprint() const {
+  const int64_t shape[] = {seq_len_, max_ids_, micro_batch_, static_cast<int64_t>(train_.size()), set_->size()};
+  const uint64_t content = set_->content_hash();
+  return hex_fingerprint("kto", hash_values(hash_values(0, shape, 5), &content, 1));
 }
 
 }  // namespace ptrain

@@ -36,7 +36,8 @@ namespace {
 constexpr char kMagic[8] = {'P', 'T', 'S', 'A', 'M', 'P', 'L', 'E'};
 // Bumped whenever the layout changes or rendering changes what it makes of the same input.
 // 2: stats hold reasoning_dropped; 3: chats with tools render (Qwen2.5); 4: with Llama 3.1 too, call_text_dropped
-constexpr uint32_t kCacheVersion = 4;
+// 5: KTO's samples (flags 1 / 2: desirable or not), stats hold desirable / undesirable
+constexpr uint32_t kCacheVersion = 5;
 
 struct Trailer {
   char magic[8];
@@ -115,7 +116,10 @@ json key_parts(const std::string& data_path, DataFormat file_format, const Token
       {"train_on_prompt", o.train_on_prompt},
       {"preference", o.preference},
       {"pair_tokenization",
-       {{"cpo", o.pair_tokenization.cpo}, {"bos", o.pair_tokenization.bos}, {"eos", o.pair_tokenization.eos}}},
+       {{"cpo", o.pair_tokenization.cpo},
+        {"kto", o.pair_tokenization.kto},
+        {"bos", o.pair_tokenization.bos},
+        {"eos", o.pair_tokenization.eos}}},
       {"skip_bad_records", o.skip_bad_records},
       {"fields", fields},
       {"ignore_fields", o.ignore_fields}};
@@ -135,7 +139,9 @@ json stats_json(const SampleStats& s) {
               {"call_text_dropped", s.call_text_dropped},
               {"pairs", s.pairs},
               {"dropped_prompt_fills", s.dropped_prompt_fills},
-              {"prompt_diverged", s.prompt_diverged}};
+              {"prompt_diverged", s.prompt_diverged},
+              {"desirable", s.desirable},
+              {"undesirable", s.undesirable}};
 }
 
 SampleStats stats_of(const json& j) {
@@ -154,6 +160,8 @@ SampleStats stats_of(const json& j) {
   s.pairs = j.value("pairs", int64_t{0});
   s.dropped_prompt_fills = j.value("dropped_prompt_fills", int64_t{0});
   s.prompt_diverged = j.value("prompt_diverged", int64_t{0});
+  s.desirable = j.value("desirable", int64_t{0});
+  s.undesirable = j.value("undesirable", int64_t{0});
   return s;
 }
 

@@ -486,6 +486,53 @@ PreferencePair cpo_pair(const Tokenizer& tok, const PairTokenization& how, const
 
 }  // namespace
 
+namespace {
+// A pair without "prompt": the prompt is what chosen and rejected share (TRL's extract_prompt) —
+// their leading turns that are equal, or the text prompt shared_text_prompt cuts.
+void split_shared_prompt(bool conversational, ojson& prompt, ojson& chosen, ojson& rejected) {
+  if (conversational) {
+    size_t idx = 0;
+    const size_t n = std::min(chosen.size(), rejected.size());
+    if (n == 0) throw RuntimeError("\"chosen\" or \"rejected\" is empty and there is no \"prompt\"");
+    // equal as Python's dicts are: whatever the order of their keys
+    const auto same = [](const ojson& a, const ojson& b) {
+      return nlohmann::json::parse(a.dump()) == nlohmann::json::parse(b.dump());
+    };
+    while (idx < n && same(chosen[idx], rejected[idx])) ++idx;
+    if (idx == n) idx = n - 1;  // as TRL's loop leaves its index
+    prompt = ojson(std::vector<ojson>(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(idx)));
+    chosen = ojson(std::vector<ojson>(chosen.begin() + static_cast<std::ptrdiff_t>(idx), chosen.end()));
+    rejected = ojson(std::vector<ojson>(rejected.begin() + static_cast<std::ptrdiff_t>(idx), rejected.end()));
+    return;
+  }
+  const std::string c = chosen.get<std::string>(), r = rejected.get<std::string>();
+  const size_t cut = shared_text_prompt(c, r);
+  prompt = c.substr(0, cut);
+  chosen = c.substr(cut);
+  rejected = r.substr(cut);
+}
+
+// Whether a conversational record's parts hold a tool call or a tool result.
+bool holds_tool_calls(bool conversational, std::initializer_list<const ojson*> parts) {
+  bool calls = false;
+  for (const ojson* part : parts)
+    for (const ChatMessage& m : conversational && !part->empty() ? chat_turns(*part) : std::vector<ChatMessage>{})
+      calls = calls || m.role == "tool" || !m.tool_calls.empty();
+  return calls;
+}
+
+// A text completion ending with the eos_token, as TRL's trainers add it (unless it ends with it).
+std::string with_eos(std::string completion, const std::string& eos) {
+  if (eos.empty())
+    throw RuntimeError(
+        "text preference records end each completion with the tokenizer's eos_token (as TRL does), and this "
+        "tokenizer names none: point data.tokenizer at the model directory (its tokenizer_config.json)");
+  const bool ends =
+      completion.size() >= eos.size() && completion.compare(completion.size() - eos.size(), eos.size(), eos) == 0;
+  return ends ? completion : completion + eos;
+}
+}  // namespace
+
 PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format, const PairTokenization& how,
                                  const std::string& line, const FieldNames& fields,
                                  const std::vector<std::string>& ignore_fields) {
@@ -506,26 +553,7 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
     if (conversational ? !part->is_array() : !part->is_string())
       throw RuntimeError("\"prompt\", \"chosen\" and \"rejected\" must all be strings or all message lists");
   }
-  if (prompt.is_null() && conversational) {  // the turns chosen and rejected share
-    size_t idx = 0;
-    const size_t n = std::min(chosen.size(), rejected.size());
-    if (n == 0) throw RuntimeError("\"chosen\" or \"rejected\" is empty and there is no \"prompt\"");
-    // equal as Python's dicts are: whatever the order of their keys
-    const auto same = [](const ojson& a, const ojson& b) {
-      return nlohmann::json::parse(a.dump()) == nlohmann::json::parse(b.dump());
-    };
-    while (idx < n && same(chosen[idx], rejected[idx])) ++idx;
-    if (idx == n) idx = n - 1;  // as TRL's loop leaves its index
-    prompt = ojson(std::vector<ojson>(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(idx)));
-    chosen = ojson(std::vector<ojson>(chosen.begin() + static_cast<std::ptrdiff_t>(idx), chosen.end()));
-    rejected = ojson(std::vector<ojson>(rejected.begin() + static_cast<std::ptrdiff_t>(idx), rejected.end()));
-  } else if (prompt.is_null()) {  // the text they share
-    const std::string c = chosen.get<std::string>(), r = rejected.get<std::string>();
-    const size_t cut = shared_text_prompt(c, r);
-    prompt = c.substr(0, cut);
-    chosen = c.substr(cut);
-    rejected = r.substr(cut);
-  }
+  if (prompt.is_null()) split_shared_prompt(conversational, prompt, chosen, rejected);
   const std::vector<ChatMessage> turns =
       conversational && !prompt.empty() ? chat_turns(prompt) : std::vector<ChatMessage>{};
   // A pair's tools and tool calls render as TRL's DPOTrainer renders them (the record's "tools" passed
@@ -534,10 +562,7 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
   const bool tools_given = j.contains("tools") && !j.at("tools").is_null();
   if (tools_given && !conversational)
     throw RuntimeError("\"tools\" go with a conversational pair (message lists), whose template renders them");
-  bool calls = false;
-  for (const ojson* part : {&prompt, &chosen, &rejected})
-    for (const ChatMessage& m : conversational && !part->empty() ? chat_turns(*part) : std::vector<ChatMessage>{})
-      calls = calls || m.role == "tool" || !m.tool_calls.empty();
+  const bool calls = holds_tool_calls(conversational, {&prompt, &chosen, &rejected});
   if (how.cpo && (tools_given || calls))
     throw RuntimeError(std::string(tools_given ? "\"tools\"" : "tool calls or tool results") +
                        " in a CPO / SimPO / ORPO pair: TRL's CPOTrainer and ORPOTrainer render a pair without the "
@@ -570,18 +595,9 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
     with_chosen = whole(chosen);
     with_rejected = whole(rejected);
   } else {
-    const std::string& eos = how.eos;
-    if (eos.empty())
-      throw RuntimeError(
-          "text preference records end each completion with the tokenizer's eos_token (as TRL does), and this "
-          "tokenizer names none: point data.tokenizer at the model directory (its tokenizer_config.json)");
     const std::string p = prompt.get<std::string>();
-    std::string c = chosen.get<std::string>(), r = rejected.get<std::string>();
-    const auto ends_with = [&](const std::string& s) {
-      return s.size() >= eos.size() && s.compare(s.size() - eos.size(), eos.size(), eos) == 0;
-    };
-    if (!ends_with(c)) c += eos;
-    if (!ends_with(r)) r += eos;
+    const std::string c = with_eos(chosen.get<std::string>(), how.eos),
+                      r = with_eos(rejected.get<std::string>(), how.eos);
     prompt_ids = tok.encode_with_special_tokens(p);
     with_chosen = tok.encode_with_special_tokens(p + c);
     with_rejected = tok.encode_with_special_tokens(p + r);
@@ -598,6 +614,76 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
   };
   out.chosen = sample(std::move(with_chosen));
   out.rejected = sample(std::move(with_rejected));
+  return out;
+}
+
+KtoRecord render_kto(const Tokenizer& tok, const ChatFormat& format, const PairTokenization& how,
+                     const std::string& line, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
+  ojson j = parsed_record(line, fields, ignore_fields);
+  KtoRecord out;
+  out.paired = j.contains("chosen") || j.contains("rejected");
+  std::vector<std::pair<ojson, bool>> completions;  // each completion and whether it is desirable
+  ojson prompt = j.contains("prompt") ? j.at("prompt") : ojson();
+  if (out.paired) {
+    if (!j.contains("chosen") || !j.contains("rejected"))
+      throw RuntimeError("a paired KTO record needs both \"chosen\" and \"rejected\" (it has: " + field_list(j) + ")");
+    only_fields(j, {"prompt", "chosen", "rejected", "tools"}, "a paired KTO record");
+    completions = {{j.at("chosen"), true}, {j.at("rejected"), false}};
+  } else {
+    if (!j.contains("prompt") || !j.contains("completion") || !j.contains("label"))
+      throw RuntimeError(
+          "a KTO record needs \"prompt\", \"completion\" and \"label\" (true: desirable), or \"chosen\" and "
+          "\"rejected\" (it has: " +
+          field_list(j) + ")");
+    only_fields(j, {"prompt", "completion", "label", "tools"}, "a KTO record");
+    const ojson& label = j.at("label");
+    // TRL reads the label as torch.as_tensor(labels, dtype=torch.bool): true / false, or 1 / 0
+    const bool is_bit = label.is_number_integer() && (label.get<int64_t>() == 0 || label.get<int64_t>() == 1);
+    if (!label.is_boolean() && !is_bit)
+      throw RuntimeError("\"label\" must be true (a desirable completion) or false, got " + label.dump());
+    completions = {{j.at("completion"), label.is_boolean() ? label.get<bool>() : label.get<int64_t>() == 1}};
+  }
+  out.conversational = completions[0].first.is_array();
+  for (const ojson* part : {&prompt, &completions[0].first, &completions.back().first}) {
+    if (part->is_null() && part == &prompt) continue;
+    if (out.conversational ? !part->is_array() : !part->is_string())
+      throw RuntimeError(out.paired ? "\"prompt\", \"chosen\" and \"rejected\" must all be strings or all message lists"
+                                    : "\"prompt\" and \"completion\" must both be strings or both message lists");
+  }
+  if (prompt.is_null()) split_shared_prompt(out.conversational, prompt, completions[0].first, completions[1].first);
+  const bool tools_given = j.contains("tools") && !j.at("tools").is_null();
+  if (tools_given && !out.conversational)
+    throw RuntimeError("\"tools\" go with a conversational record (message lists), whose template renders them");
+  if (holds_tool_calls(out.conversational, {&prompt, &completions[0].first, &completions.back().first}))
+    refuse_wide_integers(line);
+  const ChatTools tools = out.conversational ? chat_tools(j, line) : std::nullopt;
+  const std::vector<ChatMessage> turns =
+      out.conversational && !prompt.empty() ? chat_turns(prompt) : std::vector<ChatMessage>{};
+  // KTOTrainer's tokenize_fn: the prompt (with the generation prompt), the prompt and completion
+  // whole (text: the completion ending with eos_token), each completion on its own
+  const std::vector<int32_t> prompt_ids = out.conversational
+                                              ? render_prompt(tok, format, turns, tools)
+                                              : tok.encode_with_special_tokens(prompt.get<std::string>());
+  for (const auto& [completion, desirable] : completions) {
+    std::vector<int32_t> ids;
+    if (out.conversational) {
+      std::vector<ChatMessage> all = turns;
+      for (auto& m : chat_turns(completion)) all.push_back(std::move(m));
+      ids = render_chat(tok, format, all, /*train_on_prompt=*/true, tools).ids;
+    } else {
+      ids =
+          tok.encode_with_special_tokens(prompt.get<std::string>() + with_eos(completion.get<std::string>(), how.eos));
+    }
+    const size_t n = common_prefix(prompt_ids, ids);
+    KtoExample e;
+    e.desirable = desirable;
+    e.prompt_diverged = n < prompt_ids.size();
+    e.sample.trained.assign(ids.size(), 0);
+    std::fill(e.sample.trained.begin() + static_cast<std::ptrdiff_t>(n), e.sample.trained.end(),
+              desirable ? kDesirable : kUndesirable);
+    e.sample.ids = std::move(ids);
+    out.examples.push_back(std::move(e));
+  }
   return out;
 }
 
@@ -661,12 +747,39 @@ void render_pair(const std::string& path, const std::string& separator, const st
   append_sample(p.rejected, where, out);
 }
 
+// One KTO record into `out`: its examples (one, or a paired record's two, chosen then rejected)
+// whole — KTO's rows are cut and its examples ordered when the rows are made (data/rows.h KtoRows),
+// as its mismatched KL completions need each completion whole.
+void render_kto_examples(const std::string& path, const std::string& separator, const std::string& record,
+                         int64_t where, const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o,
+                         SampleBlock& out) {
+  KtoRecord r;
+  try {
+    r = render_kto(tok, format, o.pair_tokenization, record, o.fields, o.ignore_fields);
+  } catch (const std::exception& e) {
+    bad_record(path + separator + std::to_string(where) + ": " + e.what(), e, o, out);
+    return;
+  }
+  ++(r.conversational ? out.stats.chat : out.stats.text);
+  out.stats.pairs += r.paired ? 1 : 0;
+  for (const KtoExample& e : r.examples) {
+    out.stats.prompt_diverged += e.prompt_diverged ? 1 : 0;
+    ++(e.desirable ? out.stats.desirable : out.stats.undesirable);
+    append_sample(e.sample, where, out);
+  }
+}
+
 // Records [begin, end) of a block rendered into `out` (its samples, counts and first error).
 void render_range(const std::string& path, const std::string& separator, const std::vector<std::string>& records,
                   const std::vector<int64_t>& where, size_t begin, size_t end, const Tokenizer& tok,
                   const ChatFormat& format, const SampleOptions& o, SampleBlock& out) {
   for (size_t r = begin; r < end; ++r) {
     ++out.stats.records;
+    if (o.preference && o.pair_tokenization.kto) {
+      render_kto_examples(path, separator, records[r], where[r], tok, format, o, out);
+      if (!out.error.empty()) return;
+      continue;
+    }
     if (o.preference) {
       render_pair(path, separator, records[r], where[r], tok, format, o, out);
       if (!out.error.empty()) return;
@@ -713,6 +826,8 @@ void add_stats(SampleStats& to, const SampleStats& from) {
   to.pairs += from.pairs;
   to.dropped_prompt_fills += from.dropped_prompt_fills;
   to.prompt_diverged += from.prompt_diverged;
+  to.desirable += from.desirable;
+  to.undesirable += from.undesirable;
 }
 
 // Renders one block of records with up to `threads` threads, each a contiguous share of the

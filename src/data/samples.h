@@ -52,6 +52,7 @@ ChatTools chat_tools(const nlohmann::ordered_json& record, const std::string& li
 struct PairTokenization {
   bool cpo = false;
   std::string bos, eos;
+  bool kto = false;  // TRL's KTOTrainer: its examples (render_kto)
 };
 
 struct SampleOptions {
@@ -83,6 +84,9 @@ struct SampleStats {
   // whose prompt alone fills max_ids (dropped, as TRL drops them) and whose tokenized prompt is
   // not a prefix of prompt + completion (the completion starts where they part, as in TRL).
   int64_t pairs = 0, dropped_prompt_fills = 0, prompt_diverged = 0;
+  // KTO (render_kto): its examples, desirable or not (pairs: the paired records among them;
+  // prompt_diverged counts examples)
+  int64_t desirable = 0, undesirable = 0;
 };
 
 // `progress(done, total, ids)` after each block of records and at the end: bytes of a JSONL
@@ -180,5 +184,28 @@ struct PreferencePair {
 PreferencePair render_preference(const Tokenizer& tokenizer, const ChatFormat& format, const PairTokenization& how,
                                  const std::string& json_line, const FieldNames& fields = {},
                                  const std::vector<std::string>& ignore_fields = {});
+
+// KTO's records as TRL 1.16's KTOTrainer tokenizes them (_prepare_dataset): unpaired {"prompt",
+// "completion", "label"} (label true / 1: desirable, false / 0: not), or a preference record
+// {"prompt", "chosen", "rejected"} (its prompt extracted as for DPO when absent) unpaired into its
+// chosen (desirable) and rejected completions. Each completion is tokenized on its own as
+// DPOTrainer tokenizes one (text: prompt + completion + eos_token; messages: the prompt with the
+// generation prompt, and the whole chat), and starts where its tokens part from the prompt's. A
+// sample's trained flags mark the completion and carry its label: kDesirable or kUndesirable.
+// Samples are whole: KTO's rows are cut when they are made (data/rows.h KtoRows).
+constexpr uint8_t kDesirable = 1, kUndesirable = 2;
+struct KtoExample {
+  Sample sample;
+  bool desirable = true;
+  bool prompt_diverged = false;
+};
+struct KtoRecord {
+  std::vector<KtoExample> examples;  // one, or a paired record's chosen then rejected
+  bool conversational = false;
+  bool paired = false;
+};
+KtoRecord render_kto(const Tokenizer& tokenizer, const ChatFormat& format, const PairTokenization& how,
+                     const std::string& json_line, const FieldNames& fields = {},
+                     const std::vector<std::string>& ignore_fields = {});
 
 }  // namespace ptrain

@@ -19,9 +19,13 @@ namespace ptrain {
 // loss_type = "simpo" and cpo_alpha = 0); cpo: CPO, reference-free (TRL's CPOTrainer with
 // loss_type sigmoid, hinge or ipo, and cpo_alpha times the chosen completions' NLL); orpo: ORPO,
 // reference-free (TRL's ORPOTrainer: the chosen rows' NLL, prompt included, minus beta times the
-// log-sigmoid of the log odds ratio).
-enum class Objective { sft, dpo, simpo, cpo, orpo };
+// log-sigmoid of the log odds ratio); kto: KTO against a reference on unpaired completions, each
+// desirable or not (TRL's KTOTrainer: loss_type kto or apo_zero_unpaired).
+enum class Objective { sft, dpo, simpo, cpo, orpo, kto };
 inline bool is_preference(Objective o) { return o != Objective::sft; }
+// Scored against a reference model (the base with the adapters off, an adapter as loaded, another
+// model, or its precomputed log-probabilities): DPO and KTO.
+inline bool has_reference(Objective o) { return o == Objective::dpo || o == Objective::kto; }
 // TRL's CPOTrainer: no reference, its own tokenization (data/samples.h).
 inline bool is_cpo_trainer(Objective o) { return o == Objective::simpo || o == Objective::cpo; }
 // Pairs tokenized as CPOTrainer tokenizes them (ORPOTrainer's tokenize_row is the same).
@@ -48,7 +52,12 @@ enum class PreferenceLoss {
   apo_down,
   discopop,
   sft,
-  sigmoid_norm
+  sigmoid_norm,
+  // KTO's (TRL 1.16's KTOConfig.loss_type): kto (desirable: 1 - sigma(beta (r - KL)), undesirable:
+  // 1 - sigma(beta (KL - r)), KL estimated from mismatched completions) and apo_zero_unpaired
+  // (1 - sigma(beta r) and sigma(beta r), no KL)
+  kto,
+  apo_zero_unpaired
 };
 
 // DPO's f-divergence between policy and reference (f-DPO; TRL's f_divergence_type): what each
@@ -84,6 +93,8 @@ struct PreferenceOptions {
   // cloning; TRL's cpo_alpha). The config resolves the default: 1 for cpo, 0 for simpo.
   double cpo_alpha = 0.0;
   double alpha = 0.0;  // cpo, simpo: AlphaPO's reward shape, r = (1 - p^-alpha) / alpha; 0: log p
+  // kto: the weights of the desirable and the undesirable completions' losses (TRL's names)
+  double desirable_weight = 1.0, undesirable_weight = 1.0;
 
   bool reads(PreferenceLoss l) const {
     for (PreferenceLoss x : loss_type)
@@ -117,6 +128,7 @@ struct PreferenceMetrics {
   // part of the loss (CPO and SimPO with cpo_alpha, ORPO), ORPO's log_odds_ratio and
   // log_odds_chosen (means over the pairs).
   std::vector<std::pair<std::string, double>> more;
+  bool kto = false;  // KTOTrainer's metrics (pairs: its examples): every one it logs is in `more`
 };
 
 }  // namespace ptrain

@@ -201,7 +201,9 @@ LibraryWorkspace library_workspace(const Config& c) {
 
 ActivationInputs activation_inputs(const Config& c) {
   ActivationInputs in;
-  // a preference micro-batch is micro_batch_size pairs: twice the rows (data/rows.h PairRows)
+  // a preference micro-batch is micro_batch_size pairs: twice the rows (data/rows.h PairRows); KTO's
+  // holds each example and its KL sequence (KtoRows), only the examples with autograd: planned as
+  // DPO's, an upper bound
   in.tokens = c.data.micro_batch_size * c.data.seq_len * (is_preference(c.training.objective) ? 2 : 1);
   if (c.data.packing) in.packed_rows = c.data.micro_batch_size, in.packed_len = c.data.seq_len;
   const int64_t window = c.model.shape.sliding_window;
@@ -262,7 +264,7 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   // chunk's logits before scoring them, and keeps them through the step.
   const int64_t chunk_logits = std::min(chunk, N) * s.vocab_size;
   int64_t chunk_bytes = chunk_logits * per_logit;
-  if (c.training.objective == Objective::dpo)
+  if (has_reference(c.training.objective))  // DPO's and KTO's policy passes
     chunk_bytes = std::max(chunk_bytes, chunk_logits * logits_bytes + token_stats_bytes(s.vocab_size, logits_bytes)) +
                   N * TokenStat::count * 4;
   const int64_t head_end = gathered_head + N * s.dim * cb + chunk_bytes;

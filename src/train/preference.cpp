@@ -67,6 +67,7 @@ bool has_nll(const PreferenceObjective& o) {
     case Objective::orpo:
       return true;
     case Objective::sft:
+    case Objective::kto:
       break;
   }
   return false;
@@ -203,6 +204,11 @@ class ReferenceScope {
 }  // namespace
 
 std::vector<std::pair<std::string, double>> trl_metrics(const PreferenceMetrics& m, const std::string& prefix) {
+  if (m.kto) {  // KTOTrainer's own list, each logged where it has a value (PreferenceMetrics::more)
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& [name, value] : m.more) out.emplace_back(prefix + name, value);
+    return out;
+  }
   std::vector<std::pair<std::string, double>> out = {
       {prefix + "rewards/chosen", m.rewards_chosen}, {prefix + "rewards/rejected", m.rewards_rejected},
       {prefix + "rewards/accuracies", m.accuracies}, {prefix + "rewards/margins", m.margins},
@@ -339,6 +345,11 @@ PairLosses pair_losses(const PairScores& s, const PreferenceObjective& objective
       case PreferenceLoss::sigmoid_norm:
         loss = loss - at::log_sigmoid((chosen_mean - rejected_mean) * beta) * w;
         break;
+      case PreferenceLoss::kto:
+      case PreferenceLoss::apo_zero_unpaired:  // KTO's, on its own rows (accumulate_kto); the config refuses them here
+        throw RuntimeError("preference.loss_type " +
+                           std::string(o.loss_type[i] == PreferenceLoss::kto ? "kto" : "apo_zero_unpaired") +
+                           " is KTO's: training.objective = \"kto\"");
     }
   }
   out.loss = s.weights.defined() ? loss * s.weights : loss;  // WPO: each pair's losses times its weight
@@ -412,6 +423,7 @@ PairScores pair_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, con
 
 void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o,
                            const PreferenceObjective& objective, StepResult& r) {
+  if (objective.objective == Objective::kto) return accumulate_kto(model, micro_batch, o, objective, r);
   std::vector<Batch> batches;
   int64_t pairs = 0, tokens = 0, chosen = 0;
   const bool nll = has_nll(objective);
@@ -451,7 +463,7 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
   r.trained_tokens = static_cast<int64_t>(total[1].item<double>());
 }
 
-at::Tensor precompute_reference(FsdpModel& model, const PairRows& data, int64_t batch, int64_t loss_chunk,
+at::Tensor precompute_reference(FsdpModel& model, const PairedRows& data, int64_t batch, int64_t loss_chunk,
                                 const PreferenceObjective& objective) {
   const int64_t n = data.pairs();
   Collectives& comm = model.comm();
@@ -477,13 +489,14 @@ at::Tensor precompute_reference(FsdpModel& model, const PairRows& data, int64_t 
 
 std::vector<at::Tensor> reference_adapter(const FsdpModel& model, Objective objective, bool adapter_loaded) {
   std::vector<at::Tensor> copy;
-  if (objective == Objective::dpo && adapter_loaded)
+  if (has_reference(objective) && adapter_loaded)
     for (const auto& u : model.trained_units()) copy.push_back(u.shard.detach().clone());
   return copy;
 }
 
 PreferenceMetrics evaluate_preference(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk,
                                       const PreferenceObjective& objective, int64_t max_pairs) {
+  if (objective.objective == Objective::kto) return evaluate_kto(model, data, batch, loss_chunk, objective, max_pairs);
   at::NoGradGuard no_grad;
   int64_t n = data.val_rows();
   if (max_pairs >= 0) n = std::min(n, max_pairs);
@@ -494,6 +507,249 @@ PreferenceMetrics evaluate_preference(FsdpModel& model, const RowSource& data, i
     sums += metric_sums(pair_losses(scores, objective), scores, b.targets);
   }
   return metrics_of(sums, n, objective);
+}
+
+// ---- KTO (TRL 1.16's KTOTrainer._compute_loss) ----
+namespace {
+
+// A KTO micro-batch of B examples (rows [0, B): each example, [B, 2B): its KL sequence) scored:
+// the policy's sums of the examples' completion log-probabilities (autograd) and its token
+// statistics; the reference's; and, for the kto loss, both models' sums of the KL sequences'
+// (no autograd).
+struct KtoScores {
+  at::Tensor logps, ref_logps;    // [B]
+  at::Tensor kl, ref_kl;          // [B]; undefined for apo_zero_unpaired
+  at::Tensor stats;               // [B * T, TokenStat::count]
+  at::Tensor targets, desirable;  // the examples' targets [B, T]; labels [B] (bool, on the device)
+};
+
+bool kto_has_kl(const PreferenceObjective& o) { return o.options.reads(PreferenceLoss::kto); }
+
+KtoScores kto_scores(FsdpModel& model, const Batch& b, int64_t loss_chunk, const PreferenceObjective& objective) {
+  const int64_t B = b.inputs.size(0) / 2;
+  const bool kl = kto_has_kl(objective);
+  KtoScores s;
+  s.targets = b.targets.slice(0, 0, B);
+  s.desirable = b.labels.to(b.inputs.device());
+  const Batch examples{b.inputs.slice(0, 0, B), s.targets, at::Tensor(), b.pairs, b.labels};
+  const Batch kl_rows{b.inputs.slice(0, B), b.targets.slice(0, B), at::Tensor(), b.pairs, b.labels};
+  if (objective.reference_logps) {
+    if (!b.pairs.defined() || b.pairs.size(0) != B)
+      throw RuntimeError("precomputed reference log-probabilities need the batch's examples");
+    const at::Tensor ref = objective.reference_logps->index_select(0, b.pairs).to(b.inputs.device());
+    s.ref_logps = ref.select(1, 0);
+    if (kl) s.ref_kl = ref.select(1, 1);
+  } else {
+    const at::Tensor ref = reference_sums(model, kl ? b : examples, loss_chunk, objective);
+    s.ref_logps = ref.slice(0, 0, B);
+    if (kl) s.ref_kl = ref.slice(0, B);
+  }
+  if (kl) {
+    at::NoGradGuard no_grad;
+    s.kl = row_sums(model.token_logprobs(kl_rows.inputs, kl_rows.targets, loss_chunk), kl_rows.targets, 1.0).logps;
+  }
+  s.logps =
+      row_sums(model.token_logprobs(examples.inputs, examples.targets, loss_chunk, &s.stats), s.targets, 1.0).logps;
+  return s;
+}
+
+// The KL term of a micro-batch: the mean over its examples of the policy's minus the reference's
+// KL-sequence log-probabilities, averaged over the ranks' micro-batches (TRL's gather), at least 0.
+at::Tensor kto_kl(const KtoScores& s, Collectives& comm) {
+  if (!s.kl.defined()) return at::zeros({}, s.logps.options().dtype(at::kFloat));
+  at::Tensor mean = (s.kl - s.ref_kl).to(at::kFloat).mean().detach().reshape({1}).to(at::kCPU).to(at::kDouble);
+  comm.all_reduce_sum(mean);
+  return (mean / static_cast<double>(comm.world_size())).clamp_min(0.0).to(at::kFloat).squeeze().to(s.logps.device());
+}
+
+// Each example's weighted loss [B] (autograd) and its reward beta * (logp - ref logp) (no autograd).
+std::pair<at::Tensor, at::Tensor> kto_losses(const KtoScores& s, const at::Tensor& kl, const PreferenceOptions& o) {
+  const at::Tensor ratio = s.logps - s.ref_logps;
+  const double beta = o.beta;
+  at::Tensor good, bad;
+  if (o.reads(PreferenceLoss::kto)) {
+    good = 1 - at::sigmoid(beta * (ratio - kl));
+    bad = 1 - at::sigmoid(beta * (kl - ratio));
+  } else {  // apo_zero_unpaired
+    good = 1 - at::sigmoid(beta * ratio);
+    bad = at::sigmoid(beta * ratio);
+  }
+  const at::Tensor loss = at::where(s.desirable, o.desirable_weight * good, o.undesirable_weight * bad);
+  return {loss, ratio.detach() * beta};
+}
+
+// One micro-batch's metric sums (this rank's), float64: what KTOTrainer gathers for each of its
+// logged means.
+enum KtoSum : int64_t {
+  kKtoLoss,
+  kKtoExamples,
+  kKtoKl,  // the micro-batch's KL term (the same on every rank: divided by the world size when summed)
+  kKtoEntropy,
+  kKtoTokens,
+  kKtoLogitsChosen,
+  kKtoChosenTokens,
+  kKtoLogitsRejected,
+  kKtoRejectedTokens,
+  kKtoRewardsChosen,
+  kKtoLogpsChosen,
+  kKtoChosen,
+  kKtoRewardsRejected,
+  kKtoLogpsRejected,
+  kKtoRejected,
+  kKtoSums
+};
+at::Tensor kto_sums(const KtoScores& s, const at::Tensor& loss, const at::Tensor& rewards, const at::Tensor& kl,
+                    int64_t world_size, bool evaluation) {
+  at::NoGradGuard no_grad;
+  const at::Tensor good = s.desirable, bad = s.desirable.logical_not();
+  const at::Tensor scored = s.targets.ne(kIgnoreIndex);
+  const at::Tensor stats = s.stats.reshape({s.targets.size(0), s.targets.size(1), TokenStat::count}).to(at::kDouble);
+  const auto masked = [&](int64_t column, const at::Tensor& rows) {
+    return at::where(scored.logical_and(rows.unsqueeze(1)), stats.select(2, column), 0.0).sum();
+  };
+  const auto sum_where = [](const at::Tensor& x, const at::Tensor& rows) {
+    return at::where(rows, x.detach().to(at::kDouble), 0.0).sum();
+  };
+  const auto count = [](const at::Tensor& x) { return x.sum().to(at::kDouble); };
+  const at::Tensor all = at::ones_like(good);
+  std::vector<at::Tensor> v(kKtoSums);
+  // training: the micro-batch's mean (the ranks' summed); evaluation: the sum (TRL's evaluation
+  // loop weighs each batch's mean by its size)
+  v[kKtoLoss] = evaluation ? loss.detach().to(at::kDouble).sum() : loss.detach().to(at::kDouble).mean();
+  v[kKtoExamples] = count(all);
+  v[kKtoKl] = kl.detach().to(at::kDouble) / static_cast<double>(world_size);
+  v[kKtoEntropy] = masked(TokenStat::entropy, all);
+  v[kKtoTokens] = count(scored);
+  v[kKtoLogitsChosen] = masked(TokenStat::mean_logit, good);
+  v[kKtoChosenTokens] = count(scored.logical_and(good.unsqueeze(1)));
+  v[kKtoLogitsRejected] = masked(TokenStat::mean_logit, bad);
+  v[kKtoRejectedTokens] = count(scored.logical_and(bad.unsqueeze(1)));
+  v[kKtoRewardsChosen] = sum_where(rewards, good);
+  v[kKtoLogpsChosen] = sum_where(s.logps, good);
+  v[kKtoChosen] = count(good);
+  v[kKtoRewardsRejected] = sum_where(rewards, bad);
+  v[kKtoLogpsRejected] = sum_where(s.logps, bad);
+  v[kKtoRejected] = count(bad);
+  return at::stack(v);
+}
+
+// The metrics of micro-batches [M, kKtoSums] (each summed over the ranks), as KTOTrainer logs them:
+// each metric a micro-batch's value — a mean over its examples or tokens, all ranks —, logged where
+// the micro-batch has any, then averaged over the micro-batches (TRL's log()); the loss the mean
+// over the ranks' micro-batches of their means (`ranks` micro-batches in each row), or in an
+// evaluation the mean over the examples.
+PreferenceMetrics kto_metrics(const at::Tensor& sums, int64_t ranks, bool evaluation) {
+  const at::Tensor m = sums.to(at::kCPU).contiguous();
+  const double* v = m.data_ptr<double>();
+  const int64_t M = m.size(0);
+  struct Mean {
+    double sum = 0;
+    int64_t n = 0;
+    void add(double x) { sum += x, ++n; }
+  };
+  Mean kl, entropy, logits_chosen, logits_rejected, rewards_chosen, logps_chosen, rewards_rejected, logps_rejected,
+      margins;
+  double loss = 0, examples = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    const double* r = v + i * kKtoSums;
+    loss += r[kKtoLoss];
+    examples += r[kKtoExamples];
+    kl.add(r[kKtoKl]);
+    entropy.add(r[kKtoTokens] > 0 ? r[kKtoEntropy] / r[kKtoTokens] : 0.0);
+    if (r[kKtoChosenTokens] > 0) logits_chosen.add(r[kKtoLogitsChosen] / r[kKtoChosenTokens]);
+    if (r[kKtoRejectedTokens] > 0) logits_rejected.add(r[kKtoLogitsRejected] / r[kKtoRejectedTokens]);
+    if (r[kKtoChosen] > 0) {
+      rewards_chosen.add(r[kKtoRewardsChosen] / r[kKtoChosen]);
+      logps_chosen.add(r[kKtoLogpsChosen] / r[kKtoChosen]);
+    }
+    if (r[kKtoRejected] > 0) {
+      rewards_rejected.add(r[kKtoRewardsRejected] / r[kKtoRejected]);
+      logps_rejected.add(r[kKtoLogpsRejected] / r[kKtoRejected]);
+    }
+    if (r[kKtoChosen] > 0 && r[kKtoRejected] > 0)
+      margins.add(r[kKtoRewardsChosen] / r[kKtoChosen] - r[kKtoRewardsRejected] / r[kKtoRejected]);
+  }
+  PreferenceMetrics out;
+  out.kto = true;
+  out.pairs = static_cast<int64_t>(examples);
+  out.loss = evaluation ? (examples > 0 ? loss / examples : 0.0) : M > 0 ? loss / static_cast<double>(M * ranks) : 0.0;
+  out.rewards_chosen = rewards_chosen.n ? rewards_chosen.sum / static_cast<double>(rewards_chosen.n) : 0.0;
+  out.rewards_rejected = rewards_rejected.n ? rewards_rejected.sum / static_cast<double>(rewards_rejected.n) : 0.0;
+  out.margins = margins.n ? margins.sum / static_cast<double>(margins.n) : 0.0;
+  out.logps_chosen = logps_chosen.n ? logps_chosen.sum / static_cast<double>(logps_chosen.n) : 0.0;
+  out.logps_rejected = logps_rejected.n ? logps_rejected.sum / static_cast<double>(logps_rejected.n) : 0.0;
+  for (const auto& [name, mean] : {std::pair<const char*, const Mean*>{"kl", &kl},
+                                   {"entropy", &entropy},
+                                   {"logits/chosen", &logits_chosen},
+                                   {"logits/rejected", &logits_rejected},
+                                   {"rewards/chosen", &rewards_chosen},
+                                   {"logps/chosen", &logps_chosen},
+                                   {"rewards/rejected", &rewards_rejected},
+                                   {"logps/rejected", &logps_rejected},
+                                   {"rewards/margins", &margins}})
+    if (mean->n) out.more.emplace_back(name, mean->sum / static_cast<double>(mean->n));
+  return out;
+}
+
+}  // namespace
+
+void accumulate_kto(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o,
+                    const PreferenceObjective& objective, StepResult& r) {
+  std::vector<Batch> batches;
+  int64_t examples = 0, tokens = 0;
+  for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
+    batches.push_back(micro_batch(a));
+    const int64_t B = batches.back().inputs.size(0) / 2;
+    examples += B;
+    tokens += batches.back().targets.slice(0, 0, B).ne(kIgnoreIndex).sum().item<int64_t>();
+  }
+  Collectives& comm = model.comm();
+  at::Tensor total = at::tensor({static_cast<double>(examples), static_cast<double>(tokens)}, at::kDouble);
+  comm.all_reduce_sum(total);
+  const double n = total[0].item<double>();
+  if (n <= 0) throw RuntimeError("a training step has no KTO examples");
+  std::vector<at::Tensor> sums;
+  for (const Batch& b : batches) {
+    const PhasePeak forward(model.device());
+    const KtoScores scores = kto_scores(model, b, o.loss_chunk, objective);
+    const at::Tensor kl = kto_kl(scores, comm);
+    const auto [losses, rewards] = kto_losses(scores, kl, objective.options);
+    r.peaks.forward = std::max(r.peaks.forward, forward.peak());
+    r.peaks.forward_start = std::max(r.peaks.forward_start, forward.start());
+    const PhasePeak backward(model.device());
+    r.peaks.backward_start = std::max(r.peaks.backward_start, backward.start());
+    // TRL's: each micro-batch's mean over its examples, averaged over the micro-batches and (the
+    // reduce-scatter's average) the ranks — the mean over the step's examples where the
+    // micro-batches are equal, as all but an epoch's last are
+    (losses.mean() / static_cast<double>(o.grad_accum_steps)).backward();
+    model.finish_backward();
+    r.peaks.backward = std::max(r.peaks.backward, backward.peak());
+    sums.push_back(kto_sums(scores, losses, rewards, kl, comm.world_size(), false));
+  }
+  at::Tensor all = at::stack(sums);
+  comm.all_reduce_sum(all);
+  r.preference = kto_metrics(all, comm.world_size(), false);
+  r.loss = r.preference.loss;
+  r.trained_tokens = static_cast<int64_t>(total[1].item<double>());
+}
+
+PreferenceMetrics evaluate_kto(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk,
+                               const PreferenceObjective& objective, int64_t max_examples) {
+  at::NoGradGuard no_grad;
+  int64_t n = data.val_rows();
+  if (max_examples >= 0) n = std::min(n, max_examples);
+  // every rank scores the same examples: the KL term's mean over the ranks is each one's
+  Collectives& comm = model.comm();
+  std::vector<at::Tensor> sums;
+  for (int64_t first = 0; first < n; first += batch) {
+    const Batch b = data.val_batch(first, std::min(batch, n - first)).to(model.device());
+    const KtoScores scores = kto_scores(model, b, loss_chunk, objective);
+    const at::Tensor kl = kto_kl(scores, comm);
+    const auto [losses, rewards] = kto_losses(scores, kl, objective.options);
+    sums.push_back(kto_sums(scores, losses, rewards, kl, 1, true));
+  }
+  if (sums.empty()) return kto_metrics(at::zeros({0, kKtoSums}, at::kDouble), 1, true);
+  return kto_metrics(at::stack(sums), 1, true);
 }
 
 }  // namespace ptrain

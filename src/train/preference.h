@@ -18,7 +18,7 @@
 namespace ptrain {
 
 class FsdpModel;
-class PairRows;
+class PairedRows;
 class RowSource;
 
 // The metrics under TRL's names, each with `prefix` ("" while training, "eval_" for an
@@ -65,7 +65,7 @@ PairScores pair_scores(FsdpModel& model, const Batch& batch, int64_t loss_chunk,
 // and validation), [pairs, 2] float32 on the host, scored by the model as it is now (with
 // objective.reference_adapter in place of its adapter where given) without autograd, `batch`
 // pairs a forward; each rank scores a share and one all-reduce gives every rank all of them.
-at::Tensor precompute_reference(FsdpModel& model, const PairRows& data, int64_t batch, int64_t loss_chunk,
+at::Tensor precompute_reference(FsdpModel& model, const PairedRows& data, int64_t batch, int64_t loss_chunk,
                                 const PreferenceObjective& objective);
 
 // The forward and backward of a step's micro-batches, each a batch of pairs. The loss is the
@@ -74,6 +74,17 @@ at::Tensor precompute_reference(FsdpModel& model, const PairRows& data, int64_t 
 // preference metrics (means over the step's pairs, all ranks).
 void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& options,
                            const PreferenceObjective& objective, StepResult& result);
+
+// KTO's step and evaluation (training.objective kto: TRL's KTOTrainer), on KtoRows' batches (an
+// example's row and its KL row), which accumulate_preference and evaluate_preference hand over to.
+// Each micro-batch's KL term — the mean over its examples of the policy's minus the reference's
+// KL-sequence log-probability, averaged over the ranks and at least 0 — enters its examples'
+// losses without a gradient; the step's loss is the mean over its examples, all ranks; the
+// metrics are KTOTrainer's: each micro-batch's value, averaged over the micro-batches.
+void accumulate_kto(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& options,
+                    const PreferenceObjective& objective, StepResult& result);
+PreferenceMetrics evaluate_kto(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk,
+                               const PreferenceObjective& objective, int64_t max_examples = -1);
 
 // DPO from a loaded adapter (`adapter_loaded`: lora.adapter_path): a copy of this rank's adapter
 // shards as they are now, before training or a checkpoint changes them — the reference's adapter

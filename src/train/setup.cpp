@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -128,7 +129,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
 }
 
 at::Tensor score_ref_model(const Config& c, const c10::Device& device, std::shared_ptr<Collectives> comm,
-                           const PairRows& data) {
+                           const PairedRows& data) {
   const Config ref = reference_config(c);
   const bool print = comm->rank() == 0;
   if (print)
@@ -137,7 +138,7 @@ at::Tensor score_ref_model(const Config& c, const c10::Device& device, std::shar
               "tokenizes the pairs for both, as TRL's processing_class)");
   const auto t0 = std::chrono::steady_clock::now();
   const auto model = build_model(ref, device, std::move(comm));
-  const PreferenceObjective objective{Objective::dpo, c.preference, nullptr};
+  const PreferenceObjective objective{c.training.objective, c.preference, nullptr};
   at::Tensor logps = precompute_reference(*model, data, c.data.micro_batch_size, c.memory.loss_chunk_tokens, objective);
   if (print)
     log::info("reference log-probabilities of ", logps.size(0), " pairs scored by ", ref.model.hf_path, " in ",
@@ -340,6 +341,67 @@ RunData preference_pairs(const Config& c, const Tokenizer& tok, const ChatFormat
   return d;
 }
 
+// KTO's examples (training.objective kto) as rows, and what the log says of them.
+RunData kto_examples(const Config& c, const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o,
+                     const std::shared_ptr<const SampleSet>& set, const SampleSplit& split, const std::string& how) {
+  const SampleStats& st = set->stats;
+  const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
+  const int64_t records = kto_records(*set);
+  if (st.pairs > 0 && st.pairs < records)
+    throw RuntimeError("'" + c.data.path +
+                       "' mixes paired records ({prompt, chosen, rejected}) with unpaired ones "
+                       "({prompt, completion, label}): TRL's KTOTrainer reads one kind a dataset (it unpairs a "
+                       "paired dataset whole); unpair the paired records in the file, or split it in two");
+  auto rows = std::make_unique<KtoRows>(set, split, c.data.seq_len, o.max_ids, c.data.micro_batch_size);
+  RunData d;
+  d.report.push_back("data: " + c.data.path + ": " + n(st.records) + " KTO records (" + n(st.text) + " text, " +
+                     n(st.chat) + " chat" + (st.pairs ? ", paired: unpaired as TRL does" : std::string()) +
+                     ") tokenized as TRL's KTOTrainer does with " + tok.path() +
+                     (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] +
+                                    " renders them (" + format.source + ")"
+                              : std::string()) +
+                     (st.text ? ", completions ending with eos_token " + o.pair_tokenization.eos : std::string()) +
+                     ", " + how);
+  d.report.push_back("examples: " + n(st.desirable + st.undesirable) + " (" + n(st.desirable) + " desirable, " +
+                     n(st.undesirable) + " undesirable) | train " + n(rows->train_examples()) + ", validation " +
+                     n(rows->val_rows()) + " | " + n(set->total_ids()) +
+                     " tokens | KL completions: each "
+                     "micro-batch's completions rotated by one (data.micro_batch_size = " +
+                     std::to_string(c.data.micro_batch_size) + "), read in file order, unshuffled");
+  d.report.push_back(
+      "longer than max_length = " + std::to_string(o.max_ids) + " ids: " + n(rows->truncated()) +
+      " sequences (examples and KL sequences) truncated | prompt alone fills max_length: " +
+      n(rows->dropped_prompt_fills()) + " examples dropped" +
+      (st.prompt_diverged ? " | prompt not a prefix of prompt + completion (the completion starts where they part, "
+                            "as in TRL): " +
+                                n(st.prompt_diverged)
+                          : std::string()) +
+      (st.skipped_bad
+           ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
+           : std::string()));
+  // TRL's advice where the labels are unbalanced (KTOTrainer._prepare_dataset, the KTO paper's
+  // eq. 8): desirable_weight x desirable ~ undesirable_weight x undesirable, within 4:3
+  const double good = static_cast<double>(std::max<int64_t>(rows->train_desirable(), 1));
+  const double bad = static_cast<double>(std::max<int64_t>(rows->train_examples() - rows->train_desirable(), 1));
+  const double dw = c.preference.desirable_weight, uw = c.preference.undesirable_weight;
+  const auto round2 = [](double v) { return std::round(v * 100) / 100; };
+  const double d_lo = round2(bad * uw / good), d_hi = round2(bad * uw / good * 1.33);
+  const double u_lo = round2(good * dw / bad / 1.33), u_hi = round2(good * dw / bad);
+  if (good != bad && !(d_lo <= dw && dw <= d_hi) && !(u_lo <= uw && uw <= u_hi))
+    d.report.push_back("labels: " + n(rows->train_desirable()) + " desirable, " +
+                       n(rows->train_examples() - rows->train_desirable()) +
+                       " undesirable training examples, and the weights do not balance them (TRL's advice): set "
+                       "EITHER preference.desirable_weight in [" +
+                       log::fixed(d_lo, 2) + ", " + log::fixed(d_hi, 2) + "] OR preference.undesirable_weight in [" +
+                       log::fixed(u_lo, 2) + ", " + log::fixed(u_hi, 2) + "]");
+  const RowFill tf = rows->train_fill();
+  d.report.push_back("padding (one sequence per row, each example and its KL sequence): " + n(tf.rows) +
+                     " training rows of " + std::to_string(c.data.seq_len) + " per epoch, " +
+                     percent(tf.fraction(c.data.seq_len)) + " filled");
+  d.rows = std::move(rows);
+  return d;
+}
+
 RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& device, bool eval_only) {
   const Tokenizer tok(c.tokenizer_path());
   if (comm == nullptr || comm->rank() == 0) log::info("tokenizer ", tok.path(), ": ", tok.reading());
@@ -349,6 +411,7 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   o.max_ids = pairs && c.preference.max_length > 0 ? c.preference.max_length : c.data.seq_len + 1;
   o.preference = pairs;
   o.pair_tokenization.cpo = tokenized_as_cpo(c.training.objective);
+  o.pair_tokenization.kto = c.training.objective == Objective::kto;
   if (pairs && tok.template_tokens())
     std::tie(o.pair_tokenization.bos, o.pair_tokenization.eos) = *tok.template_tokens();
   o.drop_too_long = c.data.truncation == Truncation::drop;
@@ -374,8 +437,9 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
                        " but model.vocab_size is " + std::to_string(c.model.shape.vocab_size) +
                        "; use the model's own tokenizer");
   SampleSplit split;
-  const int64_t units = pairs ? set->size() / 2 : set->size();  // samples, or pairs of them
-  if (eval_only) {                                              // every sample is scored
+  // samples, pairs of them, or KTO's records
+  const int64_t units = o.pair_tokenization.kto ? kto_records(*set) : pairs ? set->size() / 2 : set->size();
+  if (eval_only) {  // every sample is scored
     split.val.resize(static_cast<size_t>(units));
     std::iota(split.val.begin(), split.val.end(), int64_t{0});
   } else {
@@ -383,6 +447,7 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   }
   if (!eval_only && split.train.empty())
     throw RuntimeError("'" + c.data.path + "' leaves no training sample after the validation split");
+  if (o.pair_tokenization.kto) return kto_examples(c, tok, format, o, set, split, how);
   if (pairs) return preference_pairs(c, tok, format, o, set, std::move(split), how);
   auto rows =
       std::make_unique<SampleRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed), c.data.packing);

@@ -16,7 +16,7 @@ struct Config;
 struct DistEnv;
 class Collectives;
 class FsdpModel;
-class PairRows;
+class PairedRows;
 class Optimizer;
 class RowSource;
 struct OptimTarget;
@@ -48,7 +48,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& config, const c10::Device& 
 // every pair of `data` with it (train/preference.h precompute_reference) and frees it before
 // returning: [pairs, 2] float32 on the host, as precompute_ref_log_probs keeps them.
 at::Tensor score_ref_model(const Config& config, const c10::Device& device, std::shared_ptr<Collectives> comm,
-                           const PairRows& data);
+                           const PairedRows& data);
 
 // One optimizer target per trainable unit: its shard, the decayed prefix of the shard, and the
 // shard's first element in a model-wide numbering (stochastic-rounding bits).

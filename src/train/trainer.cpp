@@ -42,6 +42,17 @@ namespace ptrain {
 namespace fs = std::filesystem;
 
 namespace {
+
+// A logged step's or evaluation's preference metrics, in brief: DPO's margin and accuracy, KTO's
+// KL term and rewards (TRL's names).
+std::string preference_note(const PreferenceMetrics& m) {
+  if (!m.kto) return " | margin " + log::fixed(m.margins, 4) + " | accuracy " + log::fixed(m.accuracies, 3);
+  std::string out;
+  for (const auto& [name, value] : m.more)
+    if (name == "kl" || name == "rewards/chosen" || name == "rewards/rejected")
+      out += " | " + name + " " + log::fixed(value, 4);
+  return out;
+}
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
@@ -104,18 +115,18 @@ class Run {
       fs::create_directories(out_dir_);
       write_file_atomic(out_dir_ + "/config.resolved.toml", to_toml(c));
     }
-    const bool ref_model = c.training.objective == Objective::dpo && !c.preference.ref_model.empty();
+    const bool ref_model = has_reference(c.training.objective) && !c.preference.ref_model.empty();
     if (ref_model)  // another model as DPO's reference: scored and freed before the policy is built
-      reference_logps_ = score_ref_model(c, device_, comm_, dynamic_cast<const PairRows&>(*data_.rows));
+      reference_logps_ = score_ref_model(c, device_, comm_, dynamic_cast<const PairedRows&>(*data_.rows));
     model_ = build_model(c, device_, comm_);
     // before a resume replaces it: DPO's reference keeps lora.adapter_path's adapter as loaded
     reference_adapter_ = reference_adapter(*model_, c.training.objective, !c.lora.adapter_path.empty() && !ref_model);
     pairs_ = is_preference(c.training.objective);
     preference_ = {c.training.objective, c.preference, reference_adapter_.empty() ? nullptr : &reference_adapter_};
     if (ref_model) preference_.reference_logps = &reference_logps_;
-    if (c.training.objective == Objective::dpo && c.preference.precompute_ref_log_probs && !ref_model) {
+    if (has_reference(c.training.objective) && c.preference.precompute_ref_log_probs && !ref_model) {
       const double t0 = now_s();  // the reference is the model as loaded: before a resume replaces it
-      reference_logps_ = precompute_reference(*model_, dynamic_cast<const PairRows&>(*data_.rows),
+      reference_logps_ = precompute_reference(*model_, dynamic_cast<const PairedRows&>(*data_.rows),
                                               c.data.micro_batch_size, c.memory.loss_chunk_tokens, preference_);
       preference_.reference_logps = &reference_logps_;
       log::info("reference log-probabilities of ", reference_logps_.size(0), " pairs precomputed in ",
@@ -230,8 +241,8 @@ class Run {
     if (pairs_) {  // TRL's names
       const PreferenceMetrics& m = s.result.preference;
       for (const auto& [name, value] : trl_metrics(m, "")) row.push_back({name, value});
-      row.push_back({"pairs", m.pairs});
-      pair_note = " | margin " + log::fixed(m.margins, 4) + " | accuracy " + log::fixed(m.accuracies, 3);
+      row.push_back({m.kto ? "examples" : "pairs", m.pairs});
+      pair_note = preference_note(m);
     }
     std::string lost_note;
     if (c_.training.count_lost_updates) {  // since the last logged step, every rank's elements
@@ -298,11 +309,11 @@ class Run {
       if (metrics_) {
         std::vector<MetricsWriter::Field> row{{"step", progress.step}, {"eval_loss", m.loss}};
         for (const auto& [name, value] : trl_metrics(m, "eval_")) row.push_back({name, value});
-        row.push_back({"eval_pairs", m.pairs});
+        row.push_back({m.kto ? "eval_examples" : "eval_pairs", m.pairs});
         metrics_->write(row);
       }
-      log::info("eval  step ", progress.step, " | eval_loss ", log::fixed(m.loss, 4), " | margin ",
-                log::fixed(m.margins, 4), " | accuracy ", log::fixed(m.accuracies, 3), " | ", m.pairs, " pairs");
+      log::info("eval  step ", progress.step, " | eval_loss ", log::fixed(m.loss, 4), preference_note(m), " | ",
+                m.pairs, m.kto ? " examples" : " pairs");
       return;
     }
     EvalResult e = evaluate(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, c_.training.eval_batches * B);

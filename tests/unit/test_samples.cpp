@@ -1277,3 +1277,84 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
       R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": [{"name": "f", "arguments": {"n": 1}}]}]})",
       false, stats));
 }
+
+// KTO's examples as TRL's KTOTrainer prepares its train dataset (tests/fixtures/make_trl_fixtures.py,
+// trl 1.16, per_device_train_batch_size 3): unpaired chats (with tools, a call, a result ending the
+// prompt) over Qwen2.5's and Llama 3.1's released templates, text with the eos_token, and pairs it
+// unpairs (the chosen completions first) over Qwen3's — in its order, each example's row = its
+// prompt_ids + completion_ids with the completion trained, its KL row = prompt_ids +
+// KL_completion_ids (each micro-batch's completions rotated by one), its label.
+TEST(Preference, KtoExamplesAsTrlsKtoTrainerPreparesThem) {
+  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("trl_tokenized_expected.json")));
+  int compared = 0;
+  for (const auto& [name, t] : fixture.at("kto").items()) {
+    SCOPED_TRACE(name);
+    const Tokenizer tok(test::fixture(t.at("tokenizer").get<std::string>()));
+    const ChatFormat f = chat_format(tok, ChatTemplate::automatic);
+    test::TempDir dir;
+    std::string lines;
+    for (const auto& l : t.at("lines")) lines += l.get<std::string>() + "\n";
+    test::write_text(dir / "kto.jsonl", lines);
+    SampleOptions o;
+    o.preference = true;
+    o.pair_tokenization.kto = true;
+    o.pair_tokenization.eos = tok.template_tokens() ? tok.template_tokens()->second : "";
+    const auto set = std::make_shared<const SampleSet>(SampleSet::from_jsonl(dir / "kto.jsonl", tok, f, o));
+    SampleSplit split;
+    for (int64_t r = 0; r < kto_records(*set); ++r) split.train.push_back(r);
+    const int64_t T = 1024;  // Llama 3.1's tools alone are ~450 tokens
+    KtoRows rows(set, split, T, T + 1, t.at("micro_batch").get<int64_t>());
+    const auto& want = t.at("rows");
+    ASSERT_EQ(rows.train_examples(), static_cast<int64_t>(want.size()));
+    for (size_t k = 0; k < want.size(); ++k) {
+      const auto prompt = want[k].at("prompt_ids").get<std::vector<int64_t>>();
+      const Batch b = rows.pair_batch({static_cast<int64_t>(k)});
+      EXPECT_EQ(b.labels[0].item<bool>(), want[k].at("label").get<bool>()) << "example " << k;
+      for (const auto& [row, key] : {std::pair{0, "completion_ids"}, std::pair{1, "KL_completion_ids"}}) {
+        std::vector<int64_t> ids = prompt;
+        for (int64_t id : want[k].at(key).get<std::vector<int64_t>>()) ids.push_back(id);
+        const auto n = static_cast<int64_t>(ids.size());
+        const at::Tensor in = b.inputs[row], tg = b.targets[row];
+        for (int64_t p = 0; p + 1 < n; ++p) {
+          ASSERT_EQ(in[p].item<int64_t>(), ids[static_cast<size_t>(p)]) << key << " example " << k << " at " << p;
+          const bool trained = p + 1 >= static_cast<int64_t>(prompt.size());
+          ASSERT_EQ(tg[p].item<int64_t>(), trained ? ids[static_cast<size_t>(p + 1)] : kIgnoreIndex)
+              << key << " example " << k << " at " << p;
+        }
+        EXPECT_EQ(tg.slice(0, n - 1).ne(kIgnoreIndex).sum().item<int64_t>(), 0) << key << " example " << k;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 29);
+}
+
+// KTO records ptrain refuses by name: no label, a label TRL would not read as a bool, a paired
+// record missing a side, strings mixed with message lists.
+TEST(Preference, KtoRecordsMissingTheirPartsAreRefusedByName) {
+  const PairTokenization how{false, "", "<|eot_id|>", true};
+  const auto refused = [&](const std::string& line, const std::string& says) {
+    try {
+      render_kto(tok(), format(), how, line);
+      ADD_FAILURE() << "rendered: " << line;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"prompt": "Q:", "completion": " a"})", "needs \"prompt\", \"completion\" and \"label\"");
+  refused(R"({"prompt": "Q:", "completion": " a", "label": 2})", "\"label\" must be true");
+  refused(R"({"prompt": "Q:", "completion": " a", "label": "yes"})", "\"label\" must be true");
+  refused(R"({"prompt": "Q:", "chosen": " a"})", "needs both \"chosen\" and \"rejected\"");
+  refused(R"({"prompt": "Q:", "completion": [{"role": "assistant", "content": "a"}], "label": true})",
+          "must both be strings or both message lists");
+  refused(R"({"prompt": "Q:", "completion": " a", "label": true, "score": 1})", "score");
+  // 1 and 0 are read as TRL reads them (torch.as_tensor(..., dtype=torch.bool))
+  EXPECT_TRUE(
+      render_kto(tok(), format(), how, R"({"prompt": "Q:", "completion": " a", "label": 1})").examples.at(0).desirable);
+  const KtoRecord r = render_kto(tok(), format(), how, R"({"prompt": "Q:", "completion": " a", "label": 0})");
+  EXPECT_FALSE(r.examples.at(0).desirable);
+  EXPECT_EQ(r.examples.at(0).sample.ids, tok().encode_with_special_tokens("Q: a<|eot_id|>"));
+  const auto& trained = r.examples.at(0).sample.trained;
+  EXPECT_EQ(std::count(trained.begin(), trained.end(), kUndesirable),
+            static_cast<long>(trained.size() - tok().encode_with_special_tokens("Q:").size()));
+}
