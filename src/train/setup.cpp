@@ -298,6 +298,19 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
   return SampleLoader(c, tok, format, o, comm, device).load(how);
 }
 
+// The end of a preference data report's length line: prompts that are no prefix of their
+// sequences, and records skipped.
+std::string preference_notes(const SampleStats& st) {
+  const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
+  return (st.prompt_diverged ? " | prompt not a prefix of prompt + completion (the completion starts where they part, "
+                               "as in TRL): " +
+                                   n(st.prompt_diverged)
+                             : std::string()) +
+         (st.skipped_bad
+              ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
+              : std::string());
+}
+
 // Preference pairs (training.objective dpo / simpo) as rows, and what the log says of them.
 RunData preference_pairs(const Config& c, const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o,
                          const std::shared_ptr<const SampleSet>& set, SampleSplit split, const std::string& how) {
@@ -321,17 +334,10 @@ RunData preference_pairs(const Config& c, const Tokenizer& tok, const ChatFormat
                      percent(static_cast<double>(set->total_trained()) /
                              static_cast<double>(std::max<int64_t>(1, set->total_ids() - set->size()))) +
                      " of the predicted tokens");
-  d.report.push_back(
-      "longer than max_length = " + std::to_string(o.max_ids) + " ids: " + n(st.truncated) + " pairs truncated, " +
-      n(st.dropped_too_long) +
-      " dropped (data.truncation) | prompt alone fills max_length: " + n(st.dropped_prompt_fills) + " pairs dropped" +
-      (st.prompt_diverged ? " | prompt not a prefix of prompt + completion (the completion starts where they part, "
-                            "as in TRL): " +
-                                n(st.prompt_diverged)
-                          : std::string()) +
-      (st.skipped_bad
-           ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
-           : std::string()));
+  d.report.push_back("longer than max_length = " + std::to_string(o.max_ids) + " ids: " + n(st.truncated) +
+                     " pairs truncated, " + n(st.dropped_too_long) +
+                     " dropped (data.truncation) | prompt alone fills max_length: " + n(st.dropped_prompt_fills) +
+                     " pairs dropped" + preference_notes(st));
   const RowFill tf = rows->train_fill(), vf = rows->val_fill();
   const int64_t T = c.data.seq_len;
   d.report.push_back("padding (one sequence per row, chosen and rejected): " + n(tf.rows) + " training rows of " +
@@ -368,17 +374,9 @@ RunData kto_examples(const Config& c, const Tokenizer& tok, const ChatFormat& fo
                      " tokens | KL completions: each "
                      "micro-batch's completions rotated by one (data.micro_batch_size = " +
                      std::to_string(c.data.micro_batch_size) + "), read in file order, unshuffled");
-  d.report.push_back(
-      "longer than max_length = " + std::to_string(o.max_ids) + " ids: " + n(rows->truncated()) +
-      " sequences (examples and KL sequences) truncated | prompt alone fills max_length: " +
-      n(rows->dropped_prompt_fills()) + " examples dropped" +
-      (st.prompt_diverged ? " | prompt not a prefix of prompt + completion (the completion starts where they part, "
-                            "as in TRL): " +
-                                n(st.prompt_diverged)
-                          : std::string()) +
-      (st.skipped_bad
-           ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
-           : std::string()));
+  d.report.push_back("longer than max_length = " + std::to_string(o.max_ids) + " ids: " + n(rows->truncated()) +
+                     " sequences (examples and KL sequences) truncated | prompt alone fills max_length: " +
+                     n(rows->dropped_prompt_fills()) + " examples dropped" + preference_notes(st));
   // TRL's advice where the labels are unbalanced (KTOTrainer._prepare_dataset, the KTO paper's
   // eq. 8): desirable_weight x desirable ~ undesirable_weight x undesirable, within 4:3
   const double good = static_cast<double>(std::max<int64_t>(rows->train_desirable(), 1));
