@@ -68,6 +68,12 @@ chat=(--config "$src/configs/tiny_chat_qlora.toml" --set model.hf_path="$src/tes
 expect 0 "samples: 40 \(train 38, validation 2\).*trained on" -- bash -c "'$bin' check ${chat[*]} 2>&1 | tr '\\n' ' '"
 expect 0 "packing: [0-9]+ training rows of 256 per epoch, [0-9.]+% filled" -- "$bin" check "${chat[@]}"
 expect 0 "trained tokens in [0-9]+ rows of 256" -- "$bin" eval "${chat[@]}" --data "$tmp/chats.jsonl"
+# KTO: a file mixing paired and unpaired records is refused naming both kinds (TRL reads one a dataset)
+{ echo '{"prompt": "Q:", "completion": " a", "label": true}'
+  echo '{"prompt": "Q:", "chosen": " a", "rejected": " b"}'; } > "$tmp/kto_mixed.jsonl"
+expect 2 "mixes paired records .* with unpaired ones" -- "$bin" check --config "$src/configs/tiny_dpo_qlora.toml" \
+  --set training.objective=kto --set preference.loss_type=kto --set data.path="$tmp/kto_mixed.jsonl" \
+  --set data.cache=false --set training.device=cpu
 expect 1 "chats.jsonl:1: a chat or prompt/completion record has a loss mask" -- "$bin" tokenize --tokenizer "$src/tests/fixtures/hf_chat" --in "$tmp/chats.jsonl" --out "$tmp/chats.bin"
 # The model directory's chat template decides how chats render: Llama 3.1's (dated system
 # header) is recognized, in tokenizer_config.json or chat_template.jinja; a template ptrain does

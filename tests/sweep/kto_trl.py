@@ -34,8 +34,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from preference_trl import (FIXTURES, LORA_TARGETS, MPI_ENV, SRC, make_adapter,  # noqa: E402
-                            make_ref_model, pairs)
+from preference_trl import (FIXTURES, LORA_TARGETS, make_adapter, make_ref_model, pairs,  # noqa: E402
+                            run_ptrain)
 
 STEPS, LR, RTOL = 10, 1e-3, 1e-5
 METRICS = ["loss", "kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
@@ -148,30 +148,7 @@ def ptrain_run(binary, model_dir, data, pref, lora, adapter, np, work):
     for k, v in pref.items():
         if k not in ("micro", "accum", "lr", "seq_len"):
             sets[f"preference.{k}"] = v
-    sections = {}
-    for k, v in sets.items():
-        section, key = k.split(".")
-        value = v if isinstance(v, (int, float)) or v in ("true", "false") or str(v).startswith("[") else json.dumps(v)
-        sections.setdefault(section, []).append(f"{key} = {value}")
-    config = os.path.join(work, f"ptrain_np{np}.toml")
-    with open(config, "w") as f:
-        f.write("".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items()))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [binary, "--config", config]
-    if np > 1:
-        env.update(MPI_ENV)
-        cmd = ["timeout", "300", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=SRC)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: ptrain np {np} -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        steps = [json.loads(line) for line in f if '"loss"' in line]
-    r = subprocess.run([binary, "eval", "--config", config, "--checkpoint",
-                        os.path.join(out, f"checkpoints/step_{STEPS}"), "--data", data, "--json"],
-                       capture_output=True, text=True, env=env, cwd=SRC)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: ptrain eval -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-    return steps, json.loads(r.stdout.strip().splitlines()[-1])
+    return run_ptrain(binary, sets, data, np, work, STEPS)
 
 
 def relative(m, x, y, record, beta, prefix=""):

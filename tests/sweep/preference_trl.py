@@ -349,6 +349,37 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
     return steps, evaluation
 
 
+def run_ptrain(binary, sets, data, np, work, last_step):
+    """ptrain trained with `sets` ({"section.key": value}) at np ranks: its metrics.jsonl step records,
+    and `ptrain eval --json` of its final checkpoint on `data` (TRL's evaluate() after training)."""
+    out = sets["run.output_dir"]
+    sections = {}
+    for k, v in sets.items():
+        section, key = k.split(".")
+        value = ("true" if v else "false") if isinstance(v, bool) else \
+            v if isinstance(v, (int, float)) or v in ("true", "false") or str(v).startswith("[") else json.dumps(v)
+        sections.setdefault(section, []).append(f"{key} = {value}")
+    config = os.path.join(work, f"ptrain_np{np}.toml")
+    with open(config, "w") as f:
+        f.write("".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items()))
+    cmd = [binary, "--config", config]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if np > 1:
+        env.update(MPI_ENV)
+        cmd = ["timeout", "300", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=SRC)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: ptrain np {np} -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if '"loss"' in line]
+    # `ptrain eval` of the final checkpoint on the same pairs: TRL's evaluate() after training
+    r = subprocess.run([binary, "eval", "--config", config, "--checkpoint", os.path.join(out, f"checkpoints/step_{last_step}"),
+                        "--data", data, "--json"], capture_output=True, text=True, env=env, cwd=SRC)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: ptrain eval -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return records, json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work, data_format="jsonl"):
     """ptrain's metrics.jsonl step records, and `ptrain eval` of the final checkpoint."""
     out = os.path.join(work, f"ptrain_np{np}")
@@ -372,31 +403,7 @@ def ptrain_run(binary, model_dir, data, objective, pref, lora, adapter, np, work
     for k, v in pref.items():
         if k not in ("accum", "seq_len", "lr", "rtol"):
             sets[f"preference.{k}"] = v
-    sections = {}
-    for k, v in sets.items():
-        section, key = k.split(".")
-        value = ("true" if v else "false") if isinstance(v, bool) else \
-            v if isinstance(v, (int, float)) or v in ("true", "false") or str(v).startswith("[") else json.dumps(v)
-        sections.setdefault(section, []).append(f"{key} = {value}")
-    config = os.path.join(work, f"ptrain_np{np}.toml")
-    with open(config, "w") as f:
-        f.write("".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items()))
-    cmd = [binary, "--config", config]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if np > 1:
-        env.update(MPI_ENV)
-        cmd = ["timeout", "300", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=SRC)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: ptrain np {np} -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        steps = [json.loads(line) for line in f if '"loss"' in line]
-    # `ptrain eval` of the final checkpoint on the same pairs: TRL's evaluate() after training
-    r = subprocess.run([binary, "eval", "--config", config, "--checkpoint", os.path.join(out, f"checkpoints/step_{STEPS}"),
-                        "--data", data, "--json"], capture_output=True, text=True, env=env, cwd=SRC)
-    if r.returncode != 0:
-        sys.exit(f"FAIL: ptrain eval -> rc {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-    return steps, json.loads(r.stdout.strip().splitlines()[-1])
+    return run_ptrain(binary, sets, data, np, work, STEPS)
 
 
 def floor_of(m, record, beta, prefix=""):
