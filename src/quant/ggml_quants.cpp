@@ -213,6 +213,13 @@ void iq2_xxs(const uint8_t* b, float* y) {
   }
 }
 
+// IQ2_XS / IQ2_S: the scale of grid point k (of 32) — 4 bits per two points, two to a byte —
+// d * (0.5 + scale) * 0.25.
+float iq2_scale(float d, const uint8_t* scales, int k) {
+  const int sc = (scales[k / 4] >> (4 * (k / 2 % 2))) & 0x0F;
+  return d * (0.5f + static_cast<float>(sc)) * 0.25f;
+}
+
 // IQ2_XS: 32 uint16 (a 9-bit grid index, a 7-bit sign index) and 16 4-bit scales, one per 16 elements.
 void iq2_xs(const uint8_t* b, float* y) {
   const float d = half_at(b);
@@ -220,8 +227,7 @@ void iq2_xs(const uint8_t* b, float* y) {
   for (int k = 0; k < kQKK / 8; ++k) {
     uint16_t q;
     std::memcpy(&q, b + 2 + 2 * k, 2);
-    const int sc = (scales[k / 4] >> (4 * (k / 2 % 2))) & 0x0F;
-    const float db = d * (0.5f + static_cast<float>(sc)) * 0.25f;
+    const float db = iq2_scale(d, scales, k);
     const uint16_t w = kIq2xsGrid[q & 511];
     const uint8_t s = ksigns(q >> 9);
     for (int j = 0; j < 8; ++j) y[k * 8 + j] = db * level(kIq2xsLevels, kIq2xsBits, w, j) * sign_of(s, j);
@@ -237,8 +243,7 @@ void iq2_s(const uint8_t* b, float* y) {
   const uint8_t* qh = signs + kQKK / 8;
   const uint8_t* scales = qh + kQKK / 32;
   for (int k = 0; k < kQKK / 8; ++k) {
-    const int sc = (scales[k / 4] >> (4 * (k / 2 % 2))) & 0x0F;
-    const float db = d * (0.5f + static_cast<float>(sc)) * 0.25f;
+    const float db = iq2_scale(d, scales, k);
     const uint16_t w = kIq2sGrid[qs[k] | (((qh[k / 4] >> (2 * (k % 4))) & 3) << 8)];
     for (int j = 0; j < 8; ++j) y[k * 8 + j] = db * level(kIq2sLevels, kIq2sBits, w, j) * sign_of(signs[k], j);
   }
