@@ -72,7 +72,8 @@ expect 0 "trained tokens in [0-9]+ rows of 256" -- "$bin" eval "${chat[@]}" --da
 { echo '{"prompt": "Q:", "completion": " a", "label": true}'
   echo '{"prompt": "Q:", "chosen": " a", "rejected": " b"}'; } > "$tmp/kto_mixed.jsonl"
 expect 2 "mixes paired records .* with unpaired ones" -- "$bin" check --config "$src/configs/tiny_dpo_qlora.toml" \
-  --set training.objective=kto --set preference.loss_type=kto --set data.path="$tmp/kto_mixed.jsonl" \
+  --set model.hf_path="$src/tests/fixtures/hf_chat" --set training.objective=kto --set preference.loss_type=kto \
+  --set data.path="$tmp/kto_mixed.jsonl" \
   --set data.cache=false --set training.device=cpu
 expect 1 "chats.jsonl:1: a chat or prompt/completion record has a loss mask" -- "$bin" tokenize --tokenizer "$src/tests/fixtures/hf_chat" --in "$tmp/chats.jsonl" --out "$tmp/chats.bin"
 # The model directory's chat template decides how chats render: Llama 3.1's (dated system
