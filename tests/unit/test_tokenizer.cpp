@@ -450,7 +450,8 @@ TEST(Tokenizer, FilesTokenizeInChunksExactlyAndJsonlNamesBadLines) {
 // remote code, unknown keys, seeded combinations; the legacy special_tokens_map.json and
 // added_tokens.json, which count only without added_tokens_decoder). Each is read exactly as transformers reads it
 // — the same ids for every text, the same decoded text, the same special tokens — or refused
-// naming its file; what transformers refuses ptrain refuses; the releases are read.
+// naming its file; what transformers refuses ptrain refuses; the releases are read, and so are
+// named special tokens with other flags than tokenizer.json's that transformers swaps for its own.
 TEST(Tokenizer, ModelDirectoriesAreReadAsTransformersReadsThemOrRefused) {
   namespace fs = std::filesystem;
   const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("tokenizer_dir_variants.json")));
@@ -485,6 +486,8 @@ TEST(Tokenizer, ModelDirectoriesAreReadAsTransformersReadsThemOrRefused) {
       const std::string n = v.at("name").get<std::string>();
       EXPECT_FALSE(n == "release" || n == "no tokenizer_config.json" || n == "no config.json" || n == "neither")
           << name << ": a release-shaped directory is refused: " << why;
+      EXPECT_FALSE(v.value("read", false)) << name << ": transformers swaps the named token for the one it holds, "
+                                           << "yet ptrain refuses it: " << why;
       continue;
     }
     const std::string cls = v.at("class").get<std::string>();
