@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -653,6 +654,41 @@ std::function<void(const std::string&)> Tokenizer::Impl::failer() const {
   return [this](const std::string& what) { fail(what); };
 }
 
+namespace {
+
+// No tokenizer.json: what the directory holds instead, named, and how to get one. transformers
+// converts a SentencePiece or tiktoken tokenizer.model (with sentencepiece / tiktoken installed)
+// and a Tekken tekken.json (with mistral-common); ptrain reads the tokenizer.json it saves.
+[[noreturn]] void refuse_missing(const std::string& path_in, bool dir) {
+  const fs::path json_path = dir ? fs::path(path_in) / "tokenizer.json" : fs::path(path_in);
+  const std::string hint =
+      "ptrain reads tokenizer.json: save one with transformers, "
+      "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)";
+  if (dir && fs::is_regular_file(fs::path(path_in) / "tokenizer.model")) {
+    std::ifstream in(fs::path(path_in) / "tokenizer.model", std::ios::binary);
+    std::string head(64, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<size_t>(in.gcount()));
+    // tiktoken's format: one "<base64 token> <rank>" per line, as Meta's original Llama 3 release.
+    const bool tiktoken =
+        !head.empty() &&
+        head.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/= \n") ==
+            std::string::npos;
+    throw RuntimeError(
+        "no tokenizer file '" + json_path.string() + "': the directory holds tokenizer.model, " +
+        (tiktoken ? "a tiktoken BPE file (as Meta's original Llama 3 checkpoints ship it, without the special tokens "
+                    "the HF release's tokenizer.json holds; use that release's tokenizer.json)"
+                  : "a SentencePiece model; " + hint));
+  }
+  if (dir && fs::is_regular_file(fs::path(path_in) / "tekken.json"))
+    throw RuntimeError(
+        "no tokenizer file '" + json_path.string() +
+        "': the directory holds Mistral's tekken.json, which transformers reads through mistral-common; " + hint);
+  throw RuntimeError("no tokenizer file '" + json_path.string() + "' (pass a tokenizer.json or an HF model directory)");
+}
+
+}  // namespace
+
 json Tokenizer::Impl::open(const std::string& path_in) {
   const bool dir = fs::is_directory(path_in);
   path = dir ? (fs::path(path_in) / "tokenizer.json").string() : path_in;
@@ -669,8 +705,7 @@ json Tokenizer::Impl::open(const std::string& path_in) {
     source_bytes = g.header_bytes;
     return j;
   }
-  if (!fs::is_regular_file(path))
-    throw RuntimeError("no tokenizer file '" + path + "' (pass a tokenizer.json or an HF model directory)");
+  if (!fs::is_regular_file(path)) refuse_missing(path_in, dir);
   const std::string text = read_text_file(path);
   json j;
   try {

@@ -272,6 +272,21 @@ TEST(Tokenizer, RefusesWhatItCannotReadNamingIt) {
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("no tokenizer file"), std::string::npos) << e.what();
   }
+  // A directory holding another tokenizer file and no tokenizer.json: the file named, with the way on.
+  const auto refused_dir = [&](const std::string& file, const std::string& content, const std::string& needle) {
+    test::TempDir d;
+    test::write_text((d.path / file).string(), content);
+    try {
+      Tokenizer t(d.path.string());
+      ADD_FAILURE() << "accepted a directory holding only " << file;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused_dir("tokenizer.model", "IQ== 0\nIg== 1\nIw== 2\n", "tokenizer.model, a tiktoken BPE file");
+  refused_dir("tokenizer.model", std::string("\x0a\x0b\x0a\x05<unk>\x15\0\0\0\0\x18\x02", 16),
+              "tokenizer.model, a SentencePiece model; ptrain reads tokenizer.json: save one with transformers");
+  refused_dir("tekken.json", "{}", "holds Mistral's tekken.json");
 }
 
 // The post-processor (what HF's encode(add_special_tokens=True) adds around one text, as
