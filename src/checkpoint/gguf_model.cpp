@@ -381,6 +381,19 @@ at::Tensor permute_qk_rows(const at::Tensor& w, int64_t heads, bool inverse) {
 GgufModel::GgufModel(const std::string& path, GgufReader reader)
     : file_(std::make_unique<GgufFile>(path)), config_(std::make_unique<json>()), reader_(reader) {
   std::set<std::string> read{"general.alignment"};  // the file's layout, which the reader applies
+  if (const int64_t parts = file_->split_count(); parts > 1) {
+    // A split model: llama.cpp reads every part; transformers' loader this file alone, leaving the
+    // other parts' weights at their random initialization.
+    if (reader == GgufReader::transformers && file_->split_no() == 0)
+      throw UnsupportedInput(
+          path + ": the first of " + std::to_string(parts) + " parts of a split model (llama.cpp's gguf-split, " +
+          "split.count = " + std::to_string(parts) + "), holding " + std::to_string(file_->tensors().size()) +
+          " of its tensors: transformers' GGUF loader reads this file alone and leaves the other parts' weights " +
+          "at random, llama.cpp reads every part; set model.gguf_reader = \"llama.cpp\" to read them all, or " +
+          "merge the parts into one file (llama.cpp's llama-gguf-split --merge)");
+    file_->add_split_parts();
+    read.insert({"split.no", "split.count", "split.tensors.count"});
+  }
   *config_ = transformers_config(*file_, read);
   const std::string as_read =
       path + (reader == GgufReader::llama_cpp ? " (its metadata as llama.cpp reads it)"

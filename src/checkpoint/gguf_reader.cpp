@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -167,7 +168,8 @@ std::string GgufMeta::type_name() const {
 
 std::string GgufTensorInfo::type_name() const { return ggml_any_type_name(type); }
 
-GgufFile::GgufFile(const std::string& path) : path_(path), file_(std::make_unique<MappedFile>(path)) {
+GgufFile::GgufFile(const std::string& path)
+    : path_(path), file_(std::make_unique<MappedFile>(path)), part_paths_{path} {
   Cursor c(path_, file_->data(), file_->size());
   if (file_->size() < 8 || c.get<uint32_t>("the magic") != kGgufMagic)
     throw RuntimeError("GGUF file " + path_ + ": not a GGUF file (it does not start with \"GGUF\")");
@@ -320,7 +322,79 @@ const GgufTensorInfo* GgufFile::tensor(const std::string& name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
-const uint8_t* GgufFile::data(const GgufTensorInfo& t) const { return file_->data() + t.offset; }
+const uint8_t* GgufFile::data(const GgufTensorInfo& t) const {
+  return (t.part == 0 ? *file_ : *parts_.at(t.part - 1)->file_).data() + t.offset;
+}
+
+namespace {
+
+// A split key as llama.cpp reads it (a u16 there; any integer type here), `fallback` when absent.
+int64_t split_key(const GgufFile& f, const std::string& key, int64_t fallback) {
+  const auto v = f.integer(key);
+  if (!v) return fallback;
+  if (*v < 0 || *v > 65535)
+    throw RuntimeError("GGUF file " + f.path() + ": " + key + " = " + std::to_string(*v) +
+                       " is outside [0, 65535] (llama.cpp reads it as a u16)");
+  return *v;
+}
+
+// llama.cpp's name of a split model's part `no` (from 0) of `count`: PREFIX-0000K-of-0000N.gguf.
+std::string split_postfix(int64_t no, int64_t count) {
+  char postfix[32];
+  std::snprintf(postfix, sizeof postfix, "-%05d-of-%05d.gguf", static_cast<int>(no + 1), static_cast<int>(count));
+  return postfix;
+}
+
+}  // namespace
+
+int64_t GgufFile::split_no() const { return split_key(*this, "split.no", 0); }
+int64_t GgufFile::split_count() const { return std::max<int64_t>(split_key(*this, "split.count", 1), 1); }
+
+void GgufFile::add_split_parts() {
+  const int64_t count = split_count();
+  if (count <= 1 || !parts_.empty()) return;
+  if (const int64_t no = split_no(); no != 0) {
+    const std::string own = split_postfix(no, count);
+    const std::string first = path_.ends_with(own)
+                                  ? path_.substr(0, path_.size() - own.size()) + split_postfix(0, count)
+                                  : "PREFIX" + split_postfix(0, count);
+    throw RuntimeError("GGUF file " + path_ + ": part " + std::to_string(no + 1) + " of " + std::to_string(count) +
+                       " of a split model; name its first part, " + first + ", from which llama.cpp finds the others");
+  }
+  const std::string first = split_postfix(0, count);
+  if (path_.size() <= first.size() || !path_.ends_with(first))
+    throw RuntimeError("GGUF file " + path_ + ": the first of " + std::to_string(count) +
+                       " parts of a split model, not named PREFIX" + first +
+                       " as llama.cpp names the parts and finds them by (rename the parts so)");
+  const std::string prefix = path_.substr(0, path_.size() - first.size());
+  for (int64_t no = 1; no < count; ++no) {
+    const std::string name = prefix + split_postfix(no, count);
+    if (!std::filesystem::is_regular_file(name))
+      throw RuntimeError("GGUF file " + path_ + ": part " + std::to_string(no + 1) + " of " + std::to_string(count) +
+                         " of this split model, " + name + ", is missing");
+    auto part = std::make_unique<GgufFile>(name);
+    if (!part->find("split.no") || part->split_no() != no)
+      throw RuntimeError("GGUF file " + name + ": split.no is " +
+                         (part->find("split.no") ? std::to_string(part->split_no()) : std::string("missing")) +
+                         ", not " + std::to_string(no) + ": it is not part " + std::to_string(no + 1) + " of " + path_ +
+                         "'s model");
+    for (GgufTensorInfo t : part->tensors()) {
+      if (tensor_index_.count(t.name))
+        throw RuntimeError("GGUF file " + name + ": tensor " + t.name + " is also in " +
+                           part_paths_[tensors_[tensor_index_[t.name]].part]);
+      t.part = static_cast<uint32_t>(parts_.size() + 1);
+      tensor_index_[t.name] = tensors_.size();
+      tensors_.push_back(std::move(t));
+    }
+    part_paths_.push_back(name);
+    parts_.push_back(std::move(part));
+  }
+  const auto expected = integer("split.tensors.count");
+  if (!expected || *expected != static_cast<int64_t>(tensors_.size()))
+    throw RuntimeError("GGUF file " + path_ + ": split.tensors.count is " +
+                       (expected ? std::to_string(*expected) : std::string("missing")) + " but its " +
+                       std::to_string(count) + " parts hold " + std::to_string(tensors_.size()) + " tensors");
+}
 
 at::Tensor GgufFile::dequantize(const GgufTensorInfo& t) const {
   const GgmlTypeInfo* info = ggml_type_info(t.type);
@@ -351,6 +425,14 @@ std::string gguf_file_at(const std::string& path, const std::string& absent, con
   for (const auto& e : fs::directory_iterator(p))
     if (e.is_regular_file() && e.path().extension() == ".gguf") found.push_back(e.path().string());
   std::sort(found.begin(), found.end());
+  // The parts of one split model, named as llama.cpp names them: the first, which names the rest.
+  if (found.size() > 1 && found.front().ends_with(split_postfix(0, static_cast<int64_t>(found.size())))) {
+    const std::string prefix = found.front().substr(0, found.front().size() - split_postfix(0, 1).size());
+    bool parts = true;
+    for (size_t i = 0; i < found.size(); ++i)
+      parts = parts && found[i] == prefix + split_postfix(static_cast<int64_t>(i), static_cast<int64_t>(found.size()));
+    if (parts) return found.front();
+  }
   if (found.size() > 1) {
     std::string names;
     for (const auto& n : found) names += "\n  " + n;

@@ -56,6 +56,7 @@ struct GgufTensorInfo {
   int64_t numel = 0;
   uint64_t offset = 0;  // from the start of the file
   int64_t bytes = 0;
+  uint32_t part = 0;              // the file of a split model that holds it (0: the one opened)
   std::string type_name() const;  // ggml's name ("Q4_K"), or "type N"
 };
 
@@ -85,6 +86,16 @@ class GgufFile {
   const std::vector<int64_t>* integers(const std::string& key) const;     // array of integers
   const std::vector<double>* numbers(const std::string& key) const;       // array of floats
 
+  // A split model (llama.cpp's gguf-split: `split.count` files PREFIX-0000K-of-0000N.gguf, the
+  // metadata in the first, `split.no` numbering them from 0): this file's number and the count,
+  // (0, 1) for a whole file. add_split_parts() opens the other parts, found by llama.cpp's names,
+  // and adds their tensors as llama.cpp loads them (this must be the first; each part's split.no its
+  // own; no tensor twice; split.tensors.count in all) — RuntimeError naming the part otherwise.
+  int64_t split_no() const;
+  int64_t split_count() const;
+  void add_split_parts();
+  const std::vector<std::string>& part_paths() const { return part_paths_; }  // this file's, then the others
+
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* tensor(const std::string& name) const;
   // The tensor as float32 in its PyTorch shape; RuntimeError naming the tensor and its type when
@@ -102,6 +113,8 @@ class GgufFile {
   std::map<std::string, size_t> kv_index_;
   std::vector<GgufTensorInfo> tensors_;
   std::map<std::string, size_t> tensor_index_;
+  std::vector<std::unique_ptr<GgufFile>> parts_;  // a split model's other files
+  std::vector<std::string> part_paths_;
 };
 
 // The GGUF file `path` names: `path` itself when it is a file ending in ".gguf" or starting with

@@ -31,7 +31,9 @@ For every file:
      experts, each of the scales, soft-caps and clamps), a layer count past every model, a Llama
      named "mistral" (transformers builds Mistral, then fails; llama.cpp runs Llama), an
      architecture ptrain does not read, a tensor type it does not dequantize, a tensor left over or
-     missing, per-layer head counts, a directory of two GGUF files; and chat data over a GGUF base
+     missing, per-layer head counts, a directory of two GGUF files, a split model's first part as
+     transformers reads it, another part, a part missing (with model.gguf_reader = "llama.cpp" the
+     parts gguf-py splits a file into read as the whole file); and chat data over a GGUF base
      without data.tokenizer checks with the file's tokenizer and chat template.
 
 Usage: gguf_import.py PTRAIN_BINARY SOURCE_DIR WORK_DIR
@@ -150,13 +152,15 @@ def close(a, b, tol=2e-5):
     return abs(a - b) <= tol * max(1.0, abs(b))
 
 
-def requantize(src, dst, type_of=lambda name, i: None, meta=None, drop=(), extra=None, arch=None):
+def requantize(src, dst, type_of=lambda name, i: None, meta=None, drop=(), extra=None, arch=None, split=0):
     """`src` (a GGUF file) rewritten by gguf-py: the i-th 2-D tensor re-encoded as type_of(name, i)
     says (None: as stored), metadata `meta` {key: (value, type, subtype)} set, tensors `drop` left out,
-    `extra` {name: (raw, type)} added."""
+    `extra` {name: (raw, type)} added; `split` > 0: in parts of that many tensors (gguf-py's
+    split_max_tensors, as llama.cpp's converter and gguf-split write a split model), the first
+    part's path returned."""
     r = gguf.GGUFReader(src)
     arch = arch or r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch=arch)
+    w = gguf.GGUFWriter(dst, arch=arch, split_max_tensors=split)
     for key, field in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in (meta or {}):
             continue
@@ -188,6 +192,9 @@ def requantize(src, dst, type_of=lambda name, i: None, meta=None, drop=(), extra
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split:
+        parts = sorted(f for f in os.listdir(os.path.dirname(dst)) if f.startswith(os.path.basename(dst)[:-5] + "-"))
+        return os.path.join(os.path.dirname(dst), parts[0])
     return dst
 
 
@@ -375,6 +382,28 @@ def main():
     def refusal(name, message, what, model_keys="", **kw):
         expect_refusal(binary, config(work, "bad_" + name, requantize(base, os.path.join(bad, name + ".gguf"), **kw),
                                       model_keys=model_keys), message, what)
+
+    # A split model (gguf-py's parts of 5 tensors): read from its first part as llama.cpp reads it,
+    # = the whole file; transformers' loader reads the first part alone (the rest left at random):
+    # refused that way; another part, or a part missing, refused naming the part.
+    split_dir = os.path.join(work, "split")
+    os.makedirs(split_dir)
+    first = requantize(base, os.path.join(split_dir, "llama.gguf"), split=5)
+    parts = sorted(os.listdir(split_dir))
+    got = ptrain_eval(binary, config(work, "split_llama_cpp", first, model_keys=llama_cpp), f"{work}/eval.bin")
+    want = ptrain_eval(binary, config(work, "whole_llama_cpp", base, model_keys=llama_cpp), f"{work}/eval.bin")
+    check(len(parts) > 2 and got == want, f"a split model in {len(parts)} parts, model.gguf_reader = \"llama.cpp\": "
+          f"ptrain eval {got:.7f} = the whole file's {want:.7f}")
+    got = ptrain_eval(binary, config(work, "split_dir", split_dir, model_keys=llama_cpp), f"{work}/eval.bin")
+    check(got == want, f"a directory holding the parts names the first: {got:.7f}")
+    expect_refusal(binary, config(work, "split_transformers", first), "the first of " + str(len(parts)) +
+                   " parts of a split model", "a split model's first part, as transformers' loader reads it")
+    expect_refusal(binary, config(work, "split_second", os.path.join(split_dir, parts[1]), model_keys=llama_cpp),
+                   "part 2 of " + str(len(parts)) + " of a split model; name its first part, " + first,
+                   "a split model's second part")
+    os.remove(os.path.join(split_dir, parts[-1]))
+    expect_refusal(binary, config(work, "split_missing", first, model_keys=llama_cpp),
+                   os.path.join(split_dir, parts[-1]) + ", is missing", "a split model with a part missing")
 
     refusal("gemma", 'general.architecture "gemma"', "an architecture ptrain does not read", arch="gemma")
     # Q8_1 (two blocks of 32 a row): ggml's dot-product intermediate, which gguf-py cannot dequantize

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -234,4 +236,85 @@ TEST(GgufReader, CorruptFieldsAreRefusedByName) {
   twice.header(3, 2, 0);
   for (int i = 0; i < 2; ++i) twice.str("t").put<uint32_t>(1).put<uint64_t>(8).put<uint32_t>(0).put<uint64_t>(0);
   expect(twice.pad().b, "tensor t appears twice");
+}
+
+// A split model as llama.cpp's gguf-split writes it (split.no / split.count in every part,
+// split.tensors.count in the first, the parts named PREFIX-0000K-of-0000N.gguf): read from its
+// first part as llama.cpp's model loader reads it — every part's tensors, found by those names —,
+// and each way the parts can disagree refused naming the part (sweep.gguf_import reads parts
+// gguf-py's writer splits, with model.gguf_reader = "llama.cpp").
+TEST(GgufReader, ASplitModelIsReadFromItsFirstPartAsLlamaCppReadsIt) {
+  namespace fs = std::filesystem;
+  at::manual_seed(5);
+  const std::vector<at::Tensor> values{at::randn({4, 32}), at::randn({3}), at::randn({2, 32}), at::randn({5})};
+  const std::vector<std::string> names{"a", "b", "c", "d"};
+  // What a test changes: each part's split.no, the count of tensors the first declares, a tensor
+  // the last part holds again.
+  struct Parts {
+    std::vector<uint32_t> no{0, 1, 2};
+    int32_t tensors = 4;
+    bool repeat = false;
+  };
+  // Writes the parts into `dir` as m-0000K-of-00003.gguf; returns the first's path.
+  auto write = [&](const fs::path& dir, const Parts& parts) {
+    const std::vector<std::vector<int>> held{{0, 1}, {2}, parts.repeat ? std::vector<int>{3, 0} : std::vector<int>{3}};
+    for (int p = 0; p < 3; ++p) {
+      GgufWriter w;
+      if (p == 0) w.add("general.architecture", std::string("llama"));
+      w.add("split.no", parts.no[p]);
+      w.add("split.count", uint32_t(3));
+      if (p == 0) w.add("split.tensors.count", parts.tensors);
+      for (int i : held[p])
+        w.add_tensor(names[i], values[i].sizes().vec(), GgmlType::f32, [&, i] { return values[i]; });
+      char name[32];
+      std::snprintf(name, sizeof name, "m-%05d-of-00003.gguf", p + 1);
+      w.write((dir / name).string());
+    }
+    return (dir / "m-00001-of-00003.gguf").string();
+  };
+  // The message reading `first` and its parts gives, or "" when it reads them.
+  auto refusal = [](const std::string& first) -> std::string {
+    try {
+      GgufFile f(first);
+      f.add_split_parts();
+    } catch (const RuntimeError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  {
+    test::TempDir dir;
+    const std::string first = write(dir.path, {});
+    GgufFile f(first);
+    EXPECT_EQ(f.split_no(), 0);
+    EXPECT_EQ(f.split_count(), 3);
+    EXPECT_EQ(f.tensors().size(), 2u);  // this file's, until the parts are added
+    f.add_split_parts();
+    ASSERT_EQ(f.tensors().size(), 4u);
+    for (size_t i = 0; i < names.size(); ++i)
+      EXPECT_TRUE(at::equal(f.dequantize(*f.tensor(names[i])), values[i])) << names[i];
+    const std::vector<std::string> paths{first, (dir.path / "m-00002-of-00003.gguf").string(),
+                                         (dir.path / "m-00003-of-00003.gguf").string()};
+    EXPECT_EQ(f.part_paths(), paths);
+    // A directory holding just the parts names its first.
+    EXPECT_EQ(gguf_file_at(dir.path.string(), "config.json", "model.hf_path"), first);
+    // Another part opened first is refused naming the first.
+    EXPECT_NE(refusal(paths[1]).find("part 2 of 3 of a split model; name its first part, " + first), std::string::npos)
+        << refusal(paths[1]);
+    fs::remove(paths[2]);
+    EXPECT_NE(refusal(first).find("part 3 of 3 of this split model, " + paths[2] + ", is missing"), std::string::npos)
+        << refusal(first);
+  }
+  auto expect = [&](const Parts& parts, const std::string& says, const std::string& rename = "") {
+    test::TempDir dir;
+    std::string first = write(dir.path, parts);
+    if (!rename.empty()) fs::rename(first, dir.path / rename), first = (dir.path / rename).string();
+    const std::string why = refusal(first);
+    EXPECT_NE(why.find(says), std::string::npos) << "wanted \"" << says << "\", got \"" << why << "\"";
+  };
+  expect({}, "the first of 3 parts of a split model, not named PREFIX-00001-of-00003.gguf", "m.gguf");
+  expect({.no = {0, 1, 1}}, "split.no is 1, not 2: it is not part 3 of");
+  expect({.tensors = 5}, "split.tensors.count is 5 but its 3 parts hold 4 tensors");
+  expect({.repeat = true}, "m-00003-of-00003.gguf: tensor a is also in ");
+  expect({.no = {0, 70000, 2}}, "split.no = 70000 is outside [0, 65535]");
 }
