@@ -13,6 +13,10 @@ presets — IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S — need an importance matrix, 
 cannot be given from Python; their block formats are checked against gguf-py by GgufReader.* and
 sweep.gguf_import on random blocks.)
 
+Then the Llama Q4_K_M file split into parts (gguf-py, as llama.cpp's gguf-split writes them):
+llama.cpp's logits from the first part = from the whole file, and `ptrain eval` of the first part
+with model.gguf_reader = "llama.cpp" = of the whole file.
+
 Usage: bench/gguf_llamacpp_quants.py PTRAIN_BINARY WORK_DIR [--wheel FILE.whl]
 Prints a table, one row per file: the types it holds, ptrain's and transformers' loss, their
 relative difference; exits 1 where one differs by more than 2e-5.
@@ -95,7 +99,47 @@ def main():
             print(f"| {name} | {preset} | {', '.join(types)} | {got:.6f} | {want:.6f} | {rel:.1e} |", flush=True)
     print(f"\n{read} files, largest relative difference {worst:.1e}"
           + (f"; differ: {', '.join(bad)}" if bad else ""))
+    if not split_model(llama_cpp, a, os.path.join(a.work, "llama_Q4_K_M", "llama.Q4_K_M.gguf")):
+        bad.append("split")
     sys.exit(1 if bad else 0)
+
+
+def split_model(llama_cpp, a, path):
+    """`path` split by gguf-py into parts of 8 tensors, its blocks copied as stored (as llama.cpp's
+    gguf-split and its converter's --split-max-tensors write a split model): llama.cpp's logits from
+    the first part = from the whole file, and `ptrain eval` with model.gguf_reader = "llama.cpp"
+    of the first part = of the whole file."""
+    d = os.path.join(a.work, "split")
+    os.makedirs(d, exist_ok=True)
+    r = gguf.GGUFReader(path)
+    w = gguf.GGUFWriter(os.path.join(d, "llama.gguf"), arch=r.fields["general.architecture"].contents(),
+                        split_max_tensors=8)
+    for key, field in r.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=field.types[-1] if len(field.types) > 1 else None)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    parts = sorted(os.listdir(d))
+    first = os.path.join(d, parts[0])
+    prompt = list(range(5, 28))
+    logits = []
+    for p in (path, first):
+        llm = llama_cpp.Llama(model_path=p, n_ctx=64, logits_all=True, n_threads=2, verbose=False)
+        llm.eval(prompt)
+        logits.append(torch.tensor(llm.scores[: len(prompt)]))
+        del llm
+    keys = 'gguf_reader = "llama.cpp"\n'
+    got = ptrain_eval(a.binary, config(a.work, "split_first", first, model_keys=keys), f"{a.work}/eval.bin")
+    whole = ptrain_eval(a.binary, config(a.work, "split_whole", path, model_keys=keys), f"{a.work}/eval.bin")
+    same = torch.equal(logits[0], logits[1]) and got == whole
+    print(f"\nsplit model ({os.path.basename(path)} in {len(parts)} parts of 8 tensors, gguf-py): llama.cpp's logits "
+          f"{'=' if torch.equal(logits[0], logits[1]) else '!='} the whole file's; ptrain eval, model.gguf_reader = "
+          f"\"llama.cpp\": {got:.7f} {'=' if got == whole else '!='} the whole file's {whole:.7f}")
+    return same
 
 
 if __name__ == "__main__":
