@@ -70,6 +70,7 @@ const std::vector<ConfigKey>& config_keys() {
       {"hidden_act", KeyUse::read},
       {"attention_dropout", KeyUse::read},
       {"pad_token_id", KeyUse::read},
+      {"transformers_weights", KeyUse::read},  // the weight file from_pretrained loads (HfCheckpoint)
       {"quantization_config", KeyUse::read},
       {"attention_bias", KeyUse::read, {F::llama, F::qwen3}},
       {"mlp_bias", KeyUse::read, {F::llama}},
@@ -137,7 +138,7 @@ bool neutral(const std::string& key, const json& v) {
 // max_position_embeddings; the family's own list: derive it).
 bool nullable(const FamilyTraits& f, const std::string& key) {
   return key == "rope_parameters" || key == "rope_scaling" || key == "architectures" || key == "pad_token_id" ||
-         key == "original_max_position_embeddings" ||
+         key == "original_max_position_embeddings" || key == "transformers_weights" ||
          std::find(f.nullable_keys.begin(), f.nullable_keys.end(), key) != f.nullable_keys.end();
 }
 
@@ -497,9 +498,44 @@ void write_hf_config(const std::string& dir, const LlamaShape& s) {
   write_file_atomic((fs::path(dir) / "config.json").string(), c.dump(2) + "\n");
 }
 
-HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+namespace {
+
+// The weight file transformers' from_pretrained loads from `dir`: the one config.json names in
+// transformers_weights (a .safetensors file or a .safetensors.index.json inside the directory;
+// anything else refused, as transformers refuses it), else model.safetensors, else
+// model.safetensors.index.json — in that order. Whether it is an index.
+std::pair<fs::path, bool> weight_file(const std::string& dir) {
+  const fs::path config = fs::path(dir) / "config.json";
+  if (fs::is_regular_file(config)) {
+    const json c = read_json(config.string());
+    if (const auto it = c.find("transformers_weights"); it != c.end() && !it->is_null()) {
+      const std::string key = config.string() + ": transformers_weights = " + it->dump();
+      if (!it->is_string())
+        throw UnsupportedInput(key + ": transformers reads a file name there (or null), and fails on this");
+      const std::string name = it->get<std::string>();
+      const bool index = name.ends_with(".safetensors.index.json");
+      if (!index && !name.ends_with(".safetensors"))
+        throw UnsupportedInput(key + ": transformers loads the weight file named there, and ptrain reads " +
+                               "safetensors files and their indexes only (*.safetensors, *.safetensors.index.json)");
+      const fs::path rel = fs::path(name).lexically_normal();
+      if (rel.is_absolute() || rel.empty() || *rel.begin() == "..")
+        throw UnsupportedInput(key + ": not a file inside the model directory (transformers refuses it too)");
+      if (!fs::is_regular_file(fs::path(dir) / rel))
+        throw RuntimeError(key + ": the weight file named there is missing");
+      return {fs::path(dir) / rel, index};
+    }
+  }
   const fs::path single = fs::path(dir) / "model.safetensors";
+  if (fs::is_regular_file(single)) return {single, false};
+  return {fs::path(dir) / "model.safetensors.index.json", true};
+}
+
+}  // namespace
+
+HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
+  const auto [weights, is_index] = weight_file(dir);
+  const fs::path index = is_index ? weights : fs::path();
+  const fs::path single = is_index ? fs::path() : weights;
   auto open = [&](const std::string& file) {
     auto it = files_.find(file);
     if (it != files_.end()) return it->second;
@@ -508,7 +544,7 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
       throw RuntimeError("'" + dir + "': weight file '" + file + "' is missing (the shard index names it)");
     return files_[file] = std::make_shared<SafetensorsFile>(p.string());
   };
-  if (fs::is_regular_file(index)) {
+  if (!index.empty() && fs::is_regular_file(index)) {
     json j = read_json(index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw RuntimeError(index.string() + ": missing \"weight_map\"");
@@ -529,8 +565,8 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
           throw RuntimeError(index.string() + ": shard " + name + " holds tensor '" + e.name + "', which the index " +
                              (w == where_.end() ? "does not list" : "maps to another file"));
       }
-  } else if (fs::is_regular_file(single)) {
-    auto file = open("model.safetensors");
+  } else if (!single.empty()) {
+    auto file = files_[single.lexically_relative(dir).string()] = std::make_shared<SafetensorsFile>(single.string());
     for (const auto& e : file->entries()) where_[e.name] = file;
   } else {
     std::string others;

@@ -68,6 +68,46 @@ def shard(d):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
+def eval_loss(binary, work, model_dir):
+    cfg = f"{model_dir}.eval.toml"
+    with open(cfg, "w") as f:
+        f.write(f'[model]\nhf_path = "{model_dir}"\n[data]\npath = "{work}/train.bin"\nformat = "tokens"\n'
+                'seq_len = 16\n[training]\ndevice = "cpu"\n[precision]\nmode = "fp32"\n')
+    p = subprocess.run([binary, "eval", "--config", cfg, "--json"], capture_output=True, text=True, timeout=120)
+    return json.loads(p.stdout.strip().splitlines()[-1])["mean_loss"] if p.returncode == 0 else p.stdout + p.stderr
+
+
+def weight_file_choice(binary, fixtures, work):
+    """The weight file read is the one transformers' from_pretrained loads: config.json's
+    transformers_weights where it names one, else model.safetensors before an index — each beside
+    a decoy of zeroed weights, transformers' choice confirmed by loading the directory with it."""
+    from transformers import AutoModelForCausalLM
+    want = eval_loss(binary, work, f"{fixtures}/hf_odd")
+
+    def zeroed(path):
+        save_file({k: torch.zeros_like(v) for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+
+    named = f"{work}/weights_named"
+    shutil.copytree(f"{fixtures}/hf_odd", named)
+    os.rename(f"{named}/model.safetensors", f"{named}/renamed.safetensors")
+    shutil.copy(f"{named}/renamed.safetensors", f"{named}/model.safetensors")
+    zeroed(f"{named}/model.safetensors")
+    edit_config(named, transformers_weights="renamed.safetensors")
+    both = f"{work}/single_and_index"
+    shutil.copytree(f"{fixtures}/hf_odd", both)
+    shard(both)  # the shards (zeroed) and their index, then the whole model beside them
+    for f in os.listdir(both):
+        if f.startswith("model-0"):
+            zeroed(f"{both}/{f}")
+    shutil.copy(f"{fixtures}/hf_odd/model.safetensors", both)
+    for d, what in ((named, "transformers_weights names it"), (both, "model.safetensors beside an index")):
+        model = AutoModelForCausalLM.from_pretrained(d)
+        transformers_reads_it = bool(model.model.embed_tokens.weight.abs().sum() > 0)
+        got = eval_loss(binary, work, d)
+        check(transformers_reads_it and got == want, f"the weight file transformers loads is read ({what}): "
+              f"ptrain eval {got} = the fixture's {want}", f"transformers reads the real weights: {transformers_reads_it}")
+
+
 def main():
     binary, fixtures, work = (os.path.abspath(a) for a in sys.argv[1:4])
     shutil.rmtree(work, ignore_errors=True)
@@ -229,6 +269,16 @@ def main():
             json.dump(index, f)
     case("index_omits_a_tensor", "hf_mistral", unlisted, "which the index does not list")
     case("no_weights", "hf_odd", lambda d: os.remove(f"{d}/model.safetensors"), "neither model.safetensors")
+    # config.json's transformers_weights names the weight file from_pretrained loads
+    case("weights_named_bin", "hf_odd", lambda d: edit_config(d, transformers_weights="pytorch_model.bin"),
+         "transformers_weights", "reads safetensors files and their indexes only")
+    case("weights_named_outside", "hf_odd", lambda d: edit_config(d, transformers_weights="../x.safetensors"),
+         "not a file inside the model directory")
+    case("weights_named_missing", "hf_odd", lambda d: edit_config(d, transformers_weights="other.safetensors"),
+         "the weight file named there is missing")
+    case("weights_named_number", "hf_odd", lambda d: edit_config(d, transformers_weights=3),
+         "transformers reads a file name there")
+    weight_file_choice(binary, fixtures, work)
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
