@@ -158,6 +158,8 @@ def main():
          "truncate must be true or false")
     case("rope_extra", "hf_qwen3", lambda d: edit_config(d, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                                "mrope_section": [2, 2]}), "mrope_section")
+    # read by from_pretrained: module fusions it applies (an inference optimisation that changes outputs)
+    case("fusion", "hf_qwen2", lambda d: edit_config(d, fusion_config={"rms_norm": True}), '"fusion_config"')
     case("gelu", "hf_odd", lambda d: edit_config(d, hidden_act="gelu"), '"gelu"')
     case("attention_dropout", "hf_qwen2", lambda d: edit_config(d, attention_dropout=0.1), "attention_dropout")
     # both RoPE spellings: transformers would read rope_scaling and drop rope_parameters
