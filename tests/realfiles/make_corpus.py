@@ -36,6 +36,9 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
                        family's real tokenizer, saved by transformers 5.23; hf5-mistral-nemo: Mistral
                        Nemo's shape (head_dim wider than hidden_size / heads) with the Tekken tokenizer
   hf4-<family>         the same saved by transformers 4.57.6 (run from OUT/tf4, its own install)
+  hf5-qwen2-bf16-sharded, hf4-qwen2-bf16-sharded
+                       hf5-qwen2's model in bfloat16, saved in 1 MB shards with their index, as
+                       releases are, by transformers 5.23 and by 4.57.6
   hf5-llama-r1,        hf5-llama's and hf5-qwen2's model and tokenizer with the special tokens
   hf5-qwen2-r1         DeepSeek-R1's distilled models rename in them (bos, eos, <｜User｜>,
                        <｜Assistant｜>; ids kept): that shape, not a released file
@@ -263,6 +266,7 @@ FAMILY = """
 import sys, torch, transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 family, tok_dir, dst = sys.argv[1:4]
+how = sys.argv[4] if len(sys.argv) > 4 else ""  # "bf16-sharded": in bfloat16, in shards of 1 MB
 tok = AutoTokenizer.from_pretrained(tok_dir)
 extra = {"llama": dict(attention_bias=False), "mistral": dict(sliding_window=None), "qwen2": {},
          "qwen3": dict(head_dim=16),
@@ -279,7 +283,10 @@ with torch.no_grad():  # weights of a trained model's scale, not the init's
     for p in model.parameters():
         if p.dim() == 2:
             p.normal_(0, 0.2)
-model.save_pretrained(dst)
+if how == "bf16-sharded":
+    model.to(torch.bfloat16).save_pretrained(dst, max_shard_size="1MB")
+else:
+    model.save_pretrained(dst)
 tok.save_pretrained(dst)
 print(family, transformers.__version__, sum(p.numel() for p in model.parameters()), "parameters")
 """
@@ -386,6 +393,13 @@ def main():
         tok_dir = os.path.join(out, tok)
         make_set(out, f"hf5-{family}", lambda d: run_py(FAMILY, family, tok_dir, d, path=[helpers]))
         make_set(out, f"hf4-{family}", lambda d: run_py(FAMILY, family, tok_dir, d, path=[tf4, helpers]))
+    # as releases are saved: in bfloat16, in shards with their index (transformers 5 names the dtype
+    # `dtype`, 4.x `torch_dtype`)
+    qwen_tok = os.path.join(out, FAMILY_TOKENIZER["qwen2"])
+    make_set(out, "hf5-qwen2-bf16-sharded",
+             lambda d: run_py(FAMILY, "qwen2", qwen_tok, d, "bf16-sharded", path=[helpers]))
+    make_set(out, "hf4-qwen2-bf16-sharded",
+             lambda d: run_py(FAMILY, "qwen2", qwen_tok, d, "bf16-sharded", path=[tf4, helpers]))
     nemo_tok = os.path.join(out, "mistral-tekken-hf5")
     make_set(out, "hf5-mistral-nemo", lambda d: run_py(FAMILY, "mistral-nemo", nemo_tok, d, path=[helpers]))
     for family_set in R1_RENAMES:
