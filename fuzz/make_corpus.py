@@ -367,6 +367,29 @@ def tiny_gguf_model(tokenizer):
             return f.read()
 
 
+def torch_pickle_seeds():
+    """data.pkl of torch.save archives: a module's state dict (an OrderedDict with _metadata), a plain
+    dict in bfloat16, tensors sharing a storage and a transposed view, a Parameter, and names ptrain
+    refuses (a function, a non-tensor value)."""
+    import io
+    import zipfile
+
+    def pkl(obj):
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        z = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+        return z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+
+    torch.manual_seed(0)
+    put("torch_pickle", "state_dict", pkl(torch.nn.Linear(4, 3).state_dict()))
+    put("torch_pickle", "bf16_dict", pkl({"w": torch.randn(2, 8).bfloat16(), "b": torch.zeros(2, dtype=torch.int64)}))
+    w = torch.randn(4, 6)
+    put("torch_pickle", "shared_and_strided", pkl({"a": w, "tied": w, "t": w.t(), "row": w[1]}))
+    put("torch_pickle", "parameter", pkl({"p": torch.nn.Parameter(torch.ones(3))}))
+    put("torch_pickle", "not_a_tensor", pkl({"n": 3, "s": "x", "f": 1.5, "l": [1, (2, None)], "t": True}))
+    put("torch_pickle", "a_function", pkl({"f": os.getcwd}))
+
+
 def main():
     shutil.rmtree(os.path.join(HERE, "corpus"), ignore_errors=True)
     safetensors_seeds()
@@ -383,6 +406,7 @@ def main():
     parquet_seeds()
     json_array_seeds()
     gguf_seeds()
+    torch_pickle_seeds()
     for target in fuzz_targets():
         d = os.path.join(HERE, "regressions", target)
         os.makedirs(d, exist_ok=True)

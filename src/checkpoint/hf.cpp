@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "checkpoint/torch_bin.h"
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/json_value.h"
@@ -543,9 +544,17 @@ std::pair<fs::path, bool> weight_file(const std::string& dir) {
       return {fs::path(dir) / rel, index};
     }
   }
-  const fs::path single = fs::path(dir) / "model.safetensors";
-  if (fs::is_regular_file(single)) return {single, false};
-  return {fs::path(dir) / "model.safetensors.index.json", true};
+  for (const auto& [name, index] : {std::pair{"model.safetensors", false},
+                                    {"model.safetensors.index.json", true},
+                                    {"pytorch_model.bin", false},
+                                    {"pytorch_model.bin.index.json", true}})
+    if (fs::is_regular_file(fs::path(dir) / name)) return {fs::path(dir) / name, index};
+  return {};
+}
+
+std::shared_ptr<WeightFile> open_weight_file(const fs::path& p) {
+  if (p.extension() == ".bin") return std::make_shared<TorchBinFile>(p.string());
+  return std::make_shared<SafetensorsFile>(p.string());
 }
 
 }  // namespace
@@ -560,7 +569,7 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
     const fs::path p = fs::path(dir) / file;
     if (fs::path(file).has_parent_path() || !fs::is_regular_file(p))
       throw RuntimeError("'" + dir + "': weight file '" + file + "' is missing (the shard index names it)");
-    return files_[file] = std::make_shared<SafetensorsFile>(p.string());
+    return files_[file] = open_weight_file(p);
   };
   if (!index.empty() && fs::is_regular_file(index)) {
     json j = read_json(index.string());
@@ -584,7 +593,7 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
                              (w == where_.end() ? "does not list" : "maps to another file"));
       }
   } else if (!single.empty()) {
-    auto file = files_[single.lexically_relative(dir).string()] = std::make_shared<SafetensorsFile>(single.string());
+    auto file = files_[single.lexically_relative(dir).string()] = open_weight_file(single);
     for (const auto& e : file->entries()) where_[e.name] = file;
   } else {
     std::string others;
@@ -592,8 +601,10 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
       const std::string ext = e.path().extension().string();
       if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".gguf") others = e.path().filename().string();
     }
-    throw RuntimeError("'" + dir + "' has neither model.safetensors nor model.safetensors.index.json" +
-                       (others.empty() ? std::string() : " (found " + others + ": ptrain reads safetensors only)"));
+    throw RuntimeError("'" + dir +
+                       "' has neither model.safetensors nor model.safetensors.index.json nor pytorch_model.bin nor "
+                       "pytorch_model.bin.index.json, the weight files transformers loads" +
+                       (others.empty() ? std::string() : " (found " + others + ")"));
   }
 }
 

@@ -63,9 +63,11 @@ void write_hf_config(const std::string& dir, const LlamaShape& shape);
 
 class HfCheckpoint {
  public:
-  // Opens model.safetensors, or every shard named by model.safetensors.index.json (headers
-  // only: no tensor data is read). The index and the shards must agree: every tensor the index
-  // maps lies in its file, and every tensor of a shard is mapped there.
+  // Opens the weight file transformers' from_pretrained loads: the one config.json's
+  // transformers_weights names, else model.safetensors, else every shard named by
+  // model.safetensors.index.json, else pytorch_model.bin, else the shards of
+  // pytorch_model.bin.index.json (checkpoint/torch_bin.h) — headers only: no tensor data is read. The index and the
+  // shards must agree: every tensor the index maps lies in its file, and every tensor of a shard is mapped there.
   explicit HfCheckpoint(const std::string& dir);
   // The stored tensor (any dtype, read-only view over the mapping).
   at::Tensor tensor(const std::string& name) const;
@@ -78,8 +80,8 @@ class HfCheckpoint {
 
  private:
   std::string dir_;
-  std::map<std::string, std::shared_ptr<SafetensorsFile>> files_;  // by file name
-  std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;  // tensor -> file
+  std::map<std::string, std::shared_ptr<WeightFile>> files_;  // by file name
+  std::map<std::string, std::shared_ptr<WeightFile>> where_;  // tensor -> file
 };
 
 // Checks that `ckpt` holds exactly the tensors a model of `shape` consumes, each with its shape

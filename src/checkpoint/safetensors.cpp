@@ -36,6 +36,12 @@ const DtypeInfo* dtype_by_name(const std::string& name) {
   return nullptr;
 }
 
+const DtypeInfo* find_dtype(at::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return &d;
+  return nullptr;
+}
+
 const DtypeInfo& dtype_by_type(at::ScalarType t) {
   for (const auto& d : kDtypes)
     if (d.type == t) return d;
@@ -43,6 +49,11 @@ const DtypeInfo& dtype_by_type(at::ScalarType t) {
 }
 
 }  // namespace
+
+const char* safetensors_dtype_name(at::ScalarType t) {
+  const DtypeInfo* d = find_dtype(t);
+  return d ? d->name : nullptr;
+}
 
 struct SafetensorsFile::Mapping {
   void* addr = nullptr;

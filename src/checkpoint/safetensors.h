@@ -25,20 +25,35 @@ struct SafetensorsEntry {
   uint64_t end = 0;
 };
 
-class SafetensorsFile {
+// A file of named tensors a model directory holds: model.safetensors (SafetensorsFile) or
+// pytorch_model.bin (TorchBinFile, checkpoint/torch_bin.h), and their shards.
+class WeightFile {
+ public:
+  virtual ~WeightFile() = default;
+  virtual const std::string& path() const = 0;
+  virtual const std::vector<SafetensorsEntry>& entries() const = 0;  // dtypes as safetensors names them
+  virtual bool contains(const std::string& name) const = 0;
+  virtual const SafetensorsEntry& entry(const std::string& name) const = 0;
+  // A CPU tensor of the stored values. Read-only: copy it (`.to(...)`, `.clone()`) before writing.
+  virtual at::Tensor tensor(const std::string& name) const = 0;
+};
+
+// safetensors' name of a dtype ("BF16"), or nullptr for one it has no name for.
+const char* safetensors_dtype_name(at::ScalarType t);
+
+class SafetensorsFile : public WeightFile {
  public:
   // Maps and validates the file. Throws RuntimeError naming the file and the problem.
   explicit SafetensorsFile(const std::string& path);
 
-  const std::string& path() const { return path_; }
-  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::string& path() const override { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const override { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  bool contains(const std::string& name) const { return index_.count(name) > 0; }
-  const SafetensorsEntry& entry(const std::string& name) const;
+  bool contains(const std::string& name) const override { return index_.count(name) > 0; }
+  const SafetensorsEntry& entry(const std::string& name) const override;
 
   // A CPU tensor over the mapped bytes (no copy when aligned); it keeps the mapping alive.
-  // Read-only: copy it (`.to(...)`, `.clone()`) before writing.
-  at::Tensor tensor(const std::string& name) const;
+  at::Tensor tensor(const std::string& name) const override;
 
  private:
   struct Mapping;

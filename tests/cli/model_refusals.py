@@ -68,6 +68,13 @@ def shard(d):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
+class RunsCode:
+    """Pickled as a call of os.system, as a malicious pytorch_model.bin would hold one."""
+
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
 def eval_loss(binary, work, model_dir):
     cfg = f"{model_dir}.eval.toml"
     with open(cfg, "w") as f:
@@ -100,7 +107,19 @@ def weight_file_choice(binary, fixtures, work):
         if f.startswith("model-0"):
             zeroed(f"{both}/{f}")
     shutil.copy(f"{fixtures}/hf_odd/model.safetensors", both)
-    for d, what in ((named, "transformers_weights names it"), (both, "model.safetensors beside an index")):
+    # pytorch_model.bin alone, as torch.save(model.state_dict()) writes it (an OrderedDict), in
+    # bfloat16; and model.safetensors beside a zeroed one
+    only_bin = f"{work}/only_bin"
+    shutil.copytree(f"{fixtures}/hf_odd", only_bin)
+    os.remove(f"{only_bin}/model.safetensors")
+    torch.save(AutoModelForCausalLM.from_pretrained(f"{fixtures}/hf_odd", dtype=torch.float32).state_dict(),
+               f"{only_bin}/pytorch_model.bin")
+    beside_bin = f"{work}/safetensors_beside_bin"
+    shutil.copytree(f"{fixtures}/hf_odd", beside_bin)
+    torch.save({k: torch.zeros_like(v) for k, v in load_file(f"{beside_bin}/model.safetensors").items()},
+               f"{beside_bin}/pytorch_model.bin")
+    for d, what in ((named, "transformers_weights names it"), (both, "model.safetensors beside an index"),
+                    (only_bin, "pytorch_model.bin, a state dict"), (beside_bin, "model.safetensors beside a .bin")):
         model = AutoModelForCausalLM.from_pretrained(d)
         transformers_reads_it = bool(model.model.embed_tokens.weight.abs().sum() > 0)
         got = eval_loss(binary, work, d)
@@ -280,6 +299,20 @@ def main():
          "the weight file named there is missing")
     case("weights_named_number", "hf_odd", lambda d: edit_config(d, transformers_weights=3),
          "transformers reads a file name there")
+    # pytorch_model.bin (torch.save's pickle in a zip), read as torch.load(weights_only=True) reads it
+    def as_bin(d, obj=None, **save_kw):
+        state = load_file(f"{d}/model.safetensors")
+        os.remove(f"{d}/model.safetensors")
+        torch.save(state if obj is None else obj(state), f"{d}/pytorch_model.bin", **save_kw)
+
+    case("bin_legacy", "hf_odd", lambda d: as_bin(d, _use_new_zipfile_serialization=False),
+         "pytorch_model.bin' is not a zip archive", "torch's legacy format")
+    case("bin_runs_code", "hf_odd", lambda d: as_bin(d, lambda s: {**s, "model.norm.weight": RunsCode()}),
+         "names posix.system", "which ptrain does not run")
+    case("bin_not_tensor", "hf_odd", lambda d: as_bin(d, lambda s: {**s, "model.norm.weight": 1.0}),
+         "'model.norm.weight' is not a tensor")
+    case("bin_float8", "hf_odd", lambda d: as_bin(d, lambda s: {**s, "model.norm.weight": s["model.norm.weight"].to(
+        torch.float8_e4m3fn)}), "a tensor of a dtype torch saves with _rebuild_tensor_v3")
     weight_file_choice(binary, fixtures, work)
 
     print(f"{passed} passed, {failed} failed")
