@@ -8,6 +8,7 @@
 #include <set>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/torch_bin.h"
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/json_value.h"
@@ -231,12 +232,18 @@ PeftAdapter read_peft_config(const std::string& dir, const LlamaShape& shape) {
 
 PeftAdapter read_peft(const std::string& dir, const LlamaShape& shape) {
   PeftAdapter a = read_peft_config(dir, shape);
-  SafetensorsFile file((fs::path(dir) / "adapter_model.safetensors").string());
-  for (const auto& e : file.entries()) {
+  // As PEFT loads them: adapter_model.safetensors, else adapter_model.bin (torch.save's, which PEFT
+  // wrote before 0.6 and writes with safe_serialization=False).
+  const fs::path st = fs::path(dir) / "adapter_model.safetensors", bin = fs::path(dir) / "adapter_model.bin";
+  std::unique_ptr<WeightFile> file;
+  if (!fs::is_regular_file(st) && fs::is_regular_file(bin))
+    file = std::make_unique<TorchBinFile>(bin.string());
+  else
+    file = std::make_unique<SafetensorsFile>(st.string());
+  for (const auto& e : file->entries()) {
     if (e.name.rfind(kPrefix, 0) != 0)
-      throw RuntimeError(dir + "/adapter_model.safetensors: tensor '" + e.name + "' does not start with '" + kPrefix +
-                         "'");
-    a.tensors[e.name.substr(kPrefix.size())] = file.tensor(e.name).to(at::kFloat).clone();
+      throw RuntimeError(file->path() + ": tensor '" + e.name + "' does not start with '" + kPrefix + "'");
+    a.tensors[e.name.substr(kPrefix.size())] = file->tensor(e.name).to(at::kFloat).clone();
   }
   return a;
 }

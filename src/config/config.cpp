@@ -512,7 +512,7 @@ const std::vector<Key>& keys() {
           R"(among q, k, v, o, gate, up, down, output (`output`: `lm_head`, applied inside the chunked loss as h W^T + s (h A^T) B^T; refused for tied embeddings))"),
       PTRAIN_KEY(
           "lora", "adapter_path", lora.adapter_path, kFromStruct,
-          R"(a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`) to start from; its `r`, `lora_alpha` and target modules must equal `lora.rank`, `lora.alpha`, `lora.targets`)"),
+          R"(a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`, or `adapter_model.bin` as older PEFT saved it) to start from; its `r`, `lora_alpha` and target modules must equal `lora.rank`, `lora.alpha`, `lora.targets`)"),
       PTRAIN_KEY(
           "quant", "base", quant.base, kFromStruct,
           R"(`none` or `nf4`: every block's matrices as frozen NF4 weights (QLoRA; needs LoRA: a frozen base alone trains nothing). Must be `nf4` when `model.hf_path` is a bitsandbytes NF4 checkpoint)"),

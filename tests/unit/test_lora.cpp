@@ -555,3 +555,18 @@ TEST(Lora, MergedExportEqualsTheAdaptedModel) {
     }
   }
 }
+
+// PEFT loads adapter_model.bin where a directory has no adapter_model.safetensors (the file PEFT
+// wrote before 0.6, and with safe_serialization=False since): tests/fixtures/peft_tiny_bin is
+// PEFT 0.21.2's save of peft_tiny's adapter so, read to the same tensors, bit for bit.
+TEST(Peft, AnAdapterModelBinIsReadAsItsSafetensors) {
+  const LlamaShape shape = read_hf_config(test::fixture("hf_tiny"));
+  const PeftAdapter st = read_peft(test::fixture("peft_tiny"), shape);
+  const PeftAdapter bin = read_peft(test::fixture("peft_tiny_bin"), shape);
+  ASSERT_EQ(bin.tensors.size(), st.tensors.size());
+  ASSERT_FALSE(st.tensors.empty());
+  for (const auto& [name, t] : st.tensors) {
+    ASSERT_TRUE(bin.tensors.count(name)) << name;
+    EXPECT_TRUE(at::equal(bin.tensors.at(name), t)) << name;
+  }
+}
