@@ -118,7 +118,7 @@ class Machine {
         case 0x86:
         case 0x87: {  // TUPLE1..3
           const size_t n = op - 0x84;
-          if (stack_.size() < n) fail("a tuple of " + std::to_string(n) + " with fewer values on the stack");
+          if (stack_.size() < floor() + n) fail("a tuple of " + std::to_string(n) + " with fewer values on the stack");
           std::vector<Ref> items(stack_.end() - static_cast<ptrdiff_t>(n), stack_.end());
           stack_.resize(stack_.size() - n);
           push(tuple(std::move(items)));
@@ -227,20 +227,22 @@ class Machine {
     stack_.push_back(std::move(v));
   }
   Ref pop() {
-    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back()))
-      fail("a value taken from an empty stack");
+    if (stack_.size() <= floor()) fail("a value taken from an empty stack");
     Ref v = stack_.back();
     stack_.pop_back();
     return v;
   }
+  // The values a MARK leaves below it are out of reach until the mark is consumed, as in Python.
+  size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
   const Ref& top() const {
-    if (stack_.empty()) fail("a value taken from an empty stack");
+    if (stack_.size() <= floor()) fail("a value taken from an empty stack");
     return stack_.back();
   }
   std::vector<Ref> pop_mark() {
     if (marks_.empty()) fail("a MARK missing");
     const size_t at = marks_.back();
     marks_.pop_back();
+    if (at > stack_.size()) fail("a MARK above the stack");
     std::vector<Ref> items(stack_.begin() + static_cast<ptrdiff_t>(at), stack_.end());
     stack_.resize(at);
     return items;
