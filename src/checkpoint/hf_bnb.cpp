@@ -30,7 +30,7 @@ bool is_false_or_null(const json& v) { return v.is_null() || (v.is_boolean() && 
 }  // namespace
 
 HfStorage read_hf_storage(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
+  const std::string path = hf_config_file(dir);
   json c;
   try {
     c = json::parse(read_text_file(path));

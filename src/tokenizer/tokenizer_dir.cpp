@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/fs_util.h"
 
@@ -343,7 +344,7 @@ struct ModelConfigNames {
   std::string model_type, tokenizer_class;
 };
 ModelConfigNames read_model_config_names(const fs::path& dir) {
-  ModelConfigNames n{dir / "config.json", "", ""};
+  ModelConfigNames n{hf_config_file(dir.string()), "", ""};
   if (!fs::exists(n.path)) return n;
   const json c = read_json_file(n.path);
   if (!c.is_object()) throw RuntimeError(n.path.string() + ": not a JSON object");

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/log.h"
@@ -146,8 +147,8 @@ std::vector<int32_t> eos_ids(const Config& c, const Tokenizer* tok, const ChatFo
   std::set<int32_t> ids;
   if (!c.model.hf_path.empty()) {
     // transformers' generate stops at generation_config.json's eos_token_id (one id or a list).
-    for (const char* name : {"generation_config.json", "config.json"}) {
-      const fs::path p = fs::path(c.model.hf_path) / name;
+    for (const fs::path& p :
+         {fs::path(c.model.hf_path) / "generation_config.json", fs::path(hf_config_file(c.model.hf_path))}) {
       if (!fs::is_regular_file(p)) continue;
       const json j = model_json(p);
       if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) continue;

@@ -127,6 +127,35 @@ def weight_file_choice(binary, fixtures, work):
               f"ptrain eval {got} = the fixture's {want}", f"transformers reads the real weights: {transformers_reads_it}")
 
 
+def config_file_choice(binary, fixtures, work):
+    """The config read is the one transformers' from_pretrained reads: where config.json lists
+    configuration_files, the config.VERSION.json of the last version not above transformers' own,
+    the names taken sorted as strings (so config.10.0.0.json, sorting first and above 5.23, stops
+    the search at config.json). Each directory holds the right config once and a wrong one
+    (rms_norm_eps 0.5) in the other files; transformers' choice is confirmed by loading it."""
+    from transformers import AutoConfig
+    want = eval_loss(binary, work, f"{fixtures}/hf_odd")
+    with open(f"{fixtures}/hf_odd/config.json") as f:
+        right = json.load(f)
+    wrong = {**right, "rms_norm_eps": 0.5}
+    layouts = {  # listed files, the file holding the right config
+        "versioned": (["config.4.0.0.json"], "config.4.0.0.json"),
+        "reference_release": (["config.4.0.0.json", "config.5.23.json"], "config.5.23.json"),
+        "newer_only": (["config.99.0.0.json"], "config.json"),
+        "sorted_as_strings": (["config.4.0.0.json", "config.10.0.0.json"], "config.json"),
+    }
+    for name, (listed, holder) in layouts.items():
+        d = f"{work}/config_files_{name}"
+        shutil.copytree(f"{fixtures}/hf_odd", d)
+        for file in ["config.json"] + listed:
+            with open(f"{d}/{file}", "w") as f:
+                json.dump({**(right if file == holder else wrong), "configuration_files": listed}, f, indent=2)
+        transformers_reads_it = AutoConfig.from_pretrained(d).rms_norm_eps == right["rms_norm_eps"]
+        got = eval_loss(binary, work, d)
+        check(transformers_reads_it and got == want, f"the config file transformers reads is read ({name}: "
+              f"{holder}): ptrain eval {got} = the fixture's {want}", f"transformers reads it: {transformers_reads_it}")
+
+
 def main():
     binary, fixtures, work = (os.path.abspath(a) for a in sys.argv[1:4])
     shutil.rmtree(work, ignore_errors=True)
@@ -299,6 +328,13 @@ def main():
          "the weight file named there is missing")
     case("weights_named_number", "hf_odd", lambda d: edit_config(d, transformers_weights=3),
          "transformers reads a file name there")
+    # config.json's configuration_files points transformers at another config file
+    case("config_files_number", "hf_odd", lambda d: edit_config(d, configuration_files=3),
+         "configuration_files = 3", "reads a list of file names there")
+    case("config_files_prerelease", "hf_odd", lambda d: edit_config(d, configuration_files=["config.4.0.0rc1.json"]),
+         "configuration_files names 'config.4.0.0rc1.json'", "plain releases")
+    case("config_files_missing", "hf_odd", lambda d: edit_config(d, configuration_files=["config.4.0.0.json"]),
+         "read 'config.4.0.0.json', which is missing")
     # pytorch_model.bin (torch.save's pickle in a zip), read as torch.load(weights_only=True) reads it
     def as_bin(d, obj=None, **save_kw):
         state = load_file(f"{d}/model.safetensors")
@@ -314,6 +350,7 @@ def main():
     case("bin_float8", "hf_odd", lambda d: as_bin(d, lambda s: {**s, "model.norm.weight": s["model.norm.weight"].to(
         torch.float8_e4m3fn)}), "a tensor of a dtype torch saves with _rebuild_tensor_v3")
     weight_file_choice(binary, fixtures, work)
+    config_file_choice(binary, fixtures, work)
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
