@@ -4,6 +4,8 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <unordered_map>
 
 #include "common/error.h"
@@ -447,19 +449,52 @@ const SafetensorsEntry& TorchBinFile::entry(const std::string& name) const {
   return entries_[it->second];
 }
 
+namespace {
+// Where record `name`'s bytes lie in the archive when it is stored uncompressed (as torch.save
+// writes every record), or nullopt for a compressed one (a zip rewritten by another tool).
+std::optional<uint64_t> stored_record_offset(caffe2::serialize::PyTorchStreamReader& zip, const std::string& path,
+                                             const std::string& name) {
+  unsigned char header[30] = {};  // the zip local file header: signature, ..., method at bytes 8-9
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(zip.getRecordHeaderOffset(name)));
+  if (!f.read(reinterpret_cast<char*>(header), sizeof header) || std::memcmp(header, "PK\x03\x04", 4) != 0)
+    throw RuntimeError("'" + path + "': " + name + ": no zip entry header where the directory says");
+  if (header[8] != 0 || header[9] != 0) return std::nullopt;
+  return zip.getRecordOffset(name);
+}
+}  // namespace
+
 at::Tensor TorchBinFile::tensor(const std::string& name) const {
   const auto it = index_.find(name);
   if (it == index_.end()) throw RuntimeError("'" + path_ + "' has no tensor '" + name + "'");
   const TorchBinTensor& v = views_[it->second];
-  at::Tensor storage = at::empty({v.storage_numel}, at::TensorOptions().dtype(v.dtype));
-  if (v.storage_numel > 0) {
-    try {
-      zip_->getRecord(v.record, storage.data_ptr(), storage.nbytes());
-    } catch (const c10::Error& e) {
-      throw RuntimeError("'" + path_ + "': " + v.record + ": " + e.what_without_backtrace());
-    }
+  const auto options = at::TensorOptions().dtype(v.dtype);
+  // The elements the view reads, [first, last] of its storage (read_torch_pickle checked last).
+  int64_t last = v.offset;
+  for (size_t d = 0; d < v.size.size(); ++d) {
+    if (v.size[d] == 0) return at::empty(v.size, options);
+    last += (v.size[d] - 1) * v.stride[d];
   }
-  return storage.as_strided(v.size, v.stride, v.offset);
+  const int64_t first = v.offset, span = last - first + 1;
+  try {
+    // A view of part of its storage (a state dict of views into one flat buffer) reads its own
+    // bytes only, where the record is stored uncompressed; otherwise the whole record is read.
+    if (span < v.storage_numel) {
+      if (const auto at = stored_record_offset(*zip_, path_, v.record)) {
+        at::Tensor part = at::empty({span}, options);
+        std::ifstream f(path_, std::ios::binary);
+        f.seekg(static_cast<std::streamoff>(*at + static_cast<uint64_t>(first) * part.element_size()));
+        if (!f.read(static_cast<char*>(part.data_ptr()), static_cast<std::streamsize>(part.nbytes())))
+          throw RuntimeError("'" + path_ + "': " + v.record + ": the file ends inside the record");
+        return part.as_strided(v.size, v.stride, 0);
+      }
+    }
+    at::Tensor storage = at::empty({v.storage_numel}, options);
+    zip_->getRecord(v.record, storage.data_ptr(), storage.nbytes());
+    return storage.as_strided(v.size, v.stride, v.offset);
+  } catch (const c10::Error& e) {
+    throw RuntimeError("'" + path_ + "': " + v.record + ": " + e.what_without_backtrace());
+  }
 }
 
 }  // namespace ptrain

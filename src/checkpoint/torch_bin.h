@@ -5,10 +5,11 @@
 // LibTorch's PyTorchStreamReader; the pickle by a small machine of ptrain's own that builds
 // containers, strings, numbers and tensors and nothing else (LibTorch's unpickler turns an
 // OrderedDict into None), refusing any other class or function a pickle names — the name given,
-// nothing run. Each tensor's storage is read from its record when the tensor is asked for (one
-// at a time, so a load holds one tensor's bytes beside its copy). Refused by name: torch's legacy
-// format (before 1.6, not a zip), a pickle that is not a dict of tensors, a dtype safetensors has
-// no name for, a view reaching past its storage, a big-endian archive.
+// nothing run. Each tensor's bytes are read from its storage's record when the tensor is asked
+// for (one at a time, so a load holds one tensor's bytes beside its copy); a view of part of a
+// storage reads that part only (a state dict of views into one flat buffer reads it once). Refused by name: torch's
+// legacy format (before 1.6, not a zip), a pickle that is not a dict of tensors, a dtype safetensors has no name for, a
+// view reaching past its storage, a big-endian archive.
 #pragma once
 #include <map>
 #include <memory>

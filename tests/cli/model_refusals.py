@@ -68,6 +68,28 @@ def shard(d):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
+def rewrite_zip(path, edit):
+    """Rewrites torch.save's zip at `path` with each record's bytes passed through edit(name, data)."""
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        records = [(i.filename, edit(i.filename, z.read(i))) for i in z.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in records:
+            z.writestr(name, data)
+
+
+def shift_norm_view(path):
+    """Moves the view model.norm.weight = storage[2:] of a pytorch_model.bin one element on, so
+    that it reads one element past its storage (the pickle's offset 2, then its size tuple)."""
+    def shifted(name, data):
+        if not name.endswith("/data.pkl"):
+            return data
+        hits = [i for i in range(len(data) - 4) if data[i:i + 3] == b"K\x02K" and data[i + 4] == 0x85]
+        assert len(hits) == 1, hits
+        return data[:hits[0] + 1] + b"\x03" + data[hits[0] + 2:]
+    rewrite_zip(path, shifted)
+
+
 class RunsCode:
     """Pickled as a call of os.system, as a malicious pytorch_model.bin would hold one."""
 
@@ -118,8 +140,20 @@ def weight_file_choice(binary, fixtures, work):
     shutil.copytree(f"{fixtures}/hf_odd", beside_bin)
     torch.save({k: torch.zeros_like(v) for k, v in load_file(f"{beside_bin}/model.safetensors").items()},
                f"{beside_bin}/pytorch_model.bin")
+    # every tensor a view into one flat storage: each read from its own part of the record
+    flat_bin = f"{work}/bin_of_views"
+    shutil.copytree(f"{fixtures}/hf_odd", flat_bin)
+    state = load_file(f"{flat_bin}/model.safetensors")
+    os.remove(f"{flat_bin}/model.safetensors")
+    flat = torch.cat([v.flatten() for v in state.values()])
+    views, at = {}, 0
+    for k, v in state.items():
+        views[k] = flat[at:at + v.numel()].view(v.shape)
+        at += v.numel()
+    torch.save(views, f"{flat_bin}/pytorch_model.bin")
     for d, what in ((named, "transformers_weights names it"), (both, "model.safetensors beside an index"),
-                    (only_bin, "pytorch_model.bin, a state dict"), (beside_bin, "model.safetensors beside a .bin")):
+                    (only_bin, "pytorch_model.bin, a state dict"), (beside_bin, "model.safetensors beside a .bin"),
+                    (flat_bin, "pytorch_model.bin of views into one storage")):
         model = AutoModelForCausalLM.from_pretrained(d)
         transformers_reads_it = bool(model.model.embed_tokens.weight.abs().sum() > 0)
         got = eval_loss(binary, work, d)
@@ -349,6 +383,12 @@ def main():
          "'model.norm.weight' is not a tensor")
     case("bin_float8", "hf_odd", lambda d: as_bin(d, lambda s: {**s, "model.norm.weight": s["model.norm.weight"].to(
         torch.float8_e4m3fn)}), "a tensor of a dtype torch saves with _rebuild_tensor_v3")
+    case("bin_view_past_storage", "hf_odd", lambda d: (as_bin(d, lambda s: {**s, "model.norm.weight": torch.cat(
+        [torch.zeros(2), s["model.norm.weight"]])[2:]}), shift_norm_view(f"{d}/pytorch_model.bin")),
+         "a tensor reading element", "of a storage of")
+    case("bin_big_endian", "hf_odd", lambda d: (as_bin(d), rewrite_zip(
+        f"{d}/pytorch_model.bin", lambda name, data: b"big" if name.endswith("/byteorder") else data)),
+         "a big-endian archive")
     weight_file_choice(binary, fixtures, work)
     config_file_choice(binary, fixtures, work)
 
