@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -126,9 +127,9 @@ const std::vector<ConfigKey>& config_keys() {
       {"text_config", KeyUse::neutral},
       {"decoder", KeyUse::neutral},
       {"generator", KeyUse::neutral},
-      {"fusion_config", KeyUse::neutral},    // from_pretrained fuses modules as it says (inference only)
-      {"mtp_layer_types", KeyUse::neutral},  // multi-token prediction layers, which these families lack
-      {"mlp_layer_types", KeyUse::neutral, {F::qwen2, F::qwen3}},  // dense / sparse MLPs per layer
+      {"fusion_config", KeyUse::neutral},  // from_pretrained fuses modules as it says (inference only)
+      {"mtp_layer_types", KeyUse::read},   // checked (read_unused_layer_types): no layer of these families reads it
+      {"mlp_layer_types", KeyUse::read, {F::qwen2, F::qwen3}},  // the same
       {"auto_map", KeyUse::refused, {}, "the model ships its own modeling code, which ptrain cannot check"},
       {"_name_or_path", KeyUse::no_effect, {}, "the name it was saved from"},
       {"dtype", KeyUse::no_effect, {}, "the dtype transformers loads weights in; ptrain's [precision] decides"},
@@ -187,7 +188,8 @@ bool neutral(const std::string& key, const json& v) {
 // max_position_embeddings; the family's own list: derive it).
 bool nullable(const FamilyTraits& f, const std::string& key) {
   return key == "rope_parameters" || key == "rope_scaling" || key == "architectures" || key == "pad_token_id" ||
-         key == "original_max_position_embeddings" || key == "transformers_weights" ||
+         key == "original_max_position_embeddings" || key == "transformers_weights" || key == "mtp_layer_types" ||
+         key == "mlp_layer_types" ||
          std::find(f.nullable_keys.begin(), f.nullable_keys.end(), key) != f.nullable_keys.end();
 }
 
@@ -346,6 +348,33 @@ int64_t read_padding_idx(const json& c, int64_t vocab, const std::string& path) 
                            " is not a row of the embedding (vocab_size " + std::to_string(vocab) +
                            "); transformers' nn.Embedding refuses it too");
   return pad < 0 ? vocab + pad : pad;
+}
+
+// Layer-type lists transformers checks but no layer of these families reads: the types of
+// multi-token-prediction layers (remapped, never built) and, for Qwen, each layer's MLP kind
+// (validated as "sparse" / "dense", one a layer; Qwen2/3 build the same dense MLP either way).
+// The network is the same at every value transformers accepts; a value it fails on is refused.
+void read_unused_layer_types(const json& c, const LlamaShape& s, const std::string& path) {
+  auto strings = [&](const char* key) -> const json* {
+    if (!c.contains(key) || c[key].is_null()) return nullptr;
+    const json& v = c[key];
+    if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& t) { return t.is_string(); }))
+      throw UnsupportedInput(path + ": \"" + key + "\" = " + v.dump() + ": transformers reads a list of layer " +
+                             "types there (ptrain reads a list of strings, or null)");
+    return &v;
+  };
+  strings("mtp_layer_types");
+  if (s.family != Family::qwen2 && s.family != Family::qwen3) return;
+  if (const json* mlp = strings("mlp_layer_types")) {
+    for (const json& t : *mlp)
+      if (t != "sparse" && t != "dense")
+        throw UnsupportedInput(path + ": \"mlp_layer_types\" holds " + t.dump() +
+                               ", which transformers refuses (each entry is \"sparse\" or \"dense\")");
+    if (static_cast<int64_t>(mlp->size()) != s.n_layers)
+      throw UnsupportedInput(path + ": \"mlp_layer_types\" has " + std::to_string(mlp->size()) +
+                             " entries for num_hidden_layers " + std::to_string(s.n_layers) +
+                             ", which transformers refuses (one a layer)");
+  }
 }
 
 // Mistral: the window applies to every layer; transformers' default is 4096 when the key is absent.
@@ -520,6 +549,7 @@ LlamaShape config_shape(const json& c, const FamilyTraits& f, const std::string&
                            ": attention dropout is not implemented (it must be 0)");
   if (f.family == Family::mistral) read_mistral_window(c, s, path);
   if (f.family == Family::qwen2 || f.family == Family::qwen3) read_qwen_window(c, s, path);
+  read_unused_layer_types(c, s, path);
   return s;
 }
 

@@ -202,6 +202,34 @@ TEST(HfKeys, KeysTransformersDoesNotReadAreIgnoredAndListed) {
   EXPECT_THROW(read_hf_config(dir.path.string()), UnsupportedInput);
 }
 
+// Layer-type lists transformers checks but no layer of these families reads (config_variants.json
+// holds what transformers builds at each: the same network): read at any value transformers
+// accepts, the same network as without them; refused where transformers fails.
+TEST(HfKeys, LayerTypeListsNoLayerReadsAreReadWithoutEffect) {
+  test::TempDir dir;
+  json c = json::parse(read_text_file(test::fixture("hf_qwen2/config.json")));
+  test::write_text(dir / "config.json", c.dump());
+  const LlamaShape plain = read_hf_config(dir.path.string());
+  c["mlp_layer_types"] = {"sparse", "dense"};
+  c["mtp_layer_types"] = {"full_attention"};
+  test::write_text(dir / "config.json", c.dump());
+  EXPECT_EQ(shape_json(read_hf_config(dir.path.string())), shape_json(plain));
+  for (const auto& [key, bad, why] : std::vector<std::tuple<const char*, json, const char*>>{
+           {"mlp_layer_types", {"dense", "moe"}, "\"moe\", which transformers refuses"},
+           {"mlp_layer_types", {"dense"}, "1 entries for num_hidden_layers 2"},
+           {"mtp_layer_types", 3, "a list of layer types"}}) {
+    json v = c;
+    v[key] = bad;
+    test::write_text(dir / "config.json", v.dump());
+    try {
+      read_hf_config(dir.path.string());
+      ADD_FAILURE() << key << " = " << bad << " was read";
+    } catch (const UnsupportedInput& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+}
+
 // pad_token_id is read: transformers' nn.Embedding(padding_idx=pad_token_id) gives that row no
 // gradient; a negative id counts from the end, one outside the vocabulary is refused.
 TEST(HfKeys, PadTokenIdIsTheEmbeddingsPaddingRow) {
