@@ -472,10 +472,14 @@ const FamilyTraits& config_family(const json& c, const std::string& path) {
     throw UnsupportedInput(path + ": model_type \"" + model_type + "\" is not a family ptrain implements (" +
                            family_list() + "); see docs/models.md");
   const FamilyTraits& f = traits(*family);
+  // The causal LM's class, or the base model's a base-model save names (transformers'
+  // AutoModelForCausalLM builds the causal LM from model_type either way; HfCheckpoint reads
+  // such a save's names as the body's, and a head it lacks is missing unless tied).
   if (c.contains("architectures") && !c["architectures"].is_null() &&
-      c["architectures"] != json::array({f.architecture}))
+      c["architectures"] != json::array({f.architecture}) && c["architectures"] != json::array({f.base_model}))
     throw UnsupportedInput(path + ": architectures " + c["architectures"].dump() + " is not [\"" + f.architecture +
-                           "\"]: ptrain trains the causal language model of family " + f.name);
+                           "\"] (nor [\"" + f.base_model + "\"], a save of its body): ptrain trains the causal " +
+                           "language model of family " + f.name);
   return f;
 }
 
@@ -661,6 +665,26 @@ std::shared_ptr<WeightFile> open_weight_file(const fs::path& p) {
 
 }  // namespace
 
+namespace {
+// Whether `name` has the form of a parameter of these families' causal LMs: the head, or the
+// base model's (embedding, final norm, blocks) under its prefix "model.".
+bool causal_lm_form(const std::string& name) {
+  return name == "lm_head.weight" || name.starts_with("model.embed_tokens.") || name.starts_with("model.norm.") ||
+         name.starts_with("model.layers.");
+}
+
+// The name transformers 5.23 loads a stored tensor as into the family's causal LM: it strips one
+// base-model prefix where that names a parameter ("model.model.x", "model.lm_head.weight" — its
+// pattern "^model." lets any character stand for the dot), else adds one where that does (a
+// base model's save: "embed_tokens.weight", "layers.0...", "norm.weight", as LlamaModel or
+// Qwen3Model saves them and Qwen3-Embedding is released).
+std::string causal_lm_name(const std::string& stored) {
+  if (stored.size() > 6 && stored.starts_with("model") && causal_lm_form(stored.substr(6))) return stored.substr(6);
+  if (causal_lm_form("model." + stored)) return "model." + stored;
+  return stored;
+}
+}  // namespace
+
 HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
   const auto [weights, is_index] = weight_file(dir);
   const fs::path index = is_index ? weights : fs::path();
@@ -708,18 +732,33 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
                        "pytorch_model.bin.index.json, the weight files transformers loads" +
                        (others.empty() ? std::string() : " (found " + others + ")"));
   }
+  // The stored names as transformers loads them; two stored tensors under one name are refused.
+  std::map<std::string, std::shared_ptr<WeightFile>> renamed;
+  for (const auto& [name, file] : where_) {
+    const std::string as = causal_lm_name(name);
+    if (!renamed.emplace(as, file).second)
+      throw UnsupportedInput("'" + dir + "' holds both '" + stored_name(as) + "' and '" + name +
+                             "', which transformers both loads as '" + as + "' (keep one)");
+    if (as != name) stored_[as] = name;
+  }
+  where_ = std::move(renamed);
+}
+
+std::string HfCheckpoint::stored_name(const std::string& name) const {
+  const auto it = stored_.find(name);
+  return it == stored_.end() ? name : it->second;
 }
 
 at::Tensor HfCheckpoint::tensor(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) throw RuntimeError("HF checkpoint '" + dir_ + "' has no tensor '" + name + "'");
-  return it->second->tensor(name);
+  return it->second->tensor(stored_name(name));
 }
 
 const SafetensorsEntry& HfCheckpoint::entry(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) throw RuntimeError("HF checkpoint '" + dir_ + "' has no tensor '" + name + "'");
-  return it->second->entry(name);
+  return it->second->entry(stored_name(name));
 }
 
 std::vector<std::string> HfCheckpoint::names() const {
@@ -839,7 +878,7 @@ void verify_hf_tensors(const HfCheckpoint& ckpt, const LlamaShape& shape, const 
   for (const auto& name : ckpt.names()) {
     present.insert(name);
     if (std::string p = stored_tensor_problem(name, ckpt.entry(name), want, shape, storage); !p.empty())
-      problems.push_back(std::move(p));
+      problems.push_back(ckpt.stored_name(name) == name ? p : p + " (stored as '" + ckpt.stored_name(name) + "')");
   }
   missing_problems(want, present, shape, storage, problems);
   if (problems.empty() && compare_values) value_problems(ckpt, want, present, shape, storage, problems);

@@ -80,7 +80,12 @@ class HfCheckpoint {
   // The stored tensor (any dtype, read-only view over the mapping).
   at::Tensor tensor(const std::string& name) const;
   const SafetensorsEntry& entry(const std::string& name) const;
+  // The tensors by the names transformers loads them as into the family's causal LM: a base
+  // model's save ("layers.0.…", no "model." prefix) is read as its body; a name with a prefix
+  // too many loses it (HfCheckpoint's constructor; two stored tensors under one name refused).
   std::vector<std::string> names() const;
+  // The name tensor `name` is stored under in the files (where it differs: `name` otherwise).
+  std::string stored_name(const std::string& name) const;
   // tensor() as a function, for FsdpModel::load (valid while this checkpoint is).
   std::function<at::Tensor(const std::string&)> by_name() const {
     return [this](const std::string& name) { return tensor(name); };
@@ -90,6 +95,7 @@ class HfCheckpoint {
   std::string dir_;
   std::map<std::string, std::shared_ptr<WeightFile>> files_;  // by file name
   std::map<std::string, std::shared_ptr<WeightFile>> where_;  // tensor -> file
+  std::map<std::string, std::string> stored_;                 // tensor -> stored name, where they differ
 };
 
 // Checks that `ckpt` holds exactly the tensors a model of `shape` consumes, each with its shape

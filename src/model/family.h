@@ -28,6 +28,7 @@ struct FamilyTraits {
   Family family;
   const char* name;          // model.family and config.json's "model_type"
   const char* architecture;  // config.json's "architectures" entry (the causal-LM class)
+  const char* base_model;    // the base model's class, which a save of the body alone names
   BiasRule qkv_bias, o_bias, mlp_bias;
   bool qk_norm;  // RMSNorm over each head of q and k (weights [head_dim]) before RoPE
   // What transformers assumes when config.json omits a key (its config class's defaults).

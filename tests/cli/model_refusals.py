@@ -190,6 +190,37 @@ def config_file_choice(binary, fixtures, work):
               f"{holder}): ptrain eval {got} = the fixture's {want}", f"transformers reads it: {transformers_reads_it}")
 
 
+def base_model_names(binary, fixtures, work):
+    """Names read as transformers loads them into the causal LM: a base model's save (its body's
+    names without "model.", and architectures naming the base model, as AutoModel saves it), the
+    same names under the causal-LM class (the layout Qwen3-Embedding is released in), and names
+    with a "model." too many — each the fixture's network, transformers' reading confirmed by
+    loading the directory with nothing missing."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    def renamed(src, d, rename):
+        shutil.copytree(f"{fixtures}/{src}", d)
+        t = load_file(f"{d}/model.safetensors")
+        save_file({rename(k): v for k, v in t.items()}, f"{d}/model.safetensors", metadata={"format": "pt"})
+
+    base_save = f"{work}/base_model_save"
+    AutoModel.from_pretrained(f"{fixtures}/hf_qwen2").save_pretrained(base_save)
+    flat = f"{work}/flat_names"
+    renamed("hf_qwen2", flat, lambda k: k.removeprefix("model."))
+    doubled = f"{work}/doubled_prefix"
+    renamed("hf_odd", doubled, lambda k: "model." + k)
+    for d, src, what in ((base_save, "hf_qwen2", "transformers' save of Qwen2Model"),
+                         (flat, "hf_qwen2", "flat names under Qwen2ForCausalLM"),
+                         (doubled, "hf_odd", "every name with a \"model.\" too many")):
+        with open(f"{d}/config.json") as f:
+            arch = json.load(f)["architectures"]
+        _, info = AutoModelForCausalLM.from_pretrained(d, output_loading_info=True)
+        complete = not info["missing_keys"] and not info["unexpected_keys"]
+        want, got = eval_loss(binary, work, f"{fixtures}/{src}"), eval_loss(binary, work, d)
+        check(complete and got == want, f"read as transformers loads it ({what}, architectures {arch}): "
+              f"ptrain eval {got} = the fixture's {want}", f"transformers' loading info: {info}")
+
+
 def main():
     binary, fixtures, work = (os.path.abspath(a) for a in sys.argv[1:4])
     shutil.rmtree(work, ignore_errors=True)
@@ -389,7 +420,23 @@ def main():
     case("bin_big_endian", "hf_odd", lambda d: (as_bin(d), rewrite_zip(
         f"{d}/pytorch_model.bin", lambda name, data: b"big" if name.endswith("/byteorder") else data)),
          "a big-endian archive")
+    # a base model's names (no "model."): the head is missing unless tied; one name stored twice
+    def flat_names(d, drop=(), extra=None):
+        t = load_file(f"{d}/model.safetensors")
+        t = {k.removeprefix("model."): v for k, v in t.items() if k not in drop}
+        t.update(extra(t) if extra else {})
+        save_file(t, f"{d}/model.safetensors", metadata={"format": "pt"})
+
+    case("base_model_untied", "hf_odd", lambda d: flat_names(d, drop=("lm_head.weight",)),
+         "tensor 'lm_head.weight' is missing")
+    case("base_model_name_twice", "hf_qwen2",
+         lambda d: flat_names(d, extra=lambda t: {"model.norm.weight": t["norm.weight"].clone()}),
+         "holds both 'model.norm.weight' and 'norm.weight'", "transformers both loads as 'model.norm.weight'")
+    case("base_model_stray", "hf_qwen2",
+         lambda d: flat_names(d, extra=lambda t: {"layers.0.extra.weight": t["norm.weight"].clone()}),
+         "tensor 'model.layers.0.extra.weight' is not part of", "(stored as 'layers.0.extra.weight')")
     weight_file_choice(binary, fixtures, work)
+    base_model_names(binary, fixtures, work)
     config_file_choice(binary, fixtures, work)
 
     print(f"{passed} passed, {failed} failed")
