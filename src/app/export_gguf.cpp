@@ -314,7 +314,7 @@ void write_gguf(const std::string& model_dir, const std::string& tokenizer_dir, 
   const LlamaShape s = read_hf_config(model_dir);
   const HfStorage storage = read_hf_storage(model_dir);
   refuse_unexpressible(s, storage, model_dir);
-  const HfCheckpoint ckpt(model_dir);
+  const HfCheckpoint ckpt(model_dir, s.tie_embeddings);
   verify_hf_tensors(ckpt, s, storage, /*compare_values=*/false);
   const Arch arch = arch_of(s);
   GgufWriter w;

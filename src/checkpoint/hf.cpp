@@ -685,7 +685,7 @@ std::string causal_lm_name(const std::string& stored) {
 }
 }  // namespace
 
-HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
+HfCheckpoint::HfCheckpoint(const std::string& dir, bool tied_embeddings) : dir_(dir) {
   const auto [weights, is_index] = weight_file(dir);
   const fs::path index = is_index ? weights : fs::path();
   const fs::path single = is_index ? fs::path() : weights;
@@ -742,6 +742,12 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
     if (as != name) stored_[as] = name;
   }
   where_ = std::move(renamed);
+  // Tied, with the head stored and the embedding not: transformers ties the pair the other way.
+  const std::string embedding = "model.embed_tokens.weight", head = "lm_head.weight";
+  if (tied_embeddings && !where_.count(embedding) && where_.count(head)) {
+    where_[embedding] = where_[head];
+    stored_[embedding] = stored_name(head);
+  }
 }
 
 std::string HfCheckpoint::stored_name(const std::string& name) const {
@@ -858,7 +864,8 @@ void value_problems(const HfCheckpoint& ckpt, const ExpectedTensors& want, const
       !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat), ckpt.tensor("model.embed_tokens.weight").to(at::kFloat)))
     problems.push_back(
         "tensor 'lm_head.weight' differs from model.embed_tokens.weight although tie_word_embeddings is "
-        "true: the checkpoint describes an untied model");
+        "true: the checkpoint describes an untied model (transformers warns and loads it untied; set "
+        "tie_word_embeddings to false in config.json to train it so)");
   const at::Tensor inv_freq = rope_inv_freq(shape);
   for (int64_t l = 0; l < shape.n_layers; ++l) {
     const std::string name = "model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq";

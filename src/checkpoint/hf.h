@@ -76,7 +76,10 @@ class HfCheckpoint {
   // model.safetensors.index.json, else pytorch_model.bin, else the shards of
   // pytorch_model.bin.index.json (checkpoint/torch_bin.h) — headers only: no tensor data is read. The index and the
   // shards must agree: every tensor the index maps lies in its file, and every tensor of a shard is mapped there.
-  explicit HfCheckpoint(const std::string& dir);
+  // `tied_embeddings` (config.json's tie_word_embeddings, as read): a checkpoint holding the head
+  // but not the embedding is read with the head as the embedding, as transformers ties a pair
+  // whose source the checkpoint lacks to the one it holds.
+  explicit HfCheckpoint(const std::string& dir, bool tied_embeddings = false);
   // The stored tensor (any dtype, read-only view over the mapping).
   at::Tensor tensor(const std::string& name) const;
   const SafetensorsEntry& entry(const std::string& name) const;

@@ -191,7 +191,7 @@ const std::vector<Rule>& rules() {
            if (const std::string gguf = gguf_model_file(c.model.hf_path); !gguf.empty())
              GgufModel(gguf, c.model.gguf_reader).verify();
            else
-             verify_hf_tensors(HfCheckpoint(c.model.hf_path), c.model.shape,
+             verify_hf_tensors(HfCheckpoint(c.model.hf_path, c.model.shape.tie_embeddings), c.model.shape,
                                HfStorage{c.model.hf_nf4, c.model.hf_nf4_double_quant}, false);
          } catch (const std::exception& e) {
            return e.what();

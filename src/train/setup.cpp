@@ -102,7 +102,7 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
                   log::bytes(static_cast<double>(scope.meter().peak.load())));
     } else {
       MeterScope scope;  // host allocations during the load: the full-precision model must never be among them
-      const HfCheckpoint ckpt(c.model.hf_path);
+      const HfCheckpoint ckpt(c.model.hf_path, c.model.shape.tie_embeddings);
       const HfStorage stored{c.model.hf_nf4, c.model.hf_nf4_double_quant};
       verify_hf_tensors(ckpt, c.model.shape, stored, /*compare_values=*/true);
       if (stored.nf4)  // bitsandbytes' own codes and statistics, bit for bit: nothing requantized

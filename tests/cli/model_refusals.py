@@ -209,9 +209,12 @@ def base_model_names(binary, fixtures, work):
     renamed("hf_qwen2", flat, lambda k: k.removeprefix("model."))
     doubled = f"{work}/doubled_prefix"
     renamed("hf_odd", doubled, lambda k: "model." + k)
+    head_only = f"{work}/tied_head_only"  # transformers ties the pair the other way round
+    renamed("hf_qwen2", head_only, lambda k: "lm_head.weight" if k == "model.embed_tokens.weight" else k)
     for d, src, what in ((base_save, "hf_qwen2", "transformers' save of Qwen2Model"),
                          (flat, "hf_qwen2", "flat names under Qwen2ForCausalLM"),
-                         (doubled, "hf_odd", "every name with a \"model.\" too many")):
+                         (doubled, "hf_odd", "every name with a \"model.\" too many"),
+                         (head_only, "hf_qwen2", "tied, the head stored and not the embedding")):
         with open(f"{d}/config.json") as f:
             arch = json.load(f)["architectures"]
         _, info = AutoModelForCausalLM.from_pretrained(d, output_loading_info=True)
@@ -427,6 +430,8 @@ def main():
         t.update(extra(t) if extra else {})
         save_file(t, f"{d}/model.safetensors", metadata={"format": "pt"})
 
+    case("untied_head_only", "hf_odd", lambda d: edit_tensors(d, lambda t: t.pop("model.embed_tokens.weight")),
+         "tensor 'model.embed_tokens.weight' is missing")
     case("base_model_untied", "hf_odd", lambda d: flat_names(d, drop=("lm_head.weight",)),
          "tensor 'lm_head.weight' is missing")
     case("base_model_name_twice", "hf_qwen2",
