@@ -755,6 +755,13 @@ std::string HfCheckpoint::stored_name(const std::string& name) const {
   return it == stored_.end() ? name : it->second;
 }
 
+std::string HfCheckpoint::renamed_note() const {
+  if (stored_.empty()) return "";
+  const auto& [name, stored] = *stored_.begin();
+  return dir_ + ": " + std::to_string(stored_.size()) + " tensor(s) read under the names transformers loads them " +
+         "as into the causal LM (e.g. '" + stored + "' as '" + name + "')";
+}
+
 at::Tensor HfCheckpoint::tensor(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) throw RuntimeError("HF checkpoint '" + dir_ + "' has no tensor '" + name + "'");

@@ -89,6 +89,9 @@ class HfCheckpoint {
   std::vector<std::string> names() const;
   // The name tensor `name` is stored under in the files (where it differs: `name` otherwise).
   std::string stored_name(const std::string& name) const;
+  // A line for the log where some tensors are read under another name than they are stored
+  // under ("" where none is): how many, and the first.
+  std::string renamed_note() const;
   // tensor() as a function, for FsdpModel::load (valid while this checkpoint is).
   std::function<at::Tensor(const std::string&)> by_name() const {
     return [this](const std::string& name) { return tensor(name); };
