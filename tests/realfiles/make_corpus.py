@@ -42,6 +42,10 @@ pinned version and checked against their sha256. Sets (OUT/<name>/):
   hf4-qwen2-bin-sharded
                        the same saved by 4.57.6 with safe_serialization=False: torch.save's
                        pytorch_model-0000K-of-0000N.bin shards and pytorch_model.bin.index.json
+  hf5-qwen2-base-model, hf4-qwen2-base-model
+                       hf5-qwen2's body alone (tied, so the whole network), as its base model
+                       Qwen2Model saves it — names without "model.", architectures ["Qwen2Model"],
+                       the layout Qwen3-Embedding is released in — by transformers 5.23 and 4.57.6
   hf5-llama-r1,        hf5-llama's and hf5-qwen2's model and tokenizer with the special tokens
   hf5-qwen2-r1         DeepSeek-R1's distilled models rename in them (bos, eos, <｜User｜>,
                        <｜Assistant｜>; ids kept): that shape, not a released file
@@ -290,6 +294,8 @@ if how == "bf16-sharded":
     model.to(torch.bfloat16).save_pretrained(dst, max_shard_size="1MB")
 elif how == "bin-sharded":  # pytorch_model-0000K-of-0000N.bin and their index (transformers 4.x only)
     model.to(torch.bfloat16).save_pretrained(dst, max_shard_size="1MB", safe_serialization=False)
+elif how == "base-model":  # the body alone, as its base model class saves it
+    model.model.save_pretrained(dst)
 else:
     model.save_pretrained(dst)
 tok.save_pretrained(dst)
@@ -407,6 +413,10 @@ def main():
              lambda d: run_py(FAMILY, "qwen2", qwen_tok, d, "bf16-sharded", path=[tf4, helpers]))
     make_set(out, "hf4-qwen2-bin-sharded",
              lambda d: run_py(FAMILY, "qwen2", qwen_tok, d, "bin-sharded", path=[tf4, helpers]))
+    make_set(out, "hf5-qwen2-base-model",
+             lambda d: run_py(FAMILY, "qwen2", qwen_tok, d, "base-model", path=[helpers]))
+    make_set(out, "hf4-qwen2-base-model",
+             lambda d: run_py(FAMILY, "qwen2", qwen_tok, d, "base-model", path=[tf4, helpers]))
     nemo_tok = os.path.join(out, "mistral-tekken-hf5")
     make_set(out, "hf5-mistral-nemo", lambda d: run_py(FAMILY, "mistral-nemo", nemo_tok, d, path=[helpers]))
     for family_set in R1_RENAMES:
