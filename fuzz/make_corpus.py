@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Seed corpora for the fuzz targets (fuzz/corpus/<target>/): small valid inputs of each kind the
 readers take, and a few malformed ones, so that fuzzing starts from every branch's doorstep.
+fuzz/corpus is written anew each run (from the fixtures as they are then); seeds written by hand
+live in fuzz/seeds/<target>/ and crash inputs in fuzz/regressions/<target>/, which it leaves.
 
 Run with the project's venv (safetensors):  $PTRAIN_VENV/bin/python fuzz/make_corpus.py
 """

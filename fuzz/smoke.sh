@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzes one target for a bounded time from its committed corpus: new inputs go to a scratch
+# Fuzzes one target for a bounded time from its committed inputs (corpus, seeds, regressions): new inputs go to a scratch
 # directory, a crashing input to FINDINGS/<target>/ (commit it under fuzz/regressions/<target>/
 # once fixed). Prints libFuzzer's final counts (inputs run, coverage).
 #
@@ -11,7 +11,7 @@ mkdir -p "$scratch/corpus" "$scratch/tmp"
 export PTRAIN_FUZZ_TMP="$scratch/tmp"  # the files the targets write their inputs to
 mkdir -p "$findings"
 "$bin" -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=4096 -timeout=20 -max_len=65536 \
-  -artifact_prefix="$findings/" "$scratch/corpus" "$dir/corpus/$target" "$dir/regressions/$target" 2>&1 \
+  -artifact_prefix="$findings/" "$scratch/corpus" "$dir/corpus/$target" "$dir/seeds/$target" "$dir/regressions/$target" 2>&1 \
   | grep -E "^(stat::|#[0-9]+[[:space:]]+DONE|==[0-9]+==ERROR|SUMMARY|artifact_prefix|Test unit written)|INFO: seed corpus|DEDUP"
 rc=${PIPESTATUS[0]}
 [ $rc -eq 0 ] && echo "fuzz $target: no finding in $seconds s" || echo "fuzz $target: FINDING (exit $rc), input in $findings"
