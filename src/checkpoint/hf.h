@@ -18,19 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_config_file.h"
 #include "checkpoint/safetensors.h"
 #include "model/shape.h"
 #include "quant/nf4.h"
 
 namespace ptrain {
-
-// The config file transformers' from_pretrained reads in DIR: config.json, unless config.json lists
-// `configuration_files` — then the config.VERSION.json of the last VERSION not above transformers
-// 5.23.0, taking the names in transformers' order (sorted as strings, stopping at the first version
-// above it). Every reader of a model directory's config goes through it. Throws UnsupportedInput
-// for a list transformers fails on or a version ptrain does not compare (only N.N.N releases),
-// RuntimeError where the file chosen is missing.
-std::string hf_config_file(const std::string& dir);
 
 // Reads DIR's config file (hf_config_file) as transformers reads it (tests/unit/test_hf_config.cpp compares the two
 // on ~1,500 variants). Throws UnsupportedInput naming the key (unknown family, a key that changes

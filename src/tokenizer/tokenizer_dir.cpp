@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include "checkpoint/hf.h"
+#include "checkpoint/hf_config_file.h"
 #include "common/error.h"
 #include "common/fs_util.h"
 
