@@ -1,6 +1,7 @@
 // UTF-8 encoding of one code point, for the readers that unescape text (tokenizer.json byte
-// tables, chat template string literals).
+// tables, chat template string literals), and the count of a string's code points.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -25,6 +26,13 @@ inline std::string utf8(uint32_t cp) {
     s += static_cast<char>(0x80 | (cp & 0x3F));
   }
   return s;
+}
+
+// The code points of UTF-8 text `s` (Python's len() of the string): its bytes that do not continue one.
+inline size_t code_points(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
 }
 
 }  // namespace ptrain

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/python_json.h"
+#include "common/utf8.h"
 #include "tokenizer/template_scan.h"
 #include "tokenizer/tokenizer.h"
 
@@ -2005,12 +2006,6 @@ std::vector<Part> qwen3_parts(const ChatFormat& f, const std::vector<ChatMessage
     parts.push_back({"\n", true});
   }
   return parts;
-}
-
-// Python's len() of a string: its code points.
-size_t code_points(const std::string& s) {
-  return static_cast<size_t>(
-      std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
 }
 
 // A tool call's or result's id as Mistral Nemo's template checks it: 9 characters.

@@ -3,6 +3,8 @@
 #include <map>
 #include <vector>
 
+#include "common/utf8.h"
+
 namespace ptrain {
 
 using nlohmann::json;
@@ -32,12 +34,6 @@ struct Option {
   Need need;
 };
 using Options = std::vector<Option>;
-
-size_t code_points(const std::string& s) {
-  size_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
 
 bool has_type(const json& v, Type t) {
   switch (t) {
