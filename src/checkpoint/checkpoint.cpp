@@ -214,6 +214,7 @@ json checkpoint_meta(const FsdpModel& model, const Optimizer& optim, const Train
   return {{"format_version", kCheckpointFormatVersion},
           {"step", progress.step},
           {"samples", progress.samples},
+          {"num_tokens", progress.num_tokens},
           {"data", progress.data},
           {"optimizer_steps", optim.steps()},
           {"world_size", model.comm().world_size()},
@@ -396,7 +397,8 @@ void load_checkpoint(const std::string& dir, FsdpModel& model, Optimizer* optim,
     gen.set_state(rng.tensor("cpu").clone());
     progress.step = meta.at("step").get<int64_t>();
     progress.samples = meta.at("samples").get<uint64_t>();
-    progress.data = meta.value("data", std::string());  // absent in checkpoints of earlier versions
+    progress.num_tokens = meta.value("num_tokens", uint64_t{0});  // absent in checkpoints of earlier versions
+    progress.data = meta.value("data", std::string());            // absent in checkpoints of earlier versions
   } catch (const json::exception& e) {
     throw RuntimeError("checkpoint '" + dir + "': meta.json lacks a field: " + e.what());
   }

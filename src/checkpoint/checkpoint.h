@@ -28,6 +28,8 @@ struct TrainProgress {
   int64_t step = 0;      // optimizer steps completed
   uint64_t samples = 0;  // global rows consumed (data position)
   std::string data;      // fingerprint of the rows read (RowSource::fingerprint); "" if unknown
+  // The ids of the preference rows trained on so far, all ranks (TRL's num_tokens: DPO, KTO)
+  uint64_t num_tokens = 0;
 };
 
 // Writes <root>/step_<progress.step> (collective: every rank calls it); keeps the newest

@@ -146,6 +146,7 @@ void validate_checkpoint_meta(const json& meta, const std::string& where) {
   constexpr int64_t kMax = int64_t{1} << 62;
   m.integer("step", 0, kMax);
   m.integer("samples", 0, kMax);
+  m.integer("num_tokens", 0, kMax, 0);
   m.string("data", true);
   m.integer("optimizer_steps", 0, kMax);
   m.integer("world_size", 1, 1 << 20);

@@ -9,7 +9,8 @@ namespace ptrain {
 int64_t Batch::trained_tokens() const { return targets.ne(kIgnoreIndex).sum().item<int64_t>(); }
 
 Batch Batch::to(const c10::Device& device) const {
-  return {inputs.to(device), targets.to(device), doc_ids.defined() ? doc_ids.to(device) : at::Tensor(), pairs, labels};
+  return {inputs.to(device), targets.to(device), doc_ids.defined() ? doc_ids.to(device) : at::Tensor(), pairs, labels,
+          num_tokens};
 }
 
 Batch Batch::of_windows(const at::Tensor& windows) {

@@ -250,8 +250,10 @@ Batch PairRows::pair_batch(const std::vector<int64_t>& pairs) const {
   at::Tensor inputs = at::zeros({2 * P, T}, at::kLong), targets = at::full({2 * P, T}, kIgnoreIndex, at::kLong);
   int64_t* in = inputs.data_ptr<int64_t>();
   int64_t* tg = targets.data_ptr<int64_t>();
+  int64_t num_tokens = 0;
   for (int64_t b = 0; b < 2 * P; ++b) {
     const int64_t s = 2 * pairs[b % P] + (b < P ? 0 : 1), n = set_->length(s);
+    num_tokens += n;
     const int32_t* ids = set_->ids(s);
     const uint8_t* trained = set_->trained(s);
     for (int64_t t = 0; t + 1 < n; ++t) {
@@ -259,7 +261,7 @@ Batch PairRows::pair_batch(const std::vector<int64_t>& pairs) const {
       if (trained[t + 1]) tg[b * T + t] = ids[t + 1];
     }
   }
-  return {inputs, targets, at::Tensor(), at::tensor(pairs, at::kLong), at::Tensor()};
+  return {inputs, targets, at::Tensor(), at::tensor(pairs, at::kLong), at::Tensor(), num_tokens};
 }
 
 std::string PairRows::fingerprint() const {
@@ -373,6 +375,7 @@ Batch KtoRows::pair_batch(const std::vector<int64_t>& examples) const {
   int64_t* in = inputs.data_ptr<int64_t>();
   int64_t* tg = targets.data_ptr<int64_t>();
   bool* label = labels.data_ptr<bool>();
+  int64_t num_tokens = 0;
   const auto n_train = static_cast<int64_t>(train_.size());
   for (int64_t b = 0; b < B; ++b) {
     const int64_t k = examples[static_cast<size_t>(b)];
@@ -386,6 +389,7 @@ Batch KtoRows::pair_batch(const std::vector<int64_t>& examples) const {
       const int64_t from = side == 0 ? e.sample : e.kl, start = side == 0 ? prompt : prompt_ids(e.kl);
       ids.insert(ids.end(), set_->ids(from) + start, set_->ids(from) + set_->length(from));
       const auto n = std::min<int64_t>(static_cast<int64_t>(ids.size()), max_ids_);
+      if (side == 0) num_tokens += n;
       const int64_t row = side * B + b;
       for (int64_t t = 0; t + 1 < n; ++t) {
         in[row * T + t] = ids[static_cast<size_t>(t)];
@@ -393,7 +397,7 @@ Batch KtoRows::pair_batch(const std::vector<int64_t>& examples) const {
       }
     }
   }
-  return {inputs, targets, at::Tensor(), at::tensor(examples, at::kLong), labels};
+  return {inputs, targets, at::Tensor(), at::tensor(examples, at::kLong), labels, num_tokens};
 }
 
 std::string KtoRows::fingerprint() const {

@@ -129,6 +129,8 @@ struct PreferenceMetrics {
   // log_odds_chosen (means over the pairs).
   std::vector<std::pair<std::string, double>> more;
   bool kto = false;  // KTOTrainer's metrics (pairs: its examples): every one it logs is in `more`
+  // The ids of the step's rows, all ranks (Batch::num_tokens): what the step adds to TRL's num_tokens.
+  int64_t num_tokens = 0;
 };
 
 }  // namespace ptrain

@@ -425,17 +425,19 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
                            const PreferenceObjective& objective, StepResult& r) {
   if (objective.objective == Objective::kto) return accumulate_kto(model, micro_batch, o, objective, r);
   std::vector<Batch> batches;
-  int64_t pairs = 0, tokens = 0, chosen = 0;
+  int64_t pairs = 0, tokens = 0, chosen = 0, ids = 0;
   const bool nll = has_nll(objective);
   for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
     batches.push_back(micro_batch(a));
     pairs += batches.back().inputs.size(0) / 2;
     tokens += batches.back().trained_tokens();
+    ids += batches.back().num_tokens;
     if (nll) chosen += chosen_tokens(batches.back(), objective.objective);
   }
   Collectives& comm = model.comm();
-  at::Tensor total =
-      at::tensor({static_cast<double>(pairs), static_cast<double>(tokens), static_cast<double>(chosen)}, at::kDouble);
+  at::Tensor total = at::tensor(
+      {static_cast<double>(pairs), static_cast<double>(tokens), static_cast<double>(chosen), static_cast<double>(ids)},
+      at::kDouble);
   comm.all_reduce_sum(total);
   const double n = total[0].item<double>(), chosen_total = std::max(total[2].item<double>(), 1.0);
   if (n <= 0) throw RuntimeError("a training step has no preference pairs");
@@ -459,6 +461,7 @@ void accumulate_preference(FsdpModel& model, const MicroBatchFn& micro_batch, co
   }
   comm.all_reduce_sum(sums);
   r.preference = metrics_of(sums, static_cast<int64_t>(n), objective);
+  r.preference.num_tokens = static_cast<int64_t>(total[3].item<double>());
   r.loss = r.preference.loss;
   r.trained_tokens = static_cast<int64_t>(total[1].item<double>());
 }
@@ -696,15 +699,17 @@ PreferenceMetrics kto_metrics(const at::Tensor& sums, int64_t ranks, bool evalua
 void accumulate_kto(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o,
                     const PreferenceObjective& objective, StepResult& r) {
   std::vector<Batch> batches;
-  int64_t examples = 0, tokens = 0;
+  int64_t examples = 0, tokens = 0, ids = 0;
   for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
     batches.push_back(micro_batch(a));
     const int64_t B = batches.back().inputs.size(0) / 2;
     examples += B;
     tokens += batches.back().targets.slice(0, 0, B).ne(kIgnoreIndex).sum().item<int64_t>();
+    ids += batches.back().num_tokens;
   }
   Collectives& comm = model.comm();
-  at::Tensor total = at::tensor({static_cast<double>(examples), static_cast<double>(tokens)}, at::kDouble);
+  at::Tensor total =
+      at::tensor({static_cast<double>(examples), static_cast<double>(tokens), static_cast<double>(ids)}, at::kDouble);
   comm.all_reduce_sum(total);
   const double n = total[0].item<double>();
   if (n <= 0) throw RuntimeError("a training step has no KTO examples");
@@ -729,6 +734,7 @@ void accumulate_kto(FsdpModel& model, const MicroBatchFn& micro_batch, const Ste
   at::Tensor all = at::stack(sums);
   comm.all_reduce_sum(all);
   r.preference = kto_metrics(all, comm.world_size(), false);
+  r.preference.num_tokens = static_cast<int64_t>(total[2].item<double>());
   r.loss = r.preference.loss;
   r.trained_tokens = static_cast<int64_t>(total[1].item<double>());
 }

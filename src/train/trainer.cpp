@@ -189,6 +189,7 @@ class Run {
     s.result = c_.optimizer.in_backward ? train_step_in_backward(*model_, *optim_, micro_batch, s.lr, options)
                                         : train_step(*model_, *optim_, micro_batch, s.lr, options);
     progress.samples += static_cast<uint64_t>(B * c_.training.grad_accum_steps * ws_);
+    progress.num_tokens += static_cast<uint64_t>(s.result.preference.num_tokens);
     ++progress.step;
     at::Tensor agree = at::tensor({g_stop_signal.load() ? 1.0 : 0.0}, at::kDouble);
     comm_->all_reduce_sum(agree);
@@ -242,6 +243,9 @@ class Run {
       const PreferenceMetrics& m = s.result.preference;
       for (const auto& [name, value] : trl_metrics(m, "")) row.push_back({name, value});
       row.push_back({m.kto ? "examples" : "pairs", m.pairs});
+      // DPOTrainer's and KTOTrainer's running count of the ids trained on (CPO's and ORPO's log none)
+      if (c_.training.objective == Objective::dpo || c_.training.objective == Objective::kto)
+        row.push_back({"num_tokens", static_cast<int64_t>(progress.num_tokens)});
       pair_note = preference_note(m);
     }
     std::string lost_note;

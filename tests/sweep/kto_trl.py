@@ -40,6 +40,10 @@ from preference_trl import (FIXTURES, LORA_TARGETS, make_adapter, make_ref_model
 STEPS, LR, RTOL = 10, 1e-3, 1e-5
 METRICS = ["loss", "kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
            "logits/chosen", "logits/rejected", "entropy"]
+# KTOTrainer's running count of the ids trained on (the examples' attention masks, not the KL
+# rows', summed over every micro-batch and process), compared at each step (its evaluation logs the
+# training count again; ptrain's evaluation does not)
+STEP_METRICS = METRICS + ["num_tokens"]
 # name, model, data, [preference] keys (and "micro": examples a micro-batch, "accum", "lr"), lora, world sizes
 CASES = [
     ("llama3 chat kto lora", "hf_chat", "chat", {"micro": 4}, True, [1, 3]),
@@ -166,7 +170,7 @@ def compare(name, np, ref, got, beta):
         sys.exit(f"FAIL {name} np {np}: {len(ref)} TRL steps, {len(got)} ptrain steps")
     worst = (0.0, "")
     for step, (a, b) in enumerate(zip(ref, got), start=1):
-        for m in METRICS:
+        for m in STEP_METRICS:
             if (m in a) != (m in b):
                 sys.exit(f"FAIL {name} np {np} step {step}: {m} logged by {'TRL' if m in a else 'ptrain'} only")
             if m not in a:
@@ -226,7 +230,7 @@ def main():
                 if np == 1:
                     evaluated = f"; evaluation {compare_eval(name, ref_eval, got_eval, pref.get('beta', 0.1)):.1e}"
                 compared += 1
-                print(f"PASS {name} np {np}: {STEPS} steps of {len(METRICS)} metrics = TRL's KTOTrainer, worst "
+                print(f"PASS {name} np {np}: {STEPS} steps of {len(STEP_METRICS)} metrics = TRL's KTOTrainer, worst "
                       f"relative difference {rel:.1e} ({where}){evaluated}", flush=True)
         print(f"{compared} runs compared, 0 failed")
 

@@ -68,7 +68,9 @@ def compared(objective, pref):
     own = own_metrics(objective, pref)
     if pref.get("accum", 1) > 1:
         own = [m for m in own if m not in TOKEN_MEANS]
-    return METRICS + own
+    # DPOTrainer's running count of the ids trained on (attention masks summed over every
+    # micro-batch and process); CPOTrainer and ORPOTrainer log none
+    return METRICS + own + (["num_tokens"] if objective == "dpo" else [])
 
 # name, model, data, objective, [preference] keys (and "accum": gradient accumulation steps,
 # "seq_len": ptrain's data.seq_len, TRL's max_length - 1; default 63; "lr": the learning rate,

@@ -122,6 +122,11 @@ TEST(Preference, AResumedRunContinuesExactly) {
     const auto la = losses(dir / "whole/metrics.jsonl"), lb = losses(dir / "resumed/metrics.jsonl");
     for (int64_t step = 5; step <= 8; ++step) EXPECT_EQ(la.at(step), lb.at(step)) << step << " " << precompute;
     EXPECT_NE(la.at(5), la.at(1));
+    // TRL's running count of the ids trained on goes on from the checkpoint's
+    const auto na = metric_by_step(dir / "whole/metrics.jsonl", "num_tokens"),
+               nb = metric_by_step(dir / "resumed/metrics.jsonl", "num_tokens");
+    for (int64_t step = 5; step <= 8; ++step) EXPECT_EQ(na.at(step), nb.at(step)) << step << " " << precompute;
+    EXPECT_GT(na.at(5), na.at(4));
   }
 }
 
@@ -215,5 +220,8 @@ TEST(Preference, AResumedKtoRunContinuesExactly) {
     ASSERT_EQ(rc_b, 0);
     const auto la = losses(dir / "whole/metrics.jsonl"), lb = losses(dir / "resumed/metrics.jsonl");
     for (int64_t step = 6; step <= 12; ++step) EXPECT_EQ(la.at(step), lb.at(step)) << step << " " << precompute;
+    const auto na = metric_by_step(dir / "whole/metrics.jsonl", "num_tokens"),
+               nb = metric_by_step(dir / "resumed/metrics.jsonl", "num_tokens");
+    for (int64_t step = 6; step <= 12; ++step) EXPECT_EQ(na.at(step), nb.at(step)) << step << " " << precompute;
   }
 }

@@ -12,14 +12,19 @@
 
 namespace ptrain::test {
 
-inline std::map<int64_t, double> losses(const std::string& metrics_path) {
+// A metric of metrics.jsonl's step records by step (the records that hold it).
+inline std::map<int64_t, double> metric_by_step(const std::string& metrics_path, const std::string& name) {
   std::map<int64_t, double> out;
   std::ifstream in(metrics_path);
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    if (j.contains(name)) out[j["step"].get<int64_t>()] = j[name].get<double>();
   }
   return out;
+}
+
+inline std::map<int64_t, double> losses(const std::string& metrics_path) {
+  return metric_by_step(metrics_path, "loss");
 }
 
 inline std::string last_line(const std::string& path) {
