@@ -346,6 +346,13 @@ def trl_run(model_dir, rows, objective, pref, lora, adapter, work):
                              eval_dataset=Dataset.from_list(rows), processing_class=tok)
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h and "step" in h]
+    # Where TRL dropped pairs (a prompt that fills max_length), its batch of the rest is short;
+    # ptrain fills each step's six pairs by going round the kept ones again: the same means, and
+    # as many times the ids (num_tokens) as the kept pairs go into six.
+    kept = len(trainer.train_dataset)
+    for h in steps:
+        if "num_tokens" in h:
+            h["num_tokens"] *= PAIRS / kept
     evaluation = trainer.evaluate()
     evaluation["pairs"] = len(trainer.eval_dataset)  # those TRL kept (it drops a prompt that fills max_length)
     return steps, evaluation
