@@ -18,6 +18,7 @@
 #include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/json_value.h"
 #include "common/log.h"
 #include "config/config.h"
 #include "tokenizer/chat.h"
@@ -240,7 +241,7 @@ void add_tokenizer_metadata(GgufWriter& w, const std::string& dir, int64_t vocab
   if (!fs::is_regular_file(file))
     throw UnsupportedInput("no tokenizer.json in " + dir +
                            ": llama.cpp needs the vocabulary inside the GGUF (data.tokenizer names another directory)");
-  const json j = json::parse(read_text_file(file.string()));
+  const json j = read_json_file(file.string());
   const std::string where = file.string();
   const json& model = j.at("model");
   if (model.value("type", "") != "BPE")

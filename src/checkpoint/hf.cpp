@@ -21,14 +21,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-json read_json(const std::string& path) {
-  try {
-    return json::parse(read_text_file(path));
-  } catch (const json::exception& e) {
-    throw RuntimeError("'" + path + "' is not valid JSON: " + e.what());
-  }
-}
-
 // How ptrain treats a config.json key that transformers' code reads for a family.
 enum class KeyUse {
   read,       // implemented: read_hf_config reads it
@@ -357,7 +349,7 @@ void read_mistral_window(const json& c, LlamaShape& s, const std::string& path) 
 }  // namespace
 
 std::vector<std::string> hf_config_ignored_keys(const std::string& dir) {
-  const json c = read_json(hf_config_file(dir));
+  const json c = read_json_file(hf_config_file(dir));
   const auto family = c.is_object() && c.contains("model_type") && c["model_type"].is_string()
                           ? family_named(c["model_type"].get<std::string>())
                           : std::nullopt;
@@ -493,7 +485,7 @@ LlamaShape read_hf_config(const std::string& dir) {
     throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face model directory: " + family_list() +
                        ")");
   const std::string path = hf_config_file(dir);
-  return hf_config_shape(read_json(path), path, dir);
+  return hf_config_shape(read_json_file(path), path, dir);
 }
 
 LlamaShape hf_config_shape(const json& c, const std::string& path, const std::string& dir) {
@@ -561,7 +553,7 @@ namespace {
 std::pair<fs::path, bool> weight_file(const std::string& dir) {
   const fs::path config = hf_config_file(dir);
   if (fs::is_regular_file(config)) {
-    const json c = read_json(config.string());
+    const json c = read_json_file(config.string());
     if (const auto it = c.find("transformers_weights"); it != c.end() && !it->is_null()) {
       const std::string key = config.string() + ": transformers_weights = " + it->dump();
       if (!it->is_string())
@@ -627,7 +619,7 @@ HfCheckpoint::HfCheckpoint(const std::string& dir, bool tied_embeddings) : dir_(
     return files_[file] = open_weight_file(p);
   };
   if (!index.empty() && fs::is_regular_file(index)) {
-    json j = read_json(index.string());
+    json j = read_json_file(index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw RuntimeError(index.string() + ": missing \"weight_map\"");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {

@@ -7,6 +7,7 @@
 #include "checkpoint/hf.h"
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/json_value.h"
 #include "quant/blockwise8.h"
 #include "quant/nf4_math.h"
 
@@ -31,12 +32,7 @@ bool is_false_or_null(const json& v) { return v.is_null() || (v.is_boolean() && 
 
 HfStorage read_hf_storage(const std::string& dir) {
   const std::string path = hf_config_file(dir);
-  json c;
-  try {
-    c = json::parse(read_text_file(path));
-  } catch (const json::exception& e) {
-    throw RuntimeError("'" + path + "' is not valid JSON: " + e.what());
-  }
+  const json c = read_json_file(path);
   HfStorage s;
   if (!c.is_object() || !c.contains("quantization_config") || c["quantization_config"].is_null()) return s;
   const json& q = c["quantization_config"];

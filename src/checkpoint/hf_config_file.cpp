@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/json_value.h"
 
 namespace ptrain {
 
@@ -45,20 +46,12 @@ bool not_above_reference(const std::vector<int64_t>& v) {
   }
   return true;
 }
-
-json read_config_json(const std::string& path) {
-  try {
-    return json::parse(read_text_file(path));
-  } catch (const json::exception& e) {
-    throw RuntimeError("'" + path + "' is not valid JSON: " + e.what());
-  }
-}
 }  // namespace
 
 std::string hf_config_file(const std::string& dir) {
   const fs::path base = fs::path(dir) / "config.json";
   if (!fs::is_regular_file(base)) return base.string();
-  const json c = read_config_json(base.string());
+  const json c = read_json_file(base.string());
   const auto listed = c.is_object() ? c.find("configuration_files") : c.end();
   if (!c.is_object() || listed == c.end()) return base.string();
   const std::string where = base.string() + ": configuration_files";

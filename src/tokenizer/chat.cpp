@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/json_value.h"
 #include "common/python_json.h"
 #include "common/utf8.h"
 #include "tokenizer/template_scan.h"
@@ -132,12 +133,7 @@ std::string template_text(const fs::path& dir, std::string& where) {
   const fs::path cfg = dir / "tokenizer_config.json";
   if (!fs::is_regular_file(cfg)) return "";
   where = cfg.string();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(where));
-  } catch (const nlohmann::json::exception& e) {
-    throw RuntimeError(where + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
+  const nlohmann::json j = read_json_file(where);
   if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return "";
   const auto& t = j["chat_template"];
   if (t.is_string()) return t.get<std::string>();

@@ -7,6 +7,7 @@
 #include "checkpoint/hf_config_file.h"
 #include "common/error.h"
 #include "common/fs_util.h"
+#include "common/json_value.h"
 
 namespace ptrain {
 namespace {
@@ -113,14 +114,6 @@ const std::set<std::string> kEffectKeys{
 };
 const char* const kNamedSpecial[] = {"bos_token", "eos_token", "unk_token", "pad_token",
                                      "sep_token", "cls_token", "mask_token"};
-
-json read_json_file(const fs::path& p) {
-  try {
-    return json::parse(read_text_file(p.string()));
-  } catch (const json::exception& e) {
-    throw RuntimeError(p.string() + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
-}
 
 struct Reader {
   fs::path cfg_path;
@@ -320,7 +313,7 @@ std::string strip_fast(std::string s) {
 // merges it: its tokens over tokenizer_config's.
 void merge_special_tokens_map(Reader& r, const fs::path& map_path) {
   if (!fs::exists(map_path)) return;
-  const json m = read_json_file(map_path);
+  const json m = read_json_file(map_path.string());
   if (!m.is_object()) throw RuntimeError(map_path.string() + ": not a JSON object");
   for (const auto& [key, value] : m.items()) {
     r.origin[key] = map_path;
@@ -346,7 +339,7 @@ struct ModelConfigNames {
 ModelConfigNames read_model_config_names(const fs::path& dir) {
   ModelConfigNames n{hf_config_file(dir.string()), "", ""};
   if (!fs::exists(n.path)) return n;
-  const json c = read_json_file(n.path);
+  const json c = read_json_file(n.path.string());
   if (!c.is_object()) throw RuntimeError(n.path.string() + ": not a JSON object");
   if (c.contains("model_type") && c["model_type"].is_string()) n.model_type = c["model_type"].get<std::string>();
   if (c.contains("tokenizer_class") && c["tokenizer_class"].is_string())
@@ -517,7 +510,7 @@ std::string left_out(const json& tokenizer, const std::vector<std::string>& igno
 TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
   Reader r{dir / "tokenizer_config.json", json::object(), tokenizer, {}};
   if (fs::exists(r.cfg_path)) {
-    r.cfg = read_json_file(r.cfg_path);
+    r.cfg = read_json_file(r.cfg_path.string());
     if (!r.cfg.is_object()) throw RuntimeError(r.cfg_path.string() + ": not a JSON object");
   }
   // The legacy files, read by transformers only when tokenizer_config.json has no added_tokens_decoder.
@@ -528,7 +521,8 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
   auto [cls, why] = resolve_class(r, read_model_config_names(dir), tokenizer_text);
   r.check_added_tokens_decoder();
   r.check_special_tokens(cls);
-  if (legacy_files && fs::exists(added_path)) r.check_added_tokens_file(added_path, read_json_file(added_path));
+  if (legacy_files && fs::exists(added_path))
+    r.check_added_tokens_file(added_path, read_json_file(added_path.string()));
   why += rebuild_pipeline(r, cls, tokenizer);
   why += left_out(tokenizer, ignored);
   // Mistral's releases ship their Tekken vocabulary beside tokenizer.json. transformers reads
