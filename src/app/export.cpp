@@ -99,8 +99,11 @@ void copy_tokenizer(const std::string& checkpoint_dir, const std::string& out_di
     return;
   }
   if (!fs::is_directory(source)) return;
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                        "added_tokens.json"})
+  // The tokenizer file transformers reads there too, when fast_tokenizer_files names another.
+  const std::string versioned = fs::path(hf_tokenizer_file(source)).filename().string();
+  for (const std::string& f :
+       {std::string("tokenizer.json"), versioned, std::string("tokenizer_config.json"),
+        std::string("chat_template.jinja"), std::string("special_tokens_map.json"), std::string("added_tokens.json")})
     if (fs::is_regular_file(fs::path(source) / f))
       fs::copy_file(fs::path(source) / f, fs::path(out_dir) / f, fs::copy_options::overwrite_existing);
   if (fs::is_directory(fs::path(source) / "additional_chat_templates"))  // transformers' named (and default) templates

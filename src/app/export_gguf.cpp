@@ -237,7 +237,7 @@ std::vector<float> merge_scores(const std::vector<std::string>& tokens, const st
 }
 
 void add_tokenizer_metadata(GgufWriter& w, const std::string& dir, int64_t vocab_size) {
-  const fs::path file = fs::path(dir) / "tokenizer.json";
+  const fs::path file = hf_tokenizer_file(dir);  // tokenizer.json, or the file fast_tokenizer_files names
   if (!fs::is_regular_file(file))
     throw UnsupportedInput("no tokenizer.json in " + dir +
                            ": llama.cpp needs the vocabulary inside the GGUF (data.tokenizer names another directory)");

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/hf_config_file.h"
 #include "common/error.h"
 #include "common/fs_util.h"
 #include "common/regex.h"
@@ -705,6 +706,7 @@ json Tokenizer::Impl::open(const std::string& path_in) {
     source_bytes = g.header_bytes;
     return j;
   }
+  if (dir) path = hf_tokenizer_file(path_in);  // tokenizer.json, or the file fast_tokenizer_files names
   if (!fs::is_regular_file(path)) refuse_missing(path_in, dir);
   const std::string text = read_text_file(path);
   json j;

@@ -108,9 +108,9 @@ const std::set<std::string> kEffectKeys{
     "fix_mistral_regex",                                                        // refused unless false
     "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",  // refused unless false
     "auto_map",                                                                 // refused: remote code
-    "fast_tokenizer_files",                                                     // refused: another tokenizer file
-    "tokenizer",         // refused: a tokenizer object in place of tokenizer.json
-    "tokenizer_object",  // refused: the same
+    "fast_tokenizer_files",  // which tokenizer file is read (hf_tokenizer_file)
+    "tokenizer",             // refused: a tokenizer object in place of tokenizer.json
+    "tokenizer_object",      // refused: the same
 };
 const char* const kNamedSpecial[] = {"bos_token", "eos_token", "unk_token", "pad_token",
                                      "sep_token", "cls_token", "mask_token"};
@@ -353,8 +353,6 @@ std::vector<std::string> check_config_keys(const Reader& r) {
   for (const auto& [key, v] : r.cfg.items()) {
     if (key == "auto_map")
       r.fail(key, "names tokenizer code of the model's own (remote code), which ptrain cannot run");
-    if (key == "fast_tokenizer_files")
-      r.fail(key, "points transformers at another tokenizer file; ptrain reads tokenizer.json");
     if (key == "tokenizer" || key == "tokenizer_object")
       r.fail(key, "hands transformers a tokenizer object instead of tokenizer.json; ptrain reads tokenizer.json");
     if (key == "split_special_tokens" && v != json(false) && !v.is_null())
@@ -523,6 +521,8 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
   r.check_special_tokens(cls);
   if (legacy_files && fs::exists(added_path))
     r.check_added_tokens_file(added_path, read_json_file(added_path.string()));
+  if (const fs::path read = hf_tokenizer_file(dir.string()); read.filename() != "tokenizer.json")
+    why += "; " + read.filename().string() + " read for tokenizer.json (fast_tokenizer_files)";
   why += rebuild_pipeline(r, cls, tokenizer);
   why += left_out(tokenizer, ignored);
   // Mistral's releases ship their Tekken vocabulary beside tokenizer.json. transformers reads
