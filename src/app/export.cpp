@@ -99,8 +99,17 @@ void copy_tokenizer(const std::string& checkpoint_dir, const std::string& out_di
     return;
   }
   if (!fs::is_directory(source)) return;
-  // The tokenizer file transformers reads there too, when fast_tokenizer_files names another.
-  const std::string versioned = fs::path(hf_tokenizer_file(source)).filename().string();
+  // The tokenizer file transformers reads there (tokenizer.json, or the one fast_tokenizer_files
+  // names): none in a model directory a run on token files started from, and nothing to copy.
+  std::string versioned;
+  try {
+    const fs::path read = hf_tokenizer_file(source);
+    if (!fs::is_regular_file(read)) return;
+    versioned = read.filename().string();
+  } catch (const std::exception& e) {
+    log::warn("not copying a tokenizer beside the export: ", e.what());
+    return;
+  }
   for (const std::string& f :
        {std::string("tokenizer.json"), versioned, std::string("tokenizer_config.json"),
         std::string("chat_template.jinja"), std::string("special_tokens_map.json"), std::string("added_tokens.json")})
