@@ -27,9 +27,13 @@ void print_model(const Config& c) {
             << " parameters (" << s.n_layers << " blocks of " << log::grouped(static_cast<double>(s.block_params()))
             << ", embedding " << log::grouped(static_cast<double>(s.embedding_params())) << ", head "
             << log::grouped(static_cast<double>(s.head_params())) << ")\n";
-  if (!c.model.hf_path.empty())
+  if (!c.model.hf_path.empty()) {
     if (const std::string note = model_ignored_note(c.model.hf_path, c.model.gguf_reader); !note.empty())
       std::cout << note << "\n";
+    if (gguf_model_file(c.model.hf_path).empty())
+      if (const std::string note = hf_untied_note(c.model.hf_path, s.tie_embeddings); !note.empty())
+        std::cout << note << "\n";
+  }
   std::cout << precision_policy(c).table();
 }
 

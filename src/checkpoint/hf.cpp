@@ -480,12 +480,32 @@ LlamaShape config_shape(const json& c, const FamilyTraits& f, const std::string&
 
 }  // namespace
 
+namespace {
+// Whether DIR's checkpoint holds lm_head.weight and model.embed_tokens.weight with different
+// values, in one dtype: transformers 5.23's from_pretrained then leaves them untied whatever
+// tie_word_embeddings says (it warns). Where the two are stored in different dtypes, whether
+// they are equal depends on the dtype transformers loads them in: not decided here
+// (verify_hf_tensors compares them in float32 and refuses a difference).
+bool head_stored_untied(const std::string& dir);
+}  // namespace
+
 LlamaShape read_hf_config(const std::string& dir) {
   if (!fs::is_regular_file(fs::path(dir) / "config.json"))
     throw RuntimeError("no config.json in '" + dir + "' (expected a Hugging Face model directory: " + family_list() +
                        ")");
   const std::string path = hf_config_file(dir);
-  return hf_config_shape(read_json_file(path), path, dir);
+  LlamaShape shape = hf_config_shape(read_json_file(path), path, dir);
+  if (shape.tie_embeddings && head_stored_untied(dir)) shape.tie_embeddings = false;
+  return shape;
+}
+
+std::string hf_untied_note(const std::string& dir, bool tie_embeddings) {
+  if (tie_embeddings) return "";
+  const std::string path = hf_config_file(dir);
+  if (!hf_config_shape(read_json_file(path), path, dir).tie_embeddings) return "";
+  return dir + ": lm_head.weight differs from model.embed_tokens.weight although " + path +
+         " ties them (tie_word_embeddings): read untied, as transformers loads it (it warns; set "
+         "tie_word_embeddings to false there to say so)";
 }
 
 LlamaShape hf_config_shape(const json& c, const std::string& path, const std::string& dir) {
@@ -671,6 +691,19 @@ HfCheckpoint::HfCheckpoint(const std::string& dir, bool tied_embeddings) : dir_(
   }
 }
 
+namespace {
+bool head_stored_untied(const std::string& dir) {
+  if (weight_file(dir).first.empty()) return false;  // no weights: verify_hf_tensors names that
+  const HfCheckpoint ckpt(dir, /*tied_embeddings=*/true);
+  const std::string embedding = "model.embed_tokens.weight", head = "lm_head.weight";
+  const auto names = ckpt.names();
+  const auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  if (!has(embedding) || !has(head) || ckpt.stored_name(embedding) == ckpt.stored_name(head)) return false;
+  const at::Tensor e = ckpt.tensor(embedding), h = ckpt.tensor(head);
+  return e.sizes() == h.sizes() && e.scalar_type() == h.scalar_type() && !at::equal(e, h);
+}
+}  // namespace
+
 std::string HfCheckpoint::stored_name(const std::string& name) const {
   const auto it = stored_.find(name);
   return it == stored_.end() ? name : it->second;
@@ -790,10 +823,11 @@ void value_problems(const HfCheckpoint& ckpt, const ExpectedTensors& want, const
   if (!problems.empty()) return;
   if (shape.tie_embeddings && present.count("lm_head.weight") &&
       !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat), ckpt.tensor("model.embed_tokens.weight").to(at::kFloat)))
-    problems.push_back(
-        "tensor 'lm_head.weight' differs from model.embed_tokens.weight although tie_word_embeddings is "
-        "true: the checkpoint describes an untied model (transformers warns and loads it untied; set "
-        "tie_word_embeddings to false in config.json to train it so)");
+    problems.push_back("tensor 'lm_head.weight' (" + ckpt.entry("lm_head.weight").dtype +
+                       ") differs from model.embed_tokens.weight (" + ckpt.entry("model.embed_tokens.weight").dtype +
+                       ") although tie_word_embeddings is true: stored in two dtypes, whether transformers ties them "
+                       "depends on the dtype it loads them in (store both in one dtype, or set tie_word_embeddings "
+                       "to false in config.json to train them untied)");
   const at::Tensor inv_freq = rope_inv_freq(shape);
   for (int64_t l = 0; l < shape.n_layers; ++l) {
     const std::string name = "model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq";

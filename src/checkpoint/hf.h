@@ -29,7 +29,13 @@ namespace ptrain {
 // on ~1,500 variants). Throws UnsupportedInput naming the key (unknown family, a key that changes
 // the computation in a way ptrain does not implement, a null or a combination transformers
 // refuses or reads ambiguously) or RuntimeError (no file, bad JSON).
+// A tied model (tie_word_embeddings) whose checkpoint holds lm_head.weight different from the
+// embedding, both in one dtype, is read untied (tie_embeddings false), as transformers 5.23 loads
+// it: those two tensors' values are read for it.
 LlamaShape read_hf_config(const std::string& dir);
+// A line for the log where read_hf_config read DIR untied (`tie_embeddings` false) although its
+// config ties the embedding and head; "" otherwise.
+std::string hf_untied_note(const std::string& dir, bool tie_embeddings);
 // The same reading of a config.json already parsed (`config`; `path` names it in messages, `dir`
 // is where a quantization_config's files would be): what a GGUF file's metadata becomes
 // (checkpoint/gguf_model.h) goes through it too.

@@ -112,6 +112,9 @@ std::unique_ptr<FsdpModel> build_model(const Config& c, const c10::Device& devic
       else
         load_weights(*model, ckpt.by_name());
       if (const std::string note = ckpt.renamed_note(); !note.empty() && model->comm().rank() == 0) log::info(note);
+      if (const std::string note = hf_untied_note(c.model.hf_path, c.model.shape.tie_embeddings);
+          !note.empty() && model->comm().rank() == 0)
+        log::info(note);
       if (c.lora.enabled)
         log::info("loaded ", c.model.hf_path,
                   (stored.nf4                       ? " (bitsandbytes NF4 as stored)"

@@ -224,6 +224,36 @@ def base_model_names(binary, fixtures, work):
               f"ptrain eval {got} = the fixture's {want}", f"transformers' loading info: {info}")
 
 
+def tied_head_stored_unequal(binary, fixtures, work):
+    """A tied model (tie_word_embeddings true) whose checkpoint holds lm_head.weight with other
+    values than the embedding, in one dtype: transformers 5.23 warns and loads it untied (its
+    logits equal those of the same tensors under tie_word_embeddings false, checked here with the
+    library itself), and ptrain reads it so: its eval equals that directory's, not the tied
+    fixture's, and `ptrain check` says the head was read untied."""
+    from transformers import AutoModelForCausalLM
+
+    tied, untied = f"{work}/tied_head_unequal", f"{work}/tied_head_unequal_config_false"
+    head = torch.randn(311, 84, generator=torch.Generator().manual_seed(7)) * 0.1
+    for d in (tied, untied):
+        shutil.copytree(f"{fixtures}/hf_qwen2", d)
+        edit_tensors(d, lambda t: t.update({"lm_head.weight": head.clone()}))
+    edit_config(untied, tie_word_embeddings=False)
+    ids = torch.randint(0, 311, (2, 16), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        a = AutoModelForCausalLM.from_pretrained(tied).eval()
+        b = AutoModelForCausalLM.from_pretrained(untied).eval()
+        same_logits = torch.equal(a(ids).logits, b(ids).logits)
+        untied_by_hf = a.lm_head.weight.data_ptr() != a.model.embed_tokens.weight.data_ptr()
+    fixture, want, got = (eval_loss(binary, work, d) for d in (f"{fixtures}/hf_qwen2", untied, tied))
+    check(same_logits and untied_by_hf and got == want and want != fixture,
+          f"a tied model's head stored unequal is read untied, as transformers loads it: ptrain eval {got} = "
+          f"{want} (tie_word_embeddings false), not the tied fixture's {fixture}",
+          f"transformers: logits equal {same_logits}, untied {untied_by_hf}")
+    p = subprocess.run([binary, "check", "--config", f"{tied}.eval.toml"], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0 and "read untied, as transformers loads it" in p.stdout,
+          "`ptrain check` says the head was read untied", p.stdout[-2000:] + p.stderr[-2000:])
+
+
 def main():
     binary, fixtures, work = (os.path.abspath(a) for a in sys.argv[1:4])
     shutil.rmtree(work, ignore_errors=True)
@@ -362,10 +392,11 @@ def main():
     case("int8_tensor", "hf_llama_bias",
          lambda d: edit_tensors(d, lambda t: t.update({"model.norm.weight": torch.ones(72, dtype=torch.int8)})),
          "'model.norm.weight' is stored as I8")
-    # a tied model whose lm_head differs from the embedding: its header is fine, the values are not
-    case("tied_lm_head_differs", "hf_qwen2",
-         lambda d: edit_tensors(d, lambda t: t.update({"lm_head.weight": torch.randn(311, 84)})),
-         "'lm_head.weight' differs", check_too=False)
+    # a tied model whose lm_head differs from the embedding, stored in another dtype: whether
+    # transformers ties them depends on the dtype it loads in (in one dtype: tied_head_stored_unequal)
+    case("tied_lm_head_differs_in_another_dtype", "hf_qwen2",
+         lambda d: edit_tensors(d, lambda t: t.update({"lm_head.weight": torch.randn(311, 84).bfloat16()})),
+         "'lm_head.weight' (BF16) differs from model.embed_tokens.weight (F32)", check_too=False)
     # files
     def missing_shard(d):
         shard(d)
@@ -443,6 +474,7 @@ def main():
     weight_file_choice(binary, fixtures, work)
     base_model_names(binary, fixtures, work)
     config_file_choice(binary, fixtures, work)
+    tied_head_stored_unequal(binary, fixtures, work)
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
