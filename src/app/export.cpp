@@ -105,7 +105,7 @@ void copy_tokenizer(const std::string& checkpoint_dir, const std::string& out_di
   try {
     const fs::path read = hf_tokenizer_file(source);
     if (!fs::is_regular_file(read)) return;
-    versioned = read.filename().string();
+    versioned = read.lexically_relative(source).string();  // inside it (hf_tokenizer_file), perhaps in a folder
   } catch (const std::exception& e) {
     log::warn("not copying a tokenizer beside the export: ", e.what());
     return;
@@ -113,8 +113,10 @@ void copy_tokenizer(const std::string& checkpoint_dir, const std::string& out_di
   for (const std::string& f :
        {std::string("tokenizer.json"), versioned, std::string("tokenizer_config.json"),
         std::string("chat_template.jinja"), std::string("special_tokens_map.json"), std::string("added_tokens.json")})
-    if (fs::is_regular_file(fs::path(source) / f))
+    if (fs::is_regular_file(fs::path(source) / f)) {
+      fs::create_directories((fs::path(out_dir) / f).parent_path());
       fs::copy_file(fs::path(source) / f, fs::path(out_dir) / f, fs::copy_options::overwrite_existing);
+    }
   if (fs::is_directory(fs::path(source) / "additional_chat_templates"))  // transformers' named (and default) templates
     fs::copy(fs::path(source) / "additional_chat_templates", fs::path(out_dir) / "additional_chat_templates",
              fs::copy_options::recursive | fs::copy_options::overwrite_existing);

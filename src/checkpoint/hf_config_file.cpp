@@ -112,6 +112,12 @@ std::string versioned_file(const std::string& dir, const std::string& base, cons
   if (!c.is_object() || listed == c.end()) return (fs::path(dir) / base).string();
   const std::string where = list_file.string() + ": " + key;
   const std::string chosen = versioned_choice(*listed, where, base, version_of);
+  // transformers joins the name to DIR as given, wherever that leads; ptrain reads what a model
+  // directory holds, never a file a config names outside it.
+  const fs::path inside = fs::path(chosen).lexically_normal();
+  if (inside.is_absolute() || inside.empty() || *inside.begin() == "..")
+    throw UnsupportedInput(where + " names '" + chosen + "', outside the model directory: ptrain reads the files " +
+                           "inside it only (copy the file into " + dir + " and name it there)");
   const fs::path file = fs::path(dir) / chosen;
   if (chosen != base && !fs::is_regular_file(file))
     throw RuntimeError(where + " makes transformers 5.23 read '" + chosen + "', which is missing");

@@ -19,7 +19,8 @@ std::string hf_config_file(const std::string& dir);
 // The tokenizer file transformers' AutoTokenizer reads in DIR: tokenizer.json, unless
 // tokenizer_config.json lists `fast_tokenizer_files` — then the file whose name holds
 // "tokenizer.VERSION.json" (searched anywhere in the name, as transformers' regex does) of the
-// last VERSION not above 5.23.0, by the same order as hf_config_file. Throws as it does.
+// last VERSION not above 5.23.0, by the same order as hf_config_file. Throws as it does, and
+// UnsupportedInput for a name that leads outside DIR (which transformers would follow).
 std::string hf_tokenizer_file(const std::string& dir);
 
 }  // namespace ptrain

@@ -521,8 +521,8 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
   r.check_special_tokens(cls);
   if (legacy_files && fs::exists(added_path))
     r.check_added_tokens_file(added_path, read_json_file(added_path.string()));
-  if (const fs::path read = hf_tokenizer_file(dir.string()); read.filename() != "tokenizer.json")
-    why += "; " + read.filename().string() + " read for tokenizer.json (fast_tokenizer_files)";
+  if (const fs::path read = fs::path(hf_tokenizer_file(dir.string())).lexically_relative(dir); read != "tokenizer.json")
+    why += "; " + read.string() + " read for tokenizer.json (fast_tokenizer_files)";
   why += rebuild_pipeline(r, cls, tokenizer);
   why += left_out(tokenizer, ignored);
   // Mistral's releases ship their Tekken vocabulary beside tokenizer.json. transformers reads

@@ -554,6 +554,34 @@ TEST(Tokenizer, ModelDirectoriesAreReadAsTransformersReadsThemOrRefused) {
       variants.size(), equal, rebuilt, classes.c_str(), refused, refused_text, errors.c_str());
 }
 
+// fast_tokenizer_files may name a file outside the model directory ("../tokenizer.4.0.0.json", an
+// absolute path), which transformers would read: ptrain refuses the name rather than read a file
+// the directory does not hold; one in a folder inside it is read.
+TEST(Tokenizer, FastTokenizerFilesOutsideTheDirectoryAreRefused) {
+  namespace fs = std::filesystem;
+  test::TempDir root;
+  const fs::path dir = root.path / "model";
+  fs::create_directories(dir / "sub");
+  for (const fs::path& to :
+       {dir / "tokenizer.json", root.path / "tokenizer.4.0.0.json", dir / "sub/tokenizer.4.0.0.json"})
+    fs::copy_file(test::fixture("tokenizer_dirs/llama3/tokenizer.json"), to);
+  const auto listing = [&](const std::string& name) {
+    test::write_text((dir / "tokenizer_config.json").string(), R"({"fast_tokenizer_files": [")" + name + R"("]})");
+  };
+  for (const std::string& name : {std::string("../tokenizer.4.0.0.json"), (root.path / "tokenizer.4.0.0.json").string(),
+                                  std::string("sub/../../tokenizer.4.0.0.json")}) {
+    listing(name);
+    try {
+      Tokenizer tok(dir.string());
+      ADD_FAILURE() << name << ": read a file outside the model directory";
+    } catch (const UnsupportedInput& e) {
+      EXPECT_NE(std::string(e.what()).find("outside the model directory"), std::string::npos) << e.what();
+    }
+  }
+  listing("sub/tokenizer.4.0.0.json");
+  EXPECT_NE(Tokenizer(dir.string()).reading().find("tokenizer.4.0.0.json read for tokenizer.json"), std::string::npos);
+}
+
 // Mistral's releases hold tekken.json beside tokenizer.json: transformers without mistral-common
 // installed reads tokenizer.json (as ptrain does, the same ids); with it, tekken.json. The log says
 // which file ptrain read and that tekken.json was not.
