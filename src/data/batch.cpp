@@ -15,7 +15,7 @@ Batch Batch::to(const c10::Device& device) const {
 
 Batch Batch::of_windows(const at::Tensor& windows) {
   const int64_t T = windows.size(1) - 1;
-  return {windows.narrow(1, 0, T), windows.narrow(1, 1, T), at::Tensor(), at::Tensor(), at::Tensor()};
+  return {windows.narrow(1, 0, T), windows.narrow(1, 1, T), at::Tensor(), at::Tensor(), at::Tensor(), windows.numel()};
 }
 
 }  // namespace ptrain

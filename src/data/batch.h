@@ -13,8 +13,9 @@ struct Batch {
   at::Tensor doc_ids;  // [B, T] document of each position (packed rows), or undefined
   at::Tensor pairs;    // preference rows (PairRows): [B / 2] int64 on the host, the pair of each chosen row
   at::Tensor labels;   // KTO rows (KtoRows): [B / 2] bool on the host, whether each example is desirable
-  // Preference rows: the ids the rows hold, padding excluded — what TRL's num_tokens adds up (its
-  // attention mask's sum): every pair row's; KTO's example rows', not their KL rows'. 0 otherwise.
+  // The ids the rows hold, padding excluded — what TRL's num_tokens adds up (its attention mask's
+  // sum): a sample's every id (its last one too, which no position inputs), a window's T + 1;
+  // every pair row's; KTO's example rows', not their KL rows'.
   int64_t num_tokens = 0;
   // Positions whose target is trained (not -100).
   int64_t trained_tokens() const;

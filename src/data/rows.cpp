@@ -158,7 +158,9 @@ Batch SampleRows::train_rows(uint64_t first, int64_t count) {
     tg.push_back(p.targets);
     if (p.doc_ids.defined()) dc.push_back(p.doc_ids);
   }
-  return {at::cat(in), at::cat(tg), dc.empty() ? at::Tensor() : at::cat(dc), at::Tensor(), at::Tensor()};
+  int64_t num_tokens = 0;
+  for (const auto& p : parts) num_tokens += p.num_tokens;
+  return {at::cat(in), at::cat(tg), dc.empty() ? at::Tensor() : at::cat(dc), at::Tensor(), at::Tensor(), num_tokens};
 }
 
 std::string SampleRows::fingerprint() const {
@@ -182,10 +184,12 @@ Batch SampleRows::rows(const std::vector<int64_t>& samples, const std::vector<in
   int64_t* in = inputs.data_ptr<int64_t>();
   int64_t* tg = targets.data_ptr<int64_t>();
   int64_t* dc = packing_ ? docs.data_ptr<int64_t>() : nullptr;
+  int64_t num_tokens = 0;
   for (int64_t b = 0; b < B; ++b) {
     int64_t pos = b * T, doc = 0;
     for (int64_t i = starts[which[b]]; i < starts[which[b] + 1]; ++i, ++doc) {
       const int64_t s = samples[i], n = set_->length(s);
+      num_tokens += n;
       const int32_t* ids = set_->ids(s);
       const uint8_t* trained = set_->trained(s);
       for (int64_t t = 0; t + 1 < n; ++t, ++pos) {
@@ -197,7 +201,7 @@ Batch SampleRows::rows(const std::vector<int64_t>& samples, const std::vector<in
     if (dc)
       for (; pos < (b + 1) * T; ++pos) dc[pos] = doc;  // padding: a document of its own
   }
-  return {inputs, targets, docs, at::Tensor(), at::Tensor()};
+  return {inputs, targets, docs, at::Tensor(), at::Tensor(), num_tokens};
 }
 
 PairRows::PairRows(std::shared_ptr<const SampleSet> set, SampleSplit split, int64_t seq_len, uint64_t seed)

@@ -18,11 +18,13 @@ void llama_forward(WeightSource& source, const LlamaShape& shape, const RopeTabl
 }
 
 at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
-                      const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype, bool fused_loss) {
+                      const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype, bool fused_loss,
+                      at::Tensor* stats) {
   at::Tensor loss;
   llama_forward(
       source, shape, rope, inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
-        loss = linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter, fused_loss);
+        loss =
+            linear_cross_entropy(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter, fused_loss, stats);
       });
   return loss;
 }

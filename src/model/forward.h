@@ -41,10 +41,11 @@ void llama_forward(WeightSource& source, const LlamaShape& shape, const RopeTabl
                    const HeadFn& head);
 
 // Mean cross-entropy over unmasked targets [B, T] (the chunked float32 loss; autograd);
-// fused_loss: kernels.fused_loss (model/loss.h).
+// fused_loss: kernels.fused_loss (model/loss.h); `stats` (when non-null) receives each token's
+// TokenStat columns [B*T, TokenStat::count] (no autograd).
 at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
                       const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype,
-                      bool fused_loss = false);
+                      bool fused_loss = false, at::Tensor* stats = nullptr);
 // Per-token log-probabilities of targets [B, T] as float32 [B*T] (0 where masked), through the
 // chunked head (linear_token_logprobs; autograd when grad mode is on); `stats` (when
 // non-null) receives each token's TokenStat columns [B*T, TokenStat::count] (no autograd).

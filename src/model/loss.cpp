@@ -199,9 +199,10 @@ at::Tensor chunked_loss_sum(const at::Tensor& hidden, const at::Tensor& weight, 
 
 class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropyFn> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& a, const at::Tensor& b, double adapter_scale, const at::Tensor& targets,
-                            int64_t chunk, c10::ScalarType logits_dtype, std::vector<bool> need, bool fused) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                               const at::Tensor& a, const at::Tensor& b, double adapter_scale,
+                               const at::Tensor& targets, int64_t chunk, c10::ScalarType logits_dtype,
+                               std::vector<bool> need, bool fused, bool stats) {
     const int64_t valid = targets.ne(kIgnoreIndex).sum().item<int64_t>();
     const double scale = valid > 0 ? 1.0 / static_cast<double>(valid) : 0.0;
     ChunkGrads g;
@@ -209,17 +210,20 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
     g.weight = need[1];
     g.adapter = need[2];
     const OutputAdapter adapter{a, b, adapter_scale};
+    at::Tensor per_row = at::empty({0}, hidden.options().dtype(at::kFloat));
     at::Tensor sum = chunked_loss_sum(hidden, weight, a.numel() > 0 ? &adapter : nullptr, targets, chunk, logits_dtype,
-                                      scale, need[0] || need[1] || need[2] ? &g : nullptr, fused);
+                                      scale, need[0] || need[1] || need[2] ? &g : nullptr, fused, at::Tensor(), nullptr,
+                                      stats ? &per_row : nullptr);
     ctx->save_for_backward({g.gh, g.gw, g.ga, g.gb});
-    return sum * scale;
+    ctx->mark_non_differentiable({per_row});
+    return {sum * scale, per_row};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& g = grad_out[0];
     auto times = [&](const at::Tensor& x) { return x.defined() ? x * g.to(x.scalar_type()) : at::Tensor(); };
-    return {times(saved[0]), times(saved[1]), times(saved[2]), times(saved[3]), at::Tensor(),
+    return {times(saved[0]), times(saved[1]), times(saved[2]), times(saved[3]), at::Tensor(), at::Tensor(),
             at::Tensor(),    at::Tensor(),    at::Tensor(),    at::Tensor(),    at::Tensor()};
   }
 };
@@ -279,7 +283,7 @@ at::Tensor linear_token_logprobs(const at::Tensor& hidden, const at::Tensor& wei
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,
-                                bool fused) {
+                                bool fused, at::Tensor* stats) {
   // Gradients are produced in forward only for the inputs autograd will ask about.
   const bool grad = at::GradMode::is_enabled();
   const bool lr = adapter && adapter->a.defined();
@@ -287,8 +291,11 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                          grad && lr && (adapter->a.requires_grad() || adapter->b.requires_grad())};
   // Without an adapter, empty placeholders (autograd wants every tensor argument defined).
   const at::Tensor none = at::empty({0}, weight.options().requires_grad(false));
-  return LinearCrossEntropyFn::apply(hidden, weight, lr ? adapter->a : none, lr ? adapter->b : none,
-                                     lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype, need, fused);
+  variable_list out = LinearCrossEntropyFn::apply(hidden, weight, lr ? adapter->a : none, lr ? adapter->b : none,
+                                                  lr ? adapter->scale : 0.0, targets, chunk_tokens, logits_dtype, need,
+                                                  fused, stats != nullptr);
+  if (stats) *stats = out[1];
+  return out[0];
 }
 
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,

@@ -27,10 +27,13 @@ struct OutputAdapter {
 // Logits are accumulated in float32 and held in `logits_dtype` (float32 unless the user opted
 // into bfloat16 logits); the loss is summed in float32 either way.
 // `fused` (kernels.fused_loss): each chunk's softmax, loss and gradient by softmax_xent's fused
-// form (below).
+// form (below). `stats` (when non-null) receives each token's TokenStat columns [N,
+// TokenStat::count] float32 without autograd, as linear_token_logprobs gives them (masked rows
+// included; callers mask them): one more pass over each chunk's logits.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
-                                const OutputAdapter* adapter = nullptr, bool fused = false);
+                                const OutputAdapter* adapter = nullptr, bool fused = false,
+                                at::Tensor* stats = nullptr);
 
 // Per-token log-probabilities of `targets` [N] under the same head: float32 [N], 0 at masked
 // positions, differentiable w.r.t. hidden, weight and an adapter's A and B — what preference

@@ -62,8 +62,10 @@ class FsdpModel : public WeightSource {
   // Mean cross-entropy over unmasked targets of this rank's batch. inputs/targets: [B, T].
   // doc_ids [B, T] (optional): the batch packs several documents per row; positions restart and
   // attention stays within each document (packed_positions in model/llama.h).
+  // `stats` (when non-null) receives each token's TokenStat columns [B*T, TokenStat::count]
+  // (model/loss.h; no autograd): TRL's SFT token metrics.
   at::Tensor forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                          const at::Tensor& doc_ids = at::Tensor());
+                          const at::Tensor& doc_ids = at::Tensor(), at::Tensor* stats = nullptr);
   // Per-token log-probabilities of targets [B, T] as float32 [B*T], 0 where masked (preference
   // objectives; autograd when grad mode is on); `stats` (when non-null) receives each
   // token's TokenStat columns [B*T, TokenStat::count] (model/loss.h; no autograd).

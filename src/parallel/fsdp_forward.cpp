@@ -278,9 +278,9 @@ const RopeTables& FsdpModel::batch_rope(const at::Tensor& inputs, const at::Tens
 }
 
 at::Tensor FsdpModel::forward_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                                   const at::Tensor& doc_ids) {
+                                   const at::Tensor& doc_ids, at::Tensor* stats) {
   return llama_loss(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype,
-                    options_.kernels.fused_loss);
+                    options_.kernels.fused_loss, stats);
 }
 
 at::Tensor FsdpModel::token_logprobs(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,

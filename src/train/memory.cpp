@@ -261,10 +261,11 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   const int64_t per_logit =
       loss_chunk_bytes_per_logit(logits_bytes, in.lora_output ? 4 : cb, cb, in.lora_output, fused_loss);
   // DPO's policy pass also computes each token's statistics (model/loss.h TokenStat) from a
-  // chunk's logits before scoring them, and keeps them through the step.
+  // chunk's logits before scoring them, and keeps them through the step; so does SFT's forward
+  // on a step it logs (TRL's entropy and mean_token_accuracy: step 1 always).
   const int64_t chunk_logits = std::min(chunk, N) * s.vocab_size;
   int64_t chunk_bytes = chunk_logits * per_logit;
-  if (has_reference(c.training.objective))  // DPO's and KTO's policy passes
+  if (has_reference(c.training.objective) || c.training.objective == Objective::sft)
     chunk_bytes = std::max(chunk_bytes, chunk_logits * logits_bytes + token_stats_bytes(s.vocab_size, logits_bytes)) +
                   N * TokenStat::count * 4;
   const int64_t head_end = gathered_head + N * s.dim * cb + chunk_bytes;

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
 #include "common/error.h"
+#include "model/loss.h"
 #include "optim/optimizer.h"
 #include "parallel/collectives.h"
 #include "parallel/fsdp.h"
@@ -23,7 +25,18 @@ struct Accumulated {
   int64_t tokens = 0;
   PhasePeaks peaks;  // forward and backward
   PreferenceMetrics preference;
+  double entropy = std::numeric_limits<double>::quiet_NaN(), accuracy = entropy;  // SFT, token_metrics
+  int64_t num_tokens = 0;                                                         // SFT
 };
+
+// A micro-batch's entropy and top-1 hits summed over its trained tokens (TokenStat columns of
+// each position, model/loss.h), into sums[1] and sums[2].
+void add_token_stats(const at::Tensor& stats, const at::Tensor& targets, at::Tensor& sums) {
+  const at::Tensor trained = targets.reshape({-1}).ne(kIgnoreIndex);
+  const at::Tensor picked = stats.index_select(
+      1, at::tensor({TokenStat::entropy, TokenStat::is_top1}, at::TensorOptions(at::kLong).device(stats.device())));
+  sums.narrow(0, 1, 2) += picked.masked_fill(trained.logical_not().unsqueeze(1), 0).to(at::kDouble).sum(0);
+}
 
 // Forward and backward of every micro-batch. Micro-batch a's mean loss is weighted by its share
 // of the step's trained tokens, times the world size that the gradients' reduce-scatter
@@ -36,25 +49,32 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
   }
   std::vector<Batch> batches;
   std::vector<int64_t> counts;
+  int64_t ids = 0;
   for (int64_t a = 0; a < o.grad_accum_steps; ++a) {
     batches.push_back(micro_batch(a));
     counts.push_back(batches.back().trained_tokens());
+    ids += batches.back().num_tokens;
   }
   Collectives& comm = model.comm();
-  at::Tensor total =
-      at::tensor({static_cast<double>(std::accumulate(counts.begin(), counts.end(), int64_t{0}))}, at::kDouble);
+  at::Tensor total = at::tensor(
+      {static_cast<double>(std::accumulate(counts.begin(), counts.end(), int64_t{0})), static_cast<double>(ids)},
+      at::kDouble);
   comm.all_reduce_sum(total);
-  const double n = total.item<double>();
+  const double n = total[0].item<double>();
   if (n <= 0)
     throw RuntimeError("a training step has no trained tokens (every target is masked); check the data's loss mask");
   // Summed on the model's device and read once, after the step's all-reduce: reading each
-  // micro-batch's loss would wait for the device after every forward/backward.
-  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(model.device()));
+  // micro-batch's loss would wait for the device after every forward/backward. [loss sum,
+  // entropy sum, top-1 hits] over the trained tokens.
+  at::Tensor sums = at::zeros({3}, at::TensorOptions(at::kDouble).device(model.device()));
   PhasePeaks peaks;
   for (size_t a = 0; a < batches.size(); ++a) {
     const Batch& b = batches[a];
     const PhasePeak forward(model.device());
-    at::Tensor loss = model.forward_loss(b.inputs, b.targets, o.loss_chunk, b.doc_ids);
+    at::Tensor stats;
+    at::Tensor loss =
+        model.forward_loss(b.inputs, b.targets, o.loss_chunk, b.doc_ids, o.token_metrics ? &stats : nullptr);
+    if (o.token_metrics) add_token_stats(stats, b.targets, sums);
     peaks.forward = std::max(peaks.forward, forward.peak());
     peaks.forward_start = std::max(peaks.forward_start, forward.start());
     const double weight = static_cast<double>(counts[a]) * comm.world_size() / n;
@@ -63,10 +83,17 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
     (loss * weight).backward();  // also at weight 0: every rank takes part in the reduce-scatters
     model.finish_backward();     // normally a no-op: the embedding's reduce-scatter completes the last one
     peaks.backward = std::max(peaks.backward, backward.peak());
-    loss_sum += loss.detach().to(at::kDouble) * static_cast<double>(counts[a]);
+    sums.narrow(0, 0, 1) += loss.detach().to(at::kDouble) * static_cast<double>(counts[a]);
   }
-  comm.all_reduce_sum(loss_sum);
-  return {loss_sum.item<double>() / n, static_cast<int64_t>(n), peaks, {}};
+  comm.all_reduce_sum(sums);
+  const at::Tensor means = (sums / n).cpu();
+  Accumulated acc{means[0].item<double>(), static_cast<int64_t>(n), peaks, {}};
+  if (o.token_metrics) {
+    acc.entropy = means[1].item<double>();
+    acc.accuracy = means[2].item<double>();
+  }
+  acc.num_tokens = static_cast<int64_t>(total[1].item<double>());
+  return acc;
 }
 }  // namespace
 
@@ -79,6 +106,9 @@ StepResult train_step(FsdpModel& model, Optimizer& optim, const MicroBatchFn& mi
   r.trained_tokens = acc.tokens;
   r.peaks = acc.peaks;
   r.preference = acc.preference;
+  r.entropy = acc.entropy;
+  r.mean_token_accuracy = acc.accuracy;
+  r.num_tokens = acc.num_tokens;
   const PhasePeak optimizer(model.device());
   std::vector<at::Tensor> grads;
   for (auto& u : model.trained_units()) grads.push_back(u.shard.grad());
@@ -104,6 +134,9 @@ StepResult train_step_in_backward(FsdpModel& model, Optimizer& optim, const Micr
     r.trained_tokens = acc.tokens;
     r.peaks = acc.peaks;
     r.preference = acc.preference;
+    r.entropy = acc.entropy;
+    r.mean_token_accuracy = acc.accuracy;
+    r.num_tokens = acc.num_tokens;
   } catch (...) {
     model.on_grad_ready = nullptr;
     throw;

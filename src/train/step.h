@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 
 #include "data/batch.h"
 #include "model/objective.h"
@@ -28,9 +29,14 @@ struct PhasePeaks {
 };
 
 struct StepResult {
-  double loss = 0.0;             // mean loss over the step's trained tokens, all ranks (nats/token)
-  double grad_norm = 0.0;        // global L2 norm of the gradients before clipping, over all ranks
-  int64_t trained_tokens = 0;    // the step's trained tokens, all ranks
+  double loss = 0.0;           // mean loss over the step's trained tokens, all ranks (nats/token)
+  double grad_norm = 0.0;      // global L2 norm of the gradients before clipping, over all ranks
+  int64_t trained_tokens = 0;  // the step's trained tokens, all ranks
+  // SFT with StepOptions::token_metrics: TRL's SFTTrainer metrics as token means over the step's
+  // trained tokens, all ranks — the entropy of the model's next-token distribution (nats) and
+  // the share of tokens whose target is its first most likely token; NaN when not measured.
+  double entropy = std::numeric_limits<double>::quiet_NaN(), mean_token_accuracy = entropy;
+  int64_t num_tokens = 0;        // SFT: the ids of the step's rows, all ranks (Batch::num_tokens)
   PhasePeaks peaks;              // this rank's
   PreferenceMetrics preference;  // preference objectives (pairs > 0): TRL's metrics over the step's pairs
 };
@@ -42,6 +48,9 @@ struct StepOptions {
   bool fused_grad_norm = false;  // kernels.fused_grad_norm (parallel/grad_norm.h)
   // A preference objective (train/preference.h): micro-batches are batches of pairs. Null: SFT.
   const PreferenceObjective* preference = nullptr;
+  // SFT: measure StepResult::entropy and mean_token_accuracy (one more pass over each loss
+  // chunk's logits; the trainer asks on the steps it logs).
+  bool token_metrics = false;
 };
 
 // `micro_batch(a)` gives micro-batch a (0 <= a < grad_accum_steps) of this rank on the model's

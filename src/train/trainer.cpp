@@ -96,6 +96,12 @@ struct StepRecord {
 
 // Everything a run holds between steps. The constructor is the setup: device, collectives,
 // model, optimizer, resume, data, metrics file.
+bool every(int64_t step, int64_t n) { return n > 0 && step % n == 0; }
+// Whether training logs step `step` (1-based) to metrics.jsonl and the console.
+bool logged(const Config& c, int64_t step) {
+  return every(step, c.training.log_every) || step == 1 || step == c.training.steps;
+}
+
 class Run {
  public:
   explicit Run(const Config& c)
@@ -184,12 +190,14 @@ class Run {
     auto micro_batch = [&](int64_t a) {
       return data_.rows->train_rows(progress.samples + static_cast<uint64_t>((a * ws_ + rank_) * B), B).to(device_);
     };
-    const StepOptions options{c_.training.grad_accum_steps, c_.training.max_grad_norm, c_.memory.loss_chunk_tokens,
-                              c_.kernels.fused_grad_norm, pairs_ ? &preference_ : nullptr};
+    // SFT measures TRL's token metrics on the steps it logs (they cost a pass over the logits).
+    const StepOptions options{c_.training.grad_accum_steps,    c_.training.max_grad_norm,
+                              c_.memory.loss_chunk_tokens,     c_.kernels.fused_grad_norm,
+                              pairs_ ? &preference_ : nullptr, !pairs_ && logged(c_, progress.step + 1)};
     s.result = c_.optimizer.in_backward ? train_step_in_backward(*model_, *optim_, micro_batch, s.lr, options)
                                         : train_step(*model_, *optim_, micro_batch, s.lr, options);
     progress.samples += static_cast<uint64_t>(B * c_.training.grad_accum_steps * ws_);
-    progress.num_tokens += static_cast<uint64_t>(s.result.preference.num_tokens);
+    progress.num_tokens += static_cast<uint64_t>(pairs_ ? s.result.preference.num_tokens : s.result.num_tokens);
     ++progress.step;
     at::Tensor agree = at::tensor({g_stop_signal.load() ? 1.0 : 0.0}, at::kDouble);
     comm_->all_reduce_sum(agree);
@@ -239,6 +247,13 @@ class Run {
     if (phases.forward_start >= 0) row.push_back({"allocated_forward_start_bytes", phases.forward_start});
     if (phases.backward_start >= 0) row.push_back({"allocated_backward_start_bytes", phases.backward_start});
     std::string pair_note;
+    if (!pairs_) {  // SFTTrainer's: token means over the step's trained tokens, the running count of ids
+      if (!std::isnan(s.result.entropy)) {
+        row.push_back({"entropy", s.result.entropy});
+        row.push_back({"mean_token_accuracy", s.result.mean_token_accuracy});
+      }
+      row.push_back({"num_tokens", static_cast<int64_t>(progress.num_tokens)});
+    }
     if (pairs_) {  // TRL's names
       const PreferenceMetrics& m = s.result.preference;
       for (const auto& [name, value] : trl_metrics(m, "")) row.push_back({name, value});
@@ -378,7 +393,6 @@ class Run {
   bool memory_written_ = false;
 };
 
-bool every(int64_t step, int64_t n) { return n > 0 && step % n == 0; }
 }  // namespace
 
 int train(const Config& c) {
@@ -388,7 +402,7 @@ int train(const Config& c) {
     const StepRecord s = run.step();
     const int64_t step = run.progress.step;
     const bool last = step == c.training.steps;
-    if (every(step, c.training.log_every) || step == 1 || last) run.log_step(s);
+    if (logged(c, step)) run.log_step(s);
     if (c.training.eval_every > 0 && (every(step, c.training.eval_every) || last)) run.eval();
     if (every(step, c.checkpoint.every_steps)) run.checkpoint();
     if (s.stop && !last) return run.stop();
