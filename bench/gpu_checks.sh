@@ -190,7 +190,7 @@ stage_nccl() {
         "${launch[@]}" "$BIN" --config "$ROOT/configs/tiny.toml" --set training.device=cuda \
           --set parallel.backend=$([ $comm = nccl ] && echo nccl || echo auto) \
           --set precision.mode=$mode --set parallel.prefetch=$prefetch --set training.steps=50 \
-          --set training.log_every=1 --set training.eval_every=0 --set checkpoint.save_final=false \
+          --set training.log_every=1 --set training.token_metrics=false --set training.eval_every=0 --set checkpoint.save_final=false \
           --set run.output_dir="$run" > "$LOGS/nccl_${mode}_${comm}_$prefetch.log" 2>&1
         local rc=$?
         ((rc)) && fails=1
@@ -216,7 +216,7 @@ stage_memory() {
     "$BIN" check --config "$ROOT/$config" $sets > "$LOGS/memory_${name}_check.log" 2>&1
     local predicted; predicted=$(grep "^  peak" "$LOGS/memory_${name}_check.log" | grep -o '([0-9,]* bytes)' | tr -dc '0-9')
     # shellcheck disable=SC2086
-    "$BIN" --config "$ROOT/$config" $sets --set training.steps=6 --set training.log_every=1 --set training.eval_every=0 \
+    "$BIN" --config "$ROOT/$config" $sets --set training.steps=6 --set training.log_every=1 --set training.token_metrics=false --set training.eval_every=0 \
       --set checkpoint.save_final=false --set checkpoint.every_steps=0 --set run.output_dir="$run" \
       > "$LOGS/memory_$name.log" 2>&1 || { fails=1; record "| $name | ${predicted:-?} | FAILED (logs/memory_$name.log) | |"; continue; }
     read -r _ peak _ source <<< "$(summarize "$run/metrics.jsonl")"
@@ -289,7 +289,7 @@ stage_fusions() {
     done
     rm -rf "$run"
     "$BIN" --config "$ROOT/configs/llama3_2_1b_mixed.toml" --set training.device=cuda --set training.steps=$steps \
-      --set training.log_every=1 --set training.eval_every=0 --set checkpoint.save_final=false \
+      --set training.log_every=1 --set training.token_metrics=false --set training.eval_every=0 --set checkpoint.save_final=false \
       --set checkpoint.every_steps=0 --set run.output_dir="$run" "${sets[@]}" > "$LOGS/fusions_$variant.log" 2>&1
     local rc=$?
     ((rc)) && fails=1
@@ -321,7 +321,7 @@ profile_run() {
   rm -rf "$run"
   MASTER_ADDR=127.0.0.1 MASTER_PORT=29521 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
     "$BIN" --config "$ROOT/$config" --set training.device=cuda --set training.steps="$steps" \
-    --set training.profile_start=$first --set training.profile_steps=3 --set training.log_every=1 \
+    --set training.profile_start=$first --set training.profile_steps=3 --set training.log_every=1 --set training.token_metrics=false \
     --set training.eval_every=0 --set checkpoint.save_final=false --set checkpoint.every_steps=0 \
     --set run.output_dir="$run" "$@" > "$LOGS/profile_$name.log" 2>&1 ||
     { record "FAILED: profiled run (logs/profile_$name.log)"; tail -20 "$LOGS/profile_$name.log"; return 1; }

@@ -25,7 +25,7 @@ read_config "$CONFIG" "${DATA[@]}" "$@"
 echo "model dim=$DIM layers=$LAYERS heads=$HEADS/$KV ffn=$FFN vocab=$VOCAB tied=$TIED | NF4 (double quant $DOUBLE_QUANT) + LoRA r=$LORA_RANK alpha=$LORA_ALPHA dropout=$LORA_DROPOUT on $LORA_TARGETS | batch ${BATCH}x${SEQ} | $MODE | activation checkpointing $AC | $STEPS steps (+$WARMUP warmup)"
 
 "$BIN" --config "$CONFIG" "${DATA[@]}" "$@" --set training.steps=$((STEPS + WARMUP)) \
-  --set training.log_every=1 --set training.eval_every=0 --set checkpoint.save_final=false \
+  --set training.log_every=1 --set training.token_metrics=false --set training.eval_every=0 --set checkpoint.save_final=false \
   --set checkpoint.every_steps=0 --set run.output_dir="$OUT/ptrain" > "$OUT/ptrain.log" 2>&1 \
   || { tail -20 "$OUT/ptrain.log"; exit 1; }
 ref=(--dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --kv-heads "$KV" --ffn "$FFN" --vocab "$VOCAB"

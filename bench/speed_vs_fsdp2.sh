@@ -18,7 +18,7 @@ echo "model dim=$DIM layers=$LAYERS heads=$HEADS/$KV ffn=$FFN vocab=$VOCAB tied=
 
 MASTER_ADDR=127.0.0.1 MASTER_PORT=29519 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
   "$BIN" --config "$CONFIG" "$@" --set training.device=cuda --set training.steps=$((STEPS + WARMUP)) \
-  --set training.log_every=1 --set training.eval_every=0 --set checkpoint.save_final=false \
+  --set training.log_every=1 --set training.token_metrics=false --set training.eval_every=0 --set checkpoint.save_final=false \
   --set checkpoint.every_steps=0 --set run.output_dir="$OUT/ptrain" > "$OUT/ptrain.log" 2>&1 \
   || { tail -20 "$OUT/ptrain.log"; exit 1; }
 ref=(--dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --kv-heads "$KV" --ffn "$FFN" --vocab "$VOCAB"

@@ -18,7 +18,7 @@ echo "model dim=$DIM layers=$LAYERS heads=$HEADS/$KV ffn=$FFN vocab=$VOCAB | bat
 
 ptrain_run() {
   rm -rf "$tmp/run"
-  "$BIN" --config "$CONFIG" --set training.steps=$((STEPS + WARMUP)) --set training.log_every=1 \
+  "$BIN" --config "$CONFIG" --set training.steps=$((STEPS + WARMUP)) --set training.log_every=1 --set training.token_metrics=false \
     --set training.eval_every=0 --set checkpoint.save_final=false --set run.output_dir="$tmp/run" \
     --set training.threads=$THREADS --set precision.mode=fp32 >/dev/null 2>&1
   "$PY" - "$tmp/run/metrics.jsonl" "$WARMUP" <<'PY'

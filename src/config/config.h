@@ -62,6 +62,7 @@ struct Config {
     int64_t sample_tokens = 32;               // new tokens per sample
     bool sample_chat = false;                 // sample prompts rendered as a user turn of the chat template
     bool count_lost_updates = false;          // log the updates rounding kept from changing a parameter
+    bool token_metrics = true;                // SFT: TRL's entropy and mean_token_accuracy on logged steps
     int64_t profile_steps = 0;                // steps traced by LibTorch's profiler (0: none)
     int64_t profile_start = 3;                // the first traced step
     DeviceChoice device = DeviceChoice::automatic;

@@ -338,6 +338,13 @@ const std::vector<Rule>& rules() {
        }},
       {"training.sample_tokens",
        [](const Config& c, const Environment&) -> std::string { return at_least(c.training.sample_tokens, 1); }},
+      {"training.token_metrics",
+       [](const Config& c, const Environment&) -> std::string {
+         return !c.training.token_metrics && is_preference(c.training.objective)
+                    ? "applies to training.objective = \"sft\" (a preference objective's metrics come with its "
+                      "loss); remove the key"
+                    : "";
+       }},
       {"training.sample_chat",
        [](const Config& c, const Environment&) -> std::string {
          return c.training.sample_chat && c.training.sample_prompts.empty() ? "applies to training.sample_prompts" : "";

@@ -265,7 +265,7 @@ PeakPlan predict_peak(const Config& c, int world_size) {
   // on a step it logs (TRL's entropy and mean_token_accuracy: step 1 always).
   const int64_t chunk_logits = std::min(chunk, N) * s.vocab_size;
   int64_t chunk_bytes = chunk_logits * per_logit;
-  if (has_reference(c.training.objective) || c.training.objective == Objective::sft)
+  if (has_reference(c.training.objective) || (c.training.objective == Objective::sft && c.training.token_metrics))
     chunk_bytes = std::max(chunk_bytes, chunk_logits * logits_bytes + token_stats_bytes(s.vocab_size, logits_bytes)) +
                   N * TokenStat::count * 4;
   const int64_t head_end = gathered_head + N * s.dim * cb + chunk_bytes;

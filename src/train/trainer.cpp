@@ -191,9 +191,10 @@ class Run {
       return data_.rows->train_rows(progress.samples + static_cast<uint64_t>((a * ws_ + rank_) * B), B).to(device_);
     };
     // SFT measures TRL's token metrics on the steps it logs (they cost a pass over the logits).
+    const bool token_metrics = !pairs_ && c_.training.token_metrics && logged(c_, progress.step + 1);
     const StepOptions options{c_.training.grad_accum_steps,    c_.training.max_grad_norm,
                               c_.memory.loss_chunk_tokens,     c_.kernels.fused_grad_norm,
-                              pairs_ ? &preference_ : nullptr, !pairs_ && logged(c_, progress.step + 1)};
+                              pairs_ ? &preference_ : nullptr, token_metrics};
     s.result = c_.optimizer.in_backward ? train_step_in_backward(*model_, *optim_, micro_batch, s.lr, options)
                                         : train_step(*model_, *optim_, micro_batch, s.lr, options);
     progress.samples += static_cast<uint64_t>(B * c_.training.grad_accum_steps * ws_);
