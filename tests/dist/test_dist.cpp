@@ -219,8 +219,9 @@ TEST(Dist, BytesCommunicatedPerStepMatchTheSchedule) {
     EXPECT_EQ(step["comm_all_gather_bytes"].get<int64_t>(), all_units + (reshard ? blocks : 0)) << k.name;
     // one reduce-scatter of every unit's gradient
     EXPECT_EQ(step["comm_reduce_scatter_bytes"].get<int64_t>(), all_units);
-    // one double each: the step's trained-token count, its loss sum, the grad norm, the stop flag
-    EXPECT_EQ(step["comm_all_reduce_bytes"].get<int64_t>(), 4 * 8);
+    // doubles: the step's trained-token count and its ids (num_tokens); its loss sum with SFT's
+    // entropy sum and top-1 hits (train/step.cpp: one all-reduce of three); the grad norm; the stop flag
+    EXPECT_EQ(step["comm_all_reduce_bytes"].get<int64_t>(), (2 + 3 + 1 + 1) * 8);
   }
 }
 
