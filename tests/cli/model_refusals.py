@@ -97,8 +97,13 @@ class RunsCode:
         return (os.system, ("true",))
 
 
+def eval_config(work, model_dir):
+    """Where eval_loss writes the config of `model_dir`: in `work`, never beside a fixture."""
+    return os.path.join(work, os.path.basename(model_dir) + ".eval.toml")
+
+
 def eval_loss(binary, work, model_dir):
-    cfg = f"{model_dir}.eval.toml"
+    cfg = eval_config(work, model_dir)
     with open(cfg, "w") as f:
         f.write(f'[model]\nhf_path = "{model_dir}"\n[data]\npath = "{work}/train.bin"\nformat = "tokens"\n'
                 'seq_len = 16\n[training]\ndevice = "cpu"\n[precision]\nmode = "fp32"\n')
@@ -249,7 +254,7 @@ def tied_head_stored_unequal(binary, fixtures, work):
           f"a tied model's head stored unequal is read untied, as transformers loads it: ptrain eval {got} = "
           f"{want} (tie_word_embeddings false), not the tied fixture's {fixture}",
           f"transformers: logits equal {same_logits}, untied {untied_by_hf}")
-    p = subprocess.run([binary, "check", "--config", f"{tied}.eval.toml"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([binary, "check", "--config", eval_config(work, tied)], capture_output=True, text=True, timeout=120)
     check(p.returncode == 0 and "read untied, as transformers loads it" in p.stdout,
           "`ptrain check` says the head was read untied", p.stdout[-2000:] + p.stderr[-2000:])
 
