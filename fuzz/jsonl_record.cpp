@@ -29,13 +29,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (bool train_on_prompt : {false, true}) {
       try {
         ptrain::SampleStats stats;
-        (void)ptrain::render_record(*tok, format, line, train_on_prompt, stats);
+        // text records with an eos_token, and without one (refused)
+        (void)ptrain::render_record(*tok, format,
+                                    ptrain::TrlTokenization{false, "", train_on_prompt ? "<|end_of_text|>" : ""}, line,
+                                    train_on_prompt, stats);
       } catch (const std::exception&) {
       }
       // training.objective = "dpo" (with an eos_token and, for text pairs, without) and "simpo"
-      for (const ptrain::PairTokenization& how :
-           {ptrain::PairTokenization{false, "", train_on_prompt ? "<|eot_id|>" : ""},
-            ptrain::PairTokenization{true, train_on_prompt ? "<|begin_of_text|>" : "", "<|eot_id|>"}}) {
+      for (const ptrain::TrlTokenization& how :
+           {ptrain::TrlTokenization{false, "", train_on_prompt ? "<|eot_id|>" : ""},
+            ptrain::TrlTokenization{true, train_on_prompt ? "<|begin_of_text|>" : "", "<|eot_id|>"}}) {
         try {
           (void)ptrain::render_preference(*tok, format, how, line);
         } catch (const std::exception&) {

@@ -37,7 +37,9 @@ constexpr char kMagic[8] = {'P', 'T', 'S', 'A', 'M', 'P', 'L', 'E'};
 // Bumped whenever the layout changes or rendering changes what it makes of the same input.
 // 2: stats hold reasoning_dropped; 3: chats with tools render (Qwen2.5); 4: with Llama 3.1 too, call_text_dropped
 // 5: KTO's samples (flags 1 / 2: desirable or not), stats hold desirable / undesirable
-constexpr uint32_t kCacheVersion = 5;
+// 6: text and prompt/completion records as TRL's SFTTrainer tokenizes them (the tokenizer's own
+//    special tokens, eos_token appended, prompt + completion encoded whole)
+constexpr uint32_t kCacheVersion = 6;
 
 struct Trailer {
   char magic[8];
@@ -108,18 +110,12 @@ json key_parts(const std::string& data_path, DataFormat file_format, const Token
        {{"template", chat_template_names()[static_cast<size_t>(format.kind)]},
         {"date", format.date},
         {"default_system", format.default_system},
-        {"tools", format.tools},
-        {"bos", format.bos},
-        {"eos", format.eos}}},
+        {"tools", format.tools}}},
       {"max_ids", o.max_ids},
       {"drop_too_long", o.drop_too_long},
       {"train_on_prompt", o.train_on_prompt},
       {"preference", o.preference},
-      {"pair_tokenization",
-       {{"cpo", o.pair_tokenization.cpo},
-        {"kto", o.pair_tokenization.kto},
-        {"bos", o.pair_tokenization.bos},
-        {"eos", o.pair_tokenization.eos}}},
+      {"trl", {{"cpo", o.trl.cpo}, {"kto", o.trl.kto}, {"bos", o.trl.bos}, {"eos", o.trl.eos}}},
       {"skip_bad_records", o.skip_bad_records},
       {"fields", fields},
       {"ignore_fields", o.ignore_fields}};

@@ -5,7 +5,7 @@
 //   - ptrain's version and this file format's version (a changed renderer renders anew),
 //   - the data file: its absolute path, size, modification time and the CRC-32 of its first and
 //     last MiB,
-//   - the tokenizer.json's bytes, the chat format (template, its date, document markers),
+//   - the tokenizer.json's bytes, the chat format (template, its date), bos_token / eos_token,
 //   - the data options: format, seq_len + 1, truncation, train_on_prompt, on_bad_record, fields.
 // Layout (little-endian): ids (int32), trained flags (uint8), then per sample its offset (int64,
 // n+1 of them), source line, trained-target count; a JSON record of the counts and the key's

@@ -295,6 +295,25 @@ ojson parsed_record(const std::string& line, const FieldNames& fields, const std
 }  // namespace
 
 namespace {
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// A text record or completion ending with the eos_token, as TRL's trainers add it (unless it ends
+// with it).
+std::string with_eos(std::string completion, const std::string& eos) {
+  if (eos.empty())
+    throw NoEosToken(
+        "a text record (or text completion) ends with the tokenizer's eos_token, as TRL's trainers add it, and "
+        "this tokenizer names none: point data.tokenizer at the model directory (its tokenizer_config.json names "
+        "eos_token)");
+  const bool ends =
+      completion.size() >= eos.size() && completion.compare(completion.size() - eos.size(), eos.size(), eos) == 0;
+  return ends ? completion : completion + eos;
+}
+
 // A conversational prompt/completion record ({"prompt": [turns], "completion": [turns], "tools"?})
 // as TRL's SFTTrainer tokenizes it: the prompt with the generation prompt, the whole chat, and a loss
 // on every token after their common prefix (its completion_mask; all of them with train_on_prompt);
@@ -314,8 +333,7 @@ Sample completion_chat(const Tokenizer& tok, const ChatFormat& format, const ojs
     refuse_wide_integers(line);
   const std::vector<int32_t> prompt_ids = render_prompt(tok, format, prompt, tools);
   Sample s = render_chat(tok, format, all, /*train_on_prompt=*/true, tools);
-  const auto shared = std::mismatch(prompt_ids.begin(), prompt_ids.end(), s.ids.begin(), s.ids.end()).first;
-  const auto n = shared - prompt_ids.begin();
+  const auto n = static_cast<std::ptrdiff_t>(common_prefix(prompt_ids, s.ids));
   std::fill(s.trained.begin(), s.trained.begin() + n, train_on_prompt ? 1 : 0);
   std::fill(s.trained.begin() + n, s.trained.end(), 1);
   ++stats.chat;
@@ -323,10 +341,27 @@ Sample completion_chat(const Tokenizer& tok, const ChatFormat& format, const ojs
   stats.reasoning_dropped += replies_losing_reasoning(format, all);
   return s;
 }
+
+// A text prompt/completion record as TRL's SFTTrainer tokenizes it: HF's tokenizer(prompt) and
+// tokenizer(prompt + completion + eos_token), the loss on every token after their common prefix
+// (all of them with train_on_prompt); a prompt that is no prefix of the whole (a token merging
+// across the boundary) is counted in `stats`.
+Sample text_completion(const Tokenizer& tok, const std::string& eos, const std::string& prompt,
+                       const std::string& completion, bool train_on_prompt, SampleStats& stats) {
+  const std::vector<int32_t> prompt_ids = tok.encode_with_special_tokens(prompt);
+  Sample s;
+  s.ids = tok.encode_with_special_tokens(prompt + with_eos(completion, eos));
+  const size_t n = common_prefix(prompt_ids, s.ids);
+  s.trained.assign(s.ids.size(), 1);
+  std::fill(s.trained.begin(), s.trained.begin() + static_cast<std::ptrdiff_t>(n), train_on_prompt ? 1 : 0);
+  stats.prompt_diverged += n < prompt_ids.size() ? 1 : 0;
+  return s;
+}
 }  // namespace
 
-Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::string& line, bool train_on_prompt,
-                     SampleStats& stats, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
+Sample render_record(const Tokenizer& tok, const ChatFormat& format, const TrlTokenization& how,
+                     const std::string& line, bool train_on_prompt, SampleStats& stats, const FieldNames& fields,
+                     const std::vector<std::string>& ignore_fields) {
   ojson j = parsed_record(line, fields, ignore_fields);
   const auto chat = [&](const std::vector<ChatMessage>& messages, const ChatTools& tools = std::nullopt) {
     Sample s = render_chat(tok, format, messages, train_on_prompt, tools);
@@ -350,14 +385,16 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
     if (j.at("prompt").is_array() || j.at("completion").is_array())
       return completion_chat(tok, format, j, line, train_on_prompt, stats);
     only_fields(j, {"prompt", "completion"}, "a prompt/completion record");
-    Sample s = render_document(tok, format, {{string_field(j, "prompt"), false}, {string_field(j, "completion"), true}},
-                               train_on_prompt);
+    Sample s =
+        text_completion(tok, how.eos, string_field(j, "prompt"), string_field(j, "completion"), train_on_prompt, stats);
     ++stats.prompt_completion;
     return s;
   }
   if (j.contains("text")) {
     only_fields(j, {"text"}, "a \"text\" record");
-    Sample s = render_document(tok, format, {{string_field(j, "text"), true}}, true);
+    Sample s;  // as TRL's SFTTrainer: tokenizer(text + eos_token), every token trained
+    s.ids = tok.encode_with_special_tokens(with_eos(string_field(j, "text"), how.eos));
+    s.trained.assign(s.ids.size(), 1);
     ++stats.text;
     return s;
   }
@@ -369,12 +406,6 @@ Sample render_record(const Tokenizer& tok, const ChatFormat& format, const std::
 }
 
 namespace {
-
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return n;
-}
 
 // TRL's extract_prompt on two strings: the index (in bytes, on a character boundary) where
 // they first differ, moved back over one space before it; where one is a prefix of the other,
@@ -449,7 +480,7 @@ CpoSide cpo_side(const Tokenizer& tok, const std::string& prompt, const std::str
 // TRL's CPOTrainer.tokenize_row on a pair of texts (build_tokenized_answer, then the bos_token
 // before a prompt that does not start with it and the eos_token after a completion that does
 // not end with it).
-PreferencePair cpo_pair(const Tokenizer& tok, const PairTokenization& how, const std::string& prompt,
+PreferencePair cpo_pair(const Tokenizer& tok, const TrlTokenization& how, const std::string& prompt,
                         const std::string& chosen, const std::string& rejected) {
   const std::optional<int32_t> eos = how.eos.empty() ? std::nullopt : tok.id_of(how.eos);
   if (!eos)
@@ -521,19 +552,9 @@ bool holds_tool_calls(bool conversational, std::initializer_list<const ojson*> p
   return calls;
 }
 
-// A text completion ending with the eos_token, as TRL's trainers add it (unless it ends with it).
-std::string with_eos(std::string completion, const std::string& eos) {
-  if (eos.empty())
-    throw RuntimeError(
-        "text preference records end each completion with the tokenizer's eos_token (as TRL does), and this "
-        "tokenizer names none: point data.tokenizer at the model directory (its tokenizer_config.json)");
-  const bool ends =
-      completion.size() >= eos.size() && completion.compare(completion.size() - eos.size(), eos.size(), eos) == 0;
-  return ends ? completion : completion + eos;
-}
 }  // namespace
 
-PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format, const PairTokenization& how,
+PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format, const TrlTokenization& how,
                                  const std::string& line, const FieldNames& fields,
                                  const std::vector<std::string>& ignore_fields) {
   ojson j = parsed_record(line, fields, ignore_fields);
@@ -617,7 +638,7 @@ PreferencePair render_preference(const Tokenizer& tok, const ChatFormat& format,
   return out;
 }
 
-KtoRecord render_kto(const Tokenizer& tok, const ChatFormat& format, const PairTokenization& how,
+KtoRecord render_kto(const Tokenizer& tok, const ChatFormat& format, const TrlTokenization& how,
                      const std::string& line, const FieldNames& fields, const std::vector<std::string>& ignore_fields) {
   ojson j = parsed_record(line, fields, ignore_fields);
   KtoRecord out;
@@ -701,9 +722,10 @@ void append_sample(const Sample& s, int64_t line, SampleBlock& out) {
 
 // A record that cannot be rendered ("FILE:LINE: why"): the block's error, or with
 // data.on_bad_record = "skip" counted (the first one kept) — unless the record is well formed
-// and the problem is the run's (a chat without a chat template: `e`).
+// and the problem is the run's (a chat without a chat template, a text without an eos_token: `e`).
 void bad_record(const std::string& why, const std::exception& e, const SampleOptions& o, SampleBlock& out) {
-  if (!o.skip_bad_records || dynamic_cast<const NoChatTemplate*>(&e) != nullptr)
+  if (!o.skip_bad_records || dynamic_cast<const NoChatTemplate*>(&e) != nullptr ||
+      dynamic_cast<const NoEosToken*>(&e) != nullptr)
     out.error = why;
   else if (out.stats.skipped_bad++ == 0)
     out.stats.first_bad = why;
@@ -717,7 +739,7 @@ void render_pair(const std::string& path, const std::string& separator, const st
                  const Tokenizer& tok, const ChatFormat& format, const SampleOptions& o, SampleBlock& out) {
   PreferencePair p;
   try {
-    p = render_preference(tok, format, o.pair_tokenization, record, o.fields, o.ignore_fields);
+    p = render_preference(tok, format, o.trl, record, o.fields, o.ignore_fields);
   } catch (const std::exception& e) {
     bad_record(path + separator + std::to_string(where) + ": " + e.what(), e, o, out);
     return;
@@ -755,7 +777,7 @@ void render_kto_examples(const std::string& path, const std::string& separator, 
                          SampleBlock& out) {
   KtoRecord r;
   try {
-    r = render_kto(tok, format, o.pair_tokenization, record, o.fields, o.ignore_fields);
+    r = render_kto(tok, format, o.trl, record, o.fields, o.ignore_fields);
   } catch (const std::exception& e) {
     bad_record(path + separator + std::to_string(where) + ": " + e.what(), e, o, out);
     return;
@@ -775,7 +797,7 @@ void render_range(const std::string& path, const std::string& separator, const s
                   const ChatFormat& format, const SampleOptions& o, SampleBlock& out) {
   for (size_t r = begin; r < end; ++r) {
     ++out.stats.records;
-    if (o.preference && o.pair_tokenization.kto) {
+    if (o.preference && o.trl.kto) {
       render_kto_examples(path, separator, records[r], where[r], tok, format, o, out);
       if (!out.error.empty()) return;
       continue;
@@ -787,7 +809,7 @@ void render_range(const std::string& path, const std::string& separator, const s
     }
     Sample s;
     try {
-      s = render_record(tok, format, records[r], o.train_on_prompt, out.stats, o.fields, o.ignore_fields);
+      s = render_record(tok, format, o.trl, records[r], o.train_on_prompt, out.stats, o.fields, o.ignore_fields);
     } catch (const std::exception& e) {
       bad_record(path + separator + std::to_string(where[r]) + ": " + e.what(), e, o, out);
       if (!out.error.empty()) return;

@@ -1,6 +1,8 @@
 // Training samples from a JSONL file (or the rows of a Parquet file), tokenized as the file is
 // read: each line one record,
-//   {"text": "..."}                        BOS text EOS (the tokenizer's document markers), all
+//   {"text": "..."}                        as TRL's SFTTrainer: HF's tokenizer(text + eos_token)
+//                                          (its post-processor's special tokens, e.g. BOS; the
+//                                          eos_token added unless the text ends with it), all
 //                                          trained
 //   {"messages": [{"role", "content"}..]}   the model's chat template (chat.h); only the
 //   (and "tools": [...])                   assistant replies are trained; tools, tool calls and
@@ -10,8 +12,9 @@
 //   {"instruction", "input", "output"}     Alpaca: one user turn (the instruction, then a blank
 //                                          line and the input when there is one; a "system"
 //                                          field before it), the output as the reply
-//   {"prompt": "...", "completion": "..."}  BOS prompt completion EOS; the completion and EOS
-//                                          are trained
+//   {"prompt": "...", "completion": "..."}  as TRL's SFTTrainer: tokenizer(prompt) and
+//                                          tokenizer(prompt + completion + eos_token); trained
+//                                          from where the two first differ
 // (`train_on_prompt` trains every token). A sample longer than `max_ids` is cut to its first
 // `max_ids` ids or dropped; one with nothing left to train is dropped. Both are counted.
 // A malformed record or an unknown role throws RuntimeError naming FILE:LINE.
@@ -46,10 +49,17 @@ std::vector<ChatMessage> chat_turns(const nlohmann::ordered_json& messages);
 // for integers wider than 64 bits where there are tools. RuntimeError for anything else.
 ChatTools chat_tools(const nlohmann::ordered_json& record, const std::string& line);
 
-// How preference records are tokenized: as TRL's DPOTrainer does (training.objective dpo), or
-// as its CPOTrainer does (`cpo`: simpo and cpo, TRL's CPOTrainer), with the tokenizer's bos_token and
-// eos_token as transformers resolves them ("" for none).
-struct PairTokenization {
+// A text record met with a tokenizer that names no eos_token (TrlTokenization::eos ""): the run's
+// problem, never a malformed record — data.on_bad_record = "skip" does not skip it.
+struct NoEosToken : RuntimeError {
+  using RuntimeError::RuntimeError;
+};
+
+// How TRL's trainers tokenize text (not chats), with the tokenizer's bos_token and eos_token as
+// transformers resolves them ("" for none; a text record or completion needs an eos_token):
+// SFTTrainer's text and prompt/completion records, preference records as its DPOTrainer does
+// (training.objective dpo) or as its CPOTrainer does (`cpo`: simpo and cpo), KTO's as KTOTrainer.
+struct TrlTokenization {
   bool cpo = false;
   std::string bos, eos;
   bool kto = false;  // TRL's KTOTrainer: its examples (render_kto)
@@ -65,7 +75,7 @@ struct SampleOptions {
   // Preference records ({prompt, chosen, rejected}: render_preference): each record becomes two
   // samples, chosen then rejected, cut as TRL's DPO collator cuts them (below).
   bool preference = false;
-  PairTokenization pair_tokenization;
+  TrlTokenization trl;
   int threads = 1;  // records rendered by this many threads at once (the result does not depend on it)
   int64_t block_bytes = int64_t{16} << 20;  // a JSONL file is read this many bytes of whole lines at a time
 };
@@ -82,7 +92,8 @@ struct SampleStats {
   int64_t call_text_dropped = 0;  // replies whose text beside a tool call the template leaves out (Llama 3.1's, Nemo's)
   // Preference records (pairs): truncated / dropped_too_long count pairs; these count the pairs
   // whose prompt alone fills max_ids (dropped, as TRL drops them) and whose tokenized prompt is
-  // not a prefix of prompt + completion (the completion starts where they part, as in TRL).
+  // not a prefix of prompt + completion (the completion starts where they part, as in TRL; also
+  // counted for SFT's text prompt/completion records).
   int64_t pairs = 0, dropped_prompt_fills = 0, prompt_diverged = 0;
   // KTO (render_kto): its examples, desirable or not (pairs: the paired records among them;
   // prompt_diverged counts examples)
@@ -154,9 +165,9 @@ class SampleSet {
 // One JSONL record as a sample (before truncation). Throws RuntimeError (without location), also
 // for a field of the record or of a turn that its kind does not read (a turn's "weight", a
 // "system" beside ShareGPT turns, an "id"): refused by name unless `ignore_fields` names it.
-Sample render_record(const Tokenizer& tokenizer, const ChatFormat& format, const std::string& json_line,
-                     bool train_on_prompt, SampleStats& stats, const FieldNames& fields = {},
-                     const std::vector<std::string>& ignore_fields = {});
+Sample render_record(const Tokenizer& tokenizer, const ChatFormat& format, const TrlTokenization& how,
+                     const std::string& json_line, bool train_on_prompt, SampleStats& stats,
+                     const FieldNames& fields = {}, const std::vector<std::string>& ignore_fields = {});
 
 // One preference record as TRL 1.16 tokenizes it.
 // DPOTrainer (DPOTrainer._prepare_dataset):
@@ -181,7 +192,7 @@ struct PreferencePair {
   bool prompt_diverged = false;  // the prompt alone does not tokenize to that prefix
   bool conversational = false;
 };
-PreferencePair render_preference(const Tokenizer& tokenizer, const ChatFormat& format, const PairTokenization& how,
+PreferencePair render_preference(const Tokenizer& tokenizer, const ChatFormat& format, const TrlTokenization& how,
                                  const std::string& json_line, const FieldNames& fields = {},
                                  const std::vector<std::string>& ignore_fields = {});
 
@@ -204,7 +215,7 @@ struct KtoRecord {
   bool conversational = false;
   bool paired = false;
 };
-KtoRecord render_kto(const Tokenizer& tokenizer, const ChatFormat& format, const PairTokenization& how,
+KtoRecord render_kto(const Tokenizer& tokenizer, const ChatFormat& format, const TrlTokenization& how,
                      const std::string& json_line, const FieldNames& fields = {},
                      const std::vector<std::string>& ignore_fields = {});
 

@@ -1624,7 +1624,6 @@ const std::string& devstral_system() {
 ChatFormat chat_format(const Tokenizer& tok, ChatTemplate requested) {
   const fs::path dir = fs::path(tok.path()).parent_path();
   ChatFormat f;
-  std::tie(f.bos, f.eos) = document_markers(tok);
   f.kind = requested;
   f.source = "data.chat_template";
   if (requested == ChatTemplate::automatic) {
@@ -1680,7 +1679,6 @@ ChatFormat data_chat_format(const Tokenizer& tok, ChatTemplate requested) {
     return chat_format(tok, requested);
   } catch (const RuntimeError& e) {
     ChatFormat f;
-    std::tie(f.bos, f.eos) = document_markers(tok);
     f.kind = ChatTemplate::automatic;
     f.source = "none usable";
     f.unavailable = e.what();
@@ -2408,19 +2406,6 @@ std::string end_of_turn(const ChatFormat& f) {
     default:
       return "<|eot_id|>";
   }
-}
-
-Sample render_document(const Tokenizer& tok, const ChatFormat& f,
-                       const std::vector<std::pair<std::string, bool>>& parts, bool train_all) {
-  Sample s;
-  auto add = [&](const std::vector<int32_t>& ids, bool trained) {
-    s.ids.insert(s.ids.end(), ids.begin(), ids.end());
-    s.trained.insert(s.trained.end(), ids.size(), trained || train_all);
-  };
-  if (!f.bos.empty()) add({*tok.splitting_token(f.bos)}, false);
-  for (const auto& [text, trained] : parts) add(tok.encode(text), trained);
-  if (!f.eos.empty()) add({*tok.splitting_token(f.eos)}, true);
-  return s;
 }
 
 }  // namespace ptrain

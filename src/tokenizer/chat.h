@@ -138,10 +138,6 @@ struct ChatFormat {
   bool tools = false;
   std::string no_tools;
   std::string source;  // how it was chosen, for the log: "data.chat_template", "<dir>/tokenizer_config.json", ...
-  // Document markers of text and prompt/completion records ("" where the tokenizer has none):
-  // Llama 3's <|begin_of_text|> / <|end_of_text|>, Qwen's <|endoftext|>, else the
-  // tokenizer_config.json's bos_token / eos_token.
-  std::string bos, eos;
   // data_chat_format() without a template it can render: why (kind stays `automatic`); a chat
   // rendered with this format throws NoChatTemplate with it.
   std::string unavailable;
@@ -227,9 +223,5 @@ std::string chat_text(const ChatFormat& format, const std::vector<ChatMessage>& 
                       const ChatTools& tools = std::nullopt);
 // The token that ends a reply in this format: <|eot_id|>, <|im_end|> or </s>.
 std::string end_of_turn(const ChatFormat& format);
-
-// bos, the parts (each trained or not), eos (trained), markers left out where there are none.
-Sample render_document(const Tokenizer& tok, const ChatFormat& format,
-                       const std::vector<std::pair<std::string, bool>>& parts, bool train_all);
 
 }  // namespace ptrain

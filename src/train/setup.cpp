@@ -302,9 +302,9 @@ std::shared_ptr<const SampleSet> load_samples(const Config& c, const Tokenizer& 
   return SampleLoader(c, tok, format, o, comm, device).load(how);
 }
 
-// The end of a preference data report's length line: prompts that are no prefix of their
-// sequences, and records skipped.
-std::string preference_notes(const SampleStats& st) {
+// The end of a data report's length line: prompts that are no prefix of their sequences, and
+// records skipped.
+std::string record_notes(const SampleStats& st) {
   const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
   return (st.prompt_diverged ? " | prompt not a prefix of prompt + completion (the completion starts where they part, "
                                "as in TRL): " +
@@ -322,16 +322,13 @@ RunData preference_pairs(const Config& c, const Tokenizer& tok, const ChatFormat
   const auto n = [](int64_t v) { return log::grouped(static_cast<double>(v)); };
   auto rows = std::make_unique<PairRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed));
   RunData d;
-  d.report.push_back("data: " + c.data.path + ": " + n(st.records) + " preference records (" + n(st.text) + " text, " +
-                     n(st.chat) + " chat) tokenized as TRL's " +
-                     (o.pair_tokenization.cpo ? "CPOTrainer" : "DPOTrainer") + " does with " + tok.path() +
-                     (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] +
-                                    " renders them (" + format.source + ")"
-                              : std::string()) +
-                     (st.text || o.pair_tokenization.cpo
-                          ? ", completions ending with eos_token " + o.pair_tokenization.eos
-                          : std::string()) +
-                     ", " + how);
+  d.report.push_back(
+      "data: " + c.data.path + ": " + n(st.records) + " preference records (" + n(st.text) + " text, " + n(st.chat) +
+      " chat) tokenized as TRL's " + (o.trl.cpo ? "CPOTrainer" : "DPOTrainer") + " does with " + tok.path() +
+      (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] + " renders them (" +
+                     format.source + ")"
+               : std::string()) +
+      (st.text || o.trl.cpo ? ", completions ending with eos_token " + o.trl.eos : std::string()) + ", " + how);
   d.report.push_back("pairs: " + n(st.pairs) + " (train " + n(static_cast<int64_t>(split.train.size())) +
                      ", validation " + n(static_cast<int64_t>(split.val.size())) + ") | " + n(set->total_ids()) +
                      " tokens | scored (completions) " + n(set->total_trained()) + " = " +
@@ -341,7 +338,7 @@ RunData preference_pairs(const Config& c, const Tokenizer& tok, const ChatFormat
   d.report.push_back("longer than max_length = " + std::to_string(o.max_ids) + " ids: " + n(st.truncated) +
                      " pairs truncated, " + n(st.dropped_too_long) +
                      " dropped (data.truncation) | prompt alone fills max_length: " + n(st.dropped_prompt_fills) +
-                     " pairs dropped" + preference_notes(st));
+                     " pairs dropped" + record_notes(st));
   const RowFill tf = rows->train_fill(), vf = rows->val_fill();
   const int64_t T = c.data.seq_len;
   d.report.push_back("padding (one sequence per row, chosen and rejected): " + n(tf.rows) + " training rows of " +
@@ -370,8 +367,7 @@ RunData kto_examples(const Config& c, const Tokenizer& tok, const ChatFormat& fo
                      (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] +
                                     " renders them (" + format.source + ")"
                               : std::string()) +
-                     (st.text ? ", completions ending with eos_token " + o.pair_tokenization.eos : std::string()) +
-                     ", " + how);
+                     (st.text ? ", completions ending with eos_token " + o.trl.eos : std::string()) + ", " + how);
   d.report.push_back("examples: " + n(st.desirable + st.undesirable) + " (" + n(st.desirable) + " desirable, " +
                      n(st.undesirable) + " undesirable) | train " + n(rows->train_examples()) + ", validation " +
                      n(rows->val_rows()) + " | " + n(set->total_ids()) +
@@ -380,7 +376,7 @@ RunData kto_examples(const Config& c, const Tokenizer& tok, const ChatFormat& fo
                      std::to_string(c.data.micro_batch_size) + "), read in file order, unshuffled");
   d.report.push_back("longer than max_length = " + std::to_string(o.max_ids) + " ids: " + n(rows->truncated()) +
                      " sequences (examples and KL sequences) truncated | prompt alone fills max_length: " +
-                     n(rows->dropped_prompt_fills()) + " examples dropped" + preference_notes(st));
+                     n(rows->dropped_prompt_fills()) + " examples dropped" + record_notes(st));
   // TRL's advice where the labels are unbalanced (KTOTrainer._prepare_dataset, the KTO paper's
   // eq. 8): desirable_weight x desirable ~ undesirable_weight x undesirable, within 4:3
   const double good = static_cast<double>(std::max<int64_t>(rows->train_desirable(), 1));
@@ -412,10 +408,9 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   const bool pairs = is_preference(c.training.objective);
   o.max_ids = pairs && c.preference.max_length > 0 ? c.preference.max_length : c.data.seq_len + 1;
   o.preference = pairs;
-  o.pair_tokenization.cpo = tokenized_as_cpo(c.training.objective);
-  o.pair_tokenization.kto = c.training.objective == Objective::kto;
-  if (pairs && tok.template_tokens())
-    std::tie(o.pair_tokenization.bos, o.pair_tokenization.eos) = *tok.template_tokens();
+  o.trl.cpo = tokenized_as_cpo(c.training.objective);
+  o.trl.kto = c.training.objective == Objective::kto;
+  if (tok.template_tokens()) std::tie(o.trl.bos, o.trl.eos) = *tok.template_tokens();
   o.drop_too_long = c.data.truncation == Truncation::drop;
   o.train_on_prompt = c.data.train_on_prompt;
   o.skip_bad_records = c.data.on_bad_record == BadRecord::skip;
@@ -440,7 +435,7 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
                        "; use the model's own tokenizer");
   SampleSplit split;
   // samples, pairs of them, or KTO's records
-  const int64_t units = o.pair_tokenization.kto ? kto_records(*set) : pairs ? set->size() / 2 : set->size();
+  const int64_t units = o.trl.kto ? kto_records(*set) : pairs ? set->size() / 2 : set->size();
   if (eval_only) {  // every sample is scored
     split.val.resize(static_cast<size_t>(units));
     std::iota(split.val.begin(), split.val.end(), int64_t{0});
@@ -449,7 +444,7 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
   }
   if (!eval_only && split.train.empty())
     throw RuntimeError("'" + c.data.path + "' leaves no training sample after the validation split");
-  if (o.pair_tokenization.kto) return kto_examples(c, tok, format, o, set, split, how);
+  if (o.trl.kto) return kto_examples(c, tok, format, o, set, split, how);
   if (pairs) return preference_pairs(c, tok, format, o, set, std::move(split), how);
   auto rows =
       std::make_unique<SampleRows>(set, split, c.data.seq_len, static_cast<uint64_t>(c.run.seed), c.data.packing);
@@ -461,6 +456,9 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
                      (st.chat ? ", chats as " + chat_template_names()[static_cast<size_t>(format.kind)] +
                                     " renders them (" + format.source + ")"
                               : std::string()) +
+                     (st.text || st.prompt_completion
+                          ? ", text as TRL's SFTTrainer tokenizes it (ending with eos_token " + o.trl.eos + ")"
+                          : std::string()) +
                      ", " + how);
   d.report.push_back(
       "samples: " + n(set->size()) + " (train " + n(static_cast<int64_t>(split.train.size())) + ", validation " +
@@ -476,9 +474,7 @@ RunData jsonl_samples(const Config& c, Collectives* comm, const c10::Device& dev
       (st.call_text_dropped
            ? " | replies whose text beside a tool call the template leaves out: " + n(st.call_text_dropped)
            : std::string()) +
-      (st.skipped_bad
-           ? " | malformed, skipped (data.on_bad_record): " + n(st.skipped_bad) + ", the first: " + st.first_bad
-           : std::string()));
+      record_notes(st));
   const int64_t T = c.data.seq_len;
   const RowFill tf = rows->train_fill(), vf = rows->val_fill();
   d.report.push_back(std::string(c.data.packing ? "packing" : "padding (one sample per row)") + ": " + n(tf.rows) +

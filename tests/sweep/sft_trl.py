@@ -14,10 +14,9 @@ metrics.jsonl within 1e-5 relative. With gradient accumulation TRL averages its 
 token means and ptrain gives the token mean of the whole step, so there the loss and num_tokens
 are compared.
 
-Text prompt/completion records are not compared: ptrain renders them as its data docs say (the
-chat format's BOS, prompt and completion encoded apart, its EOS), TRL's SFTTrainer appends the
-tokenizer's eos_token to the completion text and encodes prompt + completion with the tokenizer's
-own special tokens — over hf_chat's tokenizer, no BOS: step 1's loss 7.2137 against 7.1837.
+Text records are compared too: {"prompt", "completion"} strings and {"text"} documents, which
+both sides tokenize as HF's tokenizer(prompt + completion + eos_token) (no BOS from hf_chat's
+tokenizer; its eos_token <|eot_id|>, Qwen2's <|im_end|>).
 
     python tests/sweep/sft_trl.py build/ptrain ["name substring"]
 """
@@ -38,17 +37,21 @@ from preference_trl import FIXTURES, LORA_TARGETS, make_adapter, run_ptrain  # n
 STEPS, ROWS, LR, RTOL = 10, 6, 1e-3, 1e-5
 METRICS = ["loss", "entropy", "mean_token_accuracy", "num_tokens"]
 
-# name, model fixture, data kind, lora, gradient accumulation, world sizes
+# name, model fixture, data kind (records()), lora, gradient accumulation, world sizes
 CASES = [
     ("llama3 chat sft full", "hf_chat", "chat", False, 1, [1, 2, 3]),
     ("llama3 chat sft lora", "hf_chat", "chat", True, 1, [1, 3]),
     ("qwen2 chat sft lora", "hf_qwen_chat", "chat", True, 1, [2]),
     ("qwen2 chat sft full accum 2", "hf_qwen_chat", "chat", False, 2, [1, 3]),
+    ("llama3 text prompt/completion sft full", "hf_chat", "text", False, 1, [1, 2]),
+    ("qwen2 text prompt/completion sft lora", "hf_qwen_chat", "text", True, 1, [3]),
+    ("llama3 text documents sft full", "hf_chat", "document", False, 1, [2]),
 ]
 
 
 def records(kind):
-    """Six prompt/completion records: chats (a system message in every other one) or text."""
+    """Six records: prompt/completion chats (a system message in every other one) or text, or
+    {"text"} documents."""
     out = []
     for i in range(ROWS):
         question, answer = f"What is {i + 2} plus {3 * i}?", f"It is {4 * i + 2}, as {i + 2} + {3 * i} makes."
@@ -56,8 +59,10 @@ def records(kind):
             system = [{"role": "system", "content": "Answer briefly."}] if i % 2 else []
             out.append({"prompt": system + [{"role": "user", "content": question}],
                         "completion": [{"role": "assistant", "content": answer}]})
-        else:
+        elif kind == "text":
             out.append({"prompt": f"Q: {question}\nA:", "completion": " " + answer})
+        else:
+            out.append({"text": f"Q: {question}\nA: {answer}"})
     return out
 
 

@@ -47,7 +47,14 @@ const ChatFormat& format() {
   return f;
 }
 
-SampleSet load(const std::string& path, SampleOptions o = {}) {
+// tokenizer_bpe is a bare tokenizer.json, naming no eos_token: text records end with this one.
+SampleOptions options() {
+  SampleOptions o;
+  o.trl.eos = "<|end_of_text|>";
+  return o;
+}
+
+SampleSet load(const std::string& path, SampleOptions o = options()) {
   return SampleSet::from_jsonl(path, tok(), format(), o);
 }
 
@@ -79,9 +86,9 @@ TEST(Samples, EachRecordKindRendersWithItsLossMask) {
                    "{\"prompt\": \"What is 2+2?\", \"completion\": \" 4\"}\n"
                    "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": "
                    "\"hello\"}]}\n");
-  const int32_t bos = id("<|begin_of_text|>"), eos = id("<|end_of_text|>");
+  const int32_t eos = id("<|end_of_text|>");
   for (bool on_prompt : {false, true}) {
-    SampleOptions o;
+    SampleOptions o = options();
     o.train_on_prompt = on_prompt;
     const SampleSet s = load(dir / "d.jsonl", o);
     ASSERT_EQ(s.size(), 3);
@@ -92,16 +99,15 @@ TEST(Samples, EachRecordKindRendersWithItsLossMask) {
     EXPECT_EQ(s.line(0), 1);
     EXPECT_EQ(s.line(1), 3);
     EXPECT_EQ(s.line(2), 4);
-    // text: <|begin_of_text|> text <|end_of_text|>, every prediction trained.
-    const auto text = tok().encode("the model trains");
-    EXPECT_EQ(ids_of(s, 0), cat({{bos}, text, {eos}}));
-    // prompt/completion: the two encoded apart (the mask boundary is exact), only the
-    // completion and <|end_of_text|> trained unless train_on_prompt.
-    const auto prompt = tok().encode("What is 2+2?"), completion = tok().encode(" 4");
-    EXPECT_EQ(ids_of(s, 1), cat({{bos}, prompt, completion, {eos}}));
-    std::vector<uint8_t> mask(1 + prompt.size(), on_prompt ? 1 : 0);
-    mask[0] = on_prompt;
-    mask.insert(mask.end(), completion.size() + 1, 1);
+    // text: tokenizer(text + eos_token) — tokenizer_bpe's post-processor adds no BOS —, all trained.
+    EXPECT_EQ(ids_of(s, 0), cat({tok().encode("the model trains"), {eos}}));
+    EXPECT_EQ(trained_of(s, 0), std::vector<uint8_t>(s.length(0), 1));
+    // prompt/completion: encoded whole, the completion (after the prompt's ids) and the
+    // eos_token trained unless train_on_prompt.
+    const auto prompt = tok().encode("What is 2+2?"), whole = tok().encode("What is 2+2? 4");
+    EXPECT_EQ(ids_of(s, 1), cat({whole, {eos}}));
+    std::vector<uint8_t> mask(prompt.size(), on_prompt ? 1 : 0);
+    mask.insert(mask.end(), whole.size() + 1 - prompt.size(), 1);
     EXPECT_EQ(trained_of(s, 1), mask);
     // chat: exactly render_chat's (equal to transformers' apply_chat_template, Chat.* tests).
     const Sample chat = render_chat(tok(), format(), {{"user", "hi"}, {"assistant", "hello"}}, on_prompt);
@@ -194,7 +200,7 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
   const SampleSet want = load(test::fixture("parquet/records.jsonl"));
   ASSERT_EQ(want.size(), 8);
   int64_t at = 0;
-  SampleOptions no_id;  // text.parquet has an "id" column beside "text": left out knowingly
+  SampleOptions no_id = options();  // text.parquet has an "id" column beside "text": left out knowingly
   no_id.ignore_fields = {"id"};
   for (const auto& [name, rows] : std::vector<std::pair<std::string, int64_t>>{
            {"messages.parquet", 3}, {"alpaca.parquet", 3}, {"text.parquet", 2}}) {
@@ -207,7 +213,7 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
     }
     if (name == "messages.parquet") {  // ShareGPT holds the same chats
       const SampleSet sharegpt =
-          SampleSet::from_parquet(test::fixture("parquet/sharegpt.parquet"), tok(), format(), {});
+          SampleSet::from_parquet(test::fixture("parquet/sharegpt.parquet"), tok(), format(), options());
       ASSERT_EQ(sharegpt.size(), rows);
       for (int64_t i = 0; i < rows; ++i) {  // (three row groups: rows keep their numbers across them)
         EXPECT_EQ(ids_of(sharegpt, i), ids_of(want, i)) << "sharegpt row " << i + 1;
@@ -217,13 +223,13 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
     at += rows;
   }
   try {
-    SampleSet::from_parquet(test::fixture("parquet/binary.parquet"), tok(), format(), {});
+    SampleSet::from_parquet(test::fixture("parquet/binary.parquet"), tok(), format(), options());
     ADD_FAILURE() << "a binary column was accepted";
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("row 1: column 'blob' holds binary values"), std::string::npos) << e.what();
   }
   try {  // a column no record kind reads, not left out
-    SampleSet::from_parquet(test::fixture("parquet/text.parquet"), tok(), format(), {});
+    SampleSet::from_parquet(test::fixture("parquet/text.parquet"), tok(), format(), options());
     ADD_FAILURE() << "the id column was passed over";
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("text.parquet: row 1: a \"text\" record holds \"id\", which ptrain does not "
@@ -231,7 +237,8 @@ TEST(Samples, ParquetRowsAreTheRecordsTheirColumnsSpell) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(SampleSet::from_parquet(test::fixture("parquet/records.jsonl"), tok(), format(), {}), RuntimeError);
+  EXPECT_THROW(SampleSet::from_parquet(test::fixture("parquet/records.jsonl"), tok(), format(), options()),
+               RuntimeError);
   // A footer claiming more rows than the file holds (found by fuzz_parquet: Arrow sized its arrays
   // for 70 billion rows and ran out of memory) is refused before any row group is read.
   try {
@@ -269,11 +276,11 @@ TEST(Samples, OwnFieldNamesAndSkippedBadRecords) {
   test::write_text(dir / "dialog.jsonl",
                    "{\"dialog\": [{\"speaker\": \"user\", \"text\": \"Say hi.\"}, {\"speaker\": \"assistant\", "
                    "\"text\": \"hi\"}]}\n");
-  SampleOptions renamed;
+  SampleOptions renamed = options();
   renamed.fields = {{"instruction", "question"}, {"output", "answer"}};
   EXPECT_EQ(ids_of(SampleSet::from_jsonl(dir / "renamed.jsonl", tok(), format(), renamed), 0),
             ids_of(load(dir / "alpaca.jsonl"), 0));
-  SampleOptions dialog;
+  SampleOptions dialog = options();
   dialog.fields = {{"messages", "dialog"}, {"role", "speaker"}, {"content", "text"}};
   const SampleSet d = SampleSet::from_jsonl(dir / "dialog.jsonl", tok(), format(), dialog);
   EXPECT_EQ(ids_of(d, 0), ids_of(load(dir / "messages.jsonl"), 0));
@@ -281,7 +288,7 @@ TEST(Samples, OwnFieldNamesAndSkippedBadRecords) {
 
   test::write_text(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": 42}\n{\"text\": \"fine\"}\n{broken\n");
   EXPECT_THROW(load(dir / "bad.jsonl"), RuntimeError);
-  SampleOptions skip;
+  SampleOptions skip = options();
   skip.skip_bad_records = true;
   const SampleSet kept = SampleSet::from_jsonl(dir / "bad.jsonl", tok(), format(), skip);
   EXPECT_EQ(kept.size(), 2);
@@ -346,7 +353,7 @@ TEST(Samples, FieldsNoRecordKindReadsAreRefusedOrLeftOutKnowingly) {
                                            R"(, {"role": "assistant", "content": "hi", "weight": 1}], "source": "s"})"
                                            "\n");
   test::write_text(dir / "plain.jsonl", R"({"messages": [)" + user + "," + reply + "]}\n");
-  SampleOptions ignore;
+  SampleOptions ignore = options();
   ignore.ignore_fields = {"id", "weight", "source"};
   const SampleSet meta = SampleSet::from_jsonl(dir / "meta.jsonl", tok(), format(), ignore);
   EXPECT_EQ(ids_of(meta, 0), ids_of(load(dir / "plain.jsonl"), 0));
@@ -364,7 +371,7 @@ TEST(Samples, LongSamplesAreTruncatedOrDroppedAndCounted) {
                                         "\"}, {\"role\": \"assistant\", \"content\": \"late\"}]}\n"
                                         "{\"text\": \"short\"}\n");
   const auto full = tok().encode(long_text);
-  SampleOptions o;
+  SampleOptions o = options();
   o.max_ids = 17;
   ASSERT_GT(static_cast<int64_t>(full.size()) + 2, o.max_ids);
   const SampleSet cut = load(dir / "d.jsonl", o);
@@ -372,7 +379,7 @@ TEST(Samples, LongSamplesAreTruncatedOrDroppedAndCounted) {
   EXPECT_EQ(cut.stats.dropped_untrained, 1);  // ...whose reply was cut off: nothing left to train
   ASSERT_EQ(cut.size(), 2);
   EXPECT_EQ(cut.length(0), 17);
-  EXPECT_EQ(ids_of(cut, 0), cat({{id("<|begin_of_text|>")}, std::vector<int32_t>(full.begin(), full.begin() + 16)}));
+  EXPECT_EQ(ids_of(cut, 0), std::vector<int32_t>(full.begin(), full.begin() + 17));  // its first 17 ids
   EXPECT_EQ(cut.line(1), 3);
 
   o.drop_too_long = true;
@@ -523,7 +530,7 @@ std::string mixed_file(const test::TempDir& dir) {
 TEST(SampleCache, HoldsWhatTokenizingInMemoryGivesForAnyBlockAndThreadCount) {
   test::TempDir dir;
   const std::string data = mixed_file(dir);
-  SampleOptions o;
+  SampleOptions o = options();
   o.max_ids = 41;  // some chats are cut
   o.skip_bad_records = true;
   o.block_bytes = int64_t{1} << 30;
@@ -550,10 +557,10 @@ TEST(SampleCache, HoldsWhatTokenizingInMemoryGivesForAnyBlockAndThreadCount) {
   }
   if (parquet_supported()) {  // a Parquet file through the cache, a row group at a time
     const std::string pq = test::fixture("parquet/sharegpt.parquet");
-    const SampleCacheKey key = sample_cache_key(dir / "pq", pq, DataFormat::parquet, tok(), format(), {});
-    build_sample_cache(key, pq, DataFormat::parquet, tok(), format(), {}, nullptr);
-    expect_same_set(open_sample_cache(key, pq, nullptr).value(), SampleSet::from_parquet(pq, tok(), format(), {}),
-                    "parquet");
+    const SampleCacheKey key = sample_cache_key(dir / "pq", pq, DataFormat::parquet, tok(), format(), options());
+    build_sample_cache(key, pq, DataFormat::parquet, tok(), format(), options(), nullptr);
+    expect_same_set(open_sample_cache(key, pq, nullptr).value(),
+                    SampleSet::from_parquet(pq, tok(), format(), options()), "parquet");
   }
 }
 
@@ -565,7 +572,7 @@ TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
   const auto key = [&](const Tokenizer& t, const ChatFormat& f, const SampleOptions& o) {
     return sample_cache_key(dir / "cache", data, DataFormat::jsonl, t, f, o).hash;
   };
-  SampleOptions o;
+  SampleOptions o = options();
   o.max_ids = 64;
   const uint64_t base = key(tok(), format(), o);
   SampleOptions threads = o;
@@ -579,9 +586,9 @@ TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
            {"train_on_prompt", [](SampleOptions& x) { x.train_on_prompt = true; }},
            {"skip_bad_records", [](SampleOptions& x) { x.skip_bad_records = true; }},
            {"preference", [](SampleOptions& x) { x.preference = true; }},
-           {"eos", [](SampleOptions& x) { x.pair_tokenization.eos = "<|eot_id|>"; }},
-           {"bos", [](SampleOptions& x) { x.pair_tokenization.bos = "<|begin_of_text|>"; }},
-           {"cpo", [](SampleOptions& x) { x.pair_tokenization.cpo = true; }},
+           {"eos", [](SampleOptions& x) { x.trl.eos = "<|eot_id|>"; }},
+           {"bos", [](SampleOptions& x) { x.trl.bos = "<|begin_of_text|>"; }},
+           {"cpo", [](SampleOptions& x) { x.trl.cpo = true; }},
            {"fields", [](SampleOptions& x) {
               x.fields = {{"output", "answer"}};
             }}}) {
@@ -618,8 +625,8 @@ TEST(SampleCache, AnyInputTheSamplesDependOnIsAnotherKey) {
 TEST(SampleCache, ADamagedCacheFileIsRefusedSayingWhy) {
   test::TempDir dir;
   const std::string data = chats_file(dir, 40);
-  const SampleCacheKey key = sample_cache_key(dir / "cache", data, DataFormat::jsonl, tok(), format(), {});
-  build_sample_cache(key, data, DataFormat::jsonl, tok(), format(), {}, nullptr);
+  const SampleCacheKey key = sample_cache_key(dir / "cache", data, DataFormat::jsonl, tok(), format(), options());
+  build_sample_cache(key, data, DataFormat::jsonl, tok(), format(), options(), nullptr);
   const std::string good = read_text_file(key.path);
   const auto why_not = [&](const std::string& bytes) {
     test::write_text(key.path, bytes);
@@ -666,15 +673,17 @@ TEST(Samples, AJsonArrayHoldsTheSameSamplesAsJsonl) {
        {std::pair<std::string, std::string>{"one_line.json", one_line}, {"pretty.json", pretty}}) {
     test::write_text(dir / name, text);
     for (int64_t block : {int64_t{1} << 20, int64_t{7}}) {
-      SampleOptions o;
+      SampleOptions o = options();
       o.block_bytes = block;
       const SampleSet got = SampleSet::from_file(dir / name, DataFormat::json, tok(), format(), o);
       expect_same_set(got, want, name + ", blocks of " + std::to_string(block) + " bytes");
       EXPECT_EQ(got.where(3), dir / name + ": record 4");
     }
-    const SampleCacheKey key = sample_cache_key(dir / "cache", dir / name, DataFormat::json, tok(), format(), {});
-    EXPECT_NE(key.hash, sample_cache_key(dir / "cache", dir / name, DataFormat::jsonl, tok(), format(), {}).hash);
-    build_sample_cache(key, dir / name, DataFormat::json, tok(), format(), {}, nullptr);
+    const SampleCacheKey key =
+        sample_cache_key(dir / "cache", dir / name, DataFormat::json, tok(), format(), options());
+    EXPECT_NE(key.hash,
+              sample_cache_key(dir / "cache", dir / name, DataFormat::jsonl, tok(), format(), options()).hash);
+    build_sample_cache(key, dir / name, DataFormat::json, tok(), format(), options(), nullptr);
     const SampleSet mapped = open_sample_cache(key, dir / name, nullptr).value();
     expect_same_set(mapped, want, name + ", mapped");
     EXPECT_EQ(mapped.where(0), dir / name + ": record 1");
@@ -700,7 +709,7 @@ TEST(Samples, AFileThatIsNotOneJsonArrayIsRefusedNamingWhere) {
   for (const auto& [text, why] : cases) {
     test::write_text(dir / "file.json", text);
     try {
-      SampleSet::from_file(dir / "file.json", DataFormat::json, tok(), format(), {});
+      SampleSet::from_file(dir / "file.json", DataFormat::json, tok(), format(), options());
       ADD_FAILURE() << "accepted: " << text;
     } catch (const RuntimeError& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
@@ -730,17 +739,17 @@ TEST(SampleSet, TextNeedsNoChatTemplateAndAChatWithoutOneStopsTheRun) {
   test::write_text(dir / "text.jsonl", text);
   SampleOptions o;
   o.max_ids = 64;
+  o.trl.eos = base.template_tokens().value().second;  // its tokenizer_config.json's: <|im_end|>
   const SampleSet set = SampleSet::from_jsonl(dir / "text.jsonl", base, f, o);
   ASSERT_EQ(set.size(), 2);
   EXPECT_EQ(std::vector<int32_t>(set.ids(0), set.ids(0) + set.length(0)),
-            cat({base.encode("hello there"), {base.id_of("<|endoftext|>").value()}}));
+            cat({base.encode("hello there"), {base.id_of("<|im_end|>").value()}}));
   test::write_text(dir / "pairs.jsonl", R"({"prompt": "Q:", "chosen": " a", "rejected": " b"})"
                                         "\n");
   SampleOptions pairs = o;
   pairs.preference = true;
-  pairs.pair_tokenization.eos = "<|im_end|>";
   EXPECT_EQ(SampleSet::from_jsonl(dir / "pairs.jsonl", base, f, pairs).size(), 2);  // DPO
-  pairs.pair_tokenization.cpo = true;
+  pairs.trl.cpo = true;
   EXPECT_EQ(SampleSet::from_jsonl(dir / "pairs.jsonl", base, f, pairs).size(), 2);  // SimPO
   test::write_text(dir / "mixed.jsonl", text + R"({"messages": [{"role": "user", "content": "hi"}]})"
                                                "\n");
@@ -787,7 +796,7 @@ TEST(Preference, APairIsTwoSamplesTrainedAfterThePromptTheyShare) {
 // where the prompt's tokens end, the bos_token and eos_token added by id where missing.
 TEST(Preference, CpoPairsAreTextWithBosAndEosAddedWhereMissing) {
   const int32_t bos = id("<|begin_of_text|>"), eos = id("<|end_of_text|>");
-  const PairTokenization cpo{true, "<|begin_of_text|>", "<|end_of_text|>"};
+  const TrlTokenization cpo{true, "<|begin_of_text|>", "<|end_of_text|>"};
   const std::string text = R"({"prompt": "Q:", "chosen": " a", "rejected": " b<|end_of_text|>"})";
   const PreferencePair t = render_preference(tok(), format(), cpo, text);
   const size_t prompt = 1 + tok().encode("Q:").size();
@@ -829,8 +838,8 @@ TEST(Preference, CpoPairsAreTextWithBosAndEosAddedWhereMissing) {
   EXPECT_THROW(render_preference(tok(), format(), cpo, R"({"prompt": "Q: th", "chosen": "e", "rejected": "is"})"),
                RuntimeError);
   // An eos_token or bos_token the tokenizer lacks is refused by name.
-  for (const PairTokenization& bad : {PairTokenization{true, "", ""}, PairTokenization{true, "", "<nope>"},
-                                      PairTokenization{true, "<nope>", "<|end_of_text|>"}}) {
+  for (const TrlTokenization& bad : {TrlTokenization{true, "", ""}, TrlTokenization{true, "", "<nope>"},
+                                     TrlTokenization{true, "<nope>", "<|end_of_text|>"}}) {
     try {
       render_preference(tok(), format(), bad, text);
       ADD_FAILURE() << "accepted eos " << bad.eos << " bos " << bad.bos;
@@ -868,7 +877,7 @@ TEST(Preference, RecordsPtrainCannotReadAreRefusedByName) {
 // Without a prompt, the turns chosen and rejected share are the prompt — compared as Python's
 // dicts are (TRL's extract_prompt), whatever the order of their keys.
 TEST(Preference, TheSharedTurnsAreFoundWhateverTheOrderOfTheirKeys) {
-  const PairTokenization how{false, "", "<|eot_id|>"};
+  const TrlTokenization how{false, "", "<|eot_id|>"};
   const PreferencePair a =
       render_preference(tok(), format(), how,
                         R"({"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "yes"}],
@@ -894,9 +903,9 @@ TEST(Preference, PairsAreCutAsTrlCutsThemAndRowsHoldChosenThenRejected) {
            R"(", "chosen": " a", "rejected": " b"})"
            "\n";  // the prompt alone fills max_ids
   test::write_text(dir / "pairs.jsonl", lines);
-  SampleOptions o;
+  SampleOptions o = options();
   o.preference = true;
-  o.pair_tokenization.eos = "<|eot_id|>";
+  o.trl.eos = "<|eot_id|>";
   o.max_ids = 12;
   const auto set = std::make_shared<SampleSet>(load(dir / "pairs.jsonl", o));
   EXPECT_EQ(set->stats.pairs, 5);
@@ -1017,7 +1026,7 @@ TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
         for (const ChatFormat* f : {&automatic, named ? &*named : nullptr}) {
           if (!f) continue;
           try {
-            render_record(f == &automatic ? tok : *plain, *f, line, false, stats);
+            render_record(f == &automatic ? tok : *plain, *f, {}, line, false, stats);
             ADD_FAILURE() << name << ": rendered " << line;
           } catch (const RuntimeError& e) {
             if (r.contains("ptrain_refuses")) {
@@ -1033,7 +1042,7 @@ TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
       for (const ChatFormat* f : {&automatic, named ? &*named : nullptr}) {
         if (!f) continue;
         SampleStats one;
-        const Sample s = render_record(f == &automatic ? tok : *plain, *f, line, false, one);
+        const Sample s = render_record(f == &automatic ? tok : *plain, *f, {}, line, false, one);
         EXPECT_EQ(s.ids, r.at("ids").get<std::vector<int32_t>>()) << name << ": " << line;
         ASSERT_EQ(s.trained.size(), labels.size()) << line;
         for (size_t t = 0; t < labels.size(); ++t)
@@ -1065,6 +1074,68 @@ TEST(ToolChats, RenderAsTransformersWithTheReleasedTemplatesOfQwenAndLlama) {
                 {"qwen2.5", 0}, {"qwen3", 0}, {"llama3.1", 1}, {"llama3.2", 1}, {"mistral-nemo", 1}}));
 }
 
+// Text records ({"text"}, {"prompt": "...", "completion": "..."}) as TRL's SFTTrainer tokenizes
+// them (tests/fixtures/make_trl_fixtures.py, trl 1.16, the tokenizer_dirs fixtures as AutoTokenizer
+// reads them): tokenizer(text + eos_token) with its post-processor's BOS, the eos_token not added
+// twice, and a loss after the common prefix of tokenizer(prompt) and the whole — where newlines
+// merge across the boundary, the prompt is no prefix and is counted.
+TEST(Samples, TextRecordsAsTrlsSftTrainerTokenizesThem) {
+  const auto fixture = nlohmann::json::parse(read_text_file(test::fixture("trl_tokenized_expected.json")));
+  int compared = 0, diverged = 0;
+  for (const auto& [name, t] : fixture.at("sft_text").items()) {
+    const Tokenizer tok(test::fixture(t.at("tokenizer").get<std::string>()));
+    const ChatFormat f = data_chat_format(tok, ChatTemplate::automatic);
+    TrlTokenization how;
+    std::tie(how.bos, how.eos) = tok.template_tokens().value();
+    for (const auto& r : t.at("records")) {
+      const std::string line = r.at("line");
+      SampleStats stats;
+      const Sample s = render_record(tok, f, how, line, false, stats);
+      EXPECT_EQ(s.ids, r.at("ids").get<std::vector<int32_t>>()) << name << ": " << line;
+      const auto labels = r.at("labels").get<std::vector<int64_t>>();
+      ASSERT_EQ(s.trained.size(), labels.size()) << name << ": " << line;
+      for (size_t i = 0; i < labels.size(); ++i)
+        EXPECT_EQ(static_cast<bool>(s.trained[i]), labels[i] != -100) << name << ": " << line << " at " << i;
+      const bool pair = r.contains("prompt_diverged");
+      EXPECT_EQ(stats.prompt_completion + stats.text, 1);
+      EXPECT_EQ(stats.prompt_completion, pair ? 1 : 0) << line;
+      EXPECT_EQ(stats.prompt_diverged, pair && r.at("prompt_diverged").get<bool>() ? 1 : 0) << name << ": " << line;
+      diverged += static_cast<int>(stats.prompt_diverged);
+      const Sample all = render_record(tok, f, how, line, /*train_on_prompt=*/true, stats);
+      EXPECT_EQ(all.ids, s.ids);
+      EXPECT_EQ(std::count(all.trained.begin(), all.trained.end(), 1), static_cast<std::ptrdiff_t>(all.ids.size()));
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 36);
+  EXPECT_EQ(diverged, 4);
+  // a tokenizer naming no eos_token (a bare tokenizer.json): TRL's SFTTrainer cannot append it —
+  // the run's problem, not the records': data.on_bad_record = "skip" does not skip them
+  test::TempDir dir;
+  test::write_text(dir / "text.jsonl", "{\"text\": \"hi\"}\n");
+  SampleOptions skip;
+  skip.skip_bad_records = true;
+  try {
+    SampleSet::from_jsonl(dir / "text.jsonl", tok(), format(), skip);
+    ADD_FAILURE() << "a text record was skipped or rendered without an eos_token";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("text.jsonl:1: a text record (or text completion) ends"), std::string::npos)
+        << e.what();
+  }
+  SampleStats stats;
+  for (const char* line : {R"({"text": "hi"})", R"({"prompt": "Q", "completion": " A"})"}) {
+    try {
+      render_record(tok(), format(), {}, line, false, stats);
+      ADD_FAILURE() << "rendered " << line;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("ends with the tokenizer's eos_token, as TRL's trainers add it, and this "
+                                           "tokenizer names none: point data.tokenizer at the model directory"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // Conversational prompt/completion records ({"prompt": [turns], "completion": [turns]}, "tools" too)
 // as TRL's SFTTrainer tokenizes them (tests/fixtures/make_trl_fixtures.py, trl 1.16): the whole
 // chat's ids and a loss on every token after the prompt's rendering with the generation prompt
@@ -1081,17 +1152,17 @@ TEST(Samples, ConversationalPromptCompletionRecordsAsTrlsSftTrainerTokenizesThem
       const std::string line = r.at("line");
       SampleStats stats;
       if (r.contains("error")) {
-        EXPECT_THROW(render_record(tok, f, line, false, stats), RuntimeError) << name << ": " << line;
+        EXPECT_THROW(render_record(tok, f, {}, line, false, stats), RuntimeError) << name << ": " << line;
         continue;
       }
-      const Sample s = render_record(tok, f, line, false, stats);
+      const Sample s = render_record(tok, f, {}, line, false, stats);
       EXPECT_EQ(s.ids, r.at("ids").get<std::vector<int32_t>>()) << name << ": " << line;
       const auto labels = r.at("labels").get<std::vector<int64_t>>();
       ASSERT_EQ(s.trained.size(), labels.size()) << name << ": " << line;
       for (size_t i = 0; i < labels.size(); ++i)
         EXPECT_EQ(static_cast<bool>(s.trained[i]), labels[i] != -100) << name << ": " << line << " at " << i;
       EXPECT_EQ(stats.chat, 1);
-      const Sample all = render_record(tok, f, line, /*train_on_prompt=*/true, stats);
+      const Sample all = render_record(tok, f, {}, line, /*train_on_prompt=*/true, stats);
       EXPECT_EQ(std::count(all.trained.begin(), all.trained.end(), 1), static_cast<std::ptrdiff_t>(all.ids.size()));
       ++compared;
     }
@@ -1110,7 +1181,7 @@ TEST(Samples, ConversationalPromptCompletionRecordsAsTrlsSftTrainerTokenizesThem
                "completion": [{"role": "assistant", "content": "yo"}]})",
             "a prompt to answer must end with a user message or a tool result"}}) {
     try {
-      render_record(tok, f, line, false, stats);
+      render_record(tok, f, {}, line, false, stats);
       ADD_FAILURE() << "rendered " << line;
     } catch (const RuntimeError& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
@@ -1209,9 +1280,9 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
            {"a tool tag's number moved", &moved, "the tag \"{%- if (loop.index0 == 1) or"}}) {
     const ChatFormat f = chat_format(*t, ChatTemplate::automatic);
     EXPECT_FALSE(f.tools) << name;
-    EXPECT_NO_THROW(render_record(*t, f, plain_chat, false, stats)) << name;  // a chat without tools renders
+    EXPECT_NO_THROW(render_record(*t, f, {}, plain_chat, false, stats)) << name;  // a chat without tools renders
     try {
-      render_record(*t, f, tool_chat, false, stats);
+      render_record(*t, f, {}, tool_chat, false, stats);
       ADD_FAILURE() << name << ": a chat with tools rendered";
     } catch (const RuntimeError& e) {
       const std::string msg = e.what();
@@ -1225,7 +1296,7 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
   {  // a tokenizer whose <tool_call> takes the whitespace before it (lstrip): no boundary after the header
     const ChatFormat lstrip = chat_format(plain, ChatTemplate::qwen2_5);
     try {
-      render_record(plain, lstrip, qwen25.at("records")[0].at("line").get<std::string>(), false, stats);
+      render_record(plain, lstrip, {}, qwen25.at("records")[0].at("line").get<std::string>(), false, stats);
       ADD_FAILURE() << "rendered with an lstrip <tool_call>";
     } catch (const RuntimeError& e) {
       EXPECT_NE(std::string(e.what()).find("the tokenizer merges the start of \"<tool_call>"), std::string::npos)
@@ -1265,7 +1336,7 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
           {R"({"messages": [)" + user + R"(], "tools": [{"x": 18446744073709551616}]})", "too large for 64 bits"},
       }) {
     try {
-      render_record(qwen, f, line, false, stats);
+      render_record(qwen, f, {}, line, false, stats);
       ADD_FAILURE() << "rendered " << line;
     } catch (const RuntimeError& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << line << ": " << e.what();
@@ -1273,7 +1344,7 @@ TEST(ToolChats, AreRefusedByTemplatesThatRenderThemOtherwiseAndMalformedOnesByNa
   }
   // the control: a well-formed call renders
   EXPECT_NO_THROW(render_record(
-      qwen, f,
+      qwen, f, {},
       R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": [{"name": "f", "arguments": {"n": 1}}]}]})",
       false, stats));
 }
@@ -1295,10 +1366,10 @@ TEST(Preference, KtoExamplesAsTrlsKtoTrainerPreparesThem) {
     std::string lines;
     for (const auto& l : t.at("lines")) lines += l.get<std::string>() + "\n";
     test::write_text(dir / "kto.jsonl", lines);
-    SampleOptions o;
+    SampleOptions o = options();
     o.preference = true;
-    o.pair_tokenization.kto = true;
-    o.pair_tokenization.eos = tok.template_tokens() ? tok.template_tokens()->second : "";
+    o.trl.kto = true;
+    o.trl.eos = tok.template_tokens() ? tok.template_tokens()->second : "";
     const auto set = std::make_shared<const SampleSet>(SampleSet::from_jsonl(dir / "kto.jsonl", tok, f, o));
     SampleSplit split;
     for (int64_t r = 0; r < kto_records(*set); ++r) split.train.push_back(r);
@@ -1332,7 +1403,7 @@ TEST(Preference, KtoExamplesAsTrlsKtoTrainerPreparesThem) {
 // KTO records ptrain refuses by name: no label, a label TRL would not read as a bool, a paired
 // record missing a side, strings mixed with message lists.
 TEST(Preference, KtoRecordsMissingTheirPartsAreRefusedByName) {
-  const PairTokenization how{false, "", "<|eot_id|>", true};
+  const TrlTokenization how{false, "", "<|eot_id|>", true};
   const auto refused = [&](const std::string& line, const std::string& says) {
     try {
       render_kto(tok(), format(), how, line);

@@ -956,7 +956,7 @@ TEST(Chat, EveryTemplateVariantIsRenderedAsTransformersOrRefused) {
       std::vector<int32_t> ids;
       try {
         SampleStats stats;
-        ids = render_record(tok, format, fixture.at("tool_records")[k].get<std::string>(), false, stats).ids;
+        ids = render_record(tok, format, {}, fixture.at("tool_records")[k].get<std::string>(), false, stats).ids;
       } catch (const RuntimeError&) {
         ++tools_refused;
         continue;
