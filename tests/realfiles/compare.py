@@ -29,6 +29,11 @@ For every set of the corpus:
               by apply_chat_template (labels -100 but for each reply through its <|im_end|> and
               newline, as tests/fixtures/make_chat_template_fixtures.py marks them): the same
               number of trained tokens, the loss within 1e-4 (as sweep.chat_roundtrip)
+  sft text    (every tokenizer, GGUF ones too) text records — {"text"} documents and string
+              {"prompt", "completion"} pairs: text ending with the eos_token or holding it, a prompt
+              ending with a space, newlines merging across the prompt's end, an empty prompt — as
+              `ptrain check` tokenizes them into its sample cache (ids and trained tokens) = TRL's
+              SFTTrainer train dataset (input_ids, labels) of the same records
   templates   (the released chat templates of the chat-templates set, each with the corpus model of
               its model's family — Mistral Nemo's and Devstral's with the Tekken one —, else Qwen2's; and the
               template transformers attaches to a converted Tekken vocabulary) `ptrain eval` of CHATS and a chat with reasoning =
@@ -194,6 +199,79 @@ def chat_check(binary, d, tok, tmp, gguf_file=None):
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf_file, dtype=torch.float32)
     loss, tokens = replies_loss(tok, model, [(chat, None) for chat in CHATS])
     return result["mean_loss"], loss, result["tokens"], tokens
+
+
+def sft_text_records(eos):
+    """Text records of both kinds (as tests/fixtures/make_trl_fixtures.py's text_records)."""
+    return ([{"text": MIXED[:200]}, {"text": "Done." + eos}, {"text": f"One.{eos} Two."}],
+            [{"prompt": "Q: What is 2+3?\nA:", "completion": " 5"}, {"prompt": "Answer: ", "completion": "yes"},
+             {"prompt": "Line one\n", "completion": "\nLine two"}, {"prompt": "", "completion": "Only a completion."},
+             {"prompt": "Say it:", "completion": " done" + eos}])
+
+
+def read_sample_cache(path):
+    """[(ids, trained flags)] of a ptrain sample cache (src/data/sample_cache.cpp's layout)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    fields = np.frombuffer(data[-112:], dtype=np.dtype([
+        ("magic", "S8"), ("version", "<u4"), ("crc", "<u4"), ("key", "<u8"), ("samples", "<i8"), ("ids", "<i8"),
+        ("trained_at", "<i8"), ("offsets_at", "<i8"), ("lines_at", "<i8"), ("counts_at", "<i8"), ("meta_at", "<i8"),
+        ("meta_bytes", "<i8"), ("total_trained", "<i8"), ("max_id", "<i4"), ("reserved", "<u4"),
+        ("content_hash", "<u8")]))[0]
+    n, total = int(fields["samples"]), int(fields["ids"])
+    ids = np.frombuffer(data, dtype="<i4", count=total)
+    trained = np.frombuffer(data, dtype=np.uint8, count=total, offset=int(fields["trained_at"]))
+    offsets = np.frombuffer(data, dtype="<i8", count=n + 1, offset=int(fields["offsets_at"]))
+    return [(ids[a:b].tolist(), trained[a:b].tolist()) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def sft_text_check(binary, source, tok, tmp):
+    """(records compared, problem or None): the text records' samples in ptrain's cache (the tiny
+    preset model, `source` as data.tokenizer) against TRL's SFTTrainer train dataset (a tiny random
+    model of the tokenizer's vocabulary). A tokenizer naming no eos_token: ptrain must refuse."""
+    from datasets import Dataset
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl import SFTConfig, SFTTrainer
+    texts, pairs = sft_text_records(tok.eos_token or "")
+    want = []
+    for records in (texts, pairs) if tok.eos_token else ():  # TRL reads one kind a dataset
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1, vocab_size=len(tok)))
+        args = SFTConfig(output_dir=os.path.join(tmp, "trl"), report_to=[], max_length=None, bf16=False, use_cpu=True)
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(records), processing_class=tok)
+        want += [(list(r["input_ids"]), [int(x != -100) for x in r["labels"]]) for r in trainer.train_dataset]
+    path = os.path.join(tmp, "text.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in texts + pairs)
+    cache = os.path.join(tmp, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    cfg = os.path.join(tmp, "text.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[run]\nname = "realfiles"\noutput_dir = "{tmp}/run"\n[model]\npreset = "tiny"\nvocab_size = {len(tok)}\n'
+                f'[data]\npath = "{path}"\n'
+                f'format = "jsonl"\ntokenizer = "{source}"\nseq_len = 250\nmicro_batch_size = 1\nval_fraction = 0\n'
+                f'cache_dir = "{cache}"\n[precision]\nmode = "fp32"\n[training]\ndevice = "cpu"\n')
+    r = subprocess.run([binary, "check", "--config", cfg], capture_output=True, text=True)
+    if tok.eos_token is None:  # TRL's add_eos raises on None
+        named = "this tokenizer names none" in r.stderr + r.stdout
+        return 0, None if r.returncode == 2 and named else "ptrain did not refuse a tokenizer naming no eos_token"
+    if r.returncode != 0:
+        errors = [line for line in (r.stderr + r.stdout).splitlines() if line.startswith("error")]
+        return 0, "ptrain check: " + ("; ".join(errors) or (r.stderr or r.stdout).strip().splitlines()[-1])
+    files = [f for f in os.listdir(cache) if f.endswith(".samples")] if os.path.isdir(cache) else []
+    if len(files) != 1:
+        return 0, f"ptrain check left {len(files)} sample caches in {cache}"
+    got = read_sample_cache(os.path.join(cache, files[0]))
+    if len(got) != len(want):
+        return 0, f"{len(got)} samples, TRL {len(want)}"
+    for i, ((ids, trained), (ids_ref, trained_ref)) in enumerate(zip(got, want)):
+        record = json.dumps((texts + pairs)[i], ensure_ascii=False)[:60]
+        if ids != ids_ref:
+            first = first_difference(ids, ids_ref)
+            return i, f"{record}: ids differ at {first}: ptrain {ids[first:first + 4]} TRL {ids_ref[first:first + 4]}"
+        if trained[1:] != trained_ref[1:]:  # the first id is no prediction's target
+            return i, f"{record}: trained tokens differ at {first_difference(trained[1:], trained_ref[1:]) + 1}"
+    return len(want), None
 
 
 def replies_loss(tok, model, chats, reply=QWEN_REPLY):
@@ -509,6 +587,11 @@ def main():
             chunked_ok, chunked = chunked_check(binary, source, tok, text, tmp)
             failures += not chunked_ok
             print(f"{name:22} {chunked}")
+            compared, problem = sft_text_check(binary, source, tok, tmp)
+            print(f"{name:22} sft text records: " + (
+                f"DIFFER after {compared}: {problem}" if problem else f"{compared} = TRL's SFTTrainer" if compared
+                else "no eos_token: refused by ptrain and by TRL"))
+            failures += problem is not None
             row = f"{name:22} {len(want):7} {'equal' if same else 'DIFFER':>6}"
             if not has_model:
                 print(row + f" {'-':>14} {'-':>13} {'-':>10}  (tokenizer only)")
