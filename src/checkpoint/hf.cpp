@@ -821,8 +821,13 @@ void value_problems(const HfCheckpoint& ckpt, const ExpectedTensors& want, const
     }
   }
   if (!problems.empty()) return;
-  if (shape.tie_embeddings && present.count("lm_head.weight") &&
-      !at::equal(ckpt.tensor("lm_head.weight").to(at::kFloat), ckpt.tensor("model.embed_tokens.weight").to(at::kFloat)))
+  // a tied pair in one dtype compares in place (read_hf_config has read an unequal one untied); in
+  // two dtypes, in float32
+  const auto tied_pair_equal = [&] {
+    const at::Tensor h = ckpt.tensor("lm_head.weight"), e = ckpt.tensor("model.embed_tokens.weight");
+    return h.scalar_type() == e.scalar_type() ? at::equal(h, e) : at::equal(h.to(at::kFloat), e.to(at::kFloat));
+  };
+  if (shape.tie_embeddings && present.count("lm_head.weight") && !tied_pair_equal())
     problems.push_back("tensor 'lm_head.weight' (" + ckpt.entry("lm_head.weight").dtype +
                        ") differs from model.embed_tokens.weight (" + ckpt.entry("model.embed_tokens.weight").dtype +
                        ") although tie_word_embeddings is true: stored in two dtypes, whether transformers ties them "
