@@ -720,7 +720,7 @@ json Tokenizer::Impl::open(const std::string& path_in) {
   // A model directory is read as transformers' AutoTokenizer reads it (tokenizer_config.json,
   // config.json); a tokenizer.json file as HF tokenizers' Tokenizer.from_file does.
   if (dir) {
-    TokenizerDirReading r = read_tokenizer_dir(path_in, text, j);
+    TokenizerDirReading r = read_tokenizer_dir(path_in, path, text, j);
     reading = std::move(r.description);
     template_tokens = std::make_pair(std::move(r.bos_token), std::move(r.eos_token));
     return j;

@@ -505,7 +505,8 @@ std::string left_out(const json& tokenizer, const std::vector<std::string>& igno
   return note;
 }
 
-TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
+TokenizerDirReading read_dir(const fs::path& dir, const fs::path& tokenizer_file, const std::string& tokenizer_text,
+                             json& tokenizer) {
   Reader r{dir / "tokenizer_config.json", json::object(), tokenizer, {}};
   if (fs::exists(r.cfg_path)) {
     r.cfg = read_json_file(r.cfg_path.string());
@@ -521,7 +522,7 @@ TokenizerDirReading read_dir(const fs::path& dir, const std::string& tokenizer_t
   r.check_special_tokens(cls);
   if (legacy_files && fs::exists(added_path))
     r.check_added_tokens_file(added_path, read_json_file(added_path.string()));
-  if (const fs::path read = fs::path(hf_tokenizer_file(dir.string())).lexically_relative(dir); read != "tokenizer.json")
+  if (const fs::path read = tokenizer_file.lexically_relative(dir); read != "tokenizer.json")
     why += "; " + read.string() + " read for tokenizer.json (fast_tokenizer_files)";
   why += rebuild_pipeline(r, cls, tokenizer);
   why += left_out(tokenizer, ignored);
@@ -545,11 +546,12 @@ std::vector<std::string> tokenizer_config_keys_read() {
   return keys;
 }
 
-TokenizerDirReading read_tokenizer_dir(const fs::path& dir, const std::string& tokenizer_text, json& tokenizer) {
+TokenizerDirReading read_tokenizer_dir(const fs::path& dir, const fs::path& tokenizer_file,
+                                       const std::string& tokenizer_text, json& tokenizer) {
   if (!tokenizer.is_object() || !tokenizer.contains("model") || !tokenizer["model"].is_object())
     return {"TokenizersBackend", "", ""};  // not a tokenizer.json: the reader names what is wrong with it
   try {
-    return read_dir(dir, tokenizer_text, tokenizer);
+    return read_dir(dir, tokenizer_file, tokenizer_text, tokenizer);
   } catch (const json::exception& e) {
     throw RuntimeError(dir.string() + ": tokenizer_config.json or tokenizer.json holds a value of the wrong type (" +
                        e.what() + ")");

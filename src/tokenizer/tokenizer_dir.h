@@ -28,11 +28,12 @@ struct TokenizerDirReading {
   std::string bos_token, eos_token;
 };
 
-// `tokenizer`: DIR/tokenizer.json parsed; `tokenizer_text`: its text. Reads
+// `tokenizer`: the tokenizer file of DIR that hf_tokenizer_file() chose (`tokenizer_file`:
+// tokenizer.json, or the one fast_tokenizer_files names) parsed; `tokenizer_text`: its text. Reads
 // DIR/tokenizer_config.json, config.json, special_tokens_map.json and added_tokens.json when
 // present. Throws RuntimeError.
-TokenizerDirReading read_tokenizer_dir(const std::filesystem::path& dir, const std::string& tokenizer_text,
-                                       nlohmann::json& tokenizer);
+TokenizerDirReading read_tokenizer_dir(const std::filesystem::path& dir, const std::filesystem::path& tokenizer_file,
+                                       const std::string& tokenizer_text, nlohmann::json& tokenizer);
 
 // The tokenizer_config.json keys ptrain knows transformers' code reads: implemented, refused at
 // the values it does not reproduce, or read without an effect on ids and text. Every other key is
