@@ -20,15 +20,6 @@
 namespace ptrain {
 
 namespace {
-struct Accumulated {
-  double loss = 0.0;  // mean over the step's trained tokens, all ranks
-  int64_t tokens = 0;
-  PhasePeaks peaks;  // forward and backward
-  PreferenceMetrics preference;
-  double entropy = std::numeric_limits<double>::quiet_NaN(), accuracy = entropy;  // SFT, token_metrics
-  int64_t num_tokens = 0;                                                         // SFT
-};
-
 // A micro-batch's entropy and top-1 hits summed over its trained tokens (TokenStat columns of
 // each position, model/loss.h), into sums[1] and sums[2].
 void add_token_stats(const at::Tensor& stats, const at::Tensor& targets, at::Tensor& sums) {
@@ -40,12 +31,13 @@ void add_token_stats(const at::Tensor& stats, const at::Tensor& targets, at::Ten
 
 // Forward and backward of every micro-batch. Micro-batch a's mean loss is weighted by its share
 // of the step's trained tokens, times the world size that the gradients' reduce-scatter
-// averages over; so the gradient is that of the mean over all the step's trained tokens.
-Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o) {
+// averages over; so the gradient is that of the mean over all the step's trained tokens. The
+// step's result but its gradient norm.
+StepResult accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const StepOptions& o) {
+  StepResult r;
   if (o.preference) {
-    StepResult r;
     accumulate_preference(model, micro_batch, o, *o.preference, r);
-    return {r.loss, r.trained_tokens, r.peaks, r.preference};
+    return r;
   }
   std::vector<Batch> batches;
   std::vector<int64_t> counts;
@@ -67,7 +59,7 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
   // micro-batch's loss would wait for the device after every forward/backward. [loss sum,
   // entropy sum, top-1 hits] over the trained tokens.
   at::Tensor sums = at::zeros({3}, at::TensorOptions(at::kDouble).device(model.device()));
-  PhasePeaks peaks;
+  PhasePeaks& peaks = r.peaks;
   for (size_t a = 0; a < batches.size(); ++a) {
     const Batch& b = batches[a];
     const PhasePeak forward(model.device());
@@ -87,28 +79,21 @@ Accumulated accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const 
   }
   comm.all_reduce_sum(sums);
   const at::Tensor means = (sums / n).cpu();
-  Accumulated acc{means[0].item<double>(), static_cast<int64_t>(n), peaks, {}};
+  r.loss = means[0].item<double>();
+  r.trained_tokens = static_cast<int64_t>(n);
   if (o.token_metrics) {
-    acc.entropy = means[1].item<double>();
-    acc.accuracy = means[2].item<double>();
+    r.entropy = means[1].item<double>();
+    r.mean_token_accuracy = means[2].item<double>();
   }
-  acc.num_tokens = static_cast<int64_t>(total[1].item<double>());
-  return acc;
+  r.num_tokens = static_cast<int64_t>(total[1].item<double>());
+  return r;
 }
 }  // namespace
 
 StepResult train_step(FsdpModel& model, Optimizer& optim, const MicroBatchFn& micro_batch, double lr,
                       const StepOptions& options) {
   model.zero_grad();
-  StepResult r;
-  const Accumulated acc = accumulate(model, micro_batch, options);
-  r.loss = acc.loss;
-  r.trained_tokens = acc.tokens;
-  r.peaks = acc.peaks;
-  r.preference = acc.preference;
-  r.entropy = acc.entropy;
-  r.mean_token_accuracy = acc.accuracy;
-  r.num_tokens = acc.num_tokens;
+  StepResult r = accumulate(model, micro_batch, options);
   const PhasePeak optimizer(model.device());
   std::vector<at::Tensor> grads;
   for (auto& u : model.trained_units()) grads.push_back(u.shard.grad());
@@ -129,14 +114,7 @@ StepResult train_step_in_backward(FsdpModel& model, Optimizer& optim, const Micr
   };
   StepResult r;
   try {
-    const Accumulated acc = accumulate(model, micro_batch, options);
-    r.loss = acc.loss;
-    r.trained_tokens = acc.tokens;
-    r.peaks = acc.peaks;
-    r.preference = acc.preference;
-    r.entropy = acc.entropy;
-    r.mean_token_accuracy = acc.accuracy;
-    r.num_tokens = acc.num_tokens;
+    r = accumulate(model, micro_batch, options);
   } catch (...) {
     model.on_grad_ready = nullptr;
     throw;
