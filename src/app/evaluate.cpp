@@ -1,5 +1,6 @@
 #include "app/evaluate.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -93,7 +94,8 @@ int run_eval(const EvalRequest& a) {
     }
     return 0;
   }
-  EvalResult r = evaluate(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens);
+  EvalResult r =
+      evaluate(*model, *data.rows, c.data.micro_batch_size, c.memory.loss_chunk_tokens, -1, c.training.token_metrics);
   if (r.rows == 0) throw RuntimeError("'" + path + "' is shorter than one window of seq_len+1 tokens");
   if (!print) return 0;
   const bool windows = !holds_records(c.data.format);
@@ -105,10 +107,18 @@ int run_eval(const EvalRequest& a) {
                                 {"tokens", r.tokens},
                                 {"mean_loss", r.mean_loss},
                                 {"perplexity", r.perplexity}};
+    if (!std::isnan(r.entropy)) {  // TRL's SFTTrainer's metrics (training.token_metrics)
+      j["entropy"] = r.entropy;
+      j["mean_token_accuracy"] = r.mean_token_accuracy;
+    }
     std::cout << j.dump() << "\n";
   } else {
     std::cout << "eval " << path << " with " << source << ": mean_loss " << log::fixed(r.mean_loss, 6)
-              << " nats/token | perplexity " << log::fixed(r.perplexity, 4) << " | " << r.tokens
+              << " nats/token | perplexity " << log::fixed(r.perplexity, 4)
+              << (std::isnan(r.entropy) ? std::string()
+                                        : " | entropy " + log::fixed(r.entropy, 4) + " nats | token accuracy " +
+                                              log::fixed(r.mean_token_accuracy, 4))
+              << " | " << r.tokens
               << (windows
                       ? " tokens in " + std::to_string(r.rows) + " windows of " + std::to_string(c.data.seq_len + 1)
                       : " trained tokens in " + std::to_string(r.rows) + " rows of " + std::to_string(c.data.seq_len))

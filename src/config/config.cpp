@@ -381,7 +381,7 @@ const std::vector<Key>& keys() {
           R"(render each sample prompt as a user turn of the chat template (`data.chat_template`) rather than as plain text)"),
       PTRAIN_KEY(
           "training", "token_metrics", training.token_metrics, kFromStruct,
-          R"(supervised fine-tuning (`training.objective = "sft"`): write TRL's `entropy` and `mean_token_accuracy` to metrics.jsonl on the steps it logs (token means over the trained tokens, docs/commands.md), which costs one more pass over each loss chunk's logits on those steps; `false` leaves them out (the speed benchmarks do: their references compute neither). Preference objectives compute theirs with the loss)"),
+          R"(supervised fine-tuning (`training.objective = "sft"`): write TRL's `entropy` and `mean_token_accuracy` to metrics.jsonl on the steps it logs (token means over the trained tokens, docs/commands.md) and `val_entropy` / `val_mean_token_accuracy` with each evaluation (`ptrain eval` too), which costs one more pass over each loss chunk's logits there; `false` leaves them out (the speed benchmarks do: their references compute neither). Preference objectives compute theirs with the loss)"),
       PTRAIN_KEY(
           "training", "count_lost_updates", training.count_lost_updates, kFromStruct,
           R"(count, at every step, the parameter elements whose computed update was non-zero but whose stored value (with its Kahan compensation) did not change — updates lost to rounding; logged as `updates_computed` / `updates_lost` in metrics.jsonl (summed over ranks since the last logged step); costs a copy of the parameter shards per step. `ptrain compare` turns it on)"),

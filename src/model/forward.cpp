@@ -42,13 +42,15 @@ at::Tensor llama_token_logprobs(WeightSource& source, const LlamaShape& shape, c
 }
 
 LossSum llama_loss_sum(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
-                       const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype, bool fused_loss) {
+                       const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype, bool fused_loss,
+                       bool token_stats) {
   at::NoGradGuard no_grad;
   LossSum sum;
-  llama_forward(
-      source, shape, rope, inputs, [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
-        sum = linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter, fused_loss);
-      });
+  llama_forward(source, shape, rope, inputs,
+                [&](const at::Tensor& h, const at::Tensor& out, const OutputAdapter* adapter) {
+                  sum = linear_cross_entropy_sum(h, out, targets.reshape({-1}), loss_chunk, logits_dtype, adapter,
+                                                 fused_loss, token_stats);
+                });
   return sum;
 }
 

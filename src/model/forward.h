@@ -52,10 +52,10 @@ at::Tensor llama_loss(WeightSource& source, const LlamaShape& shape, const RopeT
 at::Tensor llama_token_logprobs(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
                                 const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
                                 c10::ScalarType logits_dtype, bool fused_loss = false, at::Tensor* stats = nullptr);
-// Summed loss and token count, no autograd.
+// Summed loss and token count, no autograd (with `token_stats`, LossSum's token sums too).
 LossSum llama_loss_sum(WeightSource& source, const LlamaShape& shape, const RopeTables& rope, const at::Tensor& inputs,
                        const at::Tensor& targets, int64_t loss_chunk, c10::ScalarType logits_dtype,
-                       bool fused_loss = false);
+                       bool fused_loss = false, bool token_stats = false);
 // Logits [B*T, vocab] in float32, no autograd (materialises them all).
 at::Tensor llama_logits(WeightSource& source, const LlamaShape& shape, const RopeTables& rope,
                         const at::Tensor& inputs);

@@ -300,10 +300,25 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
 
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_tokens, c10::ScalarType logits_dtype, const OutputAdapter* adapter,
-                                 bool fused) {
+                                 bool fused, bool token_stats) {
   at::NoGradGuard no_grad;
-  at::Tensor sum = chunked_loss_sum(hidden, weight, adapter, targets, chunk_tokens, logits_dtype, 0.0, nullptr, fused);
-  return {sum.item<double>(), targets.ne(kIgnoreIndex).sum().item<int64_t>()};
+  at::Tensor stats = at::empty({0}, hidden.options().dtype(at::kFloat));
+  at::Tensor sum = chunked_loss_sum(hidden, weight, adapter, targets, chunk_tokens, logits_dtype, 0.0, nullptr, fused,
+                                    at::Tensor(), nullptr, token_stats ? &stats : nullptr);
+  LossSum r{sum.item<double>(), targets.ne(kIgnoreIndex).sum().item<int64_t>()};
+  if (token_stats) {
+    const at::Tensor sums = trained_token_stats(stats, targets).cpu();
+    r.entropy_sum = sums[0].item<double>();
+    r.top1 = sums[1].item<double>();
+  }
+  return r;
+}
+
+at::Tensor trained_token_stats(const at::Tensor& stats, const at::Tensor& targets) {
+  const at::Tensor trained = targets.reshape({-1}).ne(kIgnoreIndex);
+  const at::Tensor picked = stats.index_select(
+      1, at::tensor({TokenStat::entropy, TokenStat::is_top1}, at::TensorOptions(at::kLong).device(stats.device())));
+  return picked.masked_fill(trained.logical_not().unsqueeze(1), 0).to(at::kDouble).sum(0);
 }
 
 }  // namespace ptrain

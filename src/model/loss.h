@@ -55,15 +55,21 @@ at::Tensor linear_token_logprobs(const at::Tensor& hidden, const at::Tensor& wei
                                  int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
                                  const OutputAdapter* adapter = nullptr, bool fused = false,
                                  at::Tensor* stats = nullptr);
+// The entropy and top-1 hits of `stats` [N, TokenStat::count] summed over the rows whose target
+// (`targets`, N of them in any shape) is not kIgnoreIndex: float64 [2] on stats' device.
+at::Tensor trained_token_stats(const at::Tensor& stats, const at::Tensor& targets);
 
-// Summed loss and number of unmasked tokens, without autograd (evaluation).
+// Summed loss and number of unmasked tokens, without autograd (evaluation); with `token_stats`,
+// also the unmasked tokens' TokenStat entropy and top-1 hits summed (one more pass over each
+// chunk's logits, as linear_cross_entropy's `stats`).
 struct LossSum {
   double sum = 0.0;
   int64_t tokens = 0;
+  double entropy_sum = 0.0, top1 = 0.0;
 };
 LossSum linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_tokens = 0, c10::ScalarType logits_dtype = c10::kFloat,
-                                 const OutputAdapter* adapter = nullptr, bool fused = false);
+                                 const OutputAdapter* adapter = nullptr, bool fused = false, bool token_stats = false);
 
 // One chunk's softmax cross-entropy: logits [n, vocab] (float32, or bfloat16 when the user opted
 // into bf16 logits), targets [n] with kIgnoreIndex for masked rows. Returns the summed loss of the

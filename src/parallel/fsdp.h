@@ -75,9 +75,9 @@ class FsdpModel : public WeightSource {
   // without autograd. The adapters' units are not gathered meanwhile.
   void set_adapters_enabled(bool enabled);
   bool adapters_enabled() const { return adapters_enabled_; }
-  // Summed loss over this rank's batch, no autograd.
+  // Summed loss over this rank's batch, no autograd (with `token_stats`, LossSum's token sums).
   LossSum eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                    const at::Tensor& doc_ids = at::Tensor());
+                    const at::Tensor& doc_ids = at::Tensor(), bool token_stats = false);
   // Logits [B*T, vocab] in float32, no autograd (tests, inspection: materialises them all).
   at::Tensor logits(const at::Tensor& inputs);
   // Decoding: logits [B, vocab] (float32) of the last of `inputs` [B, T], the new tokens after

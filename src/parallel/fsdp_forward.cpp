@@ -301,9 +301,9 @@ at::Tensor FsdpModel::token_logprobs(const at::Tensor& inputs, const at::Tensor&
 void FsdpModel::set_adapters_enabled(bool enabled) { adapters_enabled_ = enabled; }
 
 LossSum FsdpModel::eval_loss(const at::Tensor& inputs, const at::Tensor& targets, int64_t loss_chunk,
-                             const at::Tensor& doc_ids) {
+                             const at::Tensor& doc_ids, bool token_stats) {
   return llama_loss_sum(*this, shape(), batch_rope(inputs, doc_ids), inputs, targets, loss_chunk, policy_.logits_dtype,
-                        options_.kernels.fused_loss);
+                        options_.kernels.fused_loss, token_stats);
 }
 
 at::Tensor FsdpModel::next_logits(const at::Tensor& inputs, KvCache& cache) {

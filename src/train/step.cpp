@@ -20,14 +20,6 @@
 namespace ptrain {
 
 namespace {
-// A micro-batch's entropy and top-1 hits summed over its trained tokens (TokenStat columns of
-// each position, model/loss.h), into sums[1] and sums[2].
-void add_token_stats(const at::Tensor& stats, const at::Tensor& targets, at::Tensor& sums) {
-  const at::Tensor trained = targets.reshape({-1}).ne(kIgnoreIndex);
-  const at::Tensor picked = stats.index_select(
-      1, at::tensor({TokenStat::entropy, TokenStat::is_top1}, at::TensorOptions(at::kLong).device(stats.device())));
-  sums.narrow(0, 1, 2) += picked.masked_fill(trained.logical_not().unsqueeze(1), 0).to(at::kDouble).sum(0);
-}
 
 // Forward and backward of every micro-batch. Micro-batch a's mean loss is weighted by its share
 // of the step's trained tokens, times the world size that the gradients' reduce-scatter
@@ -66,7 +58,7 @@ StepResult accumulate(FsdpModel& model, const MicroBatchFn& micro_batch, const S
     at::Tensor stats;
     at::Tensor loss =
         model.forward_loss(b.inputs, b.targets, o.loss_chunk, b.doc_ids, o.token_metrics ? &stats : nullptr);
-    if (o.token_metrics) add_token_stats(stats, b.targets, sums);
+    if (o.token_metrics) sums.narrow(0, 1, 2) += trained_token_stats(stats, b.targets);
     peaks.forward = std::max(peaks.forward, forward.peak());
     peaks.forward_start = std::max(peaks.forward_start, forward.start());
     const double weight = static_cast<double>(counts[a]) * comm.world_size() / n;

@@ -336,12 +336,20 @@ class Run {
                 m.pairs, m.kto ? " examples" : " pairs");
       return;
     }
-    EvalResult e = evaluate(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, c_.training.eval_batches * B);
-    if (metrics_)
-      metrics_->write(
-          {{"step", progress.step}, {"val_loss", e.mean_loss}, {"val_ppl", e.perplexity}, {"val_tokens", e.tokens}});
+    const bool token_metrics = c_.training.token_metrics;
+    EvalResult e =
+        evaluate(*model_, *data_.rows, B, c_.memory.loss_chunk_tokens, c_.training.eval_batches * B, token_metrics);
+    std::vector<MetricsWriter::Field> row{
+        {"step", progress.step}, {"val_loss", e.mean_loss}, {"val_ppl", e.perplexity}, {"val_tokens", e.tokens}};
+    std::string note;
+    if (token_metrics && e.tokens) {
+      row.push_back({"val_entropy", e.entropy});
+      row.push_back({"val_mean_token_accuracy", e.mean_token_accuracy});
+      note = " | entropy " + log::fixed(e.entropy, 4) + " | token accuracy " + log::fixed(e.mean_token_accuracy, 4);
+    }
+    if (metrics_) metrics_->write(row);
     log::info("eval  step ", progress.step, " | val_loss ", log::fixed(e.mean_loss, 4), " | val_ppl ",
-              log::fixed(e.perplexity, 2), " | ", e.tokens, " tokens");
+              log::fixed(e.perplexity, 2), note, " | ", e.tokens, " tokens");
   }
 
   void checkpoint() {
@@ -411,20 +419,29 @@ int train(const Config& c) {
   return run.done();
 }
 
-EvalResult evaluate(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk, int64_t max_rows) {
+EvalResult evaluate(FsdpModel& model, const RowSource& data, int64_t batch, int64_t loss_chunk, int64_t max_rows,
+                    bool token_metrics) {
   int64_t n = data.val_rows();
   if (max_rows >= 0) n = std::min(n, max_rows);
   EvalResult r;
-  double sum = 0.0;
+  LossSum total;
   for (int64_t first = 0; first < n; first += batch) {
     const Batch b = data.val_batch(first, std::min(batch, n - first)).to(model.device());
-    LossSum s = model.eval_loss(b.inputs, b.targets, loss_chunk, b.doc_ids);
-    sum += s.sum;
-    r.tokens += s.tokens;
+    const LossSum s = model.eval_loss(b.inputs, b.targets, loss_chunk, b.doc_ids, token_metrics);
+    total.sum += s.sum;
+    total.tokens += s.tokens;
+    total.entropy_sum += s.entropy_sum;
+    total.top1 += s.top1;
   }
   r.rows = n;
-  r.mean_loss = r.tokens ? sum / static_cast<double>(r.tokens) : 0.0;
+  r.tokens = total.tokens;
+  const auto tokens = static_cast<double>(std::max<int64_t>(total.tokens, 1));
+  r.mean_loss = total.tokens ? total.sum / tokens : 0.0;
   r.perplexity = std::exp(r.mean_loss);
+  if (token_metrics && total.tokens) {
+    r.entropy = total.entropy_sum / tokens;
+    r.mean_token_accuracy = total.top1 / tokens;
+  }
   return r;
 }
 

@@ -14,6 +14,11 @@ metrics.jsonl within 1e-5 relative. With gradient accumulation TRL averages its 
 token means and ptrain gives the token mean of the whole step, so there the loss and num_tokens
 are compared.
 
+After the 10 steps, TRL's evaluate() on the same records (one evaluation batch, so its means are
+token means) must equal `ptrain eval --json` of ptrain's final checkpoint: eval_loss,
+eval_entropy and eval_mean_token_accuracy against mean_loss, entropy and mean_token_accuracy,
+within 1e-5 relative.
+
 Text records are compared too: {"prompt", "completion"} strings and {"text"} documents, which
 both sides tokenize as HF's tokenizer(prompt + completion + eos_token) (no BOS from hf_chat's
 tokenizer; its eos_token <|eot_id|>, Qwen2's <|im_end|>).
@@ -67,7 +72,7 @@ def records(kind):
 
 
 def trl_run(model_dir, rows, lora, adapter, accum, work):
-    """TRL's logged metrics of each step: [{metric: value}]."""
+    """TRL's logged metrics of each step, [{metric: value}], and its evaluate() on `rows` after."""
     from datasets import Dataset
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -84,7 +89,7 @@ def trl_run(model_dir, rows, lora, adapter, accum, work):
                      adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1, report_to=[],
                      use_cpu=True, save_strategy="no", gradient_checkpointing=False, bf16=False,
                      train_sampling_strategy="sequential", max_length=64, seed=0, optim="adamw_torch",
-                     packing=False)
+                     packing=False, per_device_eval_batch_size=ROWS)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h and "step" in h]
@@ -95,7 +100,7 @@ def trl_run(model_dir, rows, lora, adapter, accum, work):
     kept = len(trainer.train_dataset)
     for h in steps:
         h["num_tokens"] *= ROWS / kept
-    return steps
+    return steps, trainer.evaluate(Dataset.from_list(rows))
 
 
 def ptrain_run(binary, model_dir, data, lora, adapter, accum, np, work):
@@ -112,7 +117,7 @@ def ptrain_run(binary, model_dir, data, lora, adapter, accum, np, work):
     if lora:
         sets.update({"lora.enabled": "true", "lora.rank": 4, "lora.alpha": 8.0, "lora.dropout": 0.0,
                      "lora.targets": json.dumps(list(LORA_TARGETS)), "lora.adapter_path": adapter})
-    return run_ptrain(binary, sets, data, np, work, STEPS)[0]
+    return run_ptrain(binary, sets, data, np, work, STEPS)
 
 
 def compare(name, np, ref, got, metrics):
@@ -129,6 +134,21 @@ def compare(name, np, ref, got, metrics):
                 worst = (rel, f"step {step} {m}: TRL {x!r}, ptrain {y!r}")
             if rel > RTOL:
                 sys.exit(f"FAIL {name} np {np}: step {step} {m}: TRL {x!r}, ptrain {y!r} (relative {rel:.2e})")
+    return worst
+
+
+def compare_eval(name, np, ref, got):
+    """TRL's evaluate() against `ptrain eval` of the final checkpoint: the largest relative difference."""
+    worst = 0.0
+    for theirs, ours in (("eval_loss", "mean_loss"), ("eval_entropy", "entropy"),
+                         ("eval_mean_token_accuracy", "mean_token_accuracy")):
+        if ours not in got:
+            sys.exit(f"FAIL {name} np {np} evaluation: ptrain eval gives no {ours}")
+        x, y = float(ref[theirs]), float(got[ours])
+        rel = abs(x - y) / max(abs(x), abs(y), 1e-12)
+        worst = max(worst, rel)
+        if rel > RTOL:
+            sys.exit(f"FAIL {name} np {np} evaluation: {theirs}: TRL {x!r}, ptrain eval {y!r} (relative {rel:.2e})")
     return worst
 
 
@@ -152,14 +172,16 @@ def main():
                 make_adapter(model_dir, adapter)
             quiet = io.StringIO()
             with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                ref = trl_run(model_dir, rows, lora, adapter, accum, work)
+                ref, ref_eval = trl_run(model_dir, rows, lora, adapter, accum, work)
             # TRL's token means average its micro-batches' with accumulation: compared without
             metrics = METRICS if accum == 1 else ["loss", "num_tokens"]
             for np in world_sizes:
-                got = ptrain_run(binary, model_dir, data, lora, adapter, accum, np, work)
+                got, got_eval = ptrain_run(binary, model_dir, data, lora, adapter, accum, np, work)
                 worst, where = compare(name, np, ref, got, metrics)
+                worst_eval = compare_eval(name, np, ref_eval, got_eval)
                 print(f"PASS {name} np {np}: {', '.join(metrics)} over {STEPS} steps, largest relative "
-                      f"difference {worst:.1e} ({where})", flush=True)
+                      f"difference {worst:.1e} ({where}); evaluation after: loss, entropy, token accuracy "
+                      f"{worst_eval:.1e}", flush=True)
                 ran += 1
     if ran == 0:
         sys.exit(f"FAIL: no case matches '{only}'")

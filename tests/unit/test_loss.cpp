@@ -70,6 +70,30 @@ TEST(ChunkedLoss, SumMatchesMeanTimesCount) {
   EXPECT_NEAR(s.sum / 19.0, reference(h, w, t).loss.item<double>(), 1e-5);
 }
 
+// Evaluation's token statistics (training.token_metrics: val_entropy, val_mean_token_accuracy):
+// over the unmasked rows only, the entropy of softmax(h W^T) and the rows whose target is the
+// argmax — targets set to the argmax on every third row, so the count is known.
+TEST(ChunkedLoss, SumsTheUnmaskedTokensEntropyAndTopOneHits) {
+  at::manual_seed(6);
+  const int64_t N = 20, V = 13;
+  at::Tensor h = at::randn({N, 8}), w = at::randn({V, 8});
+  const at::Tensor logp = at::log_softmax(at::linear(h, w).to(at::kDouble), -1);
+  at::Tensor t = (logp.argmax(-1) + 1).remainder(V);           // never the argmax...
+  for (int64_t i = 0; i < N; i += 3) t[i] = logp[i].argmax();  // ...but on rows 0, 3, ..., 18
+  t[3] = kIgnoreIndex;                                         // one hit masked
+  t[4] = kIgnoreIndex;                                         // one miss masked
+  const at::Tensor kept = t.ne(kIgnoreIndex);
+  for (bool fused : {false, true}) {
+    const LossSum s = linear_cross_entropy_sum(h, w, t, 6, at::kFloat, nullptr, fused, /*token_stats=*/true);
+    EXPECT_EQ(s.tokens, 18);
+    EXPECT_EQ(s.top1, 6.0) << "fused " << fused;  // 7 argmax rows, one masked
+    EXPECT_NEAR(s.entropy_sum, -(logp.exp() * logp).sum(-1).index({kept}).sum().item<double>(), 1e-4);
+    const LossSum plain = linear_cross_entropy_sum(h, w, t, 6, at::kFloat, nullptr, fused);
+    EXPECT_EQ(plain.sum, s.sum);  // the statistics leave the loss as it is
+    EXPECT_EQ(plain.entropy_sum, 0.0);
+  }
+}
+
 TEST(ChunkedLoss, UniformLogitsGiveLogVocab) {
   // Zero weights -> uniform distribution -> loss = ln(V) exactly, whatever the targets.
   at::Tensor h = at::randn({9, 4}), w = at::zeros({32, 4});

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -288,6 +289,16 @@ TEST(Eval, DeterministicAndEqualToManualWindows) {
   LossSum s = model->eval_loss(w.narrow(1, 0, 32), w.narrow(1, 1, 32), 0);
   EXPECT_NEAR(r1.mean_loss, s.sum / s.tokens, 1e-6);
   EXPECT_NEAR(r1.perplexity, std::exp(r1.mean_loss), 1e-9);
+  // TRL's SFT metrics over the same tokens (training.token_metrics): the mean entropy of the
+  // next-token distribution and the share of targets that are its first argmax, from the logits
+  EXPECT_TRUE(std::isnan(r1.entropy) && std::isnan(r1.mean_token_accuracy));
+  const EvalResult r3 = evaluate(*model, rows, 3, 5, -1, /*token_metrics=*/true);
+  EXPECT_NEAR(r3.mean_loss, r1.mean_loss, 1e-6);
+  const at::Tensor logp = at::log_softmax(model->logits(w.narrow(1, 0, 32)).to(at::kDouble), -1);
+  const at::Tensor targets = w.narrow(1, 1, 32).reshape({-1});
+  EXPECT_NEAR(r3.entropy, -(logp.exp() * logp).sum(-1).mean().item<double>(), 1e-5);
+  // (the untrained model hits no target here: ChunkedLoss.SumsTheUnmaskedTokensEntropyAndTopOneHits counts hits)
+  EXPECT_DOUBLE_EQ(r3.mean_token_accuracy, logp.argmax(-1).eq(targets).to(at::kDouble).mean().item<double>());
 }
 
 TEST(Train, ActivationCheckpointingTrainsIdentically) {
