@@ -549,6 +549,9 @@ def tool_chats(binary, corpus):
 
 def main():
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # TRL's warning on a prompt that is no prefix: sft_text_check's case
+    import datasets
+    datasets.disable_progress_bars()
     binary = os.path.abspath(sys.argv[1])
     corpus = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ptrain", "realfiles")
